@@ -1,0 +1,72 @@
+"""Constructor-argument recording and the class registry behind :mod:`flowkit.io`.
+
+Every flowkit module that can be saved derives from :class:`Configurable`. The
+arguments of its constructor are recorded when it is built, so that a model can
+be written as a JSON config plus its weights, and rebuilt later *only* from the
+classes registered here: a config never names a Python path to import.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, ClassVar
+
+__all__ = ["Configurable", "registry", "get_config"]
+
+#: Registered classes, by name. :func:`flowkit.io.load` builds nothing else.
+registry: dict[str, type] = {}
+
+
+class Configurable:
+    """Mixin that records the arguments a module was built with.
+
+    Subclasses are registered by class name. The arguments of the outermost
+    ``__init__`` call are kept in ``_flowkit_config`` as a mapping from
+    parameter names to values; nested ``super().__init__`` calls do not
+    overwrite them.
+    """
+
+    _flowkit_register: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("_flowkit_register", True) and not cls.__name__.startswith("_"):
+            other = registry.get(cls.__name__)
+            if other is not None and other is not cls and other.__module__ != cls.__module__:
+                raise TypeError(
+                    f"flowkit class name {cls.__name__!r} is already registered by {other.__module__}"
+                )
+            registry[cls.__name__] = cls
+        if "__init__" in cls.__dict__:
+            init = cls.__dict__["__init__"]
+            signature = inspect.signature(init)
+
+            @functools.wraps(init)
+            def wrapped(self: Any, *args: Any, **kw: Any) -> None:
+                if "_flowkit_config" not in self.__dict__:
+                    bound = signature.bind(self, *args, **kw)
+                    bound.apply_defaults()
+                    arguments = dict(bound.arguments)
+                    arguments.pop(next(iter(signature.parameters)))
+                    config: dict[str, Any] = {}
+                    for name, value in arguments.items():
+                        kind = signature.parameters[name].kind
+                        if kind is inspect.Parameter.VAR_POSITIONAL:
+                            config["*" + name] = list(value)
+                        elif kind is inspect.Parameter.VAR_KEYWORD:
+                            config.update(value)
+                        else:
+                            config[name] = value
+                    object.__setattr__(self, "_flowkit_config", (type(self), config))
+                init(self, *args, **kw)
+
+            cls.__init__ = wrapped  # type: ignore[misc]
+
+
+def get_config(module: Configurable) -> tuple[type, dict[str, Any]]:
+    """Return ``(class, arguments)`` recorded when ``module`` was built."""
+    try:
+        return module.__dict__["_flowkit_config"]
+    except KeyError:
+        raise TypeError(f"{type(module).__name__} was not built through a flowkit constructor") from None

@@ -1,0 +1,27 @@
+"""Bijectors: invertible maps with log-determinants, data -> latent in the forward direction."""
+
+from .base import Bijector, Chain, Invert, Reshape
+from .coupling import AffineCoupling, Coupling
+from .domains import Circle, Domain, Interval, Real, Sphere
+from .linear import Linear, LULinear
+from .normalization import ActNorm
+from .permutations import Permutation, Reverse
+
+__all__ = [
+    "Bijector",
+    "Chain",
+    "Invert",
+    "Reshape",
+    "Permutation",
+    "Reverse",
+    "Linear",
+    "LULinear",
+    "ActNorm",
+    "Coupling",
+    "AffineCoupling",
+    "Domain",
+    "Real",
+    "Interval",
+    "Circle",
+    "Sphere",
+]

@@ -1,0 +1,266 @@
+"""The :class:`Bijector` base class and the ways to combine bijectors.
+
+Direction convention (as in nflows and zuko): ``forward`` maps data ``x`` to
+latent ``z`` and returns ``log|det dz/dx|`` summed over the event dimensions;
+``inverse`` maps ``z`` back to ``x`` and returns ``log|det dx/dz|``, which is
+minus the forward value at the matching point. A flow's density is
+``log p(x) = log p_Z(f(x)) + log|det J_f(x)|``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Iterator, Sequence
+from typing import Any, Callable
+
+import torch
+from torch import Tensor, nn
+
+from .._config import Configurable
+from .._validation import check_context, check_tensor, outermost
+from .domains import Domain, Real
+
+__all__ = ["Bijector", "Chain", "Invert", "Reshape"]
+
+
+def _module_dtype(module: nn.Module) -> torch.dtype | None:
+    for tensor in module.parameters():
+        if tensor.is_floating_point():
+            return tensor.dtype
+    for tensor in module.buffers():
+        if tensor.is_floating_point():
+            return tensor.dtype
+    return None
+
+
+def _checked(method: Callable, direction: str) -> Callable:
+    @functools.wraps(method)
+    def wrapper(self: Bijector, x: Tensor, context: Tensor | None = None, **kwargs: Any):
+        with outermost() as check:
+            if check:
+                shape = self.event_shape if direction == "forward" else self.latent_shape
+                where = f"{type(self).__name__}.{direction}"
+                dtype = _module_dtype(self)
+                check_tensor(x, shape, name="x" if direction == "forward" else "z", dtype=dtype, where=where)
+                batch = x.shape[: x.dim() - len(shape)]
+                check_context(context, self.context_features, batch, dtype=dtype, where=where)
+            return method(self, x, context, **kwargs)
+
+    wrapper._flowkit_checked = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+class Bijector(Configurable, nn.Module):
+    r"""Invertible map between data ``x`` and latent ``z`` with its log-determinant.
+
+    Subclasses set :attr:`event_shape` (and :attr:`latent_shape` when it
+    differs) and implement :meth:`forward` and :meth:`inverse`. Inputs are
+    checked at the outermost call (shape, dtype, finiteness, context), so an
+    error names the problem instead of surfacing deep inside torch.
+
+    Attributes:
+        event_shape: shape of one data event (``(D,)``, ``(C, H, W)``, ``(L, L)``).
+        latent_shape: shape of one latent event (default: ``event_shape``).
+        context_features: size of the context vector (0 when unconditional).
+        domain: the set the data live in (:class:`~flowkit.bijectors.domains.Real`
+            unless the bijector acts on an interval, circle or sphere).
+        ladj_is_constant: ``True`` when ``log|det J|`` does not depend on the input
+            (linear layers, permutations, ActNorm); score matching drops these terms.
+        stochastic: ``True`` for stochastic blocks, whose second output is a
+            path-weight increment rather than a log-determinant.
+    """
+
+    _flowkit_register = False
+    event_shape: torch.Size
+    context_features: int = 0
+    domain: Domain = Real()
+    ladj_is_constant: bool = False
+    stochastic: bool = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for direction in ("forward", "inverse"):
+            method = cls.__dict__.get(direction)
+            if method is not None and not getattr(method, "_flowkit_checked", False):
+                setattr(cls, direction, _checked(method, direction))
+
+    @property
+    def latent_shape(self) -> torch.Size:
+        return self.__dict__.get("_latent_shape", self.event_shape)
+
+    @latent_shape.setter
+    def latent_shape(self, shape: Sequence[int]) -> None:
+        self.__dict__["_latent_shape"] = torch.Size(shape)
+
+    @property
+    def event_dims(self) -> int:
+        return len(self.event_shape)
+
+    def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Map data to latent: return ``(z, log|det dz/dx|)``, the latter of batch shape."""
+        raise NotImplementedError
+
+    def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Map latent to data: return ``(x, log|det dx/dz|)``, the latter of batch shape."""
+        raise NotImplementedError
+
+    def call(self, x: Tensor, context: Tensor | None = None) -> Tensor:
+        """Return ``z`` alone; layers whose log-determinant is costly override this."""
+        return self.forward(x, context)[0]
+
+    def auxiliary_loss(self) -> Tensor | None:
+        """A regulariser the fit loop adds to the objective (``None`` when there is none)."""
+        return None
+
+    def extra_repr(self) -> str:
+        return f"event_shape={tuple(self.event_shape)}"
+
+
+class Chain(Bijector):
+    r"""Composition of bijectors, applied in order in the forward direction.
+
+    ``Chain(f1, f2, f3).forward(x)`` computes ``f3(f2(f1(x)))`` and adds the
+    log-determinants; ``inverse`` runs the layers backwards. The layers are
+    exposed in order through iteration and indexing, so that path-gradient
+    estimators and stochastic flows can walk them one by one.
+
+    Arguments:
+        bijectors: the layers, data side first.
+    """
+
+    def __init__(self, *bijectors: Bijector) -> None:
+        super().__init__()
+        if not bijectors:
+            raise ValueError("Chain needs at least one bijector")
+        for i, b in enumerate(bijectors):
+            if not isinstance(b, Bijector):
+                raise ValueError(f"Chain: layer {i} is a {type(b).__name__}, not a flowkit Bijector")
+        for i, (a, b) in enumerate(zip(bijectors[:-1], bijectors[1:])):
+            if tuple(a.latent_shape) != tuple(b.event_shape):
+                raise ValueError(
+                    f"Chain: layer {i} outputs events of shape {tuple(a.latent_shape)} but layer {i + 1} "
+                    f"expects {tuple(b.event_shape)}; insert a Reshape"
+                )
+        contexts = {b.context_features for b in bijectors if b.context_features}
+        if len(contexts) > 1:
+            raise ValueError(f"Chain: layers disagree on the number of context features: {sorted(contexts)}")
+        self.layers = nn.ModuleList(bijectors)
+        self.event_shape = bijectors[0].event_shape
+        self.latent_shape = bijectors[-1].latent_shape
+        self.context_features = contexts.pop() if contexts else 0
+        self.domain = bijectors[0].domain
+        self.ladj_is_constant = all(b.ladj_is_constant for b in bijectors)
+        self.stochastic = any(b.stochastic for b in bijectors)
+
+    def __iter__(self) -> Iterator[Bijector]:
+        return iter(self.layers)
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def __getitem__(self, i: int) -> Bijector:
+        return self.layers[i]
+
+    def _ladj_zero(self, x: Tensor, event_shape: torch.Size) -> Tensor:
+        return x.new_zeros(x.shape[: x.dim() - len(event_shape)])
+
+    def forward(self, x, context=None):
+        total = self._ladj_zero(x, self.event_shape)
+        for layer in self.layers:
+            x, ladj = layer(x, context)
+            total = total + ladj
+        return x, total
+
+    def inverse(self, z, context=None):
+        total = self._ladj_zero(z, self.latent_shape)
+        for layer in reversed(self.layers):
+            z, ladj = layer.inverse(z, context)
+            total = total + ladj
+        return z, total
+
+    def call(self, x, context=None):
+        for layer in self.layers:
+            x = layer.call(x, context)
+        return x
+
+    def auxiliary_loss(self):
+        losses = [l for l in (b.auxiliary_loss() for b in self.layers) if l is not None]
+        return sum(losses) if losses else None  # type: ignore[return-value]
+
+    def extra_repr(self) -> str:
+        return ""
+
+
+class Invert(Bijector):
+    """Swap the directions of a bijector: ``Invert(b).forward = b.inverse``.
+
+    Arguments:
+        bijector: the bijector to invert.
+    """
+
+    def __init__(self, bijector: Bijector) -> None:
+        super().__init__()
+        if bijector.stochastic:
+            raise ValueError("Invert: a stochastic block has no inverse to swap to")
+        self.bijector = bijector
+        self.event_shape = bijector.latent_shape
+        self.latent_shape = bijector.event_shape
+        self.context_features = bijector.context_features
+        self.ladj_is_constant = bijector.ladj_is_constant
+
+    def forward(self, x, context=None):
+        return self.bijector.inverse(x, context)
+
+    def inverse(self, z, context=None):
+        return self.bijector(z, context)
+
+    def auxiliary_loss(self):
+        return self.bijector.auxiliary_loss()
+
+    def extra_repr(self) -> str:
+        return ""
+
+
+class Reshape(Bijector):
+    """Volume-preserving reshape of the event, e.g. a flattened 8x8 lattice and back.
+
+    Arguments:
+        event_shape: input (data-side) event shape.
+        latent_shape: output event shape; must hold as many elements.
+    """
+
+    ladj_is_constant = True
+
+    def __init__(self, event_shape: Sequence[int], latent_shape: Sequence[int]) -> None:
+        super().__init__()
+        self.event_shape = torch.Size(event_shape)
+        self.latent_shape = torch.Size(latent_shape)
+        if math.prod(self.event_shape) != math.prod(self.latent_shape):
+            raise ValueError(
+                f"Reshape: {tuple(self.event_shape)} and {tuple(self.latent_shape)} hold different numbers of elements"
+            )
+
+    def forward(self, x, context=None):
+        batch = x.shape[: x.dim() - len(self.event_shape)]
+        return x.reshape(*batch, *self.latent_shape), x.new_zeros(batch)
+
+    def inverse(self, z, context=None):
+        batch = z.shape[: z.dim() - len(self.latent_shape)]
+        return z.reshape(*batch, *self.event_shape), z.new_zeros(batch)
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.event_shape)} -> {tuple(self.latent_shape)}"
+
+
+def _examples():
+    from ..testing import randomize
+    from .coupling import AffineCoupling
+    from .linear import LULinear
+
+    yield "Chain", Chain(LULinear(3), randomize(AffineCoupling(3, hidden=(8,)))), torch.randn(5, 3)
+    yield "Invert", Invert(randomize(AffineCoupling(4, hidden=(8,)))), torch.randn(5, 4)
+    yield "Reshape", Reshape((2, 3), (6,)), torch.randn(5, 2, 3)
+    yield "Chain(Reshape, coupling, Reshape)", Chain(
+        Reshape((2, 2), (4,)), randomize(AffineCoupling(4, hidden=(8,))), Reshape((4,), (2, 2))
+    ), torch.randn(5, 2, 2)

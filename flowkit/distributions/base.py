@@ -1,0 +1,57 @@
+"""Base distributions: ``nn.Module`` s with ``log_prob``, ``sample`` and ``rsample``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from .._config import Configurable
+
+__all__ = ["Distribution", "as_shape"]
+
+
+def as_shape(shape: int | Sequence[int] | torch.Size) -> torch.Size:
+    """Turn an int or a sequence into a :class:`torch.Size`."""
+    return torch.Size((shape,) if isinstance(shape, int) else tuple(shape))
+
+
+class Distribution(Configurable, nn.Module):
+    """Base of flowkit's distributions over events of shape :attr:`event_shape`.
+
+    Subclasses implement :meth:`log_prob` (summed over the event dimensions)
+    and :meth:`rsample`. Parameters and buffers follow ``.to()``: a
+    parameter-free distribution keeps a zero-size buffer to know its dtype and device.
+    """
+
+    _flowkit_register = False
+    event_shape: torch.Size
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("_anchor", torch.zeros(0), persistent=False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._anchor.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self._anchor.device
+
+    def log_prob(self, x: Tensor) -> Tensor:
+        """Log density of events ``x`` of shape ``(..., *event_shape)``; returns the batch shape."""
+        raise NotImplementedError
+
+    def rsample(self, shape: int | Sequence[int] = ()) -> Tensor:
+        """Reparameterised sample of shape ``(*shape, *event_shape)``."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def sample(self, shape: int | Sequence[int] = ()) -> Tensor:
+        """Sample of shape ``(*shape, *event_shape)`` without gradients."""
+        return self.rsample(shape)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.log_prob(x)

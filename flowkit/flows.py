@@ -1,0 +1,200 @@
+"""Flows: a bijector over a base distribution, and presets that build common flows.
+
+``Flow(bijector, base)`` models ``x = f^{-1}(z)``, ``z ~ base``, with density
+
+.. math:: \\log p(x) = \\log p_Z(f(x)) + \\log |\\det J_f(x)|.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+from torch.distributions import constraints
+
+from ._config import Configurable
+from ._validation import check_context, check_tensor, outermost
+from .bijectors import AffineCoupling, Bijector, Chain
+from .bijectors.base import _module_dtype
+from .distributions import Distribution, StandardNormal
+from .distributions.base import as_shape
+
+__all__ = ["Flow", "FlowDistribution", "RealNVP"]
+
+
+class Flow(Configurable, nn.Module):
+    """Normalizing flow: a :class:`~flowkit.bijectors.Bijector` (data -> latent) over a base distribution.
+
+    Arguments:
+        bijector: the transform, data to latent in its forward direction.
+        base: the latent distribution; its event shape must be the bijector's latent shape.
+
+    Example:
+        >>> import torch, flowkit
+        >>> flow = flowkit.flows.RealNVP(features=2, transforms=2)
+        >>> flow.log_prob(torch.randn(5, 2)).shape
+        torch.Size([5])
+    """
+
+    def __init__(self, bijector: Bijector, base: Distribution) -> None:
+        super().__init__()
+        if not isinstance(bijector, Bijector):
+            raise ValueError(f"Flow: bijector must be a flowkit Bijector, got {type(bijector).__name__}")
+        if not isinstance(base, Distribution):
+            raise ValueError(f"Flow: base must be a flowkit Distribution, got {type(base).__name__}")
+        if tuple(base.event_shape) != tuple(bijector.latent_shape):
+            raise ValueError(
+                f"Flow: the base's event shape {tuple(base.event_shape)} differs from the bijector's "
+                f"latent shape {tuple(bijector.latent_shape)}"
+            )
+        self.bijector = bijector
+        self.base = base
+
+    @property
+    def event_shape(self) -> torch.Size:
+        return self.bijector.event_shape
+
+    @property
+    def context_features(self) -> int:
+        return self.bijector.context_features
+
+    @property
+    def stochastic(self) -> bool:
+        return self.bijector.stochastic
+
+    def _check_x(self, x: Tensor, context: Tensor | None, where: str) -> None:
+        dtype = _module_dtype(self)
+        check_tensor(x, self.event_shape, name="x", dtype=dtype, where=where)
+        check_context(context, self.context_features, x.shape[: x.dim() - len(self.event_shape)], dtype=dtype, where=where)
+
+    def _no_exact_density(self, where: str) -> None:
+        if self.stochastic:
+            raise ValueError(
+                f"Flow.{where}: this flow contains stochastic blocks, whose marginal density would need an "
+                "integral over the noise; use sample_with_log_weights(n, target) for importance weights instead"
+            )
+
+    def log_prob(self, x: Tensor, context: Tensor | None = None) -> Tensor:
+        """Log density ``log p(x)`` of events ``x`` of shape ``(..., *event_shape)``; returns the batch shape."""
+        self._no_exact_density("log_prob")
+        with outermost() as check:
+            if check:
+                self._check_x(x, context, "Flow.log_prob")
+            z, ladj = self.bijector(x, context)
+            return self.base.log_prob(z) + ladj
+
+    def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
+        """Same as :meth:`log_prob`."""
+        return self.log_prob(x, context)
+
+    def _latent(self, shape: int | Sequence[int], context: Tensor | None, where: str) -> Tensor:
+        shape = as_shape(shape)
+        with outermost() as check:
+            if check:
+                check_context(context, self.context_features, None, dtype=_module_dtype(self), where=where)
+        if context is not None:
+            shape = shape + context.shape[:-1]
+        return self.base.rsample(shape)
+
+    @staticmethod
+    def _expand_context(context: Tensor | None, z: Tensor, latent_dims: int) -> Tensor | None:
+        if context is None:
+            return None
+        return context.expand(*z.shape[: z.dim() - latent_dims], context.shape[-1])
+
+    def rsample_and_log_prob(
+        self, shape: int | Sequence[int] = (), context: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Reparameterised samples and their log density in one pass through the bijector."""
+        self._no_exact_density("rsample_and_log_prob")
+        z = self._latent(shape, context, "Flow.rsample_and_log_prob")
+        log_pz = self.base.log_prob(z)
+        context = self._expand_context(context, z, len(self.bijector.latent_shape))
+        with outermost():
+            x, ladj = self.bijector.inverse(z, context)
+        return x, log_pz - ladj
+
+    def rsample(self, shape: int | Sequence[int] = (), context: Tensor | None = None) -> Tensor:
+        """Reparameterised samples of shape ``(*shape, *context_batch, *event_shape)``."""
+        z = self._latent(shape, context, "Flow.rsample")
+        context = self._expand_context(context, z, len(self.bijector.latent_shape))
+        with outermost():
+            return self.bijector.inverse(z, context)[0]
+
+    @torch.no_grad()
+    def sample(self, shape: int | Sequence[int] = (), context: Tensor | None = None) -> Tensor:
+        """Samples without gradients (see :meth:`rsample`)."""
+        return self.rsample(shape, context)
+
+    @torch.no_grad()
+    def sample_and_log_prob(
+        self, shape: int | Sequence[int] = (), context: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Samples and their log density, without gradients."""
+        return self.rsample_and_log_prob(shape, context)
+
+    def auxiliary_loss(self) -> Tensor | None:
+        """Regularisers of the bijector's layers (``None`` when there are none)."""
+        return self.bijector.auxiliary_loss()
+
+    def to_distribution(self, context: Tensor | None = None) -> "FlowDistribution":
+        """Wrap the flow (at a fixed context) as a :class:`torch.distributions.Distribution`."""
+        return FlowDistribution(self, context)
+
+
+class FlowDistribution(torch.distributions.Distribution):
+    """A :class:`Flow` seen as a :class:`torch.distributions.Distribution` (for Pyro or torch code).
+
+    Arguments:
+        flow: the flow.
+        context: the context the distribution is conditioned on (batch shape = its leading shape).
+    """
+
+    arg_constraints: dict = {}
+    has_rsample = True
+    support = constraints.real
+
+    def __init__(self, flow: Flow, context: Tensor | None = None) -> None:
+        self.flow = flow
+        self.context = context
+        batch = context.shape[:-1] if context is not None else torch.Size()
+        super().__init__(batch_shape=batch, event_shape=flow.event_shape, validate_args=False)
+
+    def log_prob(self, value: Tensor) -> Tensor:
+        return self.flow.log_prob(value, self.context)
+
+    def rsample(self, sample_shape: torch.Size | Sequence[int] = torch.Size()) -> Tensor:
+        return self.flow.rsample(sample_shape, self.context)
+
+    def sample(self, sample_shape: torch.Size | Sequence[int] = torch.Size()) -> Tensor:
+        return self.flow.sample(sample_shape, self.context)
+
+
+class RealNVP(Flow):
+    """RealNVP: affine couplings with alternating masks over a standard normal.
+
+    Arguments:
+        features: number of features ``D`` (at least 2).
+        transforms: number of coupling layers.
+        hidden: hidden sizes of each conditioner MLP.
+        context: number of context features (0 for an unconditional flow).
+        activation: conditioner activation.
+
+    References:
+        Dinh, Sohl-Dickstein & Bengio, *Density estimation using Real NVP*, ICLR 2017 (arXiv:1605.08803).
+    """
+
+    def __init__(
+        self,
+        features: int,
+        transforms: int = 4,
+        hidden: Sequence[int] = (64, 64),
+        context: int = 0,
+        activation: str = "relu",
+    ) -> None:
+        layers = [
+            AffineCoupling(features, parity=i % 2, hidden=hidden, context=context, activation=activation)
+            for i in range(transforms)
+        ]
+        super().__init__(Chain(*layers), StandardNormal(features))
