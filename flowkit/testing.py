@@ -40,6 +40,7 @@ EXAMPLE_MODULES = [
     "flowkit.bijectors.linear",
     "flowkit.bijectors.normalization",
     "flowkit.bijectors.coupling",
+    "flowkit.bijectors.standardization",
 ]
 
 

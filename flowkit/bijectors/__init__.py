@@ -6,6 +6,7 @@ from .domains import Circle, Domain, Interval, Real, Sphere
 from .linear import Linear, LULinear
 from .normalization import ActNorm
 from .permutations import Permutation, Reverse
+from .standardization import Standardization
 
 __all__ = [
     "Bijector",
@@ -17,6 +18,7 @@ __all__ = [
     "Linear",
     "LULinear",
     "ActNorm",
+    "Standardization",
     "Coupling",
     "AffineCoupling",
     "Domain",

@@ -1,0 +1,87 @@
+"""Fixed elementwise standardisation, stored with the model so that densities stay in data units."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from .base import Bijector
+
+__all__ = ["Standardization"]
+
+
+class Standardization(Bijector):
+    r"""Fixed affine map ``z = (x - loc) / scale`` per feature, with its constant log-determinant.
+
+    Put it first in a flow's chain (data side) so that the rest of the flow
+    sees standardised data while ``log_prob`` is reported in the original
+    units:
+
+    .. math:: \log|\det \partial z / \partial x| = -\sum_i \log s_i .
+
+    ``loc`` and ``scale`` are buffers (not trained); they travel with the
+    model through :mod:`flowkit.io`. Build one from training data with
+    :meth:`from_data`.
+
+    Arguments:
+        loc: per-feature location ``m`` (a list of ``D`` numbers).
+        scale: per-feature scale ``s > 0`` (a list of ``D`` numbers).
+
+    Example:
+        >>> import torch, flowkit
+        >>> x = torch.randn(100, 3) * 5 + 2
+        >>> b = flowkit.bijectors.Standardization.from_data(x)
+        >>> z, ladj = b(x)
+    """
+
+    ladj_is_constant = True
+
+    def __init__(self, loc: Sequence[float], scale: Sequence[float]) -> None:
+        super().__init__()
+        loc_t = torch.as_tensor(loc, dtype=torch.get_default_dtype())
+        scale_t = torch.as_tensor(scale, dtype=torch.get_default_dtype())
+        if loc_t.dim() != 1 or scale_t.shape != loc_t.shape:
+            raise ValueError(
+                f"Standardization: loc and scale must be lists of the same length, got shapes "
+                f"{tuple(loc_t.shape)} and {tuple(scale_t.shape)}"
+            )
+        if not bool(torch.isfinite(loc_t).all() and torch.isfinite(scale_t).all()):
+            raise ValueError("Standardization: loc and scale must be finite")
+        if not bool((scale_t > 0).all()):
+            raise ValueError(f"Standardization: scale must be positive, got minimum {float(scale_t.min())}")
+        self.event_shape = torch.Size([loc_t.shape[0]])
+        self.register_buffer("loc", loc_t)
+        self.register_buffer("scale", scale_t)
+
+    @classmethod
+    def from_data(cls, x: Tensor, min_scale: float = 1e-6) -> "Standardization":
+        """Standardisation with the mean and standard deviation of ``x`` (shape ``(N, D)``).
+
+        Arguments:
+            x: training data.
+            min_scale: lower bound on the scale, for constant features.
+        """
+        if not isinstance(x, Tensor) or x.dim() != 2 or x.shape[0] < 2:
+            raise ValueError("Standardization.from_data: x must be a tensor of shape (N, D) with N >= 2")
+        x = x.detach().double()
+        return cls(x.mean(0).tolist(), x.std(0).clamp_min(min_scale).tolist())
+
+    def _ladj(self, batch: torch.Size) -> Tensor:
+        return (-self.scale.log().sum()).expand(batch)
+
+    def forward(self, x, context=None):
+        return (x - self.loc) / self.scale, self._ladj(x.shape[:-1])
+
+    def inverse(self, z, context=None):
+        return z * self.scale + self.loc, -self._ladj(z.shape[:-1])
+
+    def extra_repr(self) -> str:
+        return f"features={self.event_shape[0]}"
+
+
+def _examples():
+    gen = torch.Generator().manual_seed(0)
+    b = Standardization.from_data(torch.randn(50, 3, generator=gen) * torch.tensor([0.1, 2.0, 30.0]) + 4)
+    yield "Standardization", b, torch.randn(5, 3, generator=gen) * 3
