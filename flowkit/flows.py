@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -78,11 +79,29 @@ class Flow(Configurable, nn.Module):
     def log_prob(self, x: Tensor, context: Tensor | None = None) -> Tensor:
         """Log density ``log p(x)`` of events ``x`` of shape ``(..., *event_shape)``; returns the batch shape."""
         self._no_exact_density("log_prob")
+        return self._log_density(x, context, "Flow.log_prob")
+
+    def _log_density(self, x: Tensor, context: Tensor | None, where: str) -> Tensor:
         with outermost() as check:
             if check:
-                self._check_x(x, context, "Flow.log_prob")
+                self._check_x(x, context, where)
             z, ladj = self.bijector(x, context)
             return self.base.log_prob(z) + ladj
+
+    def path_log_likelihood(self, x: Tensor, context: Tensor | None = None) -> Tensor:
+        r"""Log-likelihood of data on path space: data run backwards through the chain, one path per event.
+
+        .. math:: \log p_Z(y_0) + \sum_t \Delta S_t^{\text{back}},
+
+        where the path runs from ``x`` to ``y_0`` through ``bijector.forward`` and each layer
+        adds its second output in that direction: ``log|det dz/dx|`` for a bijection, the
+        path-weight increment for a stochastic block (see :mod:`flowkit.stochastic`). Up to a
+        constant, minus its mean is the KL divergence between the backward (data) and the
+        forward (model) path distributions, the maximum-likelihood loss of a stochastic
+        normalizing flow; it is random for stochastic flows. For a deterministic flow it
+        equals :meth:`log_prob`.
+        """
+        return self._log_density(x, context, "Flow.path_log_likelihood")
 
     def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
         """Same as :meth:`log_prob`."""
@@ -133,6 +152,42 @@ class Flow(Configurable, nn.Module):
     ) -> tuple[Tensor, Tensor]:
         """Samples and their log density, without gradients."""
         return self.rsample_and_log_prob(shape, context)
+
+    def sample_with_log_weights(
+        self, n: int | Sequence[int], target: Any, context: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        r"""Reparameterised samples with their log importance weights for ``target``.
+
+        Draws ``z`` from the base, runs the sampling path ``z -> x`` through
+        ``bijector.inverse`` and returns ``x`` with
+
+        .. math:: \log w = -u_X(x) - \log p_Z(z) + \sum_t \Delta S_t,
+
+        where the layers' second outputs :math:`\Delta S_t` are ``log|det dx/dz|`` for
+        bijections and the path-weight increments of stochastic blocks. Then
+        ``logsumexp(log_w) - log n`` estimates ``log Z_X`` and ``-mean(log_w)`` is the
+        reverse KL divergence on path space up to ``log Z_X``. For a deterministic flow
+        ``log w = -u_X(x) - log q(x)``. Works with gradients (reparameterised): minimise
+        ``-log_w.mean()`` to train by reverse KL.
+
+        Arguments:
+            n: number of samples (or a sample shape).
+            target: anything with ``energy(x)`` (negative unnormalised log density), or a
+                flowkit Distribution.
+            context: context for conditional flows.
+
+        Returns:
+            ``(x, log_w)`` of shapes ``(*n, *event_shape)`` and ``(*n,)`` (times the context batch).
+        """
+        from .stochastic import energy_of
+
+        z = self._latent(n, context, "Flow.sample_with_log_weights")
+        log_pz = self.base.log_prob(z)
+        context = self._expand_context(context, z, len(self.bijector.latent_shape))
+        with outermost():
+            x, path_sum = self.bijector.inverse(z, context)
+        u = energy_of(target, x, len(self.event_shape), "Flow.sample_with_log_weights")
+        return x, -u - log_pz + path_sum
 
     def auxiliary_loss(self) -> Tensor | None:
         """Regularisers of the bijector's layers (``None`` when there are none)."""

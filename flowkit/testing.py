@@ -41,6 +41,7 @@ EXAMPLE_MODULES = [
     "flowkit.bijectors.normalization",
     "flowkit.bijectors.coupling",
     "flowkit.bijectors.standardization",
+    "flowkit.stochastic",
 ]
 
 
