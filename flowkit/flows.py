@@ -21,7 +21,7 @@ from .bijectors.base import _module_dtype
 from .distributions import Distribution, StandardNormal
 from .distributions.base import as_shape
 
-__all__ = ["Flow", "FlowDistribution", "RealNVP"]
+__all__ = ["Flow", "FlowDistribution", "RealNVP", "MAF", "NSF"]
 
 
 class Flow(Configurable, nn.Module):
@@ -253,3 +253,109 @@ class RealNVP(Flow):
             for i in range(transforms)
         ]
         super().__init__(Chain(*layers), StandardNormal(features))
+
+
+def _with_permutations(layers: list[Bijector], features: int, random: bool) -> Chain:
+    """Chain ``layers`` with a permutation between consecutive ones (seeded random, or reversal)."""
+    from .bijectors import Permutation, Reverse
+
+    chain: list[Bijector] = []
+    for i, layer in enumerate(layers):
+        if i:
+            chain.append(Permutation(features, seed=i) if random else Reverse(features))
+        chain.append(layer)
+    return Chain(*chain)
+
+
+class MAF(Flow):
+    """Masked autoregressive flow: affine MADE layers with reversals in between, over a standard normal.
+
+    Density evaluation is one pass per layer; sampling needs ``D`` passes per layer.
+
+    Arguments:
+        features: number of features ``D``.
+        transforms: number of autoregressive layers.
+        hidden: hidden sizes of each MADE.
+        context: number of context features (0 for an unconditional flow).
+        residual: residual MADE blocks.
+        activation: conditioner activation.
+
+    References:
+        Papamakarios, Pavlakou & Murray, *Masked Autoregressive Flow for Density Estimation*,
+        NeurIPS 2017 (arXiv:1705.07057).
+    """
+
+    def __init__(
+        self,
+        features: int,
+        transforms: int = 5,
+        hidden: Sequence[int] = (64, 64),
+        context: int = 0,
+        residual: bool = False,
+        activation: str = "relu",
+    ) -> None:
+        from .bijectors import MaskedAffineAutoregressive
+
+        layers: list[Bijector] = [
+            MaskedAffineAutoregressive(features, hidden, context, residual, activation) for _ in range(transforms)
+        ]
+        super().__init__(_with_permutations(layers, features, random=False), StandardNormal(features))
+
+
+class NSF(Flow):
+    """Neural spline flow: rational-quadratic spline layers (autoregressive or coupling) over a standard normal.
+
+    Autoregressive layers (the default) are more expressive per layer and
+    evaluate densities in one pass, but sample in ``D`` sequential steps;
+    coupling layers (``coupling=True``, alternating masks and seeded random
+    permutations in between) are fast both ways. Each spline has ``bins`` bins
+    on ``[-bound, bound]`` and is the identity outside.
+
+    Arguments:
+        features: number of features ``D``.
+        transforms: number of spline layers.
+        bins: number of spline bins ``K``.
+        hidden: hidden sizes of each conditioner.
+        coupling: coupling layers instead of autoregressive ones.
+        bound: the spline interval half-width ``B``.
+        context: number of context features (0 for an unconditional flow).
+        residual: residual MADE blocks (autoregressive layers only).
+        activation: conditioner activation.
+
+    Example:
+        >>> import torch, flowkit
+        >>> flow = flowkit.flows.NSF(features=3, transforms=2, hidden=(16,))
+        >>> flow.log_prob(torch.randn(4, 3)).shape
+        torch.Size([4])
+
+    References:
+        Durkan, Bekasov, Murray & Papamakarios, *Neural Spline Flows*, NeurIPS 2019 (arXiv:1906.04032).
+    """
+
+    def __init__(
+        self,
+        features: int,
+        transforms: int = 5,
+        bins: int = 8,
+        hidden: Sequence[int] = (128, 128),
+        coupling: bool = False,
+        bound: float = 5.0,
+        context: int = 0,
+        residual: bool = False,
+        activation: str = "relu",
+    ) -> None:
+        from .bijectors import MaskedSplineAutoregressive, SplineCoupling
+
+        if coupling and residual:
+            raise ValueError("NSF: residual applies to autoregressive layers only (coupling=False)")
+        if coupling:
+            layers: list[Bijector] = [
+                SplineCoupling(features, bins, bound, parity=i % 2, hidden=hidden, context=context, activation=activation)
+                for i in range(transforms)
+            ]
+        else:
+            layers = [
+                MaskedSplineAutoregressive(features, bins, bound, hidden, context, residual, activation)
+                for _ in range(transforms)
+            ]
+        super().__init__(_with_permutations(layers, features, random=coupling), StandardNormal(features))

@@ -40,6 +40,8 @@ EXAMPLE_MODULES = [
     "flowkit.bijectors.linear",
     "flowkit.bijectors.normalization",
     "flowkit.bijectors.coupling",
+    "flowkit.bijectors.spline_coupling",
+    "flowkit.bijectors.autoregressive",
     "flowkit.bijectors.standardization",
     "flowkit.stochastic",
 ]

@@ -1,11 +1,13 @@
 """Bijectors: invertible maps with log-determinants, data -> latent in the forward direction."""
 
+from .autoregressive import MaskedAffineAutoregressive, MaskedAutoregressive, MaskedSplineAutoregressive
 from .base import Bijector, Chain, Invert, Reshape
 from .coupling import AffineCoupling, Coupling
 from .domains import Circle, Domain, Interval, Real, Sphere
 from .linear import Linear, LULinear
 from .normalization import ActNorm
 from .permutations import Permutation, Reverse
+from .spline_coupling import CircularSplineCoupling, SplineCoupling
 from .standardization import Standardization
 
 __all__ = [
@@ -21,6 +23,11 @@ __all__ = [
     "Standardization",
     "Coupling",
     "AffineCoupling",
+    "SplineCoupling",
+    "CircularSplineCoupling",
+    "MaskedAutoregressive",
+    "MaskedAffineAutoregressive",
+    "MaskedSplineAutoregressive",
     "Domain",
     "Real",
     "Interval",

@@ -2,5 +2,6 @@
 
 from .affine import Affine
 from .base import Transformer
+from .spline import CircularSpline, RationalQuadraticSpline, unconstrained_rqs
 
-__all__ = ["Transformer", "Affine"]
+__all__ = ["Transformer", "Affine", "RationalQuadraticSpline", "CircularSpline", "unconstrained_rqs"]
