@@ -1,9 +1,9 @@
 """flowkit: normalizing flows in PyTorch, with the checks that make them trustworthy."""
 
-from . import bijectors, distributions, flows, io, testing, transformers
+from . import bijectors, data, distributions, flows, io, testing, transformers
 from ._validation import set_validation
 from .flows import Flow
 
 __version__ = "0.1.0"
 
-__all__ = ["bijectors", "distributions", "flows", "io", "testing", "transformers", "Flow", "set_validation"]
+__all__ = ["bijectors", "data", "distributions", "flows", "io", "testing", "transformers", "Flow", "set_validation"]

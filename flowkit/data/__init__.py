@@ -1,0 +1,87 @@
+"""Datasets: built-in 2-D sets, sklearn's digits, CSV/NPY files and the MAF tabular benchmarks.
+
+Every loader returns a :class:`Splits` (train/val/test float32 tensors);
+:func:`load` picks the loader from a name or a file path. Nothing is
+downloaded: the 2-D sets are generated from a seed, digits ship inside
+scikit-learn, and the tabular benchmarks are read when their files are present.
+
+Example:
+    >>> import flowkit
+    >>> data = flowkit.data.load("moons")
+    >>> data.train.shape
+    torch.Size([20000, 2])
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .digits import DIGITS_LEVELS, DequantizedDataset, bits_per_dim, dequantize, digits
+from .evaluation import NLL, evaluate_nll, log_prob_batched
+from .files import FILE_SUFFIXES, file_splits, read_array
+from .splits import Splits, split_array
+from .tabular import TABULAR_DATASETS, available_tabular, data_root, tabular
+from .toy import TOY_DATASETS, toy, toy_splits
+
+__all__ = [
+    "load",
+    "names",
+    "Splits",
+    "split_array",
+    "toy",
+    "toy_splits",
+    "TOY_DATASETS",
+    "digits",
+    "DIGITS_LEVELS",
+    "dequantize",
+    "DequantizedDataset",
+    "bits_per_dim",
+    "read_array",
+    "file_splits",
+    "FILE_SUFFIXES",
+    "tabular",
+    "available_tabular",
+    "data_root",
+    "TABULAR_DATASETS",
+    "NLL",
+    "evaluate_nll",
+    "log_prob_batched",
+]
+
+
+def names() -> list[str]:
+    """Names :func:`load` accepts (besides file paths): the 2-D sets, ``digits`` and the tabular benchmarks."""
+    return [*TOY_DATASETS, "digits", *TABULAR_DATASETS]
+
+
+def load(name_or_path: str | os.PathLike, *, root: str | os.PathLike | None = None, seed: int = 0) -> Splits:
+    """Load a dataset by name or from a file, as train/val/test splits.
+
+    Arguments:
+        name_or_path: a built-in 2-D set (``moons``, ``circles``,
+            ``checkerboard``, ``8gaussians``, ``pinwheel``, ``spirals``,
+            ``rings``), ``digits``, a tabular benchmark (``power``, ``gas``,
+            ``hepmass``, ``miniboone``, ``bsds300``, read from ``root``), or
+            the path of a ``.csv``/``.npy`` file (split 80/10/10 by a seeded
+            permutation).
+        root: data directory of the tabular benchmarks (default ``$FLOWKIT_DATA`` or ``./data``).
+        seed: seed of the 2-D sets' draws, of digits' dequantisation noise,
+            and of a file's split permutation.
+
+    Raises:
+        ValueError: an unknown name that is not a file path either, or a malformed file.
+        FileNotFoundError: a missing file.
+    """
+    text = os.fspath(name_or_path)
+    key = text.lower()
+    if key in TOY_DATASETS:
+        return toy_splits(key, seed=seed)
+    if key == "digits":
+        return digits(seed)
+    if key in TABULAR_DATASETS:
+        return tabular(key, root)
+    path = Path(text)
+    if path.suffix.lower() in FILE_SUFFIXES or path.exists():
+        return file_splits(path, seed=seed)
+    raise ValueError(f"unknown dataset {text!r}: not a built-in name ({', '.join(names())}) nor a .csv/.npy file")

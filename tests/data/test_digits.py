@@ -1,0 +1,42 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from flowkit.data import DIGITS_LEVELS, DequantizedDataset, bits_per_dim, digits, load
+
+
+def test_digits_split_and_dequantisation():
+    d = digits()
+    assert (len(d.train), len(d.val), len(d.test)) == (1257, 180, 360)
+    assert d.features == 64 and d.levels == DIGITS_LEVELS == 17
+    for part in (d.train, d.val, d.test):
+        assert float(part.min()) >= 0 and float(part.max()) < 1
+    # undoing the dequantisation gives back integer grey levels 0..16
+    from sklearn.datasets import load_digits
+
+    counts = torch.floor(torch.cat([d.train, d.val, d.test]) * 17).double()
+    original = torch.as_tensor(load_digits().data)
+    order = np.random.default_rng(0).permutation(1797)
+    assert torch.equal(counts, original[order])
+    assert np.array_equal(d.info["counts"], original[order][:1257].numpy())
+    # the split is fixed; the noise follows the seed
+    other = digits(seed=1)
+    assert torch.equal(torch.floor(other.test * 17), torch.floor(d.test * 17))
+    assert not torch.equal(other.test, d.test)
+    assert load("digits").train.shape == (1257, 64)
+
+
+def test_bits_per_dim_of_the_uniform_model_is_log2_levels():
+    # the uniform density on [0,1]^D has log p = 0, so it scores log2 K bits/dim
+    assert bits_per_dim(0.0, 64, 17) == pytest.approx(math.log2(17))
+    # a density e times larger scores 1/(D ln 2) bits/dim less
+    assert bits_per_dim(torch.tensor(64.0), 64, 17) == pytest.approx(math.log2(17) - 1 / math.log(2))
+
+
+def test_dequantized_dataset_draws_fresh_noise():
+    ds = DequantizedDataset(np.array([[0.0, 16.0], [3.0, 5.0]]), 17)
+    a, b = ds[0], ds[0]
+    assert len(ds) == 2 and not torch.equal(a, b)
+    assert torch.equal(torch.floor(a * 17), torch.tensor([0.0, 16.0]))
