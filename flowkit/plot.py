@@ -1,0 +1,260 @@
+"""Matplotlib figures for fitted flows: density heatmaps, samples against data, marginals, training curves.
+
+Every function returns a :class:`matplotlib.figure.Figure` built without
+pyplot (so nothing is shown or kept alive behind your back); save it with
+``fig.savefig("out.png")`` or let Jupyter display it.
+
+Example:
+    >>> import flowkit, flowkit.plot
+    >>> data = flowkit.data.load("moons")
+    >>> flow = flowkit.flows.RealNVP(2)
+    >>> fig = flowkit.plot.density(flow, data.test)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from torch import Tensor
+
+__all__ = ["density", "samples_vs_data", "pairwise", "training_curves"]
+
+
+def _numpy(x: Tensor | np.ndarray) -> np.ndarray:
+    if isinstance(x, Tensor):
+        return x.detach().cpu().double().numpy()
+    return np.asarray(x, dtype=np.float64)
+
+
+def _bounds(data: np.ndarray, margin: float = 0.1) -> list[tuple[float, float]]:
+    lo, hi = np.quantile(data, 0.001, axis=0), np.quantile(data, 0.999, axis=0)
+    pad = margin * (hi - lo) + 1e-6
+    return [(float(a - p), float(b + p)) for a, b, p in zip(lo, hi, pad)]
+
+
+def _subsample(data: np.ndarray, n: int, seed: int = 0) -> np.ndarray:
+    if len(data) <= n:
+        return data
+    return data[np.random.default_rng(seed).choice(len(data), n, replace=False)]
+
+
+def _flow_samples(flow: Any, n: int) -> np.ndarray:
+    was_training = flow.training
+    flow.eval()
+    try:
+        with torch.no_grad():
+            return _numpy(flow.sample((n,)))
+    finally:
+        flow.train(was_training)
+
+
+def _check_2d(data: np.ndarray, where: str) -> None:
+    if data.ndim != 2 or data.shape[1] != 2:
+        raise ValueError(f"{where}: needs 2-D points of shape (N, 2), got shape {data.shape}")
+
+
+def density(
+    flow: Any,
+    data: Tensor | np.ndarray | None = None,
+    *,
+    bounds: Sequence[tuple[float, float]] | None = None,
+    resolution: int = 200,
+    max_points: int = 2000,
+    title: str | None = None,
+) -> Figure:
+    """Heatmap of a 2-D flow's density ``p(x)`` on a grid, with data points on top.
+
+    Arguments:
+        flow: a flow with two-dimensional events (anything with ``log_prob``).
+        data: points of shape ``(N, 2)`` to overlay (at most ``max_points`` are drawn).
+        bounds: ``[(xmin, xmax), (ymin, ymax)]``; by default the data's range
+            plus a margin, or ``[-4, 4]^2`` without data.
+        resolution: grid points per axis.
+        max_points: number of data points drawn.
+        title: axes title.
+    """
+    points = None if data is None else _numpy(data)
+    if points is not None:
+        _check_2d(points, "plot.density")
+    if tuple(getattr(flow, "event_shape", (2,))) != (2,):
+        raise ValueError(f"plot.density: the flow's events have shape {tuple(flow.event_shape)}, not (2,)")
+    if bounds is None:
+        bounds = _bounds(points) if points is not None else [(-4.0, 4.0), (-4.0, 4.0)]
+    (x0, x1), (y0, y1) = bounds
+    xs, ys = np.linspace(x0, x1, resolution), np.linspace(y0, y1, resolution)
+    grid = np.stack(np.meshgrid(xs, ys, indexing="xy"), -1).reshape(-1, 2)
+    dtype = next((p.dtype for p in flow.parameters()), torch.float32)
+    from .data.evaluation import log_prob_batched
+
+    logp = log_prob_batched(flow, torch.as_tensor(grid, dtype=dtype)).double().numpy().reshape(resolution, resolution)
+    fig = Figure(figsize=(5, 4.4), layout="constrained")
+    ax = fig.add_subplot()
+    mesh = ax.pcolormesh(xs, ys, np.exp(logp), shading="auto", cmap="viridis")
+    fig.colorbar(mesh, ax=ax, label="p(x)")
+    if points is not None:
+        shown = _subsample(points, max_points)
+        ax.scatter(shown[:, 0], shown[:, 1], s=1.5, c="white", alpha=0.5, linewidths=0, label="data")
+    ax.set(xlim=(x0, x1), ylim=(y0, y1), xlabel="$x_1$", ylabel="$x_2$", title=title or "flow density")
+    ax.set_aspect("equal")
+    return fig
+
+
+def _scatter_panel(ax: Axes, pts: np.ndarray, bounds: list[tuple[float, float]], title: str, color: str) -> None:
+    ax.scatter(pts[:, 0], pts[:, 1], s=1.5, c=color, alpha=0.5, linewidths=0)
+    ax.set(xlim=bounds[0], ylim=bounds[1], title=title, xlabel="$x_1$", ylabel="$x_2$")
+    ax.set_aspect("equal")
+
+
+def samples_vs_data(
+    flow_or_samples: Any,
+    data: Tensor | np.ndarray,
+    *,
+    n: int = 2000,
+    dims: tuple[int, int] = (0, 1),
+) -> Figure:
+    """Side-by-side scatter of data and flow samples (two chosen dimensions), on the same axes limits.
+
+    Arguments:
+        flow_or_samples: a flow (``n`` samples are drawn) or an array of samples ``(M, D)``.
+        data: data points ``(N, D)``.
+        n: number of points per panel.
+        dims: the two dimensions to show when ``D > 2``.
+    """
+    pts = _numpy(data)
+    if pts.ndim != 2 or pts.shape[1] < 2:
+        raise ValueError(f"plot.samples_vs_data: data must have shape (N, D) with D >= 2, got {pts.shape}")
+    samples = _flow_samples(flow_or_samples, n) if hasattr(flow_or_samples, "sample") else _numpy(flow_or_samples)
+    if samples.ndim != 2 or samples.shape[1] != pts.shape[1]:
+        raise ValueError(f"plot.samples_vs_data: samples have shape {samples.shape} but data {pts.shape}")
+    i, j = dims
+    pts, samples = _subsample(pts, n)[:, [i, j]], _subsample(samples, n)[:, [i, j]]
+    bounds = _bounds(pts)
+    fig = Figure(figsize=(9, 4.4), layout="constrained")
+    left, right = fig.subplots(1, 2, sharex=True, sharey=True)
+    _scatter_panel(left, pts, bounds, "data", "C0")
+    _scatter_panel(right, samples, bounds, "flow samples", "C1")
+    return fig
+
+
+def pairwise(
+    data: Tensor | np.ndarray,
+    samples: Any = None,
+    *,
+    dims: Sequence[int] | None = None,
+    max_dims: int = 6,
+    n: int = 2000,
+    bins: int = 40,
+) -> Figure:
+    """Pairwise marginals (a corner plot) of data and, optionally, flow samples, for ``D > 2``.
+
+    The diagonal shows 1-D histograms (data filled, samples as a line); the
+    lower triangle shows data points, the upper triangle samples.
+
+    Arguments:
+        data: data points ``(N, D)``.
+        samples: a flow (``n`` samples are drawn), an array ``(M, D)``, or None.
+        dims: the dimensions to show (default: the first ``max_dims``).
+        max_dims: most dimensions shown when ``dims`` is None.
+        n: points per scatter panel.
+        bins: histogram bins.
+    """
+    pts = _numpy(data)
+    if pts.ndim != 2:
+        raise ValueError(f"plot.pairwise: data must have shape (N, D), got {pts.shape}")
+    if samples is not None:
+        samples = _flow_samples(samples, n) if hasattr(samples, "sample") else _numpy(samples)
+        if samples.ndim != 2 or samples.shape[1] != pts.shape[1]:
+            raise ValueError(f"plot.pairwise: samples have shape {samples.shape} but data {pts.shape}")
+    dims = list(range(min(max_dims, pts.shape[1]))) if dims is None else list(dims)
+    if not dims or any(not 0 <= d < pts.shape[1] for d in dims):
+        raise ValueError(f"plot.pairwise: dims must index the {pts.shape[1]} dimensions, got {dims}")
+    k = len(dims)
+    bounds = _bounds(pts[:, dims])
+    shown = _subsample(pts, n)
+    fig = Figure(figsize=(1.9 * k + 1, 1.9 * k + 1), layout="constrained")
+    axes = np.asarray(fig.subplots(k, k, squeeze=False))
+    for r, dr in enumerate(dims):
+        for c, dc in enumerate(dims):
+            ax = axes[r, c]
+            if r == c:
+                edges = np.linspace(*bounds[r], bins + 1)
+                ax.hist(pts[:, dr], bins=edges, density=True, color="C0", alpha=0.5)
+                if samples is not None:
+                    ax.hist(samples[:, dr], bins=edges, density=True, histtype="step", color="C1")
+                ax.set_xlim(bounds[r])
+                ax.set_yticks([])
+            elif r > c:
+                ax.scatter(shown[:, dc], shown[:, dr], s=0.8, c="C0", alpha=0.4, linewidths=0)
+                ax.set(xlim=bounds[c], ylim=bounds[r])
+            elif samples is not None:
+                s = _subsample(samples, n)
+                ax.scatter(s[:, dc], s[:, dr], s=0.8, c="C1", alpha=0.4, linewidths=0)
+                ax.set(xlim=bounds[c], ylim=bounds[r])
+            else:
+                ax.axis("off")
+            if r == k - 1:
+                ax.set_xlabel(f"$x_{{{dc + 1}}}$")
+            if c == 0 and r != c:
+                ax.set_ylabel(f"$x_{{{dr + 1}}}$")
+    title = "data (lower, filled)" + (" vs flow samples (upper, line)" if samples is not None else "")
+    fig.suptitle(title)
+    return fig
+
+
+def _column(history: Any, *names: str) -> list | None:
+    for name in names:
+        if isinstance(history, Mapping) and name in history:
+            return list(history[name])
+        value = getattr(history, name, None)
+        if value is not None and not callable(value):
+            return list(value)
+    return None
+
+
+def _finite_pairs(steps: Sequence, values: Sequence | None) -> tuple[list, list]:
+    if values is None:
+        return [], []
+    pairs = [(s, v) for s, v in zip(steps, values) if v is not None and math.isfinite(float(v))]
+    return [p[0] for p in pairs], [float(p[1]) for p in pairs]
+
+
+def training_curves(history: Any, *, smooth: int = 0, title: str | None = None) -> Figure:
+    """Training (and validation) loss against the step, with the learning rate in a second panel.
+
+    Arguments:
+        history: a :class:`flowkit.train.History` (or a mapping with ``loss``
+            and optionally ``step``, ``val_loss``, ``lr`` lists).
+        smooth: width of a moving average applied to the training loss (0: none).
+        title: title of the loss panel.
+    """
+    loss = _column(history, "loss", "train_loss")
+    if not loss:
+        raise ValueError("plot.training_curves: the history holds no training loss")
+    steps = _column(history, "step", "steps") or list(range(1, len(loss) + 1))
+    val = _column(history, "val_loss")
+    lr = _column(history, "lr")
+    fig = Figure(figsize=(7, 5.5 if lr else 4), layout="constrained")
+    axes = fig.subplots(2 if lr else 1, 1, sharex=True, squeeze=False)[:, 0]
+    ax = axes[0]
+    xs, ys = _finite_pairs(steps, loss)
+    ax.plot(xs, ys, color="C0", alpha=0.35 if smooth > 1 else 1.0, lw=0.8, label="train")
+    if smooth > 1 and len(ys) >= smooth:
+        kernel = np.ones(smooth) / smooth
+        ax.plot(xs[smooth - 1 :], np.convolve(ys, kernel, mode="valid"), color="C0", lw=1.5, label=f"train ({smooth}-step mean)")
+    vx, vy = _finite_pairs(steps, val)
+    if vx:
+        ax.plot(vx, vy, "o-", color="C1", ms=3, lw=1.2, label="validation")
+    ax.set(ylabel="loss", title=title or "training curves")
+    ax.legend(loc="upper right")
+    if lr:
+        lx, ly = _finite_pairs(steps, lr)
+        axes[1].plot(lx, ly, color="C2")
+        axes[1].set(ylabel="learning rate")
+    axes[-1].set_xlabel("step")
+    return fig
