@@ -42,6 +42,7 @@ EXAMPLE_MODULES = [
     "flowkit.bijectors.coupling",
     "flowkit.bijectors.spline_coupling",
     "flowkit.bijectors.autoregressive",
+    "flowkit.bijectors.activations",
     "flowkit.bijectors.standardization",
     "flowkit.stochastic",
 ]

@@ -1,5 +1,6 @@
 """Bijectors: invertible maps with log-determinants, data -> latent in the forward direction."""
 
+from .activations import Logit, SmoothLeakyReLU, SmoothTanh
 from .autoregressive import MaskedAffineAutoregressive, MaskedAutoregressive, MaskedSplineAutoregressive
 from .base import Bijector, Chain, Invert, Reshape
 from .coupling import AffineCoupling, Coupling
@@ -20,6 +21,9 @@ __all__ = [
     "Linear",
     "LULinear",
     "ActNorm",
+    "SmoothLeakyReLU",
+    "SmoothTanh",
+    "Logit",
     "Standardization",
     "Coupling",
     "AffineCoupling",

@@ -1,0 +1,279 @@
+r"""Smooth elementwise activations and the logit preprocessing, as invertible bijectors.
+
+An elementwise bijector ``z_i = f(x_i)`` with a strictly increasing, smooth
+``f`` has a diagonal Jacobian, ``log|det dz/dx| = sum_i log f'(x_i)``. Its
+log-determinant depends on ``x``, so EBFlow's score matching keeps it in the
+energy, but it costs :math:`O(D)`.
+
+The activations here have no closed-form inverse; :func:`monotone_inverse`
+inverts them with a safeguarded Newton iteration inside a bracket that is
+known in closed form, with a fixed number of steps (no host synchronisation).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor
+from torch.nn import functional as F
+
+from ..distributions.base import as_shape
+from ..utils import sum_event
+from .base import Bijector
+from .domains import Interval
+
+__all__ = ["Elementwise", "SmoothLeakyReLU", "SmoothTanh", "Logit", "monotone_inverse"]
+
+
+def monotone_inverse(
+    f: Callable[[Tensor], Tensor],
+    df: Callable[[Tensor], Tensor],
+    y: Tensor,
+    low: Tensor,
+    high: Tensor,
+    iterations: int,
+    start: Tensor | None = None,
+) -> Tensor:
+    r"""Solve ``f(x) = y`` elementwise for a strictly increasing ``f`` with ``low < x < high``.
+
+    Safeguarded Newton (Numerical Recipes' ``rtsafe``): each step keeps a
+    bracket ``[low, high]`` that contains the root, takes the Newton step
+    when it lands inside the bracket and shrinks the step at least twice as
+    fast as bisection, and bisects otherwise, so it converges for any
+    increasing ``f`` (at least one bit per two steps) and quadratically near the root. The loop runs a
+    fixed number of steps on the whole tensor (no data-dependent branching).
+
+    The solve runs without autograd; one final Newton step is taken with
+    autograd on, which at the root gives the exact implicit derivative
+    ``dx/dy = 1 / f'(x)`` (and the right derivatives for the parameters of ``f``).
+
+    Arguments:
+        f: the increasing map, elementwise.
+        df: its derivative ``f'`` (positive).
+        y: targets.
+        low: lower bounds of the roots (broadcastable to ``y``).
+        high: upper bounds of the roots.
+        iterations: number of safeguarded Newton steps.
+        start: first guess (default: the middle of the bracket).
+
+    Returns:
+        ``x`` with ``f(x) = y`` to the precision of the dtype after enough steps.
+    """
+    with torch.no_grad():
+        yd = y.detach()
+        low = torch.broadcast_to(low.detach(), y.shape).clone()
+        high = torch.broadcast_to(high.detach(), y.shape).clone()
+        x = 0.5 * (low + high) if start is None else torch.broadcast_to(start.detach(), y.shape).clone()
+        dx_old = dx = high - low
+        for _ in range(iterations):
+            r = f(x) - yd
+            above = r > 0
+            high = torch.where(above, x, high)
+            low = torch.where(above, low, x)
+            newton = r / df(x)
+            # Newton only when it stays in the bracket and shrinks faster than bisection would.
+            use_newton = (x - newton > low) & (x - newton < high) & (2 * newton.abs() < dx_old.abs())
+            dx_old, dx = dx, torch.where(use_newton, newton, x - 0.5 * (low + high))
+            x = x - dx
+    return x - (f(x) - y) / df(x)
+
+
+class Elementwise(Bijector):
+    r"""Base of elementwise bijectors ``z_i = f(x_i)`` with ``f`` smooth and strictly increasing.
+
+    Subclasses implement :meth:`_f`, :meth:`_log_df` (``log f'``) and
+    :meth:`_bracket` (bounds on ``f^{-1}(y)``); the inverse is
+    :func:`monotone_inverse`.
+
+    Arguments:
+        event_shape: ``D`` or a shape such as ``(C, H, W)``.
+    """
+
+    _flowkit_register = False
+    #: safeguarded Newton steps of the inverse (enough for float64 on the whole real line).
+    newton_iterations: int = 60
+
+    def __init__(self, event_shape: int | Sequence[int]) -> None:
+        super().__init__()
+        self.event_shape = as_shape(event_shape)
+
+    def _f(self, x: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def _log_df(self, x: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def _bracket(self, y: Tensor) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+    def _start(self, y: Tensor, low: Tensor, high: Tensor) -> Tensor | None:
+        """First guess of the inverse (default: the middle of the bracket)."""
+        return None
+
+    def call(self, x, context=None):
+        return self._f(x)
+
+    def forward(self, x, context=None):
+        return self._f(x), sum_event(self._log_df(x), self.event_dims)
+
+    def inverse(self, z, context=None):
+        low, high = self._bracket(z)
+        df = lambda t: self._log_df(t).exp()  # noqa: E731
+        x = monotone_inverse(self._f, df, z, low, high, self.newton_iterations, self._start(z, low, high))
+        return x, -sum_event(self._log_df(x), self.event_dims)
+
+
+class SmoothLeakyReLU(Elementwise):
+    r"""Smooth leaky ReLU ``f(x) = alpha x + (1 - alpha) softplus(x)``.
+
+    A smooth version of the leaky ReLU with slope ``alpha`` on the left and 1
+    on the right: ``f'(x) = alpha + (1 - alpha) sigmoid(x)`` lies in
+    ``(alpha, 1)``, so ``f`` is strictly increasing, convex and bi-Lipschitz.
+    The inverse has no closed form. With ``m(x) = max(x, alpha x)``,
+    ``m(x) < f(x) < m(x) + (1 - alpha) log 2``, so the root of ``f(x) = y``
+    lies between ``m^{-1}(y - (1 - alpha) log 2)`` and ``m^{-1}(y)``, where
+    ``m^{-1}(y) = min(y, y / alpha)``; :func:`monotone_inverse` finds it to
+    machine precision (round trip error below ``1e-12`` in float64 for
+    ``|y| <= 1e4``, checked in the tests).
+
+    Arguments:
+        event_shape: ``D`` or a shape such as ``(C, H, W)``.
+        alpha: slope for ``x -> -inf``, in ``(0, 1]``.
+
+    References:
+        Chao et al., *Training Energy-Based Normalizing Flow with
+        Score-Matching Objectives*, NeurIPS 2023 (arXiv:2305.15267).
+    """
+
+    def __init__(self, event_shape: int | Sequence[int], alpha: float = 0.3) -> None:
+        super().__init__(event_shape)
+        if not 0 < alpha <= 1:
+            raise ValueError(f"SmoothLeakyReLU: alpha must be in (0, 1], got {alpha}")
+        self.alpha = float(alpha)
+
+    def _f(self, x):
+        # softplus(x) = log(e^x + 1), exact everywhere (F.softplus switches to x above 20)
+        return self.alpha * x + (1 - self.alpha) * torch.logaddexp(x, torch.zeros_like(x))
+
+    def _log_df(self, x):
+        # log(alpha + (1 - alpha) sigmoid(x)), stable for large |x|.
+        if self.alpha == 1:
+            return torch.zeros_like(x)
+        return torch.logaddexp(torch.full_like(x, math.log(self.alpha)), math.log1p(-self.alpha) + F.logsigmoid(x))
+
+    def _bracket(self, y):
+        # With m(x) = max(x, alpha x): m(x) < f(x) < m(x) + (1 - alpha) log 2, and m^{-1}(y) = min(y, y / alpha).
+        high = torch.minimum(y, y / self.alpha)
+        low = torch.minimum(y - (1 - self.alpha) * math.log(2), (y - (1 - self.alpha) * math.log(2)) / self.alpha)
+        return low - 1e-3 * (1 + low.abs()), high + 1e-3 * (1 + high.abs())
+
+    def _start(self, y, low, high):
+        # f is convex: Newton from the right of the root decreases monotonically onto it.
+        return high
+
+    def extra_repr(self) -> str:
+        return f"event_shape={tuple(self.event_shape)}, alpha={self.alpha}"
+
+
+class SmoothTanh(Elementwise):
+    r"""Tanh with a linear leak, ``f(x) = tanh(a x) + b x``.
+
+    ``f'(x) = b + a / cosh^2(a x)`` lies in ``(b, a + b]``; since ``|tanh| < 1``
+    the inverse lies in ``[(y - 1) / b, (y + 1) / b]`` and is found by
+    :func:`monotone_inverse`.
+
+    Arguments:
+        event_shape: ``D`` or a shape such as ``(C, H, W)``.
+        scale: ``a > 0``, the slope of the tanh at 0.
+        leak: ``b > 0``, the slope far from 0.
+
+    References:
+        Chao et al., *Training Energy-Based Normalizing Flow with
+        Score-Matching Objectives*, NeurIPS 2023 (arXiv:2305.15267).
+    """
+
+    def __init__(self, event_shape: int | Sequence[int], scale: float = 1.0, leak: float = 0.1) -> None:
+        super().__init__(event_shape)
+        if scale <= 0 or leak <= 0:
+            raise ValueError(f"SmoothTanh: scale and leak must be positive, got scale={scale}, leak={leak}")
+        self.scale = float(scale)
+        self.leak = float(leak)
+
+    def _f(self, x):
+        return torch.tanh(self.scale * x) + self.leak * x
+
+    def _log_df(self, x):
+        # log(b + a sech^2(a x)) = log(b) + log1p((a / b) sech^2(a x)); sech^2(u) = 4 e^{-2|u|} / (1 + e^{-2|u|})^2.
+        u = (self.scale * x).abs()
+        sech2 = 4 * torch.exp(-2 * u) / (1 + torch.exp(-2 * u)).square()
+        return math.log(self.leak) + torch.log1p(self.scale / self.leak * sech2)
+
+    def _bracket(self, y):
+        return (y - 1) / self.leak - 1e-3, (y + 1) / self.leak + 1e-3
+
+    def extra_repr(self) -> str:
+        return f"event_shape={tuple(self.event_shape)}, scale={self.scale}, leak={self.leak}"
+
+
+class Logit(Bijector):
+    r"""Logit preprocessing of data in ``[0, 1]``: ``z = logit(alpha + (1 - 2 alpha) x)``.
+
+    The usual preprocessing of dequantised images (RealNVP, Glow, EBFlow):
+    squeeze ``[0, 1]`` into ``[alpha, 1 - alpha]`` so that the logit stays
+    finite, then map to the real line. Per element,
+    ``log|dz/dx| = log(1 - 2 alpha) - log p - log(1 - p)`` with
+    ``p = alpha + (1 - 2 alpha) x``.
+
+    EBFlow keeps this map *outside* the model that is trained by score matching
+    ("match after preprocessing", MaP) and adds its log-determinant back when
+    reporting likelihoods; see
+    :func:`flowkit.train.score_matching.log_prob_with_preprocessing`.
+
+    Arguments:
+        event_shape: ``D`` or a shape such as ``(C, H, W)``.
+        alpha: the squeeze, in ``[0, 0.5)``; ``0`` gives the plain logit on ``(0, 1)``.
+
+    References:
+        Dinh, Sohl-Dickstein & Bengio, *Density estimation using Real NVP*,
+        ICLR 2017 (arXiv:1605.08803); Chao et al., NeurIPS 2023 (arXiv:2305.15267).
+    """
+
+    domain = Interval(0.0, 1.0)
+
+    def __init__(self, event_shape: int | Sequence[int], alpha: float = 0.05) -> None:
+        super().__init__()
+        if not 0 <= alpha < 0.5:
+            raise ValueError(f"Logit: alpha must be in [0, 0.5), got {alpha}")
+        self.event_shape = as_shape(event_shape)
+        self.alpha = float(alpha)
+
+    def _squeeze(self, x: Tensor) -> Tensor:
+        return self.alpha + (1 - 2 * self.alpha) * x
+
+    def call(self, x, context=None):
+        p = self._squeeze(x)
+        return torch.log(p) - torch.log1p(-p)
+
+    def forward(self, x, context=None):
+        p = self._squeeze(x)
+        z = torch.log(p) - torch.log1p(-p)
+        ladj = math.log(1 - 2 * self.alpha) - torch.log(p) - torch.log1p(-p)
+        return z, sum_event(ladj, self.event_dims)
+
+    def inverse(self, z, context=None):
+        x = (torch.sigmoid(z) - self.alpha) / (1 - 2 * self.alpha)
+        # log|dx/dz| = log sigmoid(z) + log sigmoid(-z) - log(1 - 2 alpha)
+        ladj = F.logsigmoid(z) + F.logsigmoid(-z) - math.log(1 - 2 * self.alpha)
+        return x, sum_event(ladj, self.event_dims)
+
+    def extra_repr(self) -> str:
+        return f"event_shape={tuple(self.event_shape)}, alpha={self.alpha}"
+
+
+def _examples():
+    yield "SmoothLeakyReLU", SmoothLeakyReLU(4, alpha=0.3), torch.randn(5, 4) * 3
+    yield "SmoothLeakyReLU(image)", SmoothLeakyReLU((2, 2, 2), alpha=0.1), torch.randn(5, 2, 2, 2) * 3
+    yield "SmoothTanh", SmoothTanh(3, scale=2.0, leak=0.2), torch.randn(5, 3) * 2
+    yield "Logit", Logit(3, alpha=0.05), torch.rand(5, 3) * 0.96 + 0.02

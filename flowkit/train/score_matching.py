@@ -1,0 +1,411 @@
+r"""EBFlow: train a flow by score matching, without the log-determinants of its linear layers.
+
+A flow's log density splits into a part that depends on ``x`` and a part that
+does not:
+
+.. math::
+
+    \log p(x) = \underbrace{\log p_Z(g(x)) + \sum_{i\,\text{varying}} \log|\det J_i(x)|}_{-E(x)}
+              + \underbrace{\sum_{i\,\text{constant}} \log|\det J_i|}_{-\log Z},
+
+where the second sum runs over the layers with ``ladj_is_constant`` (dense
+and LU linear layers, permutations, ActNorm). Seen as an energy-based model
+with energy ``E`` and normalising constant ``Z``, the flow has the score
+``s(x) = \nabla_x \log p(x) = -\nabla_x E(x)``, which does not involve any
+``det W``. Score matching fits ``s`` to the data, so a flow of dense
+``D x D`` layers trains in :math:`O(D^2)` per point instead of the
+:math:`O(D^3)` of the determinants that maximum likelihood needs.
+
+:func:`energy` walks the flow's layers (nested :class:`~flowkit.bijectors.Chain`
+s recursively): a layer with a constant log-determinant runs through its cheap
+``call()`` and its determinant is never computed; every other layer runs its
+``forward`` and its log-determinant enters ``E``. :class:`ScoreMatching` is the
+training objective; :func:`exact_log_prob` evaluates the exact likelihood of a
+score-matched flow with the constant log-determinants computed once; :class:`EMA`
+keeps the moving average of the weights used for evaluation.
+
+References:
+    Chao, Sun, Hsu, Lee, Lee, *Training Energy-Based Normalizing Flow with
+    Score-Matching Objectives*, NeurIPS 2023 (arXiv:2305.15267).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .._validation import check_context, check_tensor, outermost
+from ..bijectors.base import Bijector, Chain, _module_dtype
+from ..utils import sum_event
+from .objective import Objective
+
+__all__ = ["ScoreMatching", "EMA", "energy", "score", "exact_log_prob"]
+
+_METHODS = ("ssm", "dsm", "fdsm")
+
+
+def _walk(bijector: Bijector, x: Tensor, context: Tensor | None, constants: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """Run ``bijector`` on ``x``: ``(z, sum of the varying ladjs, sum of the constant ladjs or 0)``."""
+    batch = x.shape[: x.dim() - len(bijector.event_shape)]
+    zero = x.new_zeros(batch)
+    if bijector.ladj_is_constant:
+        if constants:
+            z, ladj = bijector(x, context)
+            return z, zero, ladj
+        return bijector.call(x, context), zero, zero
+    if isinstance(bijector, Chain):
+        varying, constant = zero, zero
+        for layer in bijector:
+            x, v, c = _walk(layer, x, context, constants)
+            varying, constant = varying + v, constant + c
+        return x, varying, constant
+    z, ladj = bijector(x, context)
+    return z, ladj, zero
+
+
+def _check_flow(flow: Any, where: str) -> None:
+    if not (isinstance(getattr(flow, "bijector", None), Bijector) and isinstance(getattr(flow, "base", None), nn.Module)):
+        raise ValueError(f"{where}: expected a flowkit Flow (a bijector over a base), got {type(flow).__name__}")
+    if flow.bijector.stochastic:
+        raise ValueError(f"{where}: the flow contains stochastic blocks, which have no energy to match")
+
+
+def _energy_and_constant(
+    flow: Any, x: Tensor, context: Tensor | None, constants: bool, where: str
+) -> tuple[Tensor, Tensor]:
+    _check_flow(flow, where)
+    with outermost() as check:
+        if check:
+            dtype = _module_dtype(flow)
+            check_tensor(x, flow.event_shape, name="x", dtype=dtype, where=where)
+            check_context(context, flow.bijector.context_features, x.shape[: x.dim() - len(flow.event_shape)], dtype=dtype, where=where)
+        z, varying, constant = _walk(flow.bijector, x, context, constants)
+        return -(flow.base.log_prob(z) + varying), constant
+
+
+def energy(flow: Any, x: Tensor, context: Tensor | None = None) -> Tensor:
+    r"""EBFlow energy ``E(x) = -log p_Z(g(x)) - sum of the input-dependent log-determinants``.
+
+    ``log p(x) = -E(x) + sum of the constant log-determinants``; no
+    determinant of a layer with ``ladj_is_constant`` is computed.
+
+    Arguments:
+        flow: a :class:`~flowkit.Flow` (any bijector, any base).
+        x: data of shape ``(..., *event_shape)``.
+        context: context of shape ``(..., context_features)`` for conditional flows.
+
+    Returns:
+        ``E(x)`` with the batch shape.
+    """
+    return _energy_and_constant(flow, x, context, False, "energy")[0]
+
+
+def score(flow: Any, x: Tensor, context: Tensor | None = None, *, create_graph: bool = False) -> Tensor:
+    r"""Score ``s(x) = -\nabla_x E(x) = \nabla_x \log p(x)``, computed without any constant log-determinant.
+
+    Arguments:
+        flow: a :class:`~flowkit.Flow`.
+        x: data of shape ``(..., *event_shape)``.
+        context: context for conditional flows.
+        create_graph: keep the graph, to differentiate the score again.
+
+    Returns:
+        The score, with the shape of ``x``.
+    """
+    with torch.enable_grad():
+        x = x.detach().requires_grad_(True)
+        e = energy(flow, x, context)
+        return -torch.autograd.grad(e.sum(), x, create_graph=create_graph)[0]
+
+
+def exact_log_prob(
+    flow: Any,
+    x: Tensor,
+    context: Tensor | None = None,
+    *,
+    preprocessing: Bijector | None = None,
+    batch_size: int = 4096,
+) -> Tensor:
+    r"""Exact ``log p(x)``, with the constant log-determinants computed once for all of ``x``.
+
+    ``log p(x) = -E(x) + sum_constant log|det J_i|``: the energy runs on
+    batches of ``batch_size`` points, the determinants of the layers with
+    ``ladj_is_constant`` once (on the first point). With ``preprocessing``
+    (e.g. :class:`~flowkit.bijectors.Logit`), the flow models the
+    preprocessed data ``y = h(x)`` ("match after preprocessing") and the
+    density of the raw data is ``log p(x) = log p_flow(h(x)) + log|det J_h(x)|``.
+
+    Runs without gradients.
+
+    Arguments:
+        flow: a :class:`~flowkit.Flow`.
+        x: raw data of shape ``(N, *event_shape)``.
+        context: context of shape ``(N, context_features)`` for conditional flows.
+        preprocessing: a bijector applied to ``x`` before the flow, outside the model.
+        batch_size: points per pass.
+
+    Returns:
+        ``log p(x)``, of shape ``(N,)``.
+    """
+    if batch_size < 1:
+        raise ValueError(f"exact_log_prob: batch_size must be positive, got {batch_size}")
+    out = []
+    constant = None
+    with torch.no_grad():
+        for start in range(0, x.shape[0], batch_size):
+            xb = x[start : start + batch_size]
+            cb = None if context is None else context[start : start + batch_size]
+            ladj_pre = 0.0
+            if preprocessing is not None:
+                xb, ladj_pre = preprocessing(xb, cb)
+            if constant is None:
+                e_first, c_first = _energy_and_constant(flow, xb[:1], None if cb is None else cb[:1], True, "exact_log_prob")
+                constant = c_first.reshape(-1)[0]
+            e = energy(flow, xb, cb)
+            out.append(-e + constant + ladj_pre)
+    if not out:
+        raise ValueError("exact_log_prob: x holds no points")
+    return torch.cat(out)
+
+
+def _split(batch: Any, where: str) -> tuple[Tensor, Tensor | None]:
+    if isinstance(batch, Tensor):
+        return batch, None
+    if isinstance(batch, (tuple, list)) and len(batch) == 2:
+        return batch[0], batch[1]
+    raise ValueError(f"{where}: a batch is a tensor x or a pair (x, context), got {type(batch).__name__}")
+
+
+def _repeat(t: Tensor | None, times: int) -> Tensor | None:
+    if t is None or times == 1:
+        return t
+    return t.repeat(times, *([1] * (t.dim() - 1)))
+
+
+class ScoreMatching(Objective):
+    r"""Score-matching objective of EBFlow: fit the flow's score, never its constant log-determinants.
+
+    The flow is an energy model with ``E(x)`` from :func:`energy`; the score
+    ``s = -\nabla_x E`` is matched to the data by one of three estimators of
+    the Fisher divergence (up to a constant), each divided by the number of
+    dimensions ``D`` of an event:
+
+    - ``"ssm"``, sliced score matching with variance reduction:
+      :math:`\frac1D\,\mathbb E\big[v^\top \nabla_x (v^\top s(x)) + \tfrac12 |s(x)|^2\big]`
+      with Rademacher slices ``v`` (``slices`` of them per point); the
+      Hessian-vector product costs one more backward pass.
+    - ``"dsm"``, denoising score matching with noise level ``sigma``:
+      :math:`\frac1D\,\mathbb E\,\tfrac12\,|s(x + \sigma n) + n / \sigma|^2`, ``n ~ N(0, I)``;
+      it matches the score of the data smoothed by ``N(0, sigma^2 I)``, so
+      ``sigma`` sets a bias.
+    - ``"fdsm"``, finite-difference sliced score matching with step ``epsilon``:
+      ``v`` uniform on the sphere of radius ``epsilon``,
+      :math:`\mathbb E\big[(E(x+v) - E(x-v))^2/8 + 2E(x) - E(x+v) - E(x-v)\big] / \epsilon^2`;
+      no second derivative at all. Because ``E|v^T a|^2 = epsilon^2 |a|^2 / D``,
+      this already estimates the SSM objective divided by ``D``.
+
+    For the SSM objective the expectation is exactly
+    ``(1/D) E_data[1/2 |s|^2 + tr(grad s)]``; for a Gaussian model with
+    covariance ``S_m`` and centred data with covariance ``S_d`` it is
+    ``(1/D) (1/2 tr(S_m^-1 S_d S_m^-1) - tr S_m^-1)``, minimised at ``S_m = S_d``.
+
+    Optionally ``energy_weight * mean(E)`` is added to keep energies low
+    (EBFlow's lambda). With ``preprocessing`` (e.g. :class:`~flowkit.bijectors.Logit`)
+    the batch is raw data: it is preprocessed without gradients before matching
+    ("match after preprocessing", MaP), and :meth:`validation_loss` reports the
+    exact NLL of the raw data, the preprocessing's log-determinant added back.
+
+    Arguments:
+        method: ``"ssm"``, ``"dsm"`` or ``"fdsm"``.
+        sigma: noise level of DSM.
+        epsilon: step of FDSM.
+        slices: Rademacher slices per point for SSM.
+        energy_weight: weight of the ``mean(E)`` regulariser (0 for none).
+        preprocessing: a bijector applied to the data outside the model, or None.
+
+    Example:
+        >>> import torch, flowkit
+        >>> from flowkit.bijectors import Chain, Linear, SmoothLeakyReLU
+        >>> flow = flowkit.Flow(Chain(Linear(4), SmoothLeakyReLU(4), Linear(4)),
+        ...                     flowkit.distributions.StandardNormal(4))
+        >>> from flowkit.train import ScoreMatching
+        >>> objective = ScoreMatching("ssm")
+        >>> objective.loss(flow, torch.randn(100, 4)).shape
+        torch.Size([])
+
+    References:
+        Chao et al., *Training Energy-Based Normalizing Flow with Score-Matching
+        Objectives*, NeurIPS 2023 (arXiv:2305.15267); Song et al., *Sliced Score
+        Matching*, UAI 2019; Vincent, *A Connection Between Score Matching and
+        Denoising Autoencoders*, Neural Computation 2011; Pang et al., *Efficient
+        Learning of Generative Models via Finite-Difference Score Matching*, NeurIPS 2020.
+    """
+
+    def __init__(
+        self,
+        method: str = "ssm",
+        sigma: float = 0.1,
+        epsilon: float = 0.1,
+        slices: int = 1,
+        energy_weight: float = 0.0,
+        preprocessing: Bijector | None = None,
+    ) -> None:
+        if method not in _METHODS:
+            raise ValueError(f"ScoreMatching: method must be one of {_METHODS}, got {method!r}")
+        if not sigma > 0:
+            raise ValueError(f"ScoreMatching: sigma must be positive, got {sigma}")
+        if not epsilon > 0:
+            raise ValueError(f"ScoreMatching: epsilon must be positive, got {epsilon}")
+        if int(slices) != slices or slices < 1:
+            raise ValueError(f"ScoreMatching: slices must be a positive integer, got {slices}")
+        if energy_weight < 0:
+            raise ValueError(f"ScoreMatching: energy_weight must be non-negative, got {energy_weight}")
+        if preprocessing is not None and not isinstance(preprocessing, Bijector):
+            raise ValueError(f"ScoreMatching: preprocessing must be a flowkit Bijector, got {type(preprocessing).__name__}")
+        self.method = method
+        self.sigma = float(sigma)
+        self.epsilon = float(epsilon)
+        self.slices = int(slices)
+        self.energy_weight = float(energy_weight)
+        self.preprocessing = preprocessing
+        self._last_energy: Tensor | None = None
+
+    def _prepare(self, batch: Any, where: str) -> tuple[Tensor, Tensor | None]:
+        x, context = _split(batch, where)
+        if self.preprocessing is not None:
+            with torch.no_grad():
+                x = self.preprocessing.call(x, context)
+        return x.detach(), context
+
+    def loss(self, flow: Any, batch: Any) -> Tensor:
+        """The score-matching loss of ``flow`` on ``batch`` (``x`` or ``(x, context)``), divided by ``D``."""
+        x, context = self._prepare(batch, "ScoreMatching.loss")
+        _check_flow(flow, "ScoreMatching.loss")
+        dims = len(flow.event_shape)
+        d = math.prod(flow.event_shape)
+        with torch.enable_grad():
+            if self.method == "ssm":
+                x = _repeat(x, self.slices).requires_grad_(True)
+                context = _repeat(context, self.slices)
+                e = energy(flow, x, context)
+                s = -torch.autograd.grad(e.sum(), x, create_graph=True)[0]
+                v = torch.empty_like(x).bernoulli_(0.5).mul_(2).sub_(1)
+                hvp = torch.autograd.grad((s * v).sum(), x, create_graph=True)[0]
+                per_point = sum_event(v * hvp + 0.5 * s.square(), dims) / d
+            elif self.method == "dsm":
+                noise = torch.randn_like(x)
+                x = (x + self.sigma * noise).requires_grad_(True)
+                e = energy(flow, x, context)
+                s = -torch.autograd.grad(e.sum(), x, create_graph=True)[0]
+                per_point = 0.5 * sum_event((s + noise / self.sigma).square(), dims) / d
+            else:
+                v = torch.randn_like(x)
+                norm = sum_event(v.square(), dims).sqrt().reshape(*v.shape[: v.dim() - dims], *([1] * dims))
+                v = v / norm * self.epsilon
+                ctx3 = None if context is None else torch.cat([context] * 3)
+                e_all = energy(flow, torch.cat([x, x + v, x - v]), ctx3)
+                e, e_plus, e_minus = e_all.chunk(3)
+                per_point = ((e_plus - e_minus).square() / 8 + 2 * e - e_plus - e_minus) / self.epsilon**2
+            loss = per_point.mean()
+            if self.energy_weight:
+                loss = loss + self.energy_weight * e.mean()
+        self._last_energy = e.detach().mean()
+        return loss
+
+    def validation_loss(self, flow: Any, batch: Any) -> Tensor:
+        """Exact negative log-likelihood per point of the raw ``batch`` (the preprocessing's log-det added back)."""
+        x, context = _split(batch, "ScoreMatching.validation_loss")
+        return -exact_log_prob(flow, x, context, preprocessing=self.preprocessing).mean()
+
+    def metrics(self) -> dict[str, float]:
+        """The mean energy of the last batch."""
+        return {} if self._last_energy is None else {"energy": float(self._last_energy)}
+
+
+class EMA:
+    r"""Exponential moving average of a module's weights, used for evaluation.
+
+    After each optimiser step, :meth:`update` sets
+    ``avg <- d avg + (1 - d) w`` for every floating parameter and buffer, with
+    ``d = min(decay, (1 + n) / (10 + n))`` after ``n`` updates (a warm-up, so
+    that the first averages are not dominated by the initial weights).
+    :meth:`average` swaps the averages into the module for a ``with`` block;
+    :meth:`averaged` returns a copy that holds them.
+
+    Arguments:
+        module: the model whose weights are averaged.
+        decay: the decay ``d`` (EBFlow uses 0.999).
+
+    Example:
+        >>> import torch
+        >>> model = torch.nn.Linear(2, 2)
+        >>> ema = EMA(model, decay=0.99)
+        >>> ema.update()
+        >>> with ema.average():
+        ...     _ = model(torch.zeros(1, 2))
+    """
+
+    def __init__(self, module: nn.Module, decay: float = 0.999) -> None:
+        if not 0 <= decay < 1:
+            raise ValueError(f"EMA: decay must be in [0, 1), got {decay}")
+        self.module = module
+        self.decay = float(decay)
+        self.updates = 0
+        self.shadow = {name: t.detach().clone() for name, t in self._tensors(module)}
+
+    @staticmethod
+    def _tensors(module: nn.Module) -> Iterator[tuple[str, Tensor]]:
+        for name, t in module.state_dict(keep_vars=True).items():
+            if t.is_floating_point():
+                yield name, t
+
+    @torch.no_grad()
+    def update(self) -> None:
+        """Fold the module's current weights into the averages."""
+        d = min(self.decay, (1 + self.updates) / (10 + self.updates))
+        for name, t in self._tensors(self.module):
+            self.shadow[name].lerp_(t.detach(), 1 - d)
+        self.updates += 1
+
+    @torch.no_grad()
+    def copy_to(self, module: nn.Module | None = None) -> None:
+        """Write the averages into ``module`` (default: the tracked module)."""
+        target = dict(self._tensors(self.module if module is None else module))
+        for name, avg in self.shadow.items():
+            target[name].copy_(avg)
+
+    @contextlib.contextmanager
+    def average(self) -> Iterator[nn.Module]:
+        """Context in which the tracked module holds the averaged weights; restored on exit."""
+        saved = {name: t.detach().clone() for name, t in self._tensors(self.module)}
+        self.copy_to()
+        try:
+            yield self.module
+        finally:
+            with torch.no_grad():
+                current = dict(self._tensors(self.module))
+                for name, t in saved.items():
+                    current[name].copy_(t)
+
+    def averaged(self) -> nn.Module:
+        """A copy of the module that holds the averaged weights."""
+        model = copy.deepcopy(self.module)
+        self.copy_to(model)
+        return model
+
+    def state_dict(self) -> dict[str, Any]:
+        """The averages and the number of updates (for checkpoints)."""
+        return {"decay": self.decay, "updates": self.updates, "shadow": {k: v.clone() for k, v in self.shadow.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore from :meth:`state_dict`."""
+        self.decay = float(state["decay"])
+        self.updates = int(state["updates"])
+        for name, avg in state["shadow"].items():
+            self.shadow[name].copy_(avg)
