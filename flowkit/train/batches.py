@@ -1,0 +1,241 @@
+"""Batches for the fit loop: tensors, datasets, data loaders and latent draws, sharded and resumable.
+
+Every source yields the batches an objective receives: a tensor ``x`` or a
+pair ``(x, context)``. Shuffling follows :class:`~torch.utils.data.DistributedSampler`
+(a permutation seeded by ``seed + epoch``, rank ``r`` of ``N`` taking every
+``N``-th index), so the data order is a function of ``(seed, epoch)`` and a
+resumed run can jump straight to the batch where it stopped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from typing import Any, Union
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, RandomSampler, Sampler
+
+__all__ = ["Batch", "split_batch", "ShardedBatchSampler", "make_batches", "LatentBatches"]
+
+#: What an objective's ``loss`` receives: ``x`` or ``(x, context)``.
+Batch = Union[Tensor, tuple[Tensor, Tensor]]
+
+
+def split_batch(batch: Any) -> tuple[Tensor, Tensor | None]:
+    """Split a batch into ``(x, context)``; ``context`` is None for a bare tensor.
+
+    Raises:
+        ValueError: if ``batch`` is neither a tensor nor a pair of tensors.
+    """
+    if isinstance(batch, Tensor):
+        return batch, None
+    if isinstance(batch, (tuple, list)) and len(batch) in (1, 2) and all(isinstance(b, Tensor) for b in batch):
+        return batch[0], (batch[1] if len(batch) == 2 else None)
+    raise ValueError(
+        f"a batch must be a tensor x or a pair (x, context) of tensors, got {type(batch).__name__}"
+        + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else "")
+    )
+
+
+def _to_model(t: Tensor, device: torch.device, dtype: torch.dtype | None) -> Tensor:
+    if dtype is not None and t.is_floating_point() and t.dtype != dtype:
+        t = t.to(dtype)
+    return t.to(device, non_blocking=True)
+
+
+def _normalise(batch: Any, device: torch.device, dtype: torch.dtype | None) -> Batch:
+    x, context = split_batch(batch)
+    x = _to_model(x, device, dtype)
+    return x if context is None else (x, _to_model(context, device, dtype))
+
+
+class ShardedBatchSampler(Sampler[list[int]]):
+    """Batches of indices of this rank's shard of ``range(n)``, with a seeded per-epoch order.
+
+    The order is :class:`~torch.utils.data.DistributedSampler`'s (when
+    ``shuffle``), or every ``world_size``-th index without padding (when not,
+    for validation: each point counted once over the ranks).
+
+    Arguments:
+        n: number of points.
+        batch_size: points per batch on this rank.
+        world_size: number of ranks.
+        rank: this rank.
+        seed: seed of the permutation (the same on every rank).
+        shuffle: shuffle each epoch (training) or keep the order (validation).
+    """
+
+    def __init__(self, n: int, batch_size: int, world_size: int = 1, rank: int = 0, seed: int = 0, shuffle: bool = True):
+        self.n, self.batch_size, self.world_size, self.rank = n, batch_size, world_size, rank
+        self.seed, self.shuffle = seed, shuffle
+        self.epoch, self.skip = 0, 0
+
+    def set_epoch(self, epoch: int, skip: int = 0) -> None:
+        """Select the epoch's order and the number of leading batches to leave out (when resuming)."""
+        self.epoch, self.skip = epoch, skip
+
+    def _indices(self) -> Tensor:
+        if self.shuffle:
+            sampler = DistributedSampler(
+                range(self.n), num_replicas=self.world_size, rank=self.rank, shuffle=True, seed=self.seed
+            )
+            sampler.set_epoch(self.epoch)
+            return torch.tensor(list(sampler), dtype=torch.int64)
+        return torch.arange(self.rank, self.n, self.world_size)
+
+    def index_batches(self) -> Iterator[Tensor]:
+        """This epoch's batches of indices, as int64 tensors, after the skipped ones."""
+        indices = self._indices()
+        for start in range(self.skip * self.batch_size, len(indices), self.batch_size):
+            yield indices[start : start + self.batch_size]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for index in self.index_batches():
+            yield index.tolist()
+
+    def __len__(self) -> int:
+        per_rank = math.ceil(self.n / self.world_size) if self.shuffle else len(range(self.rank, self.n, self.world_size))
+        return math.ceil(per_rank / self.batch_size)
+
+
+class _Source:
+    """A source of batches: ``steps_per_epoch`` (None when unknown) and ``epoch(e, skip)``."""
+
+    steps_per_epoch: int | None
+
+    def epoch(self, epoch: int, skip: int = 0) -> Iterator[Batch]:
+        raise NotImplementedError
+
+
+class _TensorSource(_Source):
+    def __init__(self, tensors: Sequence[Tensor], sampler: ShardedBatchSampler, device, dtype) -> None:
+        self.tensors, self.sampler, self.device, self.dtype = tensors, sampler, device, dtype
+        self.steps_per_epoch = len(sampler)
+
+    def epoch(self, epoch: int, skip: int = 0) -> Iterator[Batch]:
+        self.sampler.set_epoch(epoch, skip)
+        for index in self.sampler.index_batches():
+            index = index.to(self.tensors[0].device)
+            yield _normalise(tuple(t[index] for t in self.tensors), self.device, self.dtype)
+
+
+class _LoaderSource(_Source):
+    """A DataLoader; resuming skips batches by drawing them, eagerly, so that the loop can replay
+    the RNG state of the epoch's start around the call (the order a shuffling loader draws is the same)."""
+
+    def __init__(self, loader: DataLoader, device, dtype) -> None:
+        self.loader, self.device, self.dtype = loader, device, dtype
+        try:
+            self.steps_per_epoch = len(loader)
+        except TypeError:
+            self.steps_per_epoch = None
+
+    def epoch(self, epoch: int, skip: int = 0) -> Iterator[Batch]:
+        batch_sampler = self.loader.batch_sampler
+        if isinstance(batch_sampler, ShardedBatchSampler):
+            batch_sampler.set_epoch(epoch, skip)
+            skip = 0
+        else:
+            for sampler in (self.loader.sampler, getattr(batch_sampler, "sampler", None)):
+                if hasattr(sampler, "set_epoch"):
+                    sampler.set_epoch(epoch)
+        iterator = iter(self.loader)  # eagerly: the loop replays the epoch's RNG state around this call
+        for _ in range(skip):
+            if next(iterator, None) is None:
+                break
+        return (_normalise(batch, self.device, self.dtype) for batch in iterator)
+
+
+class LatentBatches(_Source):
+    """Endless latent batches ``z = flow.base.sample((batch_size,))`` for objectives that need no data."""
+
+    steps_per_epoch = None
+
+    def __init__(self, flow: Any, batch_size: int) -> None:
+        base = getattr(flow, "base", None)
+        if base is None or not hasattr(base, "sample"):
+            raise ValueError("fit: without data the flow must have a base distribution (flow.base.sample) to draw latents")
+        self.base, self.batch_size = base, batch_size
+
+    def epoch(self, epoch: int, skip: int = 0) -> Iterator[Batch]:
+        while True:
+            yield self.base.sample((self.batch_size,))
+
+
+def _as_tensors(data: Any, name: str) -> tuple[Tensor, ...] | None:
+    """The tensors of ``data`` if it is a tensor, an array or a pair of them; None otherwise."""
+    if isinstance(data, np.ndarray):
+        data = torch.as_tensor(data)
+    if isinstance(data, Tensor):
+        tensors: tuple[Tensor, ...] = (data,)
+    elif isinstance(data, (tuple, list)) and len(data) == 2 and all(isinstance(d, (Tensor, np.ndarray)) for d in data):
+        tensors = tuple(torch.as_tensor(d) for d in data)
+    else:
+        return None
+    if tensors[0].dim() == 0 or tensors[0].shape[0] == 0:
+        raise ValueError(f"fit: {name} is empty (shape {tuple(tensors[0].shape)})")
+    if len(tensors) == 2 and tensors[1].shape[0] != tensors[0].shape[0]:
+        raise ValueError(
+            f"fit: {name} x and context have different numbers of points ({tensors[0].shape[0]} and {tensors[1].shape[0]})"
+        )
+    return tensors
+
+
+def make_batches(
+    data: Any,
+    batch_size: int,
+    *,
+    world_size: int = 1,
+    rank: int = 0,
+    seed: int = 0,
+    shuffle: bool = True,
+    device: torch.device = torch.device("cpu"),
+    dtype: torch.dtype | None = None,
+    name: str = "data",
+) -> _Source:
+    """A batch source for ``data``: a tensor (or array), a pair ``(x, context)``, a Dataset or a DataLoader.
+
+    Floating tensors are cast to ``dtype`` (the model's) and moved to ``device``.
+    A DataLoader is used as given (its batch size wins) unless it must be
+    sharded over several ranks and has no ``DistributedSampler``: then it is
+    rebuilt over its dataset with a :class:`ShardedBatchSampler`.
+
+    Raises:
+        ValueError: for an unsupported ``data`` type, an empty set or mismatched ``x`` and context.
+    """
+    tensors = _as_tensors(data, name)
+    if tensors is not None:
+        sampler = ShardedBatchSampler(tensors[0].shape[0], batch_size, world_size, rank, seed, shuffle)
+        return _TensorSource(tensors, sampler, device, dtype)
+    if isinstance(data, DataLoader):
+        samplers = (data.sampler, getattr(data.batch_sampler, "sampler", None))
+        if world_size > 1 and not any(isinstance(s, DistributedSampler) for s in samplers):
+            if isinstance(data.dataset, IterableDataset) or data.batch_size is None:
+                raise ValueError(
+                    f"fit: to shard {name} over {world_size} processes give a map-style dataset, or a DataLoader "
+                    "with a DistributedSampler"
+                )
+            sharded = ShardedBatchSampler(
+                len(data.dataset), data.batch_size, world_size, rank, seed, isinstance(data.sampler, RandomSampler)
+            )
+            data = DataLoader(
+                data.dataset, batch_sampler=sharded, num_workers=data.num_workers, collate_fn=data.collate_fn,
+                pin_memory=data.pin_memory, worker_init_fn=data.worker_init_fn,
+            )
+        return _LoaderSource(data, device, dtype)
+    if isinstance(data, IterableDataset):
+        if world_size > 1:
+            raise ValueError(f"fit: an IterableDataset {name} cannot be sharded automatically; give a DataLoader")
+        return _LoaderSource(DataLoader(data, batch_size=batch_size), device, dtype)
+    if isinstance(data, Dataset):
+        if len(data) == 0:  # type: ignore[arg-type]
+            raise ValueError(f"fit: {name} is empty")
+        sampler = ShardedBatchSampler(len(data), batch_size, world_size, rank, seed, shuffle)  # type: ignore[arg-type]
+        return _LoaderSource(DataLoader(data, batch_sampler=sampler), device, dtype)
+    raise ValueError(
+        f"fit: {name} must be a tensor, a pair (x, context) of tensors, a Dataset or a DataLoader, "
+        f"got {type(data).__name__}"
+    )

@@ -1,0 +1,442 @@
+"""The fit loop: data forms, schedules, clipping, the non-finite guard, validation, checkpoints and exact resume."""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+import flowkit
+from flowkit.train import History, MaximumLikelihood, Objective, fit, split_batch
+from flowkit.train.checkpoint import load_state, save_state
+from flowkit.train.loop import CHECKPOINT_FILE
+
+
+def small_flow(context: int = 0, seed: int = 0) -> flowkit.Flow:
+    torch.manual_seed(seed)
+    return flowkit.flows.RealNVP(2, transforms=2, hidden=(16,), context=context)
+
+
+def params_of(flow: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in flow.parameters()]
+
+
+def assert_same_params(a: torch.nn.Module, b: torch.nn.Module) -> None:
+    for p, q in zip(a.parameters(), b.parameters(), strict=True):
+        assert torch.equal(p, q)
+
+
+class _Recorder(Objective):
+    """Maximum likelihood that keeps every batch it was handed."""
+
+    def __init__(self) -> None:
+        self.batches: list = []
+
+    def loss(self, flow, batch):
+        self.batches.append(batch)
+        return MaximumLikelihood.negative_log_likelihood(flow, batch)
+
+
+# ---------------------------------------------------------------- data forms
+
+
+def test_tensor_data_epochs_and_batches_cover_the_data():
+    x = torch.randn(100, 2)
+    objective = _Recorder()
+    history = fit(small_flow(), objective, x, epochs=2, batch_size=32, progress=False, seed=1)
+    assert len(history) == 8 == len(objective.batches)  # ceil(100 / 32) = 4 batches per epoch
+    assert all(isinstance(b, torch.Tensor) for b in objective.batches)
+    for epoch in range(2):
+        seen = torch.cat(objective.batches[4 * epoch : 4 * epoch + 4])
+        assert seen.shape == x.shape
+        # a permutation of the data: the same rows, each once
+        assert torch.equal(seen[seen[:, 0].argsort()], x[x[:, 0].argsort()])
+    assert not torch.equal(torch.cat(objective.batches[:4]), torch.cat(objective.batches[4:]))  # reshuffled
+
+
+def test_pairs_keep_context_aligned_and_reach_the_flow():
+    x = torch.randn(64, 2)
+    context = x.sum(-1, keepdim=True)  # a function of x: alignment is checkable
+    objective = _Recorder()
+    fit(small_flow(context=1), objective, (x, context), steps=3, batch_size=16, progress=False, seed=0)
+    for batch in objective.batches:
+        assert isinstance(batch, tuple) and len(batch) == 2
+        bx, bc = batch
+        assert torch.equal(bc, bx.sum(-1, keepdim=True))
+    flow = small_flow(context=1)
+    bx, bc = objective.batches[0]
+    assert torch.equal(MaximumLikelihood().loss(flow, (bx, bc)), -flow.log_prob(bx, bc).mean())
+
+
+def test_dataset_and_dataloader_forms():
+    x, c = torch.randn(50, 2), torch.randn(50, 1)
+    objective = _Recorder()
+    history = fit(small_flow(context=1), objective, TensorDataset(x, c), epochs=1, batch_size=20, progress=False)
+    assert len(history) == 3 and all(isinstance(b, tuple) for b in objective.batches)
+    # a DataLoader is used as given: its batch size wins
+    objective = _Recorder()
+    loader = DataLoader(TensorDataset(x), batch_size=10)
+    history = fit(small_flow(), objective, loader, epochs=2, batch_size=999, progress=False)
+    assert len(history) == 10
+    assert torch.equal(objective.batches[0], x[:10])  # unshuffled loader: its own order
+    # numpy arrays and float64 data are cast to the model's dtype
+    objective = _Recorder()
+    fit(small_flow(), objective, np.random.default_rng(0).normal(size=(40, 2)), steps=2, batch_size=8, progress=False)
+    assert objective.batches[0].dtype == torch.float32
+
+
+def test_latent_batches_for_objectives_without_data():
+    class _Energy(Objective):
+        needs_data = False
+
+        def __init__(self):
+            self.batches = []
+
+        def loss(self, flow, z):
+            self.batches.append(z)
+            x, log_q = flow.rsample_and_log_prob(z.shape[0])
+            return (log_q + 0.5 * (x**2).sum(-1)).mean()
+
+    flow = small_flow()
+    objective = _Energy()
+    fit(flow, objective, steps=2, batch_size=7, progress=False, seed=3)
+    torch.manual_seed(3)
+    expected = flow.base.sample((7,))
+    assert torch.equal(objective.batches[0], expected)
+
+
+def test_auxiliary_loss_is_added():
+    class _Regularised(flowkit.flows.RealNVP):
+        def auxiliary_loss(self):
+            return sum((p**2).sum() for p in self.parameters())
+
+    class _Zero(Objective):
+        def loss(self, flow, batch):
+            return 0.0 * sum(p.sum() for p in flow.parameters())
+
+    torch.manual_seed(0)
+    flow = _Regularised(2, transforms=2, hidden=(16,))
+    before = params_of(flow)
+    history = fit(flow, _Zero(), torch.randn(10, 2), steps=1, optimizer="sgd", lr=0.1, schedule=None, progress=False)
+    # one SGD step on sum p^2: p <- p - 0.1 * 2p
+    for p, q in zip(before, flow.parameters()):
+        torch.testing.assert_close(q.detach(), 0.8 * p, rtol=1e-6, atol=1e-7)
+    expected = sum(float((p**2).sum()) for p in before)
+    assert history.loss[0] == pytest.approx(expected, rel=1e-6)
+    assert history.metrics["auxiliary_loss"][0] == pytest.approx(expected, rel=1e-6)
+
+
+# ---------------------------------------------------------------- optimiser, schedule, clipping
+
+
+@pytest.mark.parametrize(
+    "schedule, expected",
+    [
+        (None, lambda t: 1.0),
+        ("cosine", lambda t: 0.5 * (1 + math.cos(math.pi * t / 8))),
+        ("step", lambda t: 0.1 ** ((t >= 4) + (t >= 6))),
+        (lambda opt: torch.optim.lr_scheduler.StepLR(opt, 3, gamma=0.5), lambda t: 0.5 ** (t // 3)),
+    ],
+)
+def test_schedules(schedule, expected):
+    history = fit(small_flow(), MaximumLikelihood(), torch.randn(64, 2), steps=8, lr=0.01, schedule=schedule, progress=False)
+    assert history.lr == pytest.approx([0.01 * expected(t) for t in range(8)], rel=1e-12)
+
+
+def test_optimizer_forms():
+    x = torch.randn(32, 2)
+    flow = small_flow()
+    sgd = torch.optim.SGD(flow.parameters(), lr=0.5)
+    history = fit(flow, MaximumLikelihood(), x, steps=2, optimizer=sgd, schedule=None, progress=False)
+    assert history.lr == [0.5, 0.5]  # a built optimizer keeps its own lr
+    history = fit(small_flow(), MaximumLikelihood(), x, steps=1, optimizer=torch.optim.AdamW, lr=0.03, progress=False)
+    assert history.lr == [0.03]
+    with pytest.raises(ValueError, match="unknown optimizer"):
+        fit(small_flow(), MaximumLikelihood(), x, steps=1, optimizer="adamax", progress=False)
+
+
+def test_gradient_clipping_bounds_the_update():
+    flow = small_flow()
+    before = params_of(flow)
+    history = fit(
+        flow, MaximumLikelihood(), torch.randn(64, 2) * 3 + 2, steps=1, optimizer="sgd", lr=1.0, schedule=None,
+        clip=1e-3, progress=False,
+    )
+    assert history.grad_norm[0] > 1e-3  # the raw gradient was larger than the clip
+    delta = torch.sqrt(sum(((q.detach() - p) ** 2).sum() for p, q in zip(before, flow.parameters())))
+    assert float(delta) == pytest.approx(1e-3, rel=1e-4)
+
+
+# ---------------------------------------------------------------- non-finite guard
+
+
+class _FlakyObjective(Objective):
+    """ML, except at the given calls: a NaN loss ("loss"), a NaN gradient ("grad") or a zero gradient ("zero")."""
+
+    def __init__(self, bad_calls, kind):
+        self.bad_calls, self.kind, self.calls = set(bad_calls), kind, 0
+
+    def loss(self, flow, batch):
+        self.calls += 1
+        nll = MaximumLikelihood.negative_log_likelihood(flow, batch)
+        if self.calls not in self.bad_calls:
+            return nll
+        if self.kind == "loss":
+            return nll * math.nan
+        if self.kind == "detached":
+            return torch.tensor(math.nan)
+        p = next(flow.parameters())
+        if self.kind == "grad":  # finite value, NaN gradient
+            return nll + torch.where(torch.tensor(True), torch.zeros(()), torch.sqrt(-p.abs().sum() - 1.0))
+        return 0.0 * nll  # zero gradient: plain SGD leaves the parameters unchanged
+
+
+@pytest.mark.parametrize("kind", ["loss", "grad", "detached"])
+def test_non_finite_steps_are_skipped_counted_and_warned(kind):
+    x = torch.randn(128, 2)
+    reference = small_flow()
+    fit(reference, _FlakyObjective({3, 7}, "zero"), x, steps=10, batch_size=32, optimizer="sgd", lr=0.05,
+        schedule=None, progress=False, seed=0)
+    flow = small_flow()
+    with pytest.warns(RuntimeWarning, match=f"non-finite {'gradient' if kind == 'grad' else 'loss'} at step 3"):
+        history = fit(flow, _FlakyObjective({3, 7}, kind), x, steps=10, batch_size=32, optimizer="sgd", lr=0.05,
+                      schedule=None, progress=False, seed=0)
+    assert history.skipped == [3, 7]
+    finite_losses = [s for s, v in zip(history.step, history.loss) if math.isfinite(v)]
+    assert finite_losses == (list(range(1, 11)) if kind == "grad" else [1, 2, 4, 5, 6, 8, 9, 10])
+    assert math.isnan(history.grad_norm[2]) and math.isfinite(history.grad_norm[3])
+    assert_same_params(flow, reference)  # a skipped step is a step without update
+
+
+def test_many_non_finite_steps_warn_once_more_at_the_end():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history = fit(small_flow(), _FlakyObjective(range(1, 31), "loss"), torch.randn(32, 2), steps=30,
+                      batch_size=8, progress=False)
+    messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert len(history.skipped) == 30
+    assert len(messages) == 11 and "30 steps were skipped" in messages[-1]
+
+
+# ---------------------------------------------------------------- validation and early stopping
+
+
+def test_early_stopping_restores_the_best_weights():
+    torch.manual_seed(0)
+    train = torch.randn(256, 2) * 0.5 + 4.0  # training pulls the flow away from ...
+    val = torch.randn(256, 2)  # ... the validation set, near the initial flow
+    flow = small_flow()
+    history = fit(flow, MaximumLikelihood(), train, steps=200, batch_size=64, lr=1e-2, val_data=val, patience=3,
+                  val_every=5, progress=False, seed=0)
+    assert history.stopped_early
+    best = history.val_loss.index(min(history.val_loss))
+    assert len(history.val_loss) == best + 1 + 3  # stopped after exactly `patience` worse validations
+    assert history.best_val_loss == min(history.val_loss) and history.best_step == history.val_step[best]
+    assert len(history) == history.val_step[-1] < 200
+    with torch.no_grad():
+        now = float(-flow.log_prob(val).mean())
+    assert now == pytest.approx(history.best_val_loss, abs=1e-5)  # the best weights, not the last ones
+    assert now < history.val_loss[-1] - 1e-3
+
+
+def test_validation_uses_validation_loss_in_eval_mode():
+    class _Probe(Objective):
+        def __init__(self):
+            self.modes = []
+
+        def loss(self, flow, batch):
+            return MaximumLikelihood.negative_log_likelihood(flow, batch)
+
+        def validation_loss(self, flow, batch):
+            self.modes.append(flow.training)
+            return torch.tensor(float(split_batch(batch)[0].shape[0]))  # weighted mean of batch sizes
+
+    objective = _Probe()
+    history = fit(small_flow(), objective, torch.randn(20, 2), steps=4, val_data=torch.randn(10, 2), batch_size=8,
+                  val_every=2, progress=False)
+    assert history.val_step == [2, 4] and objective.modes and not any(objective.modes)
+    assert history.val_loss == pytest.approx([(8 * 8 + 2 * 2) / 10] * 2)  # batches of 8 and 2 points
+
+
+# ---------------------------------------------------------------- checkpoints, history and resume
+
+
+class Interrupt(Exception):
+    pass
+
+
+class _Interrupting(Objective):
+    """Wraps an objective and raises after ``limit`` calls (a crash in the middle of a run)."""
+
+    def __init__(self, inner, limit):
+        self.inner, self.limit, self.calls = inner, limit, 0
+        self.needs_data = inner.needs_data
+
+    def loss(self, flow, batch):
+        self.calls += 1
+        if self.calls > self.limit:
+            raise Interrupt
+        return self.inner.loss(flow, batch)
+
+    def validation_loss(self, flow, batch):  # not counted: the crash happens in a training step
+        with torch.no_grad():
+            return self.inner.loss(flow, batch)
+
+
+class _Dequantised(Objective):
+    """ML on x + noise: the loop's RNG matters."""
+
+    def loss(self, flow, batch):
+        return MaximumLikelihood.negative_log_likelihood(flow, batch + 0.05 * torch.randn_like(batch))
+
+
+class _NoisyDataset(Dataset):
+    def __init__(self, x):
+        self.x = x
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i] + 0.01 * torch.rand(2)  # the loader's RNG use interleaves with the loop's
+
+
+class _Reverse(Objective):
+    needs_data = False
+
+    def loss(self, flow, z):
+        x, log_q = flow.rsample_and_log_prob(z.shape[0])
+        return (log_q + 0.5 * ((x - 1) ** 2).sum(-1)).mean()
+
+
+X = torch.randn(100, 2) * 0.7 + 0.3
+RESUME_CASES = {
+    "tensor": (_Dequantised, lambda: X),
+    "shuffled-loader": (_Dequantised, lambda: DataLoader(_NoisyDataset(X), batch_size=16, shuffle=True)),
+    "dataset": (MaximumLikelihood, lambda: _NoisyDataset(X)),
+    "latent": (_Reverse, lambda: None),
+}
+
+
+@pytest.mark.parametrize("case", list(RESUME_CASES))
+def test_resume_after_interruption_reproduces_the_uninterrupted_run(case, tmp_path):
+    make_objective, make_data = RESUME_CASES[case]
+    options = dict(steps=16, batch_size=16, lr=1e-2, checkpoint_every=5, progress=False, val_every=4)
+    if case != "latent":
+        options["val_data"] = X[:30]
+    full = small_flow()
+    full_history = fit(full, make_objective(), make_data(), checkpoint_dir=tmp_path / "full", seed=5, **options)
+
+    crashed = small_flow()
+    with pytest.raises(Interrupt):  # dies at step 13; the last checkpoint is step 10, mid-epoch
+        fit(crashed, _Interrupting(make_objective(), 12), make_data(), checkpoint_dir=tmp_path / "run", seed=5, **options)
+    assert load_state(tmp_path / "run" / CHECKPOINT_FILE)["step"] == 10
+    resumed = small_flow(seed=99)  # a fresh process would build a new flow: the checkpoint sets everything
+    history = fit(resumed, make_objective(), make_data(), checkpoint_dir=tmp_path / "run", resume=True, seed=5,
+                  **options)
+    assert_same_params(resumed, full)
+    assert history.loss == full_history.loss and history.lr == full_history.lr
+    assert history.val_loss == full_history.val_loss and history.step == list(range(1, 17))
+
+
+def test_n_steps_then_resume_for_n_more_equals_2n_steps(tmp_path):
+    options = dict(batch_size=16, lr=1e-2, schedule=None, progress=False, seed=2)
+    full = small_flow()
+    fit(full, _Dequantised(), X, steps=20, **options)
+    part = small_flow()
+    fit(part, _Dequantised(), X, steps=10, checkpoint_dir=tmp_path, **options)
+    fit(part, _Dequantised(), X, steps=20, checkpoint_dir=tmp_path, resume=True, **options)
+    assert_same_params(part, full)
+    history = History.from_json(tmp_path / "history.json")
+    assert history.step == list(range(1, 21))
+
+
+def test_resume_without_checkpoint_starts_afresh(tmp_path):
+    a, b = small_flow(), small_flow()
+    fit(a, MaximumLikelihood(), X, steps=3, progress=False, seed=0)
+    fit(b, MaximumLikelihood(), X, steps=3, progress=False, seed=0, checkpoint_dir=tmp_path, resume=True)
+    assert_same_params(a, b)
+
+
+def test_checkpoint_dir_files_and_history_formats(tmp_path):
+    flow = small_flow()
+    history = fit(flow, MaximumLikelihood(), X, steps=6, batch_size=32, val_data=X[:20], val_every=3,
+                  checkpoint_dir=tmp_path, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [CHECKPOINT_FILE, "history.csv", "history.json", "model"]
+    loaded = flowkit.io.load(tmp_path / "model")
+    torch.testing.assert_close(loaded.log_prob(X), flow.log_prob(X), rtol=0, atol=0)
+    assert History.from_json(tmp_path / "history.json") == history
+    rows = (tmp_path / "history.csv").read_text().splitlines()
+    assert rows[0] == "step,loss,lr,time,grad_norm,skipped,val_loss"
+    assert len(rows) == 7
+    cells = rows[3].split(",")
+    assert int(cells[0]) == 3 and float(cells[1]) == history.loss[2] and float(cells[6]) == history.val_loss[0]
+    assert rows[1].split(",")[6] == ""  # no validation at step 1
+    # non-finite numbers become null in JSON (which stays standard JSON)
+    h = History()
+    h.record(1, math.nan, 0.1, 0.0, math.inf, {})
+    h.to_json(tmp_path / "h.json")
+    assert json.loads((tmp_path / "h.json").read_text(), parse_constant=lambda c: pytest.fail(c))["loss"] == [None]
+
+
+def test_checkpoint_files_hold_no_pickle(tmp_path):
+    state = {"a": (1, 2.5, None), 3: [torch.arange(4), {"b": torch.ones(2, dtype=torch.float64)}], "s": "x"}
+    save_state(state, tmp_path / "c.safetensors")
+    back = load_state(tmp_path / "c.safetensors")
+    assert back["a"] == (1, 2.5, None) and back["s"] == "x" and set(back) == {"a", 3, "s"}
+    assert torch.equal(back[3][0], torch.arange(4)) and back[3][1]["b"].dtype == torch.float64
+    (tmp_path / "bad.safetensors").write_bytes(b"\x80\x04not a checkpoint")
+    with pytest.raises(ValueError, match="not a readable flowkit checkpoint"):
+        load_state(tmp_path / "bad.safetensors")
+
+
+def test_seed_makes_runs_reproducible():
+    a, b, c = small_flow(), small_flow(), small_flow()
+    for flow, seed in ((a, 4), (b, 4), (c, 5)):
+        fit(flow, _Dequantised(), X, steps=5, batch_size=16, progress=False, seed=seed)
+    assert_same_params(a, b)
+    assert not all(torch.equal(p, q) for p, q in zip(a.parameters(), c.parameters()))
+
+
+# ---------------------------------------------------------------- argument errors
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(), "exactly one of steps= or epochs="),
+        (dict(steps=2, epochs=2), "exactly one of steps= or epochs="),
+        (dict(steps=0), "steps must be a positive integer"),
+        (dict(steps=2, batch_size=0), "batch_size must be a positive integer"),
+        (dict(steps=2, lr=-1.0), "lr must be a positive number"),
+        (dict(steps=2, clip=0), "clip must be a positive number"),
+        (dict(steps=2, patience=2), "patience .* needs val_data"),
+        (dict(steps=2, resume=True), "resume=True needs checkpoint_dir"),
+        (dict(steps=2, schedule="linear"), "unknown schedule"),
+        (dict(steps=2, data=None), "learns from data"),
+        (dict(steps=2, data="moons"), "must be a tensor, a pair"),
+        (dict(steps=2, data=(torch.randn(5, 2), torch.randn(4, 1))), "different numbers of points"),
+        (dict(steps=2, data=torch.randn(0, 2)), "empty"),
+    ],
+)
+def test_bad_arguments(kwargs, match):
+    kwargs = {"data": X, "progress": False, **kwargs}
+    data = kwargs.pop("data")
+    with pytest.raises(ValueError, match=match):
+        fit(small_flow(), MaximumLikelihood(), data, **kwargs)
+
+
+def test_bad_loss_and_batch():
+    class _Vector(Objective):
+        def loss(self, flow, batch):
+            return -flow.log_prob(batch)
+
+    with pytest.raises(ValueError, match="must return a scalar tensor"):
+        fit(small_flow(), _Vector(), X, steps=1, progress=False)
+    with pytest.raises(ValueError, match="a pair \\(x, context\\)"):
+        split_batch((X, X, X))
