@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler, ReduceLROnPlateau
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from .batches import LatentBatches, make_batches, split_batch
 from .checkpoint import load_state, save_state
@@ -329,7 +329,7 @@ def fit(
             moved to its device. ``None`` for objectives with
             ``needs_data = False``: each step then draws ``z = flow.base.sample((batch_size,))``.
         steps: number of optimisation steps (give this or ``epochs``).
-        epochs: number of passes over ``data``.
+        epochs: number of passes over ``data`` (1 when neither ``steps`` nor ``epochs`` is given).
         batch_size: points per batch (per process under ``torchrun``).
         lr: learning rate.
         optimizer: None (Adam), a name (``"adam"``, ``"adamw"``, ``"sgd"``,
@@ -395,8 +395,8 @@ def fit(
     _check_positive_int(patience, "patience")
     _check_positive_int(val_every, "val_every")
     _check_positive_int(checkpoint_every, "checkpoint_every", allow_none=False)
-    if (steps is None) == (epochs is None):
-        raise ValueError("fit: give exactly one of steps= or epochs=")
+    if steps is not None and epochs is not None:
+        raise ValueError("fit: give steps= or epochs=, not both")
     if not (isinstance(lr, (int, float)) and lr > 0 and math.isfinite(lr)):
         raise ValueError(f"fit: lr must be a positive number, got {lr!r}")
     if clip is not None and not (isinstance(clip, (int, float)) and clip > 0):
@@ -404,8 +404,10 @@ def fit(
     needs_data = getattr(objective, "needs_data", True)
     if data is None and needs_data:
         raise ValueError(f"fit: {type(objective).__name__} learns from data; pass data=")
-    if data is None and epochs is not None:
-        raise ValueError("fit: epochs= needs data; without data give steps=")
+    if data is None and steps is None:
+        raise ValueError("fit: without data (latent batches) give steps=")
+    if steps is None and epochs is None:
+        epochs = 1
     if patience is not None and val_data is None:
         raise ValueError("fit: patience (early stopping) needs val_data")
     if resume and checkpoint_dir is None:

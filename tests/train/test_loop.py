@@ -409,8 +409,8 @@ def test_seed_makes_runs_reproducible():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(), "exactly one of steps= or epochs="),
-        (dict(steps=2, epochs=2), "exactly one of steps= or epochs="),
+        (dict(steps=2, epochs=2), "steps= or epochs=, not both"),
+        (dict(epochs=2, data=None, objective=_Reverse()), "without data .* give steps="),
         (dict(steps=0), "steps must be a positive integer"),
         (dict(steps=2, batch_size=0), "batch_size must be a positive integer"),
         (dict(steps=2, lr=-1.0), "lr must be a positive number"),
@@ -425,10 +425,15 @@ def test_seed_makes_runs_reproducible():
     ],
 )
 def test_bad_arguments(kwargs, match):
-    kwargs = {"data": X, "progress": False, **kwargs}
-    data = kwargs.pop("data")
+    kwargs = {"data": X, "objective": MaximumLikelihood(), "progress": False, **kwargs}
+    data, objective = kwargs.pop("data"), kwargs.pop("objective")
     with pytest.raises(ValueError, match=match):
-        fit(small_flow(), MaximumLikelihood(), data, **kwargs)
+        fit(small_flow(), objective, data, **kwargs)
+
+
+def test_one_epoch_by_default():
+    history = fit(small_flow(), MaximumLikelihood(), X, batch_size=30, progress=False)
+    assert len(history) == 4  # ceil(100 / 30)
 
 
 def test_bad_loss_and_batch():
