@@ -229,7 +229,8 @@ def training_curves(history: Any, *, smooth: int = 0, title: str | None = None) 
 
     Arguments:
         history: a :class:`flowkit.train.History` (or a mapping with ``loss``
-            and optionally ``step``, ``val_loss``, ``lr`` lists).
+            and optionally ``step``, ``lr``, ``val_loss`` lists, and
+            ``val_step`` when validation losses are not one per step).
         smooth: width of a moving average applied to the training loss (0: none).
         title: title of the loss panel.
     """
@@ -247,7 +248,8 @@ def training_curves(history: Any, *, smooth: int = 0, title: str | None = None) 
     if smooth > 1 and len(ys) >= smooth:
         kernel = np.ones(smooth) / smooth
         ax.plot(xs[smooth - 1 :], np.convolve(ys, kernel, mode="valid"), color="C0", lw=1.5, label=f"train ({smooth}-step mean)")
-    vx, vy = _finite_pairs(steps, val)
+    val_steps = _column(history, "val_step") or steps  # History keeps validations apart from steps
+    vx, vy = _finite_pairs(val_steps, val)
     if vx:
         ax.plot(vx, vy, "o-", color="C1", ms=3, lw=1.2, label="validation")
     ax.set(ylabel="loss", title=title or "training curves")

@@ -21,6 +21,7 @@ from .digits import DIGITS_LEVELS, DequantizedDataset, bits_per_dim, dequantize,
 from .evaluation import NLL, evaluate_nll, log_prob_batched
 from .files import FILE_SUFFIXES, file_splits, read_array
 from .splits import Splits, split_array
+from .standardize import standardize
 from .tabular import TABULAR_DATASETS, available_tabular, data_root, tabular
 from .toy import TOY_DATASETS, toy, toy_splits
 
@@ -29,6 +30,7 @@ __all__ = [
     "names",
     "Splits",
     "split_array",
+    "standardize",
     "toy",
     "toy_splits",
     "TOY_DATASETS",

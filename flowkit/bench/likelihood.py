@@ -1,0 +1,183 @@
+"""Likelihood benchmark: flowkit flows against zuko and nflows flows of matched size, on the same data and budget.
+
+Every model sees the same splits, the same standardisation (a fixed map
+inside the model, so NLLs are in the data's units), the same optimiser (Adam,
+cosine decay), batch size, step budget and seeds, and is trained by the same
+:func:`flowkit.train.fit` loop with the best validation checkpoint restored.
+Reported per dataset and model: the test NLL in nats (mean over seeds, with
+two standard errors over the test points and two standard errors over the
+seeds), bits/dim for dequantised images, the parameter count, and the wall
+and CPU time per run. Results print as a markdown table and are written as JSON.
+
+Run it as ``python bench/likelihood.py`` or ``flowkit bench likelihood``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..data import DequantizedDataset, Splits, available_tabular, evaluate_nll, load
+from ..data.toy import TOY_DATASETS
+from ..train import MaximumLikelihood, fit
+from .models import FLOWS, PEERS, build_flow, build_peer, count_parameters, parse_hidden
+
+__all__ = ["add_arguments", "run", "main", "train_and_evaluate", "markdown_table", "DEFAULT_MODELS"]
+
+#: Models run by default: flowkit's autoregressive NSF and its two peers.
+DEFAULT_MODELS = ("flowkit-nsf", "zuko-nsf", "nflows-nsf")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the benchmark's options to ``parser``."""
+    parser.add_argument("--datasets", default="2d,digits,tabular",
+                        help="comma-separated names; '2d' = all 2-D sets, 'tabular' = the MAF sets present under --root "
+                        "(default: 2d,digits,tabular)")
+    parser.add_argument("--models", default=",".join(DEFAULT_MODELS),
+                        help=f"comma-separated: {', '.join('flowkit-' + f for f in FLOWS)}, {', '.join(PEERS)}")
+    parser.add_argument("--steps", type=int, default=1000, help="optimisation steps per run (default 1000)")
+    parser.add_argument("--batch-size", type=int, default=256, help="batch size (default 256)")
+    parser.add_argument("--lr", type=float, default=1e-3, help="initial learning rate (default 1e-3)")
+    parser.add_argument("--transforms", type=int, default=None, help="layers (default: the preset's)")
+    parser.add_argument("--hidden", default=None, help="hidden sizes, e.g. 128,128 (default: the preset's)")
+    parser.add_argument("--bins", type=int, default=8, help="spline bins (default 8)")
+    parser.add_argument("--seeds", type=int, default=3, help="number of seeds (0, 1, ...; default 3)")
+    parser.add_argument("--n-train", type=int, default=20000, help="training points of the 2-D sets (default 20000)")
+    parser.add_argument("--root", default=None, help="data directory of the tabular sets (default $FLOWKIT_DATA or ./data)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--out", default="bench/results/likelihood.json", help="JSON output file")
+    return parser
+
+
+def _dataset_names(spec: str, root: str | None) -> list[str]:
+    names: list[str] = []
+    for item in (s.strip().lower() for s in spec.split(",") if s.strip()):
+        if item == "2d":
+            names += list(TOY_DATASETS)
+        elif item == "tabular":
+            names += available_tabular(root)
+        else:
+            names.append(item)
+    return list(dict.fromkeys(names))
+
+
+def _load(name: str, root: str | None, n_train: int) -> Splits:
+    if name in TOY_DATASETS:
+        from ..data.toy import toy_splits
+
+        return toy_splits(name, n_train=n_train)
+    return load(name, root=root)
+
+
+def _build(model: str, features: int, args: argparse.Namespace, train: torch.Tensor) -> torch.nn.Module:
+    hidden = parse_hidden(args.hidden) if args.hidden else None
+    library, _, kind = model.partition("-")
+    common = dict(transforms=args.transforms, hidden=hidden, bins=args.bins, standardize_with=train)
+    if library == "flowkit":
+        return build_flow(kind, features, **common)
+    return build_peer(model, features, **common)
+
+
+def train_and_evaluate(model: str, data: Splits, args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    """Train one model with one seed on one dataset; return its test NLL, time and size."""
+    torch.manual_seed(seed)
+    flow = _build(model, data.features, args, data.train)
+    counts = data.info.get("counts")
+    train = DequantizedDataset(counts, data.levels) if data.levels and counts is not None else data.train
+    wall, cpu = time.perf_counter(), time.process_time()
+    history = fit(
+        flow, MaximumLikelihood(), train, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+        val_data=data.val, restore_best=True, progress=False, seed=seed,
+    )
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    nll = evaluate_nll(flow, data.test)
+    result = {
+        "dataset": data.name, "model": model, "seed": seed, "parameters": count_parameters(flow),
+        "test_nll": nll.mean, "test_nll_2se": nll.two_se, "best_step": history.best_step,
+        "skipped_steps": len(history.skipped), "wall_s": wall, "cpu_s": cpu,
+    }
+    if data.levels:
+        result["test_bits_per_dim"] = nll.bits_per_dim(data.features, data.levels)[0]
+    return result
+
+
+def _summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    values = [r["test_nll"] for r in runs]
+    n = len(values)
+    mean = sum(values) / n
+    spread = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else float("nan")
+    summary = {
+        "dataset": runs[0]["dataset"], "model": runs[0]["model"], "parameters": runs[0]["parameters"], "seeds": n,
+        "test_nll": mean, "test_nll_2se_points": sum(r["test_nll_2se"] for r in runs) / n,
+        "test_nll_2se_seeds": 2 * spread / math.sqrt(n) if n > 1 else float("nan"),
+        "wall_s": sum(r["wall_s"] for r in runs) / n, "cpu_s": sum(r["cpu_s"] for r in runs) / n,
+    }
+    if "test_bits_per_dim" in runs[0]:
+        summary["test_bits_per_dim"] = sum(r["test_bits_per_dim"] for r in runs) / n
+    return summary
+
+
+def markdown_table(summaries: list[dict[str, Any]], steps: int) -> str:
+    """The summaries as a markdown table."""
+    lines = [
+        f"Test NLL in nats (lower is better), {steps} steps; +- 2 s.e. over test points / over seeds; time per run.",
+        "",
+        "| dataset | model | params | test NLL | +-2se (points) | +-2se (seeds) | bits/dim | wall s | CPU s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for s in summaries:
+        bpd = f"{s['test_bits_per_dim']:.3f}" if "test_bits_per_dim" in s else ""
+        lines.append(
+            f"| {s['dataset']} | {s['model']} | {s['parameters']} | {s['test_nll']:.3f} | {s['test_nll_2se_points']:.3f} "
+            f"| {s['test_nll_2se_seeds']:.3f} | {bpd} | {s['wall_s']:.1f} | {s['cpu_s']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark for parsed arguments; prints the table and writes the JSON."""
+    for name in ("steps", "batch_size", "seeds", "n_train"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
+    models = [m.strip().lower() for m in args.models.split(",") if m.strip()]
+    known = [f"flowkit-{f}" for f in FLOWS] + list(PEERS)
+    for m in models:
+        if m not in known:
+            raise ValueError(f"unknown model {m!r}; choose from {', '.join(known)}")
+    datasets = _dataset_names(args.datasets, args.root)
+    if not datasets:
+        raise ValueError("no datasets to run (the tabular sets are absent under the data directory)")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    runs: list[dict[str, Any]] = []
+    summaries: list[dict[str, Any]] = []
+    for name in datasets:
+        data = _load(name, args.root, args.n_train)
+        for model in models:
+            per_seed = []
+            for seed in range(args.seeds):
+                result = train_and_evaluate(model, data, args, seed)
+                print(f"  {name} {model} seed {seed}: test NLL {result['test_nll']:.4f} ({result['wall_s']:.1f} s)", flush=True)
+                per_seed.append(result)
+            runs += per_seed
+            summaries.append(_summarise(per_seed))
+    table = markdown_table(summaries, args.steps)
+    print(table)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    config = {k: v for k, v in vars(args).items() if k != "func"}
+    out.write_text(json.dumps({"config": config, "summary": summaries, "runs": runs}, indent=1, default=str))
+    print(f"wrote {out}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python bench/likelihood.py``."""
+    parser = add_arguments(argparse.ArgumentParser(description=__doc__.split("\n\n")[0]))
+    return run(parser.parse_args(argv))

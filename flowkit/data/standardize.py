@@ -1,0 +1,31 @@
+"""Prepend a data standardisation to a flow, so that it trains on standardised data but reports original units."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from ..bijectors import Chain, Standardization
+from ..flows import Flow
+
+__all__ = ["standardize"]
+
+
+def standardize(flow: Flow, x: Tensor) -> Flow:
+    r"""A flow ``Flow(Chain(Standardization.from_data(x), flow.bijector), flow.base)``.
+
+    The returned flow standardises each feature with the mean and standard
+    deviation of ``x`` (the training data) before the original bijector, and
+    adds the constant log-determinant :math:`-\sum_i \log s_i`, so its
+    ``log_prob`` is the density of the *original* data. The standardisation is
+    saved with the model by :func:`flowkit.io.save`.
+
+    Arguments:
+        flow: an unconditional or conditional flow on vectors ``(D,)``.
+        x: training data of shape ``(N, D)``.
+    """
+    if len(flow.event_shape) != 1 or x.dim() != 2 or x.shape[1] != flow.event_shape[0]:
+        raise ValueError(
+            f"standardize: data of shape {tuple(x.shape)} do not fit a flow on events of shape {tuple(flow.event_shape)}"
+        )
+    scaling = Standardization.from_data(x).to(x.dtype)
+    return Flow(Chain(scaling, flow.bijector), flow.base)

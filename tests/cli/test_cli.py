@@ -1,0 +1,125 @@
+"""The `flowkit` command end to end, in-process through flowkit.cli.main (one subprocess for `python -m flowkit`)."""
+
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import flowkit
+from flowkit.cli import main
+
+SMALL = ["--transforms", "1", "--hidden", "8,8", "--batch-size", "128", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def moons_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "moons"
+    code = main(["fit", "moons", "--steps", "40", "--out", str(out), *SMALL])
+    assert code == 0
+    return out
+
+
+def test_python_m_flowkit_help():
+    result = subprocess.run([sys.executable, "-m", "flowkit", "--help"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0
+    for command in ("fit", "sample", "check", "bench"):
+        assert command in result.stdout
+
+
+def test_fit_writes_model_metrics_history_and_plots(moons_run, capsys):
+    for name in ("metrics.json", "history.csv", "training_curves.png", "density.png", "samples.png"):
+        assert (moons_run / name).stat().st_size > 0, name
+    metrics = json.loads((moons_run / "metrics.json").read_text())
+    assert metrics["dataset"] == "moons" and metrics["flow"] == "nsf" and metrics["steps"] == 40
+    # the reported NLL is the saved model's NLL on the test split, in the data's units
+    model = flowkit.io.load(moons_run / "model")
+    test = flowkit.data.load("moons").test
+    with torch.no_grad():
+        assert metrics["test_nll"] == pytest.approx(-model.log_prob(test).double().mean().item(), abs=1e-4)
+    assert isinstance(model.bijector[0], flowkit.bijectors.Standardization)
+    assert len((moons_run / "history.csv").read_text().strip().splitlines()) == 41
+
+
+def test_sample_to_npy_and_csv(moons_run, tmp_path):
+    assert main(["sample", str(moons_run / "model"), "-n", "50", "--out", str(tmp_path / "s.npy"), "--seed", "1"]) == 0
+    assert main(["sample", str(moons_run / "model"), "-n", "50", "--out", str(tmp_path / "s.csv"), "--seed", "1"]) == 0
+    a, b = np.load(tmp_path / "s.npy"), flowkit.data.read_array(tmp_path / "s.csv")
+    assert a.shape == (50, 2) and np.isfinite(a).all()
+    np.testing.assert_allclose(a, b, rtol=1e-6)  # same seed, same draw
+
+
+def test_check_passes_on_a_fitted_model_and_fails_on_a_broken_one(moons_run, tmp_path, capsys):
+    assert main(["check", str(moons_run / "model"), "-n", "200"]) == 0
+    assert "PASS" in capsys.readouterr().out
+    broken = flowkit.flows.RealNVP(2, transforms=1, hidden=(4,))
+    with torch.no_grad():
+        broken.bijector[0].conditioner.last.bias.fill_(float("nan"))
+    flowkit.io.save(broken, tmp_path / "broken")
+    assert main(["check", str(tmp_path / "broken"), "-n", "50"]) == 1
+    assert "FAIL" in capsys.readouterr().out
+
+
+def test_fit_a_csv_file_and_digits_bits_per_dim(tmp_path):
+    x = np.random.default_rng(0).normal(size=(300, 3)) * [1, 10, 100]
+    lines = ["a,b,c"] + [",".join(map(str, row)) for row in x]
+    (tmp_path / "d.csv").write_text("\n".join(lines))
+    assert main(["fit", str(tmp_path / "d.csv"), "--flow", "maf", "--steps", "5", "--out", str(tmp_path / "r"), "--no-plots", *SMALL]) == 0
+    metrics = json.loads((tmp_path / "r" / "metrics.json").read_text())
+    assert metrics["features"] == 3 and "test_bits_per_dim" not in metrics
+    assert main(["fit", "digits", "--flow", "realnvp", "--steps", "3", "--out", str(tmp_path / "g"), "--no-plots", *SMALL]) == 0
+    metrics = json.loads((tmp_path / "g" / "metrics.json").read_text())
+    expected = (metrics["test_nll"] + 64 * math.log(17)) / (64 * math.log(2))
+    assert metrics["test_bits_per_dim"] == pytest.approx(expected)
+
+
+def _error(capsys, argv):
+    code = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+def test_bad_input_gives_one_line_errors_and_exit_code_2(tmp_path, capsys, moons_run):
+    out = ["--out", str(tmp_path / "o"), "--steps", "1", "--no-plots", "--no-progress"]
+    assert "no such data file" in _error(capsys, ["fit", str(tmp_path / "missing.csv"), *out])
+    (tmp_path / "ragged.csv").write_text("1,2\n3\n")
+    assert "bad CSV: line 2 has 1 fields, expected 2" in _error(capsys, ["fit", str(tmp_path / "ragged.csv"), *out])
+    (tmp_path / "words.csv").write_text("x,y\n1,2\n3,four\n")
+    assert "column 'y' is not numeric" in _error(capsys, ["fit", str(tmp_path / "words.csv"), *out])
+    (tmp_path / "nan.csv").write_text("1,2\n3,nan\n")
+    assert "non-finite" in _error(capsys, ["fit", str(tmp_path / "nan.csv"), *out])
+    assert "unknown dataset 'mooons'" in _error(capsys, ["fit", "mooons", *out])
+    assert "unknown flow 'glow'" in _error(capsys, ["fit", "moons", "--flow", "glow", *out])
+    assert "--coupling applies to nsf only" in _error(capsys, ["fit", "moons", "--flow", "maf", "--coupling", *out])
+    assert "hidden sizes must be integers" in _error(capsys, ["fit", "moons", "--hidden", "a,b", *out])
+    assert "--steps must be a positive integer" in _error(capsys, ["fit", "moons", *out, "--steps", "0"])
+    assert "missing power/data.npy" in _error(capsys, ["fit", "power", "--root", str(tmp_path), *out]).replace(str(tmp_path) + "/", "")
+    model = str(moons_run / "model")
+    assert "--out must end in .npy or .csv" in _error(capsys, ["sample", model, "--out", str(tmp_path / "s.txt")])
+    assert "-n must be a positive integer" in _error(capsys, ["sample", model, "-n", "0", "--out", str(tmp_path / "s.npy")])
+    assert "no such model directory" in _error(capsys, ["sample", str(tmp_path / "nomodel"), "--out", str(tmp_path / "s.npy")])
+    assert "no such model directory" in _error(capsys, ["check", str(tmp_path / "nomodel")])
+    assert "unknown model 'torch-nsf'" in _error(capsys, ["bench", "likelihood", "--models", "torch-nsf"])
+    assert "no datasets to run" in _error(capsys, ["bench", "likelihood", "--datasets", "tabular", "--root", str(tmp_path)])
+
+
+def test_bench_likelihood_command(tmp_path, capsys):
+    out = tmp_path / "b.json"
+    argv = ["bench", "likelihood", "--datasets", "8gaussians", "--models", "flowkit-maf,zuko-maf", "--steps", "5",
+            "--seeds", "2", "--n-train", "400", "--transforms", "1", "--hidden", "8,8", "--out", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "| 8gaussians | flowkit-maf |" in printed and "| 8gaussians | zuko-maf |" in printed
+    result = json.loads(out.read_text())
+    assert [s["model"] for s in result["summary"]] == ["flowkit-maf", "zuko-maf"]
+    assert len(result["runs"]) == 4
+    flowkit_runs = [r for r in result["runs"] if r["model"] == "flowkit-maf"]
+    mean = sum(r["test_nll"] for r in flowkit_runs) / 2
+    assert result["summary"][0]["test_nll"] == pytest.approx(mean)
+    # matched size: the same number of parameters as zuko's MAF
+    assert result["summary"][0]["parameters"] == result["summary"][1]["parameters"]
