@@ -10,7 +10,10 @@ available, ``gloo`` on CPU), wraps the loss computation in
 :class:`~torch.nn.parallel.DistributedDataParallel`, shards the data with a
 :class:`~torch.utils.data.DistributedSampler`, seeds each rank differently,
 averages the logged metrics over the ranks and writes checkpoints and the
-history from rank 0 only.
+history from rank 0 only. After the first step of a run the parameters and
+buffers are broadcast from rank 0 once more, so that layers with data-dependent
+initialisation (:class:`~flowkit.bijectors.ActNorm`), which initialise on each
+rank's own batch, agree from then on.
 
 Each rank draws ``batch_size`` points per step, so the global batch is
 ``world_size * batch_size``; because DDP averages the ranks' gradients, a step
@@ -98,6 +101,14 @@ class DistributedContext:
         out: list[Any] = [None] * self.world_size
         dist.all_gather_object(out, obj)
         return out
+
+    def broadcast_module(self, module: nn.Module) -> None:
+        """Copy rank 0's parameters and buffers into every rank's ``module``, in place."""
+        if not self.active:
+            return
+        with torch.no_grad():
+            for tensor in [*module.parameters(), *module.buffers()]:
+                dist.broadcast(tensor.data, src=0)
 
     def barrier(self) -> None:
         """Wait for every rank."""

@@ -462,8 +462,11 @@ def fit(
     checkpoint_path = directory / CHECKPOINT_FILE if directory is not None else None
     if resume and checkpoint_path is not None and checkpoint_path.exists():
         state = load_state(checkpoint_path)
-        flow.load_state_dict(state["flow"])
-        opt.load_state_dict(state["optimizer"])
+        try:
+            flow.load_state_dict(state["flow"])
+            opt.load_state_dict(state["optimizer"])
+        except (RuntimeError, ValueError) as error:
+            raise ValueError(f"fit: the checkpoint {checkpoint_path} does not fit this flow and optimizer: {error}") from None
         if scheduler is not None:
             if state["scheduler"] is None:
                 raise ValueError("fit: the checkpoint was written without a schedule; resume with the same schedule")
@@ -536,6 +539,7 @@ def fit(
     model = ctx.wrap(_LossModule(flow, objective), **(ddp_options or {}))
     bar = tqdm(total=total, initial=step, disable=None if progress and ctx.is_main else True, desc="fit", leave=True)
     start = time.perf_counter() - elapsed
+    first_step = step
     flow.train()
     done = history.stopped_early or (total is not None and step >= total)
     try:
@@ -586,6 +590,8 @@ def fit(
                     with warnings.catch_warnings():  # a skipped first step calls the schedule before the optimiser
                         warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
                         scheduler.step()
+                if step == first_step and ctx.active:  # layers initialised from each rank's data: take rank 0's
+                    ctx.broadcast_module(flow)
                 step += 1
                 batch_in_epoch += 1
                 history.record(step, loss_value, lr_used, time.perf_counter() - start, grad_norm, metrics)

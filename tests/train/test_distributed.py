@@ -62,6 +62,14 @@ WORKER = COMMON + textwrap.dedent(
     save_file({k: v.contiguous() for k, v in flow.state_dict().items()}, os.path.join(out, f"rank{rank}.safetensors"))
     with open(os.path.join(out, f"history{rank}.json"), "w") as f:
         json.dump(history.to_dict(), f)
+
+    # ActNorm initialises from each rank's own batch; the loop must make the ranks agree afterwards
+    from flowkit.bijectors import ActNorm, AffineCoupling, Chain
+    from flowkit.distributions import StandardNormal
+    torch.manual_seed(rank)
+    flow = flowkit.Flow(Chain(ActNorm(2), AffineCoupling(2, parity=0, hidden=(8,))), StandardNormal(2)).double()
+    fit(flow, MaximumLikelihood(), x, steps=2, batch_size=8, progress=False)
+    save_file({k: v.contiguous() for k, v in flow.state_dict().items()}, os.path.join(out, f"actnorm{rank}.safetensors"))
     """
 )
 
@@ -82,6 +90,9 @@ def test_two_processes_match_one_process_on_the_global_batch(tmp_path):
     # the ranks saw different halves of each batch yet hold bit-identical weights: gradients were all-reduced
     for key in ranks[0]:
         assert torch.equal(ranks[0][key], ranks[1][key]), key
+    actnorm = [load_file(str(tmp_path / f"actnorm{r}.safetensors")) for r in range(2)]
+    for key in actnorm[0]:
+        assert torch.equal(actnorm[0][key], actnorm[1][key]), key
     for h in histories:
         h.pop("time")  # wall time is each rank's own
     assert histories[0] == histories[1]  # metrics averaged over ranks, the same everywhere

@@ -356,6 +356,13 @@ def test_n_steps_then_resume_for_n_more_equals_2n_steps(tmp_path):
     assert history.step == list(range(1, 21))
 
 
+def test_resume_with_another_flow_is_refused(tmp_path):
+    fit(small_flow(), MaximumLikelihood(), X, steps=2, checkpoint_dir=tmp_path, progress=False)
+    other = flowkit.flows.RealNVP(2, transforms=3, hidden=(16,))
+    with pytest.raises(ValueError, match="does not fit this flow"):
+        fit(other, MaximumLikelihood(), X, steps=4, checkpoint_dir=tmp_path, resume=True, progress=False)
+
+
 def test_resume_without_checkpoint_starts_afresh(tmp_path):
     a, b = small_flow(), small_flow()
     fit(a, MaximumLikelihood(), X, steps=3, progress=False, seed=0)
