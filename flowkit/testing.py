@@ -265,7 +265,7 @@ def check_flow(
         report.add("sample_and_log_prob agrees with log_prob", err < max(atol, 1e-5), f"max error {err:.2e}")
     numel = math.prod(f.event_shape)
     if numel <= 2 and context is None:
-        mass = _quadrature_mass(f, x.reshape(n, numel), 4000 if numel == 1 else 800)
+        mass = _quadrature_mass(f, x.reshape(n, numel), 4000 if numel == 1 else 500)
         report.add("density integrates to 1", abs(mass - 1) < mass_tol, f"mass {mass:.4f}")
     return _finish(report, raise_on_failure)
 
