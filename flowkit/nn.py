@@ -88,8 +88,10 @@ class MADE(nn.Module):
     depends only on the features that come before ``i`` in ``order`` and on the
     context, through masks built from degrees: inputs get their rank in
     ``order`` (1..D), context inputs degree 0, hidden units cycle through
-    ``1..D-1``; a hidden unit sees inputs of lower or equal degree and an
-    output sees hidden units of strictly lower degree.
+    ``1..D-1`` (``0..D-1`` with context, so that the first feature's
+    parameters depend on the context too; nflows' MADE leaves them constant);
+    a hidden unit sees inputs of lower or equal degree and an output sees
+    hidden units of strictly lower degree.
 
     With ``residual=True`` each hidden layer is followed by a residual block
     ``h + L_2(\sigma(L_1(\sigma(h))))`` with masks that keep the degrees (the
@@ -135,13 +137,15 @@ class MADE(nn.Module):
         rank = torch.empty(features, dtype=torch.long)
         rank[torch.tensor(order)] = torch.arange(1, features + 1)
         degree_in = torch.cat([rank, torch.zeros(self.context_features, dtype=torch.long)])
-        low = min(1, features - 1)
+        # Hidden degrees cycle through [low, D - 1]; degree-0 units (which see only
+        # the context) let the first feature's parameters depend on the context.
+        low = 0 if self.context_features else min(1, features - 1)
         self.act = globals()["activation"](activation)
         self.hidden_layers = nn.ModuleList()
         self.residual_blocks = nn.ModuleList() if residual else None
         degree = degree_in
         for width in hidden:
-            degree_h = torch.arange(width) % max(1, features - 1) + low
+            degree_h = torch.arange(width) % max(1, features - low) + low
             self.hidden_layers.append(MaskedLinear(degree_h[:, None] >= degree[None, :]))
             if residual:
                 square = degree_h[:, None] >= degree_h[None, :]

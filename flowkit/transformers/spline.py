@@ -99,16 +99,17 @@ def _knots(
         scale = sizes.new_tensor([[1 - bins * min_bin_width], [1 - bins * min_bin_height]]) * span
         offset = sizes.new_tensor([[min_bin_width], [min_bin_height]]) * span
         sizes = sizes * scale + offset
-    # Interior knots from the cumulative sizes; the end knots are exact, as in nflows.
-    inner = torch.cumsum(sizes[..., :-1], dim=-1) + low
-    xy = F.pad(F.pad(inner, (1, 0), value=low), (0, 1), value=high)
+    # The last knot is low + (sum of sizes) = high up to rounding; the bin search
+    # uses the interior knots only and inputs are clamped to [low, high], so a
+    # rounding gap at the end cannot select a wrong bin.
+    xy = F.pad(torch.cumsum(sizes, dim=-1), (1, 0)) + low
     return torch.cat([xy, derivatives.unsqueeze(-2)], dim=-2)
 
 
-def _spline(x: Tensor, knots: Tensor, low: float, high: float, inverse: bool) -> tuple[Tensor, Tensor]:
+def _spline(x: Tensor, knots: Tensor, low: float, high: float, inverse: bool) -> tuple[Tensor, Tensor, Tensor]:
     """The spline (or its inverse) on ``[low, high]`` at ``clamp(x)``, with the elementwise log-derivative.
 
-    Returns ``(y, log|dy/dx|)`` forward, ``(x, log|dx/dy|)`` inverse.
+    Returns ``(y, log|dy/dx|, clamped x)`` forward, ``(x, log|dx/dy|, clamped y)`` inverse.
     """
     x = x.clamp(low, high)
     axis = 1 if inverse else 0
@@ -120,7 +121,7 @@ def _spline(x: Tensor, knots: Tensor, low: float, high: float, inverse: bool) ->
     width = x1 - x0
     height = y1 - y0
     slope = height / width
-    curvature = d0 + d1 - 2 * slope
+    curvature = d0 + d1 - (slope + slope)
     if inverse:
         dy = x - y0
         a = height * (slope - d0) + dy * curvature
@@ -137,13 +138,13 @@ def _spline(x: Tensor, knots: Tensor, low: float, high: float, inverse: bool) ->
         out = y0 + height * (slope * xi * xi + d0 * xi_1m) / denominator
     numerator = slope * slope * (d1 * xi * xi + 2 * slope * xi_1m + d0 * (1 - xi).square())
     ladj = torch.log(numerator) - 2 * torch.log(denominator)
-    return out, (-ladj if inverse else ladj)
+    return out, (-ladj if inverse else ladj), x
 
 
-def _tails(x: Tensor, out: Tensor, ladj: Tensor, bound: float) -> tuple[Tensor, Tensor]:
-    """Identity with zero log-derivative outside ``[-B, B]`` (selected without host synchronisation)."""
-    inside = x.abs() <= bound
-    return torch.where(inside, out, x), torch.where(inside, ladj, torch.zeros_like(ladj))
+def _tails(x: Tensor, clamped: Tensor, out: Tensor, ladj: Tensor) -> tuple[Tensor, Tensor]:
+    """Identity with zero log-derivative where clamping moved ``x`` (selected without host synchronisation)."""
+    inside = x == clamped
+    return torch.where(inside, out, x), torch.where(inside, ladj, 0.0)
 
 
 def _linear_tail_derivatives(unnormalized_derivatives: Tensor, min_derivative: float) -> Tensor:
@@ -202,8 +203,8 @@ def unconstrained_rqs(
     derivatives = _linear_tail_derivatives(unnormalized_derivatives.expand(*batch, bins - 1), min_derivative)
     knots = _knots(bins_wh, derivatives, -bound, bound, min_bin_width, min_bin_height)
     x = x.expand(batch)
-    out, ladj = _spline(x, knots, -bound, bound, inverse)
-    return _tails(x, out, ladj, bound)
+    out, ladj, clamped = _spline(x, knots, -bound, bound, inverse)
+    return _tails(x, clamped, out, ladj)
 
 
 class RationalQuadraticSpline(Transformer):
@@ -258,12 +259,12 @@ class RationalQuadraticSpline(Transformer):
         )
 
     def forward(self, x, params):
-        out, ladj = _spline(x, self._knots(params), -self.bound, self.bound, inverse=False)
-        return _tails(x, out, ladj, self.bound)
+        out, ladj, clamped = _spline(x, self._knots(params), -self.bound, self.bound, inverse=False)
+        return _tails(x, clamped, out, ladj)
 
     def inverse(self, y, params):
-        out, ladj = _spline(y, self._knots(params), -self.bound, self.bound, inverse=True)
-        return _tails(y, out, ladj, self.bound)
+        out, ladj, clamped = _spline(y, self._knots(params), -self.bound, self.bound, inverse=True)
+        return _tails(y, clamped, out, ladj)
 
     def identity_params(self):
         params = torch.zeros(self.params_per_element)
@@ -327,12 +328,12 @@ class CircularSpline(Transformer):
 
     def forward(self, x, params):
         knots, shift = self._knots_and_shift(params)
-        y, ladj = _spline(x, knots, -math.pi, math.pi, inverse=False)
+        y, ladj, _ = _spline(x, knots, -math.pi, math.pi, inverse=False)
         return self._wrap(y + shift), ladj
 
     def inverse(self, y, params):
         knots, shift = self._knots_and_shift(params)
-        return _spline(self._wrap(y - shift), knots, -math.pi, math.pi, inverse=True)
+        return _spline(self._wrap(y - shift), knots, -math.pi, math.pi, inverse=True)[:2]
 
     def identity_params(self):
         params = torch.zeros(self.params_per_element)
