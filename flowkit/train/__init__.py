@@ -3,7 +3,9 @@
 from .batches import split_batch
 from .likelihood import MaximumLikelihood
 from .loop import History, fit
+from .boltzmann import BoltzmannGenerator
 from .objective import Objective
+from .pathgrad import ForwardKLPathGradient, PathGradientVI
 from .score_matching import EMA, ScoreMatching, exact_log_prob
 
-__all__ = ["fit", "History", "MaximumLikelihood", "split_batch", "Objective", "ScoreMatching", "EMA", "exact_log_prob"]
+__all__ = ["fit", "History", "MaximumLikelihood", "split_batch", "Objective", "PathGradientVI", "ForwardKLPathGradient", "BoltzmannGenerator", "ScoreMatching", "EMA", "exact_log_prob"]

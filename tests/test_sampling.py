@@ -1,0 +1,113 @@
+"""Importance weights, ESS, log Z, reweighting and IMH against closed forms."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import flowkit
+from flowkit.sampling import ess, imh, importance_sample, log_weights, log_Z, reweight
+from flowkit.targets import Energy
+
+LOG_2PI = math.log(2 * math.pi)
+
+
+def _gaussian_target(mean: float, std: float, dim: int, scale_Z: float = 0.0) -> Energy:
+    """N(mean, std^2 I) with an energy shifted by -scale_Z, so log Z = dim log(std sqrt(2 pi)) + scale_Z."""
+    return Energy(
+        lambda x: 0.5 * ((x - mean) / std).square().sum(-1) - scale_Z,
+        dim,
+        log_Z=dim * (math.log(std) + 0.5 * LOG_2PI) + scale_Z,
+    )
+
+
+def test_weights_are_constant_when_the_flow_is_the_target():
+    flow = flowkit.flows.RealNVP(3, transforms=2)  # starts as the identity over N(0, I)
+    target = _gaussian_target(0.0, 1.0, 3, scale_Z=2.5)
+    x, log_w = importance_sample(flow, target, 500, batch_size=128)
+    assert x.shape == (500, 3) and log_w.dtype == torch.float64
+    torch.testing.assert_close(log_w, torch.full_like(log_w, target.log_Z), atol=1e-5, rtol=0)
+    assert ess(log_w) == pytest.approx(1.0, abs=1e-9)
+    estimate, error = log_Z(log_w)
+    assert estimate == pytest.approx(target.log_Z, abs=1e-5) and error < 1e-6
+
+
+def test_log_Z_is_within_its_error_for_a_mismatched_proposal():
+    flow = flowkit.flows.RealNVP(2, transforms=2)
+    target = _gaussian_target(0.3, 1.1, 2, scale_Z=-1.0)
+    log_w = log_weights(flow, target, 40_000)
+    estimate, error = log_Z(log_w)
+    assert 0.0 < error < 0.05
+    assert abs(estimate - target.log_Z) < 4 * error
+    # ESS in closed form for q = N(0, 1), p = N(mu, s^2), per dimension:
+    # 1 / E_q[w^2] = s sqrt(2 - s^2) exp(-mu^2 / (2 - s^2)); s^2 < 4/3 keeps the ESS estimate's variance finite.
+    mu, s = 0.3, 1.1
+    per_dim = s * math.sqrt(2 - s**2) * math.exp(-(mu**2) / (2 - s**2))
+    assert ess(log_w) == pytest.approx(per_dim**2, abs=0.03)
+
+
+def test_ess_and_log_Z_error_on_hand_weights():
+    w = np.array([1.0, 2.0, 3.0, 4.0])
+    log_w = torch.tensor(np.log(w))
+    assert ess(log_w) == pytest.approx(w.sum() ** 2 / (4 * (w**2).sum()))
+    estimate, error = log_Z(log_w)
+    assert estimate == pytest.approx(math.log(w.mean()))
+    assert error == pytest.approx(w.std(ddof=1) / (math.sqrt(4) * w.mean()))
+    with pytest.raises(ValueError, match="NaN"):
+        ess(torch.tensor([0.0, float("nan")]))
+    with pytest.raises(ValueError, match="1-D"):
+        log_Z(torch.zeros(3, 2))
+
+
+def test_reweight_recovers_target_moments():
+    flow = flowkit.flows.RealNVP(2, transforms=2)
+    target = _gaussian_target(0.5, 1.0, 2)
+    x, log_w = importance_sample(flow, target, 40_000)
+    mean, error = reweight(x, log_w)
+    assert mean.shape == (2,) and error.shape == (2,)
+    assert (mean - 0.5).abs().max() < 4 * error.max()
+    second, _ = reweight(x[:, 0] ** 2, log_w)
+    assert float(second) == pytest.approx(1.25, abs=0.05)
+    with pytest.raises(ValueError, match="one value per weight"):
+        reweight(x[:10], log_w)
+
+
+def test_imh_accepts_everything_when_the_flow_is_the_target():
+    flow = flowkit.flows.RealNVP(2, transforms=2)
+    chain, acceptance = imh(flow, _gaussian_target(0.0, 1.0, 2), 300)
+    assert chain.shape == (300, 2) and acceptance == pytest.approx(1.0)
+
+
+def test_imh_chain_targets_the_energy():
+    flow = flowkit.flows.RealNVP(1 + 1, transforms=2)
+    target = _gaussian_target(0.7, 0.8, 2)
+    chain, acceptance = imh(flow, target, 20_000, generator=torch.Generator().manual_seed(0))
+    assert 0.3 < acceptance < 0.95
+    assert chain[:, 0].mean().item() == pytest.approx(0.7, abs=0.05)
+    assert chain[:, 1].var().item() == pytest.approx(0.64, abs=0.06)
+    # A rejected proposal repeats the state.
+    repeats = (chain[1:] == chain[:-1]).all(-1).double().mean().item()
+    assert repeats == pytest.approx(1 - acceptance, abs=1e-9)
+
+
+class _StochasticStub(torch.nn.Module):
+    """Stands in for a flow with stochastic blocks: path weights come from sample_with_log_weights."""
+
+    stochastic = True
+    event_shape = torch.Size([2])
+    context_features = 0
+
+    def sample_with_log_weights(self, n, target):
+        return torch.zeros(n, 2), torch.full((n,), 3.0)
+
+
+def test_stochastic_flows_give_their_path_weights():
+    x, log_w = importance_sample(_StochasticStub(), _gaussian_target(0.0, 1.0, 2), 25, batch_size=10)
+    assert x.shape == (25, 2)
+    torch.testing.assert_close(log_w, torch.full((25,), 3.0, dtype=torch.float64))
+
+
+def test_shape_mismatch_is_an_error():
+    with pytest.raises(ValueError, match="event shape"):
+        log_weights(flowkit.flows.RealNVP(3, transforms=1), _gaussian_target(0.0, 1.0, 2), 10)
