@@ -8,7 +8,7 @@ Example:
     >>> import flowkit, flowkit.plot
     >>> data = flowkit.data.load("moons")
     >>> flow = flowkit.flows.RealNVP(2)
-    >>> fig = flowkit.plot.density(flow, data.test)
+    >>> fig = flowkit.plot.density(flow, data.test, resolution=50)
 """
 
 from __future__ import annotations

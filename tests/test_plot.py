@@ -56,6 +56,17 @@ def test_training_curves_from_a_mapping():
     assert len(lr_ax.get_lines()) == 1
 
 
+def test_training_curves_from_a_fit_history():
+    from flowkit.train import MaximumLikelihood, fit
+
+    flow = RealNVP(2, transforms=1, hidden=(4,))
+    x = torch.randn(200, 2)
+    history = fit(flow, MaximumLikelihood(), x, steps=10, batch_size=50, val_data=x[:50], val_every=5, progress=False)
+    loss_ax, _ = fplot.training_curves(history).axes
+    assert list(loss_ax.get_lines()[0].get_xdata()) == list(range(1, 11))
+    assert list(loss_ax.get_lines()[-1].get_xdata()) == history.val_step == [5, 10]
+
+
 def test_plot_errors_name_the_problem():
     with pytest.raises(ValueError, match=r"needs 2-D points of shape \(N, 2\)"):
         fplot.density(_gaussian_flow(), torch.randn(10, 3))
