@@ -1,0 +1,73 @@
+"""Boltzmann-generator training on targets with known log Z and modes."""
+
+import pytest
+import torch
+
+import flowkit
+from flowkit.bijectors import Chain, Standardization
+from flowkit.sampling import ess, importance_sample, log_Z
+from flowkit.targets import DoubleWell, GaussianMixture
+from flowkit.train import BoltzmannGenerator, fit
+
+
+def test_double_well_log_Z_and_ess_with_exact_samples():
+    torch.manual_seed(0)
+    target = DoubleWell()
+    flow = flowkit.flows.RealNVP(2, transforms=6, hidden=(64, 64))
+    objective = BoltzmannGenerator(target, samples=target.sample(20_000), w_ml=1.0, w_kl=1.0, estimator="fast")
+    history = fit(flow, objective, steps=500, batch_size=256, lr=3e-3, progress=False)
+    assert len(history.loss) == 500
+    _, log_w = importance_sample(flow, target, 50_000)
+    estimate, error = log_Z(log_w)
+    assert abs(estimate - 10.2935) < 0.05 and error < 0.01
+    assert ess(log_w) > 0.5
+    metrics = objective.metrics()
+    assert set(metrics) == {"kl", "nll", "ess", "log_Z"}
+
+
+def test_gmm40_all_modes_covered():
+    torch.manual_seed(0)
+    target = GaussianMixture(n_modes=40, seed=0)
+    inner = flowkit.flows.RealNVP(2, transforms=8, hidden=(64, 64))
+    flow = flowkit.Flow(Chain(Standardization([0.0, 0.0], [23.0, 23.0]), inner.bijector), inner.base)
+    objective = BoltzmannGenerator(target, samples=target.sample(20_000), w_ml=1.0, w_kl=0.1)
+    fit(flow, objective, steps=300, batch_size=256, lr=2e-3, progress=False)
+    counts = target.mode_counts(flow.sample((10_000,)))
+    assert int((counts > 0).sum()) == 40
+
+
+def test_ml_term_draws_its_own_batch_of_samples():
+    target = DoubleWell()
+    samples = target.sample(100)
+    flow = flowkit.flows.RealNVP(2, transforms=2, hidden=(8,))
+    objective = BoltzmannGenerator(target, samples=samples, w_ml=1.0, w_kl=0.0)
+    z = flow.base.sample((32,))
+    torch.manual_seed(5)
+    loss = objective.loss(flow, z)
+    torch.manual_seed(5)
+    index = torch.randint(0, 100, (32,))
+    torch.testing.assert_close(loss, -flow.log_prob(samples[index]).mean())
+    path = BoltzmannGenerator(target, samples=samples, w_kl=0.0, ml_estimator="path")
+    torch.manual_seed(5)
+    torch.testing.assert_close(path.loss(flow, z), loss)
+
+
+def test_kl_only_equals_path_gradient_vi():
+    target = DoubleWell()
+    flow = flowkit.flows.RealNVP(2, transforms=2, hidden=(8,))
+    z = flow.base.sample((64,))
+    a = BoltzmannGenerator(target, estimator="standard").loss(flow, z)
+    b = flowkit.train.PathGradientVI(target, "standard").loss(flow, z)
+    torch.testing.assert_close(a, b)
+
+
+def test_bad_arguments():
+    target = DoubleWell()
+    with pytest.raises(ValueError, match="samples"):
+        BoltzmannGenerator(target, samples=torch.randn(10, 3))
+    with pytest.raises(ValueError, match="switched off"):
+        BoltzmannGenerator(target, w_kl=0.0)
+    with pytest.raises(ValueError, match="non-negative"):
+        BoltzmannGenerator(target, w_ml=-1.0)
+    with pytest.raises(ValueError, match="estimator"):
+        BoltzmannGenerator(target, estimator="exact")
