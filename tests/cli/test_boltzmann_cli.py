@@ -1,0 +1,35 @@
+"""``flowkit boltzmann``: a short run writes the model, metrics and plots."""
+
+import json
+
+import pytest
+
+import flowkit
+from flowkit.cli import main
+
+
+def test_boltzmann_double_well_writes_model_metrics_and_plots(tmp_path):
+    out = tmp_path / "dw"
+    code = main(["boltzmann", "double-well", "--steps", "20", "--samples", "500", "--transforms", "2", "--hidden", "16",
+                 "--eval-samples", "500", "--imh-steps", "200", "--out", str(out), "--no-progress"])
+    assert code == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["steps"] == 20 and 0 < metrics["ess"] <= 1 and 0 <= metrics["imh_acceptance"] <= 1
+    assert metrics["log_Z_exact"] == pytest.approx(10.2935, abs=1e-4)
+    assert {"density.png", "target.png", "history.csv"} <= {p.name for p in out.iterdir()}
+    flow = flowkit.io.load(out / "model")
+    assert flow.sample((3,)).shape == (3, 2)
+
+
+def test_boltzmann_phi4_lattice_plots(tmp_path):
+    out = tmp_path / "phi4"
+    code = main(["boltzmann", "phi4", "--L", "4", "--m2", "1", "--lam", "0", "--steps", "5", "--transforms", "2",
+                 "--hidden", "8", "--eval-samples", "300", "--imh-steps", "100", "--out", str(out), "--no-progress"])
+    assert code == 0
+    assert {"configurations.png", "magnetization.png"} <= {p.name for p in out.iterdir()}
+    assert json.loads((out / "metrics.json").read_text())["event_shape"] == [4, 4]
+
+
+def test_boltzmann_bad_arguments_exit_2(tmp_path, capsys):
+    assert main(["boltzmann", "phi4", "--samples", "10", "--steps", "1", "--out", str(tmp_path)]) == 2
+    assert "cannot draw exact samples" in capsys.readouterr().err
