@@ -7,4 +7,14 @@ from .flows import Flow
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str):
+    # flowkit.plot imports matplotlib: load it on first use, not with flowkit.
+    if name == "plot":
+        import importlib
+
+        return importlib.import_module(".plot", __name__)
+    raise AttributeError(f"module 'flowkit' has no attribute {name!r}")
+
+
 __all__ = ["sampling", "targets", "train", "bijectors", "data", "distributions", "flows", "io", "testing", "transformers", "Flow", "set_validation"]
