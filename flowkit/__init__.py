@@ -1,7 +1,7 @@
 """flowkit: normalizing flows in PyTorch, with the checks that make them trustworthy."""
 
 from . import bijectors, data, distributions, flows, io, testing, transformers
-from . import sampling, targets, train
+from . import sampling, stochastic, targets, train
 from ._validation import set_validation
 from .flows import Flow
 
@@ -17,4 +17,19 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'flowkit' has no attribute {name!r}")
 
 
-__all__ = ["sampling", "targets", "train", "bijectors", "data", "distributions", "flows", "io", "testing", "transformers", "Flow", "set_validation"]
+__all__ = [
+    "bijectors",
+    "transformers",
+    "distributions",
+    "flows",
+    "stochastic",
+    "targets",
+    "train",
+    "sampling",
+    "data",
+    "plot",
+    "testing",
+    "io",
+    "Flow",
+    "set_validation",
+]
