@@ -171,6 +171,8 @@ def check_bijector(
     report.add("inverse ladj = -forward ladj", err < atol, f"max error {err:.2e}")
     err = (b.call(x, context) - z).abs().max().item()
     report.add("call(x) = forward(x)[0]", err < atol, f"max error {err:.2e}")
+    err = (b.inverse_call(z, context) - x_back).abs().max().item()
+    report.add("inverse_call(z) = inverse(z)[0]", err < atol, f"max error {err:.2e}")
     if math.prod(b.event_shape) <= 256 and x.dim() > len(b.event_shape):
         flat = x.reshape(-1, *b.event_shape)
         ctx = None if context is None else context.expand(*batch, context.shape[-1]).reshape(-1, context.shape[-1])

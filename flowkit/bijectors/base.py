@@ -109,6 +109,10 @@ class Bijector(Configurable, nn.Module):
         """Return ``z`` alone; layers whose log-determinant is costly override this."""
         return self.forward(x, context)[0]
 
+    def inverse_call(self, z: Tensor, context: Tensor | None = None) -> Tensor:
+        """Return ``x`` alone (the inverse without its log-determinant); see :meth:`call`."""
+        return self.inverse(z, context)[0]
+
     def auxiliary_loss(self) -> Tensor | None:
         """A regulariser the fit loop adds to the objective (``None`` when there is none)."""
         return None
@@ -227,6 +231,11 @@ class Chain(Bijector):
             x = layer.call(x, context)
         return x
 
+    def inverse_call(self, z, context=None):
+        for layer in reversed(self.layers):
+            z = layer.inverse_call(z, context)
+        return z
+
     def forward_with_score(self, x, score, context=None):
         total = self._ladj_zero(x, self.event_shape)
         for layer in self.layers:
@@ -271,6 +280,12 @@ class Invert(Bijector):
 
     def inverse(self, z, context=None):
         return self.bijector(z, context)
+
+    def call(self, x, context=None):
+        return self.bijector.inverse_call(x, context)
+
+    def inverse_call(self, z, context=None):
+        return self.bijector.call(z, context)
 
     def forward_with_score(self, x, score, context=None):
         return self.bijector.inverse_with_score(x, score, context)

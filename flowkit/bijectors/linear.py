@@ -55,11 +55,13 @@ class Linear(Bijector):
     def forward(self, x, context=None):
         return self.call(x), self.log_abs_det().expand(x.shape[:-1])
 
-    def inverse(self, z, context=None):
+    def inverse_call(self, z, context=None):
         if self.bias is not None:
             z = z - self.bias
-        x = torch.linalg.solve(self.weight, z.unsqueeze(-1)).squeeze(-1)
-        return x, -self.log_abs_det().expand(z.shape[:-1])
+        return torch.linalg.solve(self.weight, z.unsqueeze(-1)).squeeze(-1)
+
+    def inverse(self, z, context=None):
+        return self.inverse_call(z), -self.log_abs_det().expand(z.shape[:-1])
 
     def forward_with_score(self, x, score, context=None):
         z, ladj = self.forward(x, context)
@@ -121,15 +123,17 @@ class LULinear(Bijector):
     def forward(self, x, context=None):
         return self.call(x), self.log_abs_det().expand(x.shape[:-1])
 
-    def inverse(self, z, context=None):
+    def inverse_call(self, z, context=None):
         if self.bias is not None:
             z = z - self.bias
         lower, upper = self._factors()
-        batch = z.shape[:-1]
         rhs = (z.reshape(-1, z.shape[-1]) @ self.permutation).T  # P^T y, as columns
         y = torch.linalg.solve_triangular(lower, rhs, upper=False, unitriangular=True)
         x = torch.linalg.solve_triangular(upper, y, upper=True)
-        return x.T.reshape(*batch, -1), -self.log_abs_det().expand(batch)
+        return x.T.reshape(z.shape)
+
+    def inverse(self, z, context=None):
+        return self.inverse_call(z), -self.log_abs_det().expand(z.shape[:-1])
 
     def forward_with_score(self, x, score, context=None):
         # W^{-T} s = P L^{-T} U^{-T} s (P is a signed permutation, so P^{-T} = P).

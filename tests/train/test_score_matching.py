@@ -10,6 +10,7 @@ from flowkit.bijectors import (
     ActNorm,
     AffineCoupling,
     Chain,
+    Invert,
     Linear,
     Logit,
     LULinear,
@@ -201,7 +202,13 @@ def _no_determinants(monkeypatch):
 
 def _dense_flow(features=6):
     act = ActNorm(features)
-    layers = Chain(act, Linear(features), SmoothLeakyReLU(features, 0.3), Chain(LULinear(features), Linear(features)))
+    layers = Chain(
+        act,
+        Linear(features),
+        SmoothLeakyReLU(features, 0.3),
+        Chain(LULinear(features), Linear(features)),
+        Invert(Linear(features)),
+    )
     return flowkit.Flow(layers, StandardNormal(features))
 
 
