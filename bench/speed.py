@@ -226,11 +226,16 @@ def time_config(kind: str, features: int, args) -> dict:
             iters = 1
         else:
             iters = args.iters
-        for lib in libraries:  # warm-up
+        slowest = 0.0
+        for lib in libraries:  # warm-up, and the time of one call
             for _ in range(2):
+                start = time.perf_counter()
                 ops[lib][op]()
+                slowest = max(slowest, time.perf_counter() - start)
+        # Seconds-long calls (autoregressive sampling at large D) get fewer repeats.
+        repeats = args.repeats if slowest < 1.0 else min(args.repeats, 3)
         times: dict[str, list[float]] = {lib: [] for lib in libraries}
-        for r in range(args.repeats):
+        for r in range(repeats):
             order = libraries[r % len(libraries):] + libraries[: r % len(libraries)]
             for lib in order:
                 start = time.perf_counter()
