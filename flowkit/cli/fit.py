@@ -18,6 +18,9 @@ from typing import Any
 
 __all__ = ["add_parser", "run", "fit_dataset"]
 
+#: Up to this many features, ``fit`` runs on one CPU thread unless ``--threads`` says otherwise.
+_SINGLE_THREAD_FEATURES = 16
+
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
@@ -40,7 +43,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--no-standardize", action="store_true", help="do not standardise the data inside the model")
     parser.add_argument("--root", default=None, help="data directory of the tabular benchmarks (default $FLOWKIT_DATA or ./data)")
     parser.add_argument("--seed", type=int, default=0, help="seed of initialisation, data order and splits (default 0)")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: 1 for data with at most 16 features, else torch's choice)")
     parser.add_argument("--out", default=None, help="output directory (default runs/<dataset>)")
     parser.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -67,10 +70,12 @@ def fit_dataset(args: argparse.Namespace) -> dict[str, Any]:
         _positive(getattr(args, name), "--" + name.replace("_", "-"))
     if not args.lr > 0:
         raise ValueError(f"--lr must be positive, got {args.lr}")
-    if args.threads:
-        torch.set_num_threads(args.threads)
     hidden = parse_hidden(args.hidden) if args.hidden else None
     data = load(args.data, root=args.root, seed=args.seed)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    elif data.features <= _SINGLE_THREAD_FEATURES:
+        torch.set_num_threads(1)  # small matrices: extra threads cost more than they give (7x slower on 2 busy cores)
     torch.manual_seed(args.seed)
     flow = build_flow(
         args.flow,
@@ -148,7 +153,13 @@ def _plots(flow: Any, history: Any, data: Any, out: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    metrics = fit_dataset(args)
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        metrics = fit_dataset(args)
+    finally:
+        torch.set_num_threads(threads)  # matters when called in-process (tests, notebooks)
 
     def number(key: str) -> str:
         value = metrics.get(key)
