@@ -175,6 +175,24 @@ def test_metropolis_block_leaves_its_distribution_invariant():
     assert torch.all((y_new.var(0) - 1 / precision).abs() < 3 * se_var)
 
 
+def test_metropolis_gradient_treats_the_accept_indicator_as_constant():
+    """Reparameterised Metropolis: d y_end / d y_start = I and d dS / d y_start = grad u(y_end) - grad u(y_start)."""
+    block = MetropolisBlock(TARGET, lam=0.4, n_steps=6, step_size=0.5)
+    y = torch.randn(500, 2, dtype=torch.float64, requires_grad=True)
+    y_new, d_s = block.inverse(y)
+    assert (y_new != y).any(-1).float().mean() > 0.3  # the moves are not all rejected
+    direction = torch.randn_like(y_new)
+    (grad_y,) = torch.autograd.grad((y_new * direction).sum(), y, retain_graph=True)
+    torch.testing.assert_close(grad_y, direction, atol=1e-12, rtol=0)
+    (grad_s,) = torch.autograd.grad(d_s.sum(), y)
+
+    def grad_u(v):
+        v = v.detach().requires_grad_(True)
+        return torch.autograd.grad(block.energy(v).sum(), v)[0]
+
+    torch.testing.assert_close(grad_s, grad_u(y_new) - grad_u(y), atol=1e-12, rtol=0)
+
+
 def test_deterministic_flow_weights_and_path_likelihood_match_exact_density():
     flow = randomize(RealNVP(2, transforms=2, hidden=(8,)), scale=0.2).double()
     x, log_w = flow.sample_with_log_weights(100, TARGET)
