@@ -91,3 +91,18 @@ def test_bad_constructor_arguments():
         AffineCoupling(1)
     with pytest.raises(ValueError, match="activation"):
         AffineCoupling(3, activation="nope")
+
+
+def test_conditional_chain_passes_context_through_unconditional_layers():
+    # call/inverse_call are entry points too: the inner, unconditional layers must not re-check the context.
+    from flowkit.bijectors import Chain, Reverse
+
+    chain = Chain(AffineCoupling(3, hidden=(4,), context=2), Reverse(3), LULinear(3))
+    x, c = torch.randn(5, 3), torch.randn(5, 2)
+    z = chain.call(x, c)
+    torch.testing.assert_close(z, chain(x, c)[0])
+    torch.testing.assert_close(chain.inverse_call(z, c), x, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="Chain.call.*needs a context"):
+        chain.call(x)
+    with pytest.raises(ValueError, match="Chain.inverse_call.*shape"):
+        chain.inverse_call(torch.randn(5, 4), c)

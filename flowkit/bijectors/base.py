@@ -34,13 +34,31 @@ def _module_dtype(module: nn.Module) -> torch.dtype | None:
     return None
 
 
-def _checked(method: Callable, direction: str) -> Callable:
+#: Entry points whose input is checked at the outermost call, and the side of the bijector it lives on.
+_CHECKED_METHODS = {"forward": "forward", "call": "forward", "inverse": "inverse", "inverse_call": "inverse"}
+#: Entry points that only mark nested calls (their inner forward/inverse calls are not re-checked).
+_NESTING_METHODS = ("forward_with_score", "inverse_with_score")
+
+
+def _nesting(method: Callable) -> Callable:
+    @functools.wraps(method)
+    def wrapper(self: Bijector, *args: Any, **kwargs: Any):
+        with outermost():
+            return method(self, *args, **kwargs)
+
+    wrapper._flowkit_checked = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _checked(method: Callable, name: str) -> Callable:
+    direction = _CHECKED_METHODS[name]
+
     @functools.wraps(method)
     def wrapper(self: Bijector, x: Tensor, context: Tensor | None = None, **kwargs: Any):
         with outermost() as check:
             if check:
                 shape = self.event_shape if direction == "forward" else self.latent_shape
-                where = f"{type(self).__name__}.{direction}"
+                where = f"{type(self).__name__}.{name}"
                 dtype = _module_dtype(self)
                 check_tensor(x, shape, name="x" if direction == "forward" else "z", dtype=dtype, where=where)
                 batch = x.shape[: x.dim() - len(shape)]
@@ -80,10 +98,7 @@ class Bijector(Configurable, nn.Module):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        for direction in ("forward", "inverse"):
-            method = cls.__dict__.get(direction)
-            if method is not None and not getattr(method, "_flowkit_checked", False):
-                setattr(cls, direction, _checked(method, direction))
+        _wrap_entry_points(cls)
 
     @property
     def latent_shape(self) -> torch.Size:
@@ -162,6 +177,16 @@ def _pulled_score(back: Callable, y: Tensor, score: Tensor, context: Tensor | No
             raise ValueError(f"score has shape {tuple(score.shape)} but the point has shape {tuple(y_back.shape)}")
         (pulled,) = torch.autograd.grad((y_back * score.detach()).sum() + ladj_back.sum(), leaf)
     return pulled
+
+
+def _wrap_entry_points(cls: type) -> None:
+    for name in (*_CHECKED_METHODS, *_NESTING_METHODS):
+        method = cls.__dict__.get(name)
+        if method is not None and not getattr(method, "_flowkit_checked", False):
+            setattr(cls, name, _checked(method, name) if name in _CHECKED_METHODS else _nesting(method))
+
+
+_wrap_entry_points(Bijector)
 
 
 class Chain(Bijector):
