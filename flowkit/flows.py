@@ -226,6 +226,16 @@ class FlowDistribution(torch.distributions.Distribution):
         return self.flow.sample(sample_shape, self.context)
 
 
+def _half_mask(features: int, parity: int) -> list[int]:
+    """Transform the second half of the features (parity 0) or the first half (parity 1).
+
+    Contiguous halves split and merge by slicing; the random permutations
+    between layers mix the features as alternating masks would.
+    """
+    first = features // 2 if parity == 0 else features - features // 2
+    return [parity] * first + [1 - parity] * (features - first)
+
+
 class RealNVP(Flow):
     """RealNVP: affine couplings with alternating masks over a standard normal.
 
@@ -307,7 +317,7 @@ class NSF(Flow):
 
     Autoregressive layers (the default) are more expressive per layer and
     evaluate densities in one pass, but sample in ``D`` sequential steps;
-    coupling layers (``coupling=True``, alternating masks and seeded random
+    coupling layers (``coupling=True``, masks over contiguous halves and seeded random
     permutations in between) are fast both ways. Each spline has ``bins`` bins
     on ``[-bound, bound]`` and is the identity outside.
 
@@ -350,7 +360,10 @@ class NSF(Flow):
             raise ValueError("NSF: residual applies to autoregressive layers only (coupling=False)")
         if coupling:
             layers: list[Bijector] = [
-                SplineCoupling(features, bins, bound, parity=i % 2, hidden=hidden, context=context, activation=activation)
+                SplineCoupling(
+                    features, bins, bound, mask=_half_mask(features, i % 2), hidden=hidden, context=context,
+                    activation=activation,
+                )
                 for i in range(transforms)
             ]
         else:

@@ -23,6 +23,10 @@ def broadcast_context(h: Tensor, context: Tensor | None) -> Tensor:
     return torch.cat([h.expand(*batch, h.shape[-1]), context.expand(*batch, context.shape[-1])], dim=-1)
 
 
+def _contiguous(index: Tensor) -> bool:
+    return bool((index == torch.arange(int(index[0]), int(index[0]) + len(index))).all())
+
+
 class Coupling(Bijector):
     r"""Coupling layer with any elementwise transformer.
 
@@ -79,6 +83,10 @@ class Coupling(Bijector):
         self.register_buffer("identity_idx", identity, persistent=False)
         self.register_buffer("transformed_idx", transformed, persistent=False)
         self.register_buffer("unsort_idx", torch.argsort(torch.cat([identity, transformed])), persistent=False)
+        # Masks that keep one contiguous half split and merge by slicing, without gathers.
+        self._halves = _contiguous(identity) and _contiguous(transformed)
+        self._identity_first = bool(identity[0] < transformed[0])
+        self._n_identity = len(identity)
         self._n_params = transformer.params_per_element
         self.conditioner = MLP(len(identity) + self.context_features, len(transformed) * self._n_params, hidden, activation)
         self.conditioner.zero_last(transformer.identity_params().repeat(len(transformed)))
@@ -88,11 +96,18 @@ class Coupling(Bijector):
         return h.unflatten(-1, (-1, self._n_params))
 
     def _split(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        if self._halves:
+            n = self._n_identity if self._identity_first else x.shape[-1] - self._n_identity
+            first, second = x[..., :n], x[..., n:]
+            return (first, second) if self._identity_first else (second, first)
         return x[..., self.identity_idx], x[..., self.transformed_idx]
 
     def _merge(self, a: Tensor, b: Tensor) -> Tensor:
         batch = torch.broadcast_shapes(a.shape[:-1], b.shape[:-1])
-        return torch.cat([a.expand(*batch, a.shape[-1]), b], dim=-1)[..., self.unsort_idx]
+        a = a.expand(*batch, a.shape[-1])
+        if self._halves:
+            return torch.cat([a, b] if self._identity_first else [b, a], dim=-1)
+        return torch.cat([a, b], dim=-1)[..., self.unsort_idx]
 
     def forward(self, x, context=None):
         x_id, x_tr = self._split(x)
@@ -169,3 +184,4 @@ def _examples():
     yield "AffineCoupling", randomize(AffineCoupling(5, hidden=(16,))), torch.randn(6, 5)
     yield "AffineCoupling(context)", randomize(AffineCoupling(4, parity=1, hidden=(16,), context=2)), torch.randn(6, 4)
     yield "Coupling(Affine, mask)", randomize(Coupling(Affine(), 4, mask=[1, 1, 0, 1], hidden=(8, 8))), torch.randn(6, 4)
+    yield "Coupling(Affine, halves)", randomize(Coupling(Affine(), 5, mask=[1, 1, 0, 0, 0], hidden=(8,))), torch.randn(6, 5)

@@ -156,7 +156,7 @@ def _spline(x: Tensor, knots: Tensor, low: float, high: float, inverse: bool) ->
     if not inverse:
         out = y0 + height * (slope * xi * xi + d0 * xi_1m) / denominator
     numerator = slope * slope * (d1 * xi * xi + 2 * slope * xi_1m + d0 * (1 - xi).square())
-    ladj = torch.log(numerator) - 2 * torch.log(denominator)
+    ladj = torch.log(numerator / denominator.square())
     return out, (-ladj if inverse else ladj), x
 
 
