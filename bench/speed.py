@@ -18,7 +18,12 @@ the training step is measured in a fresh subprocess per (configuration,
 library): the growth of the process's resident-set high-water mark
 (``ru_maxrss``) over its size just before the first step, after building the
 model and the batch. That counts every allocation torch makes on the CPU
-(activations saved for backward, gradients, Adam state) and nothing else.
+(activations saved for backward, gradients, Adam state), but also the code
+pages of the kernels a library touches for the first time. A second column,
+``saved MiB``, counts only the bytes of the distinct tensor storages autograd
+saves for backward during one training step (through
+``torch.autograd.graph.saved_tensors_hooks``): the activation memory, which
+is what grows with batch size and depth.
 
 Run: ``python bench/speed.py`` (default workload D=8 and D=64, 5 layers,
 K=8, B=3, 2x128, batch 512, 2 threads). Results go to
@@ -204,6 +209,21 @@ def peak_memory_child(library: str, kind: str, features: int, args) -> None:
     print(json.dumps({"peak_mib": (peak - before) / 1024}))
 
 
+def saved_for_backward_mib(library: str, kind: str, features: int, args) -> float:
+    """MiB of distinct tensor storages saved for backward during one training step."""
+    ops = operations(library, kind, features, args)
+    storages: dict[int, int] = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        ops["train"]()
+    return sum(storages.values()) / 2**20
+
+
 def peak_memory(library, kind, features, args) -> float:
     command = [sys.executable, __file__, "--child", library, kind, str(features)] + _forward_args(args)
     out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
@@ -278,12 +298,17 @@ def main() -> None:
         for kind in args.kinds:
             res = time_config(kind, features, args)
             memory = {} if args.no_memory else {lib: peak_memory(lib, kind, features, args) for lib in args.libraries}
-            entry = {"kind": kind, "features": features, "ms": res, "peak_train_mib": memory, "ratio": {}}
-            for op, row in list(res.items()) + ([("mem MiB", memory)] if memory else []):
+            saved = {lib: saved_for_backward_mib(lib, kind, features, args) for lib in args.libraries}
+            entry = {
+                "kind": kind, "features": features, "ms": res, "peak_train_mib": memory,
+                "saved_for_backward_mib": saved, "ratio": {},
+            }
+            rows = list(res.items()) + ([("mem MiB", memory)] if memory else []) + [("saved MiB", saved)]
+            for op, row in rows:
                 peers = {lib: t for lib, t in row.items() if lib != "flowkit"}
                 best = min(peers.values()) if peers else float("nan")
                 ratio = best / row["flowkit"] if "flowkit" in row else float("nan")
-                if op != "mem MiB":
+                if op not in ("mem MiB", "saved MiB"):
                     entry["ratio"][op] = {lib: t / row["flowkit"] for lib, t in peers.items()}
                 name = f"{kind[:4]} D={features}"
                 print(f"{name:<20}{op:<10}" + "".join(f"{row[lib]:>12.2f}" for lib in args.libraries) + f"{ratio:>14.2f}")
