@@ -65,7 +65,7 @@ def _softmax(logits: Tensor) -> Tensor:
     For the few bins of a spline (K ~ 8) and many rows, torch's fused CPU
     softmax is several times slower than these four vectorised ops.
     """
-    e = torch.exp(logits - logits.amax(dim=-1, keepdim=True).detach())
+    e = torch.exp(logits - logits.detach().amax(dim=-1, keepdim=True))
     return e / e.sum(dim=-1, keepdim=True)
 
 
