@@ -58,7 +58,7 @@ from flowkit.flows import Flow
 from flowkit.stochastic import MetropolisBlock
 from flowkit.targets import DoubleWell
 from flowkit.train import BoltzmannGenerator, MaximumLikelihood, fit
-from flowkit.transformers import Transformer
+from flowkit.transformers import Affine
 
 RESULTS = Path(__file__).resolve().parent / "results"
 EDGES = np.linspace(-3.0, 3.0, 31)
@@ -66,14 +66,12 @@ CENTERS = 0.5 * (EDGES[1:] + EDGES[:-1])
 INSIDE = np.abs(CENTERS) < 2.25
 
 
-class _BgtorchAffine(Transformer):
+class _BgtorchAffine(Affine):
     r"""The affine transformer of the paper's code (bgtorch ``AffineTransformer``): ``y = x e^{s} + t``.
 
     The log-scale is :math:`s = \alpha \tanh(s_{raw})` with a trainable :math:`\alpha = e^{a}`,
     :math:`a = -1` at the start, so every coupling starts with :math:`|s| < 0.37`.
     """
-
-    params_per_element = 2
 
     def __init__(self) -> None:
         super().__init__()
@@ -82,17 +80,6 @@ class _BgtorchAffine(Transformer):
     def _shift_log_scale(self, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         shift, raw = params.unbind(-1)
         return shift, self.log_alpha.exp() * torch.tanh(raw)
-
-    def forward(self, x, params):
-        shift, log_scale = self._shift_log_scale(params)
-        return x * torch.exp(log_scale) + shift, log_scale
-
-    def inverse(self, y, params):
-        shift, log_scale = self._shift_log_scale(params)
-        return (y - shift) * torch.exp(-log_scale), -log_scale
-
-    def identity_params(self):
-        return torch.zeros(2)
 
 
 def coupling(kind: str, parity: int, hidden: int) -> Coupling:

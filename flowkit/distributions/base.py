@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from .._config import Configurable
+from ..utils import TensorAnchor
 
 __all__ = ["Distribution", "as_shape"]
 
@@ -17,7 +18,7 @@ def as_shape(shape: int | Sequence[int] | torch.Size) -> torch.Size:
     return torch.Size((shape,) if isinstance(shape, int) else tuple(shape))
 
 
-class Distribution(Configurable, nn.Module):
+class Distribution(Configurable, TensorAnchor):
     """Base of flowkit's distributions over events of shape :attr:`event_shape`.
 
     Subclasses implement :meth:`log_prob` (summed over the event dimensions)
@@ -27,18 +28,6 @@ class Distribution(Configurable, nn.Module):
 
     _flowkit_register = False
     event_shape: torch.Size
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.register_buffer("_anchor", torch.zeros(0), persistent=False)
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self._anchor.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self._anchor.device
 
     def log_prob(self, x: Tensor) -> Tensor:
         """Log density of events ``x`` of shape ``(..., *event_shape)``; returns the batch shape."""

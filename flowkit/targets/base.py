@@ -6,16 +6,17 @@ from collections.abc import Sequence
 from typing import Callable
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from .._config import Configurable
 from .._validation import check_tensor, outermost
 from ..distributions.base import as_shape
+from ..utils import TensorAnchor
 
 __all__ = ["Target", "Energy"]
 
 
-class Target(Configurable, nn.Module):
+class Target(Configurable, TensorAnchor):
     r"""An unnormalised density :math:`p(x) = e^{-u(x)} / Z` known through its energy ``u``.
 
     Subclasses set :attr:`event_shape` and implement :meth:`_energy`; they may
@@ -34,10 +35,6 @@ class Target(Configurable, nn.Module):
     event_shape: torch.Size
     log_Z: float | None = None
     has_samples: bool = False
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.register_buffer("_anchor", torch.zeros(0), persistent=False)
 
     def _check(self, x: Tensor, where: str) -> None:
         with outermost() as check:
@@ -75,14 +72,6 @@ class Target(Configurable, nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """Same as :meth:`energy`."""
         return self.energy(x)
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self._anchor.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self._anchor.device
 
     def _energy(self, x: Tensor) -> Tensor:
         raise NotImplementedError
