@@ -151,11 +151,13 @@ def _spline(x: Tensor, knots: Tensor, low: float, high: float, inverse: bool) ->
         out = x0 + xi * width
     else:
         xi = (x - x0) / width
-    xi_1m = xi * (1 - xi)
+    one_m_xi = 1 - xi
+    xi_sq = xi * xi
+    xi_1m = xi * one_m_xi
     denominator = slope + curvature * xi_1m
     if not inverse:
-        out = y0 + height * (slope * xi * xi + d0 * xi_1m) / denominator
-    numerator = slope * slope * (d1 * xi * xi + 2 * slope * xi_1m + d0 * (1 - xi).square())
+        out = y0 + height * (slope * xi_sq + d0 * xi_1m) / denominator
+    numerator = slope * slope * (d1 * xi_sq + (slope + slope) * xi_1m + d0 * one_m_xi * one_m_xi)
     ladj = torch.log(numerator / denominator.square())
     return out, (-ladj if inverse else ladj), x
 
