@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from .._validation import check_tensor, outermost
+from ..sampling import _check_target
 from ..targets import Target
 from .objective import Objective
 
@@ -51,18 +52,10 @@ ESTIMATORS = ("fast", "standard", "reparam")
 
 
 def _check_flow(flow: Any, target: Target, where: str) -> None:
-    if not isinstance(target, Target):
-        raise ValueError(f"{where}: target must be a flowkit.targets.Target, got {type(target).__name__}")
+    _check_target(flow, target, where)
     if flow.stochastic:
         raise ValueError(
             f"{where}: the flow has stochastic blocks and no exact density; train it with BoltzmannGenerator"
-        )
-    if flow.context_features:
-        raise ValueError(f"{where}: the flow is conditional; a target has no context")
-    if tuple(flow.event_shape) != tuple(target.event_shape):
-        raise ValueError(
-            f"{where}: the flow's event shape {tuple(flow.event_shape)} differs from the target's "
-            f"{tuple(target.event_shape)}"
         )
     if any(p.requires_grad for p in flow.base.parameters()):
         raise ValueError(
