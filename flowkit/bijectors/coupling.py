@@ -83,8 +83,10 @@ class Coupling(Bijector):
         self.register_buffer("identity_idx", identity, persistent=False)
         self.register_buffer("transformed_idx", transformed, persistent=False)
         self.register_buffer("unsort_idx", torch.argsort(torch.cat([identity, transformed])), persistent=False)
-        # Masks that keep one contiguous half split and merge by slicing, without gathers.
+        # Masks that keep one contiguous half, or alternate on an even number of
+        # features, split and merge by slicing and views, without gathers.
         self._halves = _contiguous(identity) and _contiguous(transformed)
+        self._alternating = features % 2 == 0 and bool((mask_t[1:] != mask_t[:-1]).all())
         self._identity_first = bool(identity[0] < transformed[0])
         self._n_identity = len(identity)
         self._n_params = transformer.params_per_element
@@ -96,6 +98,9 @@ class Coupling(Bijector):
         return h.unflatten(-1, (-1, self._n_params))
 
     def _split(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        if self._alternating:
+            first, second = x[..., 0::2], x[..., 1::2]
+            return (first, second) if self._identity_first else (second, first)
         if self._halves:
             n = self._n_identity if self._identity_first else x.shape[-1] - self._n_identity
             first, second = x[..., :n], x[..., n:]
@@ -105,6 +110,8 @@ class Coupling(Bijector):
     def _merge(self, a: Tensor, b: Tensor) -> Tensor:
         batch = torch.broadcast_shapes(a.shape[:-1], b.shape[:-1])
         a = a.expand(*batch, a.shape[-1])
+        if self._alternating:
+            return torch.stack([a, b] if self._identity_first else [b, a], dim=-1).flatten(-2)
         if self._halves:
             return torch.cat([a, b] if self._identity_first else [b, a], dim=-1)
         return torch.cat([a, b], dim=-1)[..., self.unsort_idx]
@@ -122,34 +129,37 @@ class Coupling(Bijector):
         return self._merge(z_id, x_tr), ladj.sum(-1)
 
     def forward_with_score(self, x, score, context=None):
-        return self._with_score(x, score, context, self.transformer.forward, self.transformer.inverse)
+        return self._with_score(x, score, context, self.transformer.forward_and_ladj_derivative)
 
     def inverse_with_score(self, z, score, context=None):
-        return self._with_score(z, score, context, self.transformer.inverse, self.transformer.forward)
+        return self._with_score(z, score, context, self.transformer.inverse_and_ladj_derivative)
 
-    def _with_score(self, y, score, context, there, back):
+    def _with_score(self, y, score, context, there):
         r"""One coupling step with the score carried along, without a second pass.
 
-        The Jacobian is block triangular with a diagonal block on the
-        transformed half, so with ``y_out = there(y_tr; c(y_id))`` and
-        :math:`\phi = s_{tr} \cdot \mathrm{back}(y_{out}; c(y_{id})) + \sum \log|\mathrm{back}'|`
-        (``y_out`` and ``s_tr`` held fixed), the new score is
-        :math:`(\partial_{y_{out}} \phi,\; s_{id} + \partial_{y_{id}} \phi)`. One
-        autograd call through the conditioner gives both; its forward pass is
-        shared with the map itself (Vaitl et al., ICLR 2024, Alg. 1).
+        The Jacobian is block triangular, with the diagonal block
+        :math:`\mathrm{diag}(e^{L})` on the transformed half, where
+        ``out = tau(y_tr; c)``, ``c = c(y_id)`` and ``L = log|tau'|``
+        elementwise. The new score :math:`s' = J^{-T}(s - \nabla_y \sum L)` is then
+
+        .. math:: s'_{out} = w = (s_{tr} - \partial_{y_{tr}} L)\, e^{-L}, \qquad
+                  s'_{id} = s_{id} - \partial_{y_{id}}\big[\textstyle\sum w \cdot out + \sum L\big]_{w\ \text{fixed}},
+
+        the second by the implicit-function rule for ``tau^{-1}(out; c)``. The
+        transformer gives :math:`\partial_{y_{tr}} L` in closed form, so the
+        inverse map is never evaluated; one autograd call through the
+        conditioner, whose forward pass is shared with the map itself, gives
+        :math:`s'_{id}` (Vaitl et al., ICLR 2024, Alg. 1).
         """
         y_id, y_tr = self._split(y)
         s_id, s_tr = self._split(score.detach())
         with torch.enable_grad():
             cond = y_id if y_id.requires_grad else y_id.detach().requires_grad_(True)
             params = self._params(cond, context)
-            out_tr, ladj = there(y_tr.expand(params.shape[:-1]), params)
-            out_leaf = out_tr.detach().requires_grad_(True)
-            y_back, ladj_back = back(out_leaf, params)
-            g_out, g_cond = torch.autograd.grad(
-                (y_back * s_tr).sum() + ladj_back.sum(), (out_leaf, cond), retain_graph=True
-            )
-        return self._merge(cond, out_tr), ladj.sum(-1), self._merge(s_id + g_cond, g_out)
+            out_tr, ladj, dladj = there(y_tr.expand(params.shape[:-1]), params)
+            w = (s_tr - dladj) * torch.exp(-ladj.detach())
+            (g_cond,) = torch.autograd.grad((out_tr * w).sum() + ladj.sum(), cond, retain_graph=True)
+        return self._merge(cond, out_tr), ladj.sum(-1), self._merge(s_id - g_cond, w)
 
 
 class AffineCoupling(Coupling):

@@ -13,6 +13,8 @@ __all__ = ["Affine"]
 class Affine(Transformer):
     r"""Elementwise affine map ``y = x e^{s} + t`` with ``log|dy/dx| = s``.
 
+    The log-derivative does not depend on ``x``, so its ``x``-derivative is zero.
+
     Parameters per element: ``(t, s_raw)``. The log-scale is soft-clamped,
     ``s = c \tanh(s_raw / c)``, which keeps the map well conditioned early in
     training (as in RealNVP's tanh-scaled scales).
@@ -42,6 +44,14 @@ class Affine(Transformer):
     def inverse(self, y, params):
         shift, log_scale = self._shift_log_scale(params)
         return (y - shift) * torch.exp(-log_scale), -log_scale
+
+    def forward_and_ladj_derivative(self, x, params):
+        y, ladj = self.forward(x, params)
+        return y, ladj, torch.zeros_like(ladj.detach())
+
+    def inverse_and_ladj_derivative(self, y, params):
+        x, ladj = self.inverse(y, params)
+        return x, ladj, torch.zeros_like(ladj.detach())
 
     def identity_params(self):
         return torch.zeros(2)

@@ -125,10 +125,18 @@ def _knots(
     return torch.cat([xy, derivatives.unsqueeze(-2)], dim=-2)
 
 
-def _spline(x: Tensor, knots: Tensor, low: float, high: float, inverse: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """The spline (or its inverse) on ``[low, high]`` at ``clamp(x)``, with the elementwise log-derivative.
+def _spline(
+    x: Tensor, knots: Tensor, low: float, high: float, inverse: bool, derivative: bool = False
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    r"""The spline (or its inverse) on ``[low, high]`` at ``clamp(x)``, with the elementwise log-derivative.
 
-    Returns ``(y, log|dy/dx|, clamped x)`` forward, ``(x, log|dx/dy|, clamped y)`` inverse.
+    Returns ``(y, log|dy/dx|, clamped x, d)`` forward, ``(x, log|dx/dy|, clamped y, d)``
+    inverse, where ``d`` (only if ``derivative``, else None; without a graph) is the
+    derivative of the returned log-derivative in the input. With
+    :math:`L = \log|dy/dx| = \log(s^2 P) - 2\log \text{den}`,
+    :math:`P = \delta_{k+1}\xi^2 + 2s\xi(1-\xi) + \delta_k(1-\xi)^2`:
+    :math:`dL/dx = (P'/P - 2\,\text{den}'/\text{den}) / \Delta x`, and the
+    inverse's is :math:`-(dL/dx)\, e^{-L}`.
     """
     x = x.clamp(low, high)
     axis = 1 if inverse else 0
@@ -157,15 +165,31 @@ def _spline(x: Tensor, knots: Tensor, low: float, high: float, inverse: bool) ->
     denominator = slope + curvature * xi_1m
     if not inverse:
         out = y0 + height * (slope * xi_sq + d0 * xi_1m) / denominator
-    numerator = slope * slope * (d1 * xi_sq + (slope + slope) * xi_1m + d0 * one_m_xi * one_m_xi)
-    ladj = torch.log(numerator / denominator.square())
-    return out, (-ladj if inverse else ladj), x
+    poly = d1 * xi_sq + (slope + slope) * xi_1m + d0 * one_m_xi * one_m_xi
+    derivative_of_ladj = None
+    if derivative:
+        with torch.no_grad():
+            dpoly = 2 * (d1 * xi + slope * (1 - 2 * xi) - d0 * one_m_xi)
+            dlog = (dpoly / poly - 2 * curvature * (1 - 2 * xi) / denominator) / width
+            if inverse:
+                dlog = -dlog * denominator.square() / (slope * slope * poly)
+            derivative_of_ladj = dlog
+    ladj = torch.log(slope * slope * poly / denominator.square())
+    return out, (-ladj if inverse else ladj), x, derivative_of_ladj
 
 
-def _tails(x: Tensor, clamped: Tensor, out: Tensor, ladj: Tensor) -> tuple[Tensor, Tensor]:
-    """Identity with zero log-derivative where clamping moved ``x`` (selected without host synchronisation)."""
+def _tails(
+    x: Tensor, clamped: Tensor, out: Tensor, ladj: Tensor, derivative: Tensor | None = None
+) -> tuple[Tensor, ...]:
+    """Identity with zero log-derivative where clamping moved ``x`` (selected without host synchronisation).
+
+    With ``derivative`` (the log-derivative's derivative), also zero it in the tails.
+    """
     inside = x == clamped
-    return torch.where(inside, out, x), torch.where(inside, ladj, 0.0)
+    mapped = torch.where(inside, out, x), torch.where(inside, ladj, 0.0)
+    if derivative is None:
+        return mapped
+    return (*mapped, torch.where(inside, derivative, 0.0))
 
 
 def _linear_tail_derivatives(unnormalized_derivatives: Tensor, min_derivative: float) -> Tensor:
@@ -224,7 +248,7 @@ def unconstrained_rqs(
     derivatives = _linear_tail_derivatives(unnormalized_derivatives.expand(*batch, bins - 1), min_derivative)
     knots = _knots(bins_wh, derivatives, -bound, bound, min_bin_width, min_bin_height)
     x = x.expand(batch)
-    out, ladj, clamped = _spline(x, knots, -bound, bound, inverse)
+    out, ladj, clamped, _ = _spline(x, knots, -bound, bound, inverse)
     return _tails(x, clamped, out, ladj)
 
 
@@ -280,12 +304,20 @@ class RationalQuadraticSpline(Transformer):
         )
 
     def forward(self, x, params):
-        out, ladj, clamped = _spline(x, self._knots(params), -self.bound, self.bound, inverse=False)
+        out, ladj, clamped, _ = _spline(x, self._knots(params), -self.bound, self.bound, inverse=False)
         return _tails(x, clamped, out, ladj)
 
     def inverse(self, y, params):
-        out, ladj, clamped = _spline(y, self._knots(params), -self.bound, self.bound, inverse=True)
+        out, ladj, clamped, _ = _spline(y, self._knots(params), -self.bound, self.bound, inverse=True)
         return _tails(y, clamped, out, ladj)
+
+    def forward_and_ladj_derivative(self, x, params):
+        out, ladj, clamped, derivative = _spline(x, self._knots(params), -self.bound, self.bound, False, True)
+        return _tails(x, clamped, out, ladj, derivative)
+
+    def inverse_and_ladj_derivative(self, y, params):
+        out, ladj, clamped, derivative = _spline(y, self._knots(params), -self.bound, self.bound, True, True)
+        return _tails(y, clamped, out, ladj, derivative)
 
     def identity_params(self):
         params = torch.zeros(self.params_per_element)
@@ -347,14 +379,26 @@ class CircularSpline(Transformer):
     def _wrap(angle: Tensor) -> Tensor:
         return torch.remainder(angle + math.pi, 2 * math.pi) - math.pi
 
-    def forward(self, x, params):
+    def _map(self, x: Tensor, params: Tensor, inverse: bool, derivative: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+        """The circle map (or its inverse) with its log-derivative and, if asked, that one's derivative."""
         knots, shift = self._knots_and_shift(params)
-        y, ladj, _ = _spline(x, knots, -math.pi, math.pi, inverse=False)
-        return self._wrap(y + shift), ladj
+        if inverse:
+            out, ladj, _, d = _spline(self._wrap(x - shift), knots, -math.pi, math.pi, True, derivative)
+            return out, ladj, d
+        out, ladj, _, d = _spline(x, knots, -math.pi, math.pi, False, derivative)
+        return self._wrap(out + shift), ladj, d
+
+    def forward(self, x, params):
+        return self._map(x, params, False, False)[:2]
 
     def inverse(self, y, params):
-        knots, shift = self._knots_and_shift(params)
-        return _spline(self._wrap(y - shift), knots, -math.pi, math.pi, inverse=True)[:2]
+        return self._map(y, params, True, False)[:2]
+
+    def forward_and_ladj_derivative(self, x, params):
+        return self._map(x, params, False, True)
+
+    def inverse_and_ladj_derivative(self, y, params):
+        return self._map(y, params, True, True)
 
     def identity_params(self):
         params = torch.zeros(self.params_per_element)
