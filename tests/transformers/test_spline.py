@@ -197,3 +197,25 @@ def test_circular_spline_is_a_smooth_circle_map():
     y0, l0 = spline(x.detach(), spline.identity_params().double().expand(n, -1))
     torch.testing.assert_close(y0, x.detach(), atol=1e-6, rtol=0)
     torch.testing.assert_close(l0, torch.zeros_like(l0), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("inverse", [False, True])
+def test_hand_written_bin_gradients_match_finite_differences_to_second_order(inverse):
+    from flowkit.transformers.spline import _RationalQuadraticBin
+
+    g = torch.Generator().manual_seed(3)
+    n = 9
+    x0, y0 = torch.randn(2, n, generator=g, dtype=torch.float64)
+    width, height = 0.5 + torch.rand(2, n, generator=g, dtype=torch.float64)
+    d0, d1 = 0.2 + 2 * torch.rand(2, n, generator=g, dtype=torch.float64)
+    point = x0 + (0.05 + 0.9 * torch.rand(n, generator=g, dtype=torch.float64)) * width
+    knots = (x0, x0 + width, y0, y0 + height, d0, d1)
+    if inverse:
+        point = _RationalQuadraticBin.apply(point, *knots, False, False)[0]
+    inputs = [t.clone().requires_grad_(True) for t in (point, *knots)]
+
+    def bin_(*args):
+        return _RationalQuadraticBin.apply(*args, inverse, False)[:2]
+
+    assert torch.autograd.gradcheck(bin_, inputs)
+    assert torch.autograd.gradgradcheck(bin_, inputs)
