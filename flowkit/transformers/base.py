@@ -25,6 +25,9 @@ class Transformer(Configurable, nn.Module):
     and :meth:`inverse`. ``params`` has the shape of ``x`` plus a trailing
     dimension of size ``params_per_element``; both methods return the output
     and the *elementwise* ``log|dy/dx|`` (resp. ``log|dx/dy|``), with the shape of ``x``.
+    A subclass may also override :meth:`forward_and_ladj_derivative` and
+    :meth:`inverse_and_ladj_derivative` with closed forms, which speed up the
+    fast path gradient through coupling layers.
 
     Attributes:
         params_per_element: number of parameters per transformed element.
