@@ -125,19 +125,23 @@ def _knots(
     return torch.cat([xy, derivatives.unsqueeze(-2)], dim=-2)
 
 
-def _bin_terms(x: Tensor, x0: Tensor, x1: Tensor, y0: Tensor, y1: Tensor, d0: Tensor, d1: Tensor) -> tuple[Tensor, ...]:
-    r"""The pieces of the forward map in one bin at the point ``x``.
-
-    Returns ``(w, h, s, c, xi, 1 - xi, q, den, N, P)`` with ``w = x1 - x0``,
-    ``h = y1 - y0``, ``s = h / w``, ``c = d0 + d1 - 2s``, ``xi = (x - x0) / w``,
-    ``q = xi (1 - xi)``, ``den = s + c q``, ``N = s xi^2 + d0 q`` and
-    ``P = d1 xi^2 + 2 s q + d0 (1 - xi)^2``, so that ``y = y0 + h N / den`` and
-    ``log dy/dx = log(s^2 P / den^2)``.
-    """
+def _bin_shape(x0: Tensor, x1: Tensor, y0: Tensor, y1: Tensor, d0: Tensor, d1: Tensor) -> tuple[Tensor, ...]:
+    """Width ``w``, height ``h``, slope ``s = h / w`` and curvature ``c = d0 + d1 - 2s`` of a bin."""
     w = x1 - x0
     h = y1 - y0
     s = h / w
-    c = d0 + d1 - (s + s)
+    return w, h, s, d0 + d1 - (s + s)
+
+
+def _bin_terms(x: Tensor, x0: Tensor, shape: tuple[Tensor, ...], d0: Tensor, d1: Tensor) -> tuple[Tensor, ...]:
+    r"""The pieces of the forward map in one bin at the point ``x``.
+
+    Returns ``(w, h, s, c, xi, 1 - xi, q, den, N, P)`` with ``(w, h, s, c)`` from
+    :func:`_bin_shape`, ``xi = (x - x0) / w``, ``q = xi (1 - xi)``,
+    ``den = s + c q``, ``N = s xi^2 + d0 q`` and ``P = d1 xi^2 + 2 s q + d0 (1 - xi)^2``,
+    so that ``y = y0 + h N / den`` and ``log dy/dx = log(s^2 P / den^2)``.
+    """
+    w, h, s, c = shape
     xi = (x - x0) / w
     one_m_xi = 1 - xi
     xi_sq = xi * xi
@@ -148,22 +152,26 @@ def _bin_terms(x: Tensor, x0: Tensor, x1: Tensor, y0: Tensor, y1: Tensor, d0: Te
     return w, h, s, c, xi, one_m_xi, q, den, n, p
 
 
-def _dlog_dx(terms: tuple[Tensor, ...], d0: Tensor, d1: Tensor) -> Tensor:
-    r"""``d/dx log(dy/dx) = (P'/P - 2 den'/den) / w`` in one bin (primes: ``d/d xi``)."""
-    w, _, s, c, xi, one_m_xi, _, den, _, p = terms
-    one_m_2xi = one_m_xi - xi
-    dp = 2 * (d1 * xi + s * one_m_2xi - d0 * one_m_xi)
-    return (dp / p - 2 * c * one_m_2xi / den) / w
+def _dp_dxi(terms: tuple[Tensor, ...], d0: Tensor, d1: Tensor) -> Tensor:
+    """``dP/dxi = 2 (d1 xi + s (1 - 2 xi) - d0 (1 - xi))`` in one bin."""
+    _, _, s, _, xi, one_m_xi, *_ = terms
+    return 2 * (d1 * xi + s * (one_m_xi - xi) - d0 * one_m_xi)
 
 
-def _bin_vjp(terms: tuple[Tensor, ...], d0: Tensor, d1: Tensor, g_y: Tensor, g_log: Tensor) -> tuple[Tensor, ...]:
+def _dlog_dx(terms: tuple[Tensor, ...], dp: Tensor) -> Tensor:
+    """``d log(dy/dx) / dx = (P'/P - 2 den'/den) / w`` in one bin, with ``den' = c (1 - 2 xi)``."""
+    w, _, _, c, xi, one_m_xi, _, den, _, p = terms
+    return (dp / p - 2 * c * (one_m_xi - xi) / den) / w
+
+
+def _bin_vjp(terms: tuple[Tensor, ...], dp: Tensor, d0: Tensor, d1: Tensor, g_y: Tensor, g_log: Tensor) -> tuple[Tensor, ...]:
     """Pull the cotangents of ``(y, log dy/dx)`` back to ``(x, x0, x1, y0, y1, d0, d1)`` (reverse mode by hand)."""
     w, h, s, c, xi, one_m_xi, q, den, n, p = terms
     one_m_2xi = one_m_xi - xi
     g_n = g_y * h / den
     g_den = -(g_n * n + 2 * g_log) / den
     g_p = g_log / p
-    g_xi = g_n * (2 * s * xi + d0 * one_m_2xi) + g_den * c * one_m_2xi + 2 * g_p * (d1 * xi + s * one_m_2xi - d0 * one_m_xi)
+    g_xi = g_n * (2 * s * xi + d0 * one_m_2xi) + g_den * c * one_m_2xi + g_p * dp
     g_s = g_n * xi * xi + g_den * (1 - 2 * q) + 2 * g_p * q + 2 * g_log / s
     g_d0 = (g_n + g_den) * q + g_p * one_m_xi * one_m_xi
     g_d1 = g_den * q + g_p * xi * xi
@@ -185,26 +193,23 @@ class _RationalQuadraticBin(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, v, x0, x1, y0, y1, d0, d1, inverse: bool, derivative: bool):  # type: ignore[override]
+        shape = _bin_shape(x0, x1, y0, y1, d0, d1)
         if inverse:
-            height = y1 - y0
-            width = x1 - x0
-            slope = height / width
-            curvature = d0 + d1 - (slope + slope)
+            w, h, s, c = shape
             dy = v - y0
-            a = height * (slope - d0) + dy * curvature
-            b = height * d0 - dy * curvature
-            c = -slope * dy
-            discriminant = (b * b - 4 * a * c).clamp_min(0)
-            xi = (2 * c) / (-b - discriminant.sqrt())
-            point = x0 + xi * width
+            a = h * (s - d0) + dy * c
+            b = h * d0 - dy * c
+            c0 = -s * dy
+            discriminant = (b * b - 4 * a * c0).clamp_min(0)
+            point = x0 + w * (2 * c0) / (-b - discriminant.sqrt())
         else:
             point = v
-        terms = _bin_terms(point, x0, x1, y0, y1, d0, d1)
+        terms = _bin_terms(point, x0, shape, d0, d1)
         _, h, s, _, _, _, _, den, n, p = terms
         log_derivative = torch.log(s * s * p / (den * den))
         dlog = None
         if derivative:
-            dlog = _dlog_dx(terms, d0, d1)
+            dlog = _dlog_dx(terms, _dp_dxi(terms, d0, d1))
             if inverse:
                 dlog = -dlog * torch.exp(-log_derivative)
             ctx.mark_non_differentiable(dlog)
@@ -218,17 +223,15 @@ class _RationalQuadraticBin(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_out, g_ladj, _):  # type: ignore[override]
         point, x0, x1, y0, y1, d0, d1 = ctx.saved_tensors
-        terms = _bin_terms(point, x0, x1, y0, y1, d0, d1)
+        terms = _bin_terms(point, x0, _bin_shape(x0, x1, y0, y1, d0, d1), d0, d1)
+        dp = _dp_dxi(terms, d0, d1)
         if not ctx.inverse:
-            return (*_bin_vjp(terms, d0, d1, g_out, g_ladj), None, None)
+            return (*_bin_vjp(terms, dp, d0, d1, g_out, g_ladj), None, None)
         # x = tau^{-1}(v; theta), ladj = -L(x; theta): the cotangent on x picks up -g_ladj dL/dx,
         # and dx/dv = e^{-L}, dx/dtheta = -e^{-L} dtau/dtheta.
         _, _, s, _, _, _, _, den, _, p = terms
-        inverse_slope = den * den / (s * s * p)
-        g_point = g_out - g_ladj * _dlog_dx(terms, d0, d1)
-        g_v = g_point * inverse_slope
-        grads = _bin_vjp(terms, d0, d1, -g_v, -g_ladj)
-        return (g_v, *grads[1:], None, None)
+        g_v = (g_out - g_ladj * _dlog_dx(terms, dp)) * (den * den / (s * s * p))
+        return (g_v, *_bin_vjp(terms, dp, d0, d1, -g_v, -g_ladj)[1:], None, None)
 
 
 def _spline(
