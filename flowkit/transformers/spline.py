@@ -59,16 +59,6 @@ DEFAULT_MIN_BIN_HEIGHT = 1e-3
 DEFAULT_MIN_DERIVATIVE = 1e-3
 
 
-def _softmax(logits: Tensor) -> Tensor:
-    """Softmax over the last dimension from elementwise kernels.
-
-    For the few bins of a spline (K ~ 8) and many rows, torch's fused CPU
-    softmax is several times slower than these four vectorised ops.
-    """
-    e = torch.exp(logits - logits.detach().amax(dim=-1, keepdim=True))
-    return e / e.sum(dim=-1, keepdim=True)
-
-
 def _softplus(x: Tensor) -> Tensor:
     """``log(1 + e^x)`` of a slice of a parameter tensor.
 
@@ -111,17 +101,27 @@ def _knots(
     """
     bins = unnormalized_bins.shape[-1]
     span = high - low
-    sizes = _softmax(unnormalized_bins)
+    # Cumulative softmax from elementwise kernels: for the few bins of a spline
+    # (K ~ 8) and many rows, torch's fused softmax (and even a sum over the
+    # bins) is several times slower on CPU than a cumulative sum divided by its
+    # last entry. The logits, a strided slice of the conditioner's output, are
+    # copied first (strided kernels are slow), and the max is taken on detached
+    # logits (any shift is exact).
+    unnormalized_bins = unnormalized_bins.contiguous()
+    e = torch.exp(unnormalized_bins - unnormalized_bins.detach().amax(dim=-1, keepdim=True))
+    cumulative = torch.cumsum(e, dim=-1)
+    fractions = cumulative / cumulative[..., -1:]
+    ramp = torch.arange(1, bins + 1, dtype=fractions.dtype, device=fractions.device)
     if min_bin_width == min_bin_height:
-        sizes = sizes * (span * (1 - bins * min_bin_width)) + span * min_bin_width
+        edges = fractions * (span * (1 - bins * min_bin_width)) + ramp * (span * min_bin_width)
     else:
-        scale = sizes.new_tensor([[1 - bins * min_bin_width], [1 - bins * min_bin_height]]) * span
-        offset = sizes.new_tensor([[min_bin_width], [min_bin_height]]) * span
-        sizes = sizes * scale + offset
-    # The last knot is low + (sum of sizes) = high up to rounding; the bin search
-    # uses the interior knots only and inputs are clamped to [low, high], so a
-    # rounding gap at the end cannot select a wrong bin.
-    xy = F.pad(torch.cumsum(sizes, dim=-1), (1, 0)) + low
+        scale = fractions.new_tensor([[1 - bins * min_bin_width], [1 - bins * min_bin_height]]) * span
+        offset = fractions.new_tensor([[min_bin_width], [min_bin_height]]) * span
+        edges = fractions * scale + ramp * offset
+    # The last knot is high up to rounding; the bin search uses the interior
+    # knots only and inputs are clamped to [low, high], so a rounding gap at
+    # the end cannot select a wrong bin.
+    xy = F.pad(edges, (1, 0)) + low
     return torch.cat([xy, derivatives.unsqueeze(-2)], dim=-2)
 
 
