@@ -158,7 +158,8 @@ class Coupling(Bijector):
             params = self._params(cond, context)
             out_tr, ladj, dladj = there(y_tr.expand(params.shape[:-1]), params)
             w = (s_tr - dladj) * torch.exp(-ladj.detach())
-            (g_cond,) = torch.autograd.grad((out_tr * w).sum() + ladj.sum(), cond, retain_graph=True)
+            ones = ladj.new_ones(()).expand_as(ladj)
+            (g_cond,) = torch.autograd.grad((out_tr, ladj), cond, (w, ones), retain_graph=True)
         return self._merge(cond, out_tr), ladj.sum(-1), self._merge(s_id - g_cond, w)
 
 
