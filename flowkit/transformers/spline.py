@@ -90,39 +90,42 @@ def _knots(
     high: float,
     min_bin_width: float,
     min_bin_height: float,
-) -> Tensor:
-    """Knot table ``(..., 3, K + 1)``: rows ``x_k``, ``y_k`` and ``delta_k``.
+) -> tuple[Tensor, Tensor]:
+    """The knots: positions ``(..., 2, K + 1)`` (rows ``x_k`` and ``y_k``) and derivatives ``(..., K + 1)``.
 
     Arguments:
         unnormalized_bins: widths and heights stacked, ``(..., 2, K)``.
-        derivatives: constrained derivatives at all ``K + 1`` knots, ``(..., K + 1)``.
+        derivatives: constrained derivatives at all ``K + 1`` knots, ``(..., K + 1)``
+            (returned as they are).
         low, high: the spline's (co)domain ``[low, high]`` on both axes.
         min_bin_width, min_bin_height: the minimum bin sizes as fractions of ``high - low``.
+
+    With ``e = exp(logits)`` and ``C`` its cumulative sum, knot ``k >= 1`` sits at
+    ``low + span ((1 - K m) C_k / C_K + k m)``: the cumulative softmax, with the
+    minimum bin size ``m`` added to every bin. For the few bins of a spline
+    (K ~ 8) and many rows, torch's fused softmax (and even a sum over the bins)
+    is several times slower on CPU than this cumulative sum, and the scaling
+    and offset take one fused pass. The logits, a strided slice of the
+    conditioner's output, are copied first (strided kernels are slow); the max
+    is taken on detached logits (any shift is exact).
     """
     bins = unnormalized_bins.shape[-1]
     span = high - low
-    # Cumulative softmax from elementwise kernels: for the few bins of a spline
-    # (K ~ 8) and many rows, torch's fused softmax (and even a sum over the
-    # bins) is several times slower on CPU than a cumulative sum divided by its
-    # last entry. The logits, a strided slice of the conditioner's output, are
-    # copied first (strided kernels are slow), and the max is taken on detached
-    # logits (any shift is exact).
-    unnormalized_bins = unnormalized_bins.contiguous()
-    e = torch.exp(unnormalized_bins - unnormalized_bins.detach().amax(dim=-1, keepdim=True))
-    cumulative = torch.cumsum(e, dim=-1)
-    fractions = cumulative / cumulative[..., -1:]
-    ramp = torch.arange(1, bins + 1, dtype=fractions.dtype, device=fractions.device)
+    logits = unnormalized_bins.contiguous()
+    cumulative = torch.cumsum(torch.exp(logits - logits.detach().amax(dim=-1, keepdim=True)), dim=-1)
+    ramp = torch.arange(1, bins + 1, dtype=cumulative.dtype, device=cumulative.device)
     if min_bin_width == min_bin_height:
-        edges = fractions * (span * (1 - bins * min_bin_width)) + ramp * (span * min_bin_width)
+        scale = span * (1 - bins * min_bin_width) / cumulative[..., -1:]
+        offset = ramp * (span * min_bin_width) + low
     else:
-        scale = fractions.new_tensor([[1 - bins * min_bin_width], [1 - bins * min_bin_height]]) * span
-        offset = fractions.new_tensor([[min_bin_width], [min_bin_height]]) * span
-        edges = fractions * scale + ramp * offset
+        minimum = cumulative.new_tensor([[min_bin_width], [min_bin_height]])
+        scale = span * (1 - bins * minimum) / cumulative[..., -1:]
+        offset = ramp * (span * minimum) + low
     # The last knot is high up to rounding; the bin search uses the interior
     # knots only and inputs are clamped to [low, high], so a rounding gap at
     # the end cannot select a wrong bin.
-    xy = F.pad(edges, (1, 0)) + low
-    return torch.cat([xy, derivatives.unsqueeze(-2)], dim=-2)
+    positions = F.pad(torch.addcmul(offset, cumulative, scale), (1, 0), value=low)
+    return positions, derivatives
 
 
 def _bin_shape(x0: Tensor, x1: Tensor, y0: Tensor, y1: Tensor, d0: Tensor, d1: Tensor) -> tuple[Tensor, ...]:
@@ -235,7 +238,7 @@ class _RationalQuadraticBin(torch.autograd.Function):
 
 
 def _spline(
-    x: Tensor, knots: Tensor, low: float, high: float, inverse: bool, derivative: bool = False
+    x: Tensor, knots: tuple[Tensor, Tensor], low: float, high: float, inverse: bool, derivative: bool = False
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     r"""The spline (or its inverse) on ``[low, high]`` at ``clamp(x)``, with the elementwise log-derivative.
 
@@ -247,13 +250,16 @@ def _spline(
     :math:`dL/dx = (P'/P - 2\,\text{den}'/\text{den}) / \Delta x`, and the
     inverse's is :math:`-(dL/dx)\, e^{-L}`.
     """
+    positions, derivatives = knots
     x = x.clamp(low, high)
     axis = 1 if inverse else 0
     # Number of interior knots strictly below x: the bin index, in [0, K - 1] for any x.
-    inner = knots[..., axis, 1:-1].contiguous()
+    inner = positions[..., axis, 1:-1].contiguous()
     k = torch.searchsorted(inner, x.unsqueeze(-1))
-    table = knots.gather(-1, torch.cat([k, k + 1], dim=-1).unsqueeze(-2).expand(*knots.shape[:-1], 2))
-    (x0, x1), (y0, y1), (d0, d1) = (row.unbind(-1) for row in table.unbind(-2))
+    ends = torch.cat([k, k + 1], dim=-1)
+    table = positions.gather(-1, ends.unsqueeze(-2).expand(*positions.shape[:-1], 2))
+    (x0, x1), (y0, y1) = (row.unbind(-1) for row in table.unbind(-2))
+    d0, d1 = derivatives.gather(-1, ends).unbind(-1)
     out, ladj, dlog = _RationalQuadraticBin.apply(x, x0, x1, y0, y1, d0, d1, inverse, derivative)
     return out, ladj, x, dlog
 

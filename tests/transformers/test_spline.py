@@ -22,7 +22,8 @@ def random_params(n, k=K, scale=2.0, seed=0):
 
 def knots_of(w, h, d, bound=B):
     """The knot table (x_k, y_k, delta_k) that unconstrained_rqs builds."""
-    return _knots(torch.stack([w, h], -2), _linear_tail_derivatives(d, M), -bound, bound, M, M)
+    positions, derivatives = _knots(torch.stack([w, h], -2), _linear_tail_derivatives(d, M), -bound, bound, M, M)
+    return torch.cat([positions, derivatives.unsqueeze(-2)], dim=-2)
 
 
 @pytest.mark.parametrize("inverse", [False, True])
