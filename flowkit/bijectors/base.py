@@ -36,18 +36,16 @@ def _module_dtype(module: nn.Module) -> torch.dtype | None:
 
 #: Entry points whose input is checked at the outermost call, and the side of the bijector it lives on.
 _CHECKED_METHODS = {"forward": "forward", "call": "forward", "inverse": "inverse", "inverse_call": "inverse"}
-#: Entry points that only mark nested calls (their inner forward/inverse calls are not re-checked).
-_NESTING_METHODS = ("forward_with_score", "inverse_with_score")
+#: Entry points that carry a score along; their point and score are checked at the outermost call.
+_SCORE_METHODS = {"forward_with_score": "forward", "inverse_with_score": "inverse"}
 
 
-def _nesting(method: Callable) -> Callable:
-    @functools.wraps(method)
-    def wrapper(self: Bijector, *args: Any, **kwargs: Any):
-        with outermost():
-            return method(self, *args, **kwargs)
-
-    wrapper._flowkit_checked = True  # type: ignore[attr-defined]
-    return wrapper
+def _check_input(bijector: Bijector, x: Tensor, context: Tensor | None, direction: str, where: str) -> None:
+    shape = bijector.event_shape if direction == "forward" else bijector.latent_shape
+    dtype = _module_dtype(bijector)
+    check_tensor(x, shape, name="x" if direction == "forward" else "z", dtype=dtype, where=where)
+    batch = x.shape[: x.dim() - len(shape)]
+    check_context(context, bijector.context_features, batch, dtype=dtype, where=where)
 
 
 def _checked(method: Callable, name: str) -> Callable:
@@ -57,13 +55,33 @@ def _checked(method: Callable, name: str) -> Callable:
     def wrapper(self: Bijector, x: Tensor, context: Tensor | None = None, **kwargs: Any):
         with outermost() as check:
             if check:
-                shape = self.event_shape if direction == "forward" else self.latent_shape
-                where = f"{type(self).__name__}.{name}"
-                dtype = _module_dtype(self)
-                check_tensor(x, shape, name="x" if direction == "forward" else "z", dtype=dtype, where=where)
-                batch = x.shape[: x.dim() - len(shape)]
-                check_context(context, self.context_features, batch, dtype=dtype, where=where)
+                _check_input(self, x, context, direction, f"{type(self).__name__}.{name}")
             return method(self, x, context, **kwargs)
+
+    wrapper._flowkit_checked = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _checked_with_score(method: Callable, name: str) -> Callable:
+    direction = _SCORE_METHODS[name]
+
+    @functools.wraps(method)
+    def wrapper(self: Bijector, x: Tensor, score: Tensor, context: Tensor | None = None, **kwargs: Any):
+        with outermost() as check:
+            if check:
+                where = f"{type(self).__name__}.{name}"
+                _check_input(self, x, context, direction, where)
+                check_tensor(score, (), name="score", dtype=x.dtype, where=where)
+                event = self.event_shape if direction == "forward" else self.latent_shape
+                batch = x.shape[: x.dim() - len(event)]
+                if context is not None:
+                    batch = torch.broadcast_shapes(batch, context.shape[:-1])
+                if score.shape != (*batch, *event):
+                    raise ValueError(
+                        f"{where}: score has shape {tuple(score.shape)} but the point (broadcast with its "
+                        f"context) has shape {(*batch, *event)}"
+                    )
+            return method(self, x, score, context, **kwargs)
 
     wrapper._flowkit_checked = True  # type: ignore[attr-defined]
     return wrapper
@@ -180,10 +198,10 @@ def _pulled_score(back: Callable, y: Tensor, score: Tensor, context: Tensor | No
 
 
 def _wrap_entry_points(cls: type) -> None:
-    for name in (*_CHECKED_METHODS, *_NESTING_METHODS):
+    for name in (*_CHECKED_METHODS, *_SCORE_METHODS):
         method = cls.__dict__.get(name)
         if method is not None and not getattr(method, "_flowkit_checked", False):
-            setattr(cls, name, _checked(method, name) if name in _CHECKED_METHODS else _nesting(method))
+            setattr(cls, name, _checked(method, name) if name in _CHECKED_METHODS else _checked_with_score(method, name))
 
 
 _wrap_entry_points(Bijector)

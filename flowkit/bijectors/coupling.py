@@ -151,8 +151,10 @@ class Coupling(Bijector):
         conditioner, whose forward pass is shared with the map itself, gives
         :math:`s'_{id}` (Vaitl et al., ICLR 2024, Alg. 1).
         """
-        y_id, y_tr = self._split(y)
-        s_id, s_tr = self._split(score.detach())
+        # The conditioning half must carry the full batch, so that its score is per element.
+        batch = torch.broadcast_shapes(y.shape[:-1], score.shape[:-1], () if context is None else context.shape[:-1])
+        y_id, y_tr = self._split(y.expand(*batch, y.shape[-1]))
+        s_id, s_tr = self._split(score.detach().expand(*batch, score.shape[-1]))
         with torch.enable_grad():
             cond = y_id if y_id.requires_grad else y_id.detach().requires_grad_(True)
             params = self._params(cond, context)

@@ -67,7 +67,8 @@ class Target(Configurable, TensorAnchor):
         if not self.has_samples:
             raise ValueError(f"{type(self).__name__} cannot draw exact samples")
         shape = as_shape(n)
-        return self._sample(shape.numel(), generator).reshape(*shape, *self.event_shape)
+        x = self._sample(shape.numel(), generator).to(device=self.device, dtype=self.dtype)
+        return x.reshape(*shape, *self.event_shape)
 
     def forward(self, x: Tensor) -> Tensor:
         """Same as :meth:`energy`."""

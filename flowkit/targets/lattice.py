@@ -70,7 +70,7 @@ class Phi4(Target):
     def _sample(self, n, generator):
         noise = torch.randn(n, self.L, self.L, generator=generator, dtype=torch.float64)
         field = torch.fft.ifft2(torch.fft.fft2(noise) / self._precision_eigenvalues().sqrt()).real
-        return field.to(self.dtype)
+        return field
 
     @staticmethod
     def magnetization(x: Tensor) -> Tensor:

@@ -108,7 +108,7 @@ class DoubleWell(Target):
     def _sample(self, n, generator):
         x1 = self._well.sample(n, generator)
         x2 = torch.randn(n, generator=generator, dtype=torch.float64)
-        return torch.stack([x1, x2], -1).to(self.dtype)
+        return torch.stack([x1, x2], -1)
 
     def extra_repr(self) -> str:
         return f"a={self.a}, b={self.b}, c={self.c}"
@@ -151,7 +151,7 @@ class ManyWell(Target):
 
     def _sample(self, n, generator):
         pairs = self.well._sample(n * (self.event_shape[0] // 2), generator)
-        return pairs.reshape(n, -1).to(self.dtype)
+        return pairs.reshape(n, -1)
 
     def extra_repr(self) -> str:
         return f"dim={self.event_shape[0]}"

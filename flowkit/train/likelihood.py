@@ -26,7 +26,7 @@ class MaximumLikelihood(Objective):
     log path weight of the stochastic normalizing flow (Wu, Köhler & Noé 2020).
 
     Arguments:
-        target: optional target with ``energy``/``force``; when given, the loss
+        target: optional :class:`~flowkit.targets.Target`; when given, the loss
             uses the forward-KL *path gradient* estimator (Vaitl et al. 2024),
             provided by :meth:`path_gradient_loss`.
 
@@ -42,7 +42,11 @@ class MaximumLikelihood(Objective):
     needs_data = True
 
     def __init__(self, target: Any = None) -> None:
+        from .pathgrad import ForwardKLPathGradient
+
         self.target = target
+        # The forward-KL path gradient, with its checks of the target, the flow and the batch.
+        self._path_gradient = None if target is None else ForwardKLPathGradient(target)
 
     @staticmethod
     def negative_log_likelihood(flow: Any, batch: Any) -> Tensor:
@@ -68,9 +72,7 @@ class MaximumLikelihood(Objective):
         """
         if context is not None:
             raise ValueError("MaximumLikelihood(target=...): the forward-KL path gradient takes samples x without context")
-        from .pathgrad import forward_kl_loss
-
-        return forward_kl_loss(flow, self.target, x)
+        return self._path_gradient.loss(flow, x)
 
     def validation_loss(self, flow: Any, batch: Any) -> Tensor:
         """The plain mean negative log-likelihood, without gradients."""

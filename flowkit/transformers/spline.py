@@ -184,6 +184,26 @@ def _bin_vjp(terms: tuple[Tensor, ...], dp: Tensor, d0: Tensor, d1: Tensor, g_y:
     return g_x, -g_x - g_w, g_w, g_y - g_h, g_h, g_d0, g_d1
 
 
+def _bin_pullback(
+    point: Tensor, knots: tuple[Tensor, ...], inverse: bool, g_out: Tensor, g_ladj: Tensor
+) -> tuple[Tensor, ...]:
+    """Cotangents of ``(out, ladj)`` pulled back to the bin's inputs ``(v, x0, x1, y0, y1, d0, d1)``.
+
+    ``point`` is where the forward map is evaluated: the input ``v`` forward,
+    the solved output inverse.
+    """
+    x0, x1, y0, y1, d0, d1 = knots
+    terms = _bin_terms(point, x0, _bin_shape(x0, x1, y0, y1, d0, d1), d0, d1)
+    dp = _dp_dxi(terms, d0, d1)
+    if not inverse:
+        return _bin_vjp(terms, dp, d0, d1, g_out, g_ladj)
+    # x = tau^{-1}(v; theta), ladj = -L(x; theta): the cotangent on x picks up -g_ladj dL/dx,
+    # and dx/dv = e^{-L}, dx/dtheta = -e^{-L} dtau/dtheta.
+    _, _, s, _, _, _, _, den, _, p = terms
+    g_v = (g_out - g_ladj * _dlog_dx(terms, dp)) * (den * den / (s * s * p))
+    return (g_v, *_bin_vjp(terms, dp, d0, d1, -g_v, -g_ladj)[1:])
+
+
 class _RationalQuadraticBin(torch.autograd.Function):
     r"""One rational-quadratic bin, forward or inverse, as a single autograd node.
 
@@ -191,11 +211,19 @@ class _RationalQuadraticBin(torch.autograd.Function):
     uses the implicit-function rule on the forward map at the solved point,
     :math:`\partial x / \partial \theta = -(\partial y / \partial \theta) / y'`.
     This replaces some forty elementwise autograd nodes per call. The backward
-    is built from differentiable torch operations, so higher derivatives work too.
+    is built from differentiable torch operations, so higher derivatives work
+    too; forward mode (:meth:`jvp`) and ``torch.func`` transforms (``vmap``,
+    ``jacrev``, ``jacfwd``) are supported.
+
+    Outputs: ``(out, ladj, point, dlog)``, where ``point`` is where the forward
+    map was evaluated (kept for the backward pass) and ``dlog`` the derivative of
+    ``ladj`` in the input (``None`` unless asked for).
     """
 
+    generate_vmap_rule = True
+
     @staticmethod
-    def forward(ctx, v, x0, x1, y0, y1, d0, d1, inverse: bool, derivative: bool):  # type: ignore[override]
+    def forward(v, x0, x1, y0, y1, d0, d1, inverse: bool, derivative: bool):  # type: ignore[override]
         shape = _bin_shape(x0, x1, y0, y1, d0, d1)
         if inverse:
             w, h, s, c = shape
@@ -215,26 +243,38 @@ class _RationalQuadraticBin(torch.autograd.Function):
             dlog = _dlog_dx(terms, _dp_dxi(terms, d0, d1))
             if inverse:
                 dlog = -dlog * torch.exp(-log_derivative)
-            ctx.mark_non_differentiable(dlog)
-        ctx.inverse = inverse
-        # The inverse saves its output, so that higher derivatives see its dependence on the inputs.
-        ctx.save_for_backward(point, x0, x1, y0, y1, d0, d1)
         if inverse:
             return point, -log_derivative, dlog
         return y0 + h * n / den, log_derivative, dlog
 
     @staticmethod
+    def setup_context(ctx, inputs, output):  # type: ignore[override]
+        v, *knots, inverse, _ = inputs
+        out, _, dlog = output
+        if dlog is not None:
+            ctx.mark_non_differentiable(dlog)
+        ctx.inverse = inverse
+        # The inverse saves its output, so that higher derivatives see its dependence on the inputs.
+        point = out if inverse else v
+        ctx.save_for_backward(point, *knots)
+        ctx.save_for_forward(point, *knots)
+
+    @staticmethod
     def backward(ctx, g_out, g_ladj, _):  # type: ignore[override]
-        point, x0, x1, y0, y1, d0, d1 = ctx.saved_tensors
-        terms = _bin_terms(point, x0, _bin_shape(x0, x1, y0, y1, d0, d1), d0, d1)
-        dp = _dp_dxi(terms, d0, d1)
-        if not ctx.inverse:
-            return (*_bin_vjp(terms, dp, d0, d1, g_out, g_ladj), None, None)
-        # x = tau^{-1}(v; theta), ladj = -L(x; theta): the cotangent on x picks up -g_ladj dL/dx,
-        # and dx/dv = e^{-L}, dx/dtheta = -e^{-L} dtau/dtheta.
-        _, _, s, _, _, _, _, den, _, p = terms
-        g_v = (g_out - g_ladj * _dlog_dx(terms, dp)) * (den * den / (s * s * p))
-        return (g_v, *_bin_vjp(terms, dp, d0, d1, -g_v, -g_ladj)[1:], None, None)
+        point, *knots = ctx.saved_tensors
+        return (*_bin_pullback(point, tuple(knots), ctx.inverse, g_out, g_ladj), None, None)
+
+    @staticmethod
+    def jvp(ctx, *tangents):  # type: ignore[override]
+        point, *knots = ctx.saved_tensors
+        ones, zeros = torch.ones_like(point), torch.zeros_like(point)
+        # Everything is elementwise, so unit cotangents give every partial derivative at once.
+        d_out = _bin_pullback(point, tuple(knots), ctx.inverse, ones, zeros)
+        d_ladj = _bin_pullback(point, tuple(knots), ctx.inverse, zeros, ones)
+        pairs = [(i, t) for i, t in enumerate(tangents[:7]) if t is not None]
+        t_out = sum(d_out[i] * t for i, t in pairs)
+        t_ladj = sum(d_ladj[i] * t for i, t in pairs)
+        return t_out, t_ladj, None
 
 
 def _spline(
@@ -260,7 +300,13 @@ def _spline(
     table = positions.gather(-1, ends.unsqueeze(-2).expand(*positions.shape[:-1], 2))
     (x0, x1), (y0, y1) = (row.unbind(-1) for row in table.unbind(-2))
     d0, d1 = derivatives.gather(-1, ends).unbind(-1)
-    out, ladj, dlog = _RationalQuadraticBin.apply(x, x0, x1, y0, y1, d0, d1, inverse, derivative)
+    if torch.compiler.is_compiling():
+        # Dynamo cannot trace an autograd.Function with a custom jvp; the compiler
+        # differentiates and fuses the same elementwise maths itself.
+        out, ladj, dlog = _RationalQuadraticBin.forward(x, x0, x1, y0, y1, d0, d1, inverse, derivative)
+        dlog = None if dlog is None else dlog.detach()
+    else:
+        out, ladj, dlog = _RationalQuadraticBin.apply(x, x0, x1, y0, y1, d0, d1, inverse, derivative)
     return out, ladj, x, dlog
 
 

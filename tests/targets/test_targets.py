@@ -140,3 +140,15 @@ def test_energy_wrapper():
         Energy(lambda x: x.sum(-1), 3).log_prob(x)
     sampled = Energy(lambda x: x.sum(-1), 2, sampler=lambda n: torch.zeros(n, 2))
     assert sampled.sample((2, 3)).shape == (2, 3, 2)
+
+
+@pytest.mark.parametrize(
+    "target",
+    [DoubleWell(), ManyWell(4), GaussianMixture(n_modes=3, seed=0), Phi4(4, 1.0, 0.0)],
+    ids=["DoubleWell", "ManyWell", "GaussianMixture", "Phi4"],
+)
+def test_exact_samples_follow_the_target_dtype_and_device(target):
+    assert target.sample(3).dtype == torch.float32
+    assert target.double().sample(3).dtype == torch.float64
+    x = target.to("meta").sample((2, 3))
+    assert x.device.type == "meta" and x.shape == (2, 3, *target.event_shape)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 import flowkit
 from flowkit.bijectors import AffineCoupling, Chain
-from flowkit.distributions import StandardNormal
+from flowkit.distributions import DiagNormal, StandardNormal
 from flowkit.stochastic import LangevinBlock
 from flowkit.targets import DoubleWell
 from flowkit.train import ForwardKLPathGradient, MaximumLikelihood, fit
@@ -62,6 +63,26 @@ def test_target_selects_the_forward_kl_path_gradient():
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     _, plain = grads(MaximumLikelihood())
     assert not all(torch.allclose(a, b) for a, b in zip(g, plain))  # a different estimator of the same gradient
+
+
+def test_target_path_gradient_checks_target_flow_and_batch():
+    target = DoubleWell()
+    flow = flowkit.flows.RealNVP(2, transforms=2, hidden=(16,))
+    with pytest.raises(ValueError, match="must be a flowkit.targets.Target"):
+        MaximumLikelihood(target=lambda x: x)
+    objective = MaximumLikelihood(target)
+    with pytest.raises(ValueError, match="non-finite"):
+        objective.loss(flow, torch.full((4, 2), float("nan")))
+    with pytest.raises(ValueError, match="shape"):
+        objective.loss(flow, torch.randn(4, 3))
+    with pytest.raises(ValueError, match="dtype"):
+        objective.loss(flow, torch.randn(4, 2, dtype=torch.float64))
+    trainable_base = flowkit.Flow(flow.bijector, DiagNormal(2))
+    with pytest.raises(ValueError, match="trainable parameters"):
+        objective.loss(trainable_base, torch.randn(4, 2))
+    stochastic = flowkit.Flow(Chain(flow.bijector, LangevinBlock(target, lam=0.5, n_steps=1)), StandardNormal(2))
+    with pytest.raises(ValueError, match="stochastic"):
+        objective.loss(stochastic, torch.randn(4, 2))
 
 
 def test_fit_recovers_a_correlated_gaussian():

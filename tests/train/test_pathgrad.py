@@ -105,6 +105,32 @@ def test_specialised_score_rules_match_the_generic_rule(name, bijector, x):
     torch.testing.assert_close(x_back, x)
 
 
+CONDITIONAL = [e for e in EXAMPLES if e[1].context_features]
+
+
+@pytest.mark.parametrize("name,bijector,x", CONDITIONAL, ids=[e[0] for e in CONDITIONAL])
+def test_specialised_score_rules_broadcast_a_point_against_its_context(name, bijector, x):
+    b, x = copy.deepcopy(bijector).double(), x[:1].double()
+    context = torch.randn(5, b.context_features, dtype=torch.float64)
+    score_x = torch.randn(5, *x.shape[1:], dtype=torch.float64)
+    z, _, score_z = b.forward_with_score(x, score_x, context)
+    assert z.shape == score_z.shape == score_x.shape
+    torch.testing.assert_close(score_z, Bijector.forward_with_score(b, x, score_x, context)[2])
+    z1 = z[:1]
+    torch.testing.assert_close(b.inverse_with_score(z1, score_z, context)[2], Bijector.inverse_with_score(b, z1, score_z, context)[2])
+
+
+def test_score_entry_points_check_their_inputs():
+    b = copy.deepcopy(EXAMPLES[0][1])
+    x = EXAMPLES[0][2]
+    with pytest.raises(ValueError, match="score has shape"):
+        b.forward_with_score(x, torch.randn(1, *x.shape[1:]))
+    with pytest.raises(ValueError, match="non-finite"):
+        b.inverse_with_score(x, torch.full_like(x, float("nan")))
+    with pytest.raises(ValueError, match="non-finite"):
+        b.forward_with_score(torch.full_like(x, float("nan")), torch.randn_like(x))
+
+
 def _target_equal_to(flow):
     frozen = copy.deepcopy(flow).requires_grad_(False)
     return Energy(lambda x: -frozen.log_prob(x), frozen.event_shape)

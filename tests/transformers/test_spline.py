@@ -220,3 +220,24 @@ def test_hand_written_bin_gradients_match_finite_differences_to_second_order(inv
 
     assert torch.autograd.gradcheck(bin_, inputs)
     assert torch.autograd.gradgradcheck(bin_, inputs)
+
+
+@pytest.mark.parametrize("inverse", [False, True])
+def test_torch_func_transforms_agree_with_autograd(inverse):
+    from torch.func import jacfwd, jacrev, vmap
+
+    spline = RationalQuadraticSpline(bins=4, bound=2.0).double()
+    g = torch.Generator().manual_seed(4)
+    x = 2.0 * torch.randn(6, generator=g, dtype=torch.float64)  # some in the tails
+    params = torch.randn(6, spline.params_per_element, generator=g, dtype=torch.float64)
+    transform = spline.inverse if inverse else spline.forward
+
+    def both(x, params):
+        return torch.cat(transform(x, params))
+
+    expected = torch.autograd.functional.jacobian(both, (x, params))
+    for jacobian in (jacrev, jacfwd):
+        for got, want in zip(jacobian(both, argnums=(0, 1))(x, params), expected):
+            torch.testing.assert_close(got, want)
+    batched = vmap(lambda xi, pi: torch.stack(transform(xi, pi)))(x[:, None], params[:, None])
+    torch.testing.assert_close(batched.squeeze(-1), torch.stack(transform(x, params), dim=1))
