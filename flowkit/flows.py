@@ -179,9 +179,13 @@ class Flow(Configurable, nn.Module):
         Returns:
             ``(x, log_w)`` of shapes ``(*n, *event_shape)`` and ``(*n,)`` (times the context batch).
         """
+        z = self._latent(n, context, "Flow.sample_with_log_weights")
+        return self._log_weights_at(z, target, context)
+
+    def _log_weights_at(self, z: Tensor, target: Any, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """:meth:`sample_with_log_weights` from given latent points ``z``."""
         from .stochastic import energy_of
 
-        z = self._latent(n, context, "Flow.sample_with_log_weights")
         log_pz = self.base.log_prob(z)
         context = self._expand_context(context, z, len(self.bijector.latent_shape))
         with outermost():

@@ -84,7 +84,7 @@ def from_config(config: Any, where: str = "config") -> Any:
         if positional:
             return cls(*positional, **args)
         return cls(**args)
-    except (TypeError, ValueError) as error:
+    except (TypeError, ValueError, RuntimeError) as error:
         raise ValueError(f"cannot build {name} from the model config at {where}: {error}") from error
 
 
@@ -102,7 +102,8 @@ def save(model: nn.Module, path: str | os.PathLike) -> Path:
     header = {
         "format": FORMAT,
         "version": VERSION,
-        "dtype": dtypes.pop() if len(dtypes) == 1 else "float32",
+        # "mixed": each tensor keeps the dtype it was saved with.
+        "dtype": dtypes.pop() if len(dtypes) == 1 else ("mixed" if dtypes else "float32"),
         "model": to_config(model),
     }
     (directory / CONFIG_FILE).write_text(json.dumps(header, indent=2))
@@ -129,17 +130,25 @@ def load(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> n
         raise ValueError(f"load: {config_path} is not a flowkit model config")
     if header.get("version") != VERSION:
         raise ValueError(f"load: unsupported flowkit model format version {header.get('version')!r}")
-    dtype = _DTYPES.get(header.get("dtype", "float32"))
-    if dtype is None:
+    mixed = header.get("dtype") == "mixed"
+    dtype = None if mixed else _DTYPES.get(header.get("dtype", "float32"))
+    if dtype is None and not mixed:
         raise ValueError(f"load: unknown dtype {header.get('dtype')!r} in {config_path}")
     model = from_config(header.get("model"), "model")
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"load: {config_path} describes a {type(model).__name__}, which is not a model")
     try:
         state = load_file(str(weights_path), device=str(map_location))
     except (SafetensorError, OSError, ValueError) as error:
         raise ValueError(f"load: {weights_path} is not a valid safetensors file ({error})") from None
-    model = model.to(dtype)
+    for key, tensor in state.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise ValueError(f"load: {weights_path} holds non-finite values (NaN or inf) in {key!r}")
+    if not mixed:
+        model = model.to(dtype)
     try:
-        model.load_state_dict(state, strict=True)
+        # A mixed-precision model takes each saved tensor as it is (with its dtype).
+        model.load_state_dict(state, strict=True, assign=mixed)
     except RuntimeError as error:
         raise ValueError(f"load: the weights in {weights_path} do not fit the model config: {error}") from None
     return model.to(map_location)

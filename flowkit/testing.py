@@ -118,7 +118,7 @@ def check_bijector(
 ) -> CheckReport:
     """Check a bijector's inverse, log-determinant and gradients in float64.
 
-    The bijector is copied and converted to float64; the original is not touched.
+    The bijector is copied to the CPU and converted to float64; the original is not touched.
 
     Checks: output shapes; round trip ``inverse(forward(x)) = x``; ``forward``'s
     log-determinant against ``log|det|`` of the autograd Jacobian (tangent
@@ -143,15 +143,15 @@ def check_bijector(
     """
     name = type(bijector).__name__
     report = CheckReport(name)
-    b = copy.deepcopy(bijector).to(torch.float64).eval()
+    b = copy.deepcopy(bijector).to(device="cpu", dtype=torch.float64).eval()
     generator = torch.Generator().manual_seed(0)
     if x is None:
         x = b.domain.sample((4, *b.event_shape), generator=generator)
-    x = x.detach().to(torch.float64)
+    x = x.detach().to(device="cpu", dtype=torch.float64)
     if b.context_features and context is None:
         context = torch.randn(x.shape[0], b.context_features, generator=generator, dtype=torch.float64)
     if context is not None:
-        context = context.detach().to(torch.float64)
+        context = context.detach().to(device="cpu", dtype=torch.float64)
     if b.stochastic:
         z, ds = b(x, context)
         report.add("stochastic block gives finite output", bool(torch.isfinite(z).all() and torch.isfinite(ds).all()))
@@ -235,7 +235,7 @@ def check_flow(
 ) -> CheckReport:
     """Check a flow: its bijector (see :func:`check_bijector`), sampling, and normalisation.
 
-    In float64: samples have the event shape and finite log density;
+    On a CPU float64 copy: samples have the event shape and finite log density;
     ``rsample_and_log_prob`` agrees with ``log_prob`` on the same points; for
     unconditional flows with one- or two-dimensional events, the density
     integrates to 1 within ``mass_tol`` by grid quadrature.
@@ -249,14 +249,14 @@ def check_flow(
         raise_on_failure: raise :class:`AssertionError` listing the failures.
     """
     report = CheckReport(type(flow).__name__)
-    f = copy.deepcopy(flow).to(torch.float64).eval()
+    f = copy.deepcopy(flow).to(device="cpu", dtype=torch.float64).eval()
     if f.stochastic:
         report.add("deterministic flow", False, "contains stochastic blocks: no exact density to check")
         return _finish(report, raise_on_failure)
     if f.context_features and context is None:
         context = torch.randn(f.context_features, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     if context is not None:
-        context = context.to(torch.float64)
+        context = context.to(device="cpu", dtype=torch.float64)
     sub = check_bijector(f.bijector, context=None if context is None else context.expand(4, -1), atol=atol, raise_on_failure=False)
     report.results += [(f"bijector: {c}", ok, d) for c, ok, d in sub.results]
     with torch.no_grad():

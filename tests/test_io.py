@@ -101,3 +101,48 @@ def test_missing_file_and_foreign_json(tmp_path):
     (tmp_path / "x" / "weights.safetensors").write_bytes(b"")
     with pytest.raises(ValueError, match="not a flowkit model"):
         flowkit.io.load(tmp_path / "x")
+
+
+def test_mixed_precision_model_keeps_each_dtype(tmp_path):
+    model = randomize(RealNVP(2, transforms=2, hidden=(8,)))
+    model.bijector[0].double()
+    flowkit.io.save(model, tmp_path / "m")
+    loaded = flowkit.io.load(tmp_path / "m")
+    for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items()):
+        assert a.dtype == b.dtype and torch.equal(a, b), name
+
+
+def _rewrite(tmp_path, model, edit):
+    flowkit.io.save(model, tmp_path / "m")
+    path = tmp_path / "m" / "config.json"
+    header = json.loads(path.read_text())
+    edit(header)
+    path.write_text(json.dumps(header))
+
+
+def test_a_config_that_is_not_a_model_is_refused(tmp_path):
+    _rewrite(tmp_path, RealNVP(2, transforms=1, hidden=(4,)), lambda h: h.update(model={"class": "MaximumLikelihood", "args": {}}))
+    with pytest.raises(ValueError, match="not a model"):
+        flowkit.io.load(tmp_path / "m")
+
+
+def test_a_config_the_constructor_rejects_is_a_clear_error(tmp_path):
+    def negative_width(header):
+        header["model"]["args"]["hidden"] = [-1]
+
+    _rewrite(tmp_path, RealNVP(2, transforms=1, hidden=(4,)), negative_width)
+    with pytest.raises(ValueError, match="cannot build RealNVP"):
+        flowkit.io.load(tmp_path / "m")
+
+
+def test_non_finite_weights_are_refused(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    flowkit.io.save(RealNVP(2, transforms=1, hidden=(4,)), tmp_path / "m")
+    weights = tmp_path / "m" / "weights.safetensors"
+    state = load_file(str(weights))
+    key = next(k for k, v in state.items() if v.is_floating_point() and v.numel())
+    state[key] = torch.full_like(state[key], float("nan"))
+    save_file(state, str(weights), metadata={"format": "flowkit"})
+    with pytest.raises(ValueError, match="non-finite"):
+        flowkit.io.load(tmp_path / "m")

@@ -44,7 +44,7 @@ class Coupling(Bijector):
         features: number of features ``D``.
         mask: which features are transformed (1) or conditioned on (0); by
             default ``parity`` picks every other feature.
-        parity: 0 transforms the odd-indexed features, 1 the even-indexed ones.
+        parity: 0 transforms the even-indexed features (0, 2, ...), 1 the odd-indexed ones.
         hidden: hidden sizes of the conditioner MLP.
         context: number of context features (0 for an unconditional layer).
         activation: activation of the conditioner.

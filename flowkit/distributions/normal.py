@@ -45,8 +45,8 @@ class DiagNormal(Distribution):
 
     Arguments:
         event_shape: ``D`` or a shape such as ``(C, H, W)``.
-        loc: initial mean (scalar or tensor broadcastable to the event shape).
-        scale: initial standard deviation.
+        loc: initial mean, the same for every element (a scalar; constructor arguments are saved as JSON).
+        scale: initial standard deviation (a positive scalar).
         trainable: whether ``mu`` and ``log sigma`` are learnt.
     """
 

@@ -97,7 +97,7 @@ class BoltzmannGenerator(Objective):
 
     def _kl(self, flow: Any, z: Tensor) -> tuple[Tensor, Tensor]:
         if flow.stochastic:
-            _, log_w = flow.sample_with_log_weights(z.shape[0], self.target)
+            _, log_w = flow._log_weights_at(z, self.target)
             return -log_w.mean(), log_w.detach()
         return reverse_kl_loss(flow, self.target, z, self.estimator)
 

@@ -72,8 +72,9 @@ def _check_minimums(bins: int, min_bin_width: float, min_bin_height: float, min_
     if bins < 1:
         raise ValueError(f"a spline needs at least one bin, got bins={bins}")
     for name, value in (("min_bin_width", min_bin_width), ("min_bin_height", min_bin_height)):
-        if not 0 <= value * bins < 1:
-            raise ValueError(f"{name}={value} times bins={bins} must lie in [0, 1)")
+        # Zero is refused: a bin whose logit underflows would get zero size and a 0/0 slope.
+        if not 0 < value * bins < 1:
+            raise ValueError(f"{name}={value} times bins={bins} must lie in (0, 1)")
     if min_derivative <= 0:
         raise ValueError(f"min_derivative must be positive, got {min_derivative}")
 

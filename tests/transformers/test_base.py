@@ -36,14 +36,20 @@ def test_ladj_derivative_matches_autograd(transformer, direction):
 
 def test_the_default_rule_differentiates_any_transformer():
     class Cubic(Transformer):
-        """y = x + x^3 / 3: log-derivative log(1 + x^2), whose derivative is 2x / (1 + x^2)."""
+        """y = x + a x^3 / 3 with a = e^p: log-derivative log(1 + a x^2), of derivative 2 a x / (1 + a x^2)."""
 
         params_per_element = 1
 
         def forward(self, x, params):
-            return x + x**3 / 3, torch.log1p(x * x)
+            a = params[..., 0].exp()
+            return x + a * x**3 / 3, torch.log1p(a * x * x)
 
     x = torch.linspace(-3, 3, 13, dtype=torch.float64)
-    y, ladj, derivative = Cubic().forward_and_ladj_derivative(x, torch.zeros(13, 1, dtype=torch.float64))
-    torch.testing.assert_close(derivative, 2 * x / (1 + x * x))
-    assert y.requires_grad  # the output keeps its graph to the input
+    params = torch.randn(13, 1, dtype=torch.float64, requires_grad=True)
+    y, ladj, derivative = Cubic().forward_and_ladj_derivative(x, params)
+    a = params[..., 0].detach().exp()
+    torch.testing.assert_close(derivative, 2 * a * x / (1 + a * x * x))
+    assert derivative.grad_fn is None
+    # The outputs keep their graph to the parameters.
+    (grad,) = torch.autograd.grad(y.sum() + ladj.sum(), params)
+    torch.testing.assert_close(grad[..., 0], a * x**3 / 3 + a * x * x / (1 + a * x * x))

@@ -167,6 +167,10 @@ def test_bad_arguments_raise():
         unconstrained_rqs(torch.zeros(3), w, h, d[:, :-1], B)
     with pytest.raises(ValueError, match="min_bin_width"):
         RationalQuadraticSpline(bins=8, min_bin_width=0.2)
+    with pytest.raises(ValueError, match="min_bin_height"):
+        RationalQuadraticSpline(bins=8, min_bin_height=0.0)
+    with pytest.raises(ValueError, match="min_bin_width"):
+        unconstrained_rqs(torch.zeros(1), torch.zeros(1, 4), torch.zeros(1, 4), torch.zeros(1, 3), 2.0, min_bin_width=0.0)
     with pytest.raises(ValueError, match="bound"):
         RationalQuadraticSpline(bound=0.0)
     with pytest.raises(ValueError, match="min_derivative"):
