@@ -36,6 +36,25 @@ class _Mixing(_WrongLadj):
         return z - z.mean(0) / 2, z.new_zeros(z.shape[:-1])
 
 
+class _NaNGradientFarOut(_WrongLadj):
+    """The identity, whose gradient is NaN far out: where() with an unused branch that overflows."""
+
+    def forward(self, x, context=None):
+        # exp(x^2) is inf beyond |x| ~ 26.6; its zero cotangent then back-propagates as 0 * inf = NaN.
+        z = torch.where(x.abs() < 1e6, x, torch.exp(x * x))
+        return z, x.new_zeros(x.shape[:-1])
+
+    def inverse(self, z, context=None):
+        return z, z.new_zeros(z.shape[:-1])
+
+
+def test_non_finite_gradients_far_out_are_caught():
+    report = check_bijector(_NaNGradientFarOut(), raise_on_failure=False)
+    failures = [f for f in report.failures]
+    assert failures and all("far outside" in f for f in failures), report.failures
+    assert check_bijector(_NaNGradientFarOut(), far=10.0, raise_on_failure=False).passed
+
+
 def test_wrong_ladj_is_caught():
     with pytest.raises(AssertionError, match="autograd Jacobian"):
         check_bijector(_WrongLadj())

@@ -245,3 +245,14 @@ def test_torch_func_transforms_agree_with_autograd(inverse):
             torch.testing.assert_close(got, want)
     batched = vmap(lambda xi, pi: torch.stack(transform(xi, pi)))(x[:, None], params[:, None])
     torch.testing.assert_close(batched.squeeze(-1), torch.stack(transform(x, params), dim=1))
+
+
+@pytest.mark.parametrize("inverse", [False, True])
+def test_matches_nflows_with_unequal_minimum_bin_sizes(inverse):
+    w, h, d = random_params(500, seed=7)
+    x = 4.0 * torch.randn(500, dtype=torch.float64, generator=torch.Generator().manual_seed(8))
+    sizes = dict(min_bin_width=1e-2, min_bin_height=3e-3, min_derivative=1e-2)
+    expected = unconstrained_rational_quadratic_spline(x, w, h, d, inverse=inverse, tail_bound=B, **sizes)
+    got = unconstrained_rqs(x, w, h, d, B, inverse=inverse, **sizes)
+    for e, g in zip(expected, got):
+        torch.testing.assert_close(g, e, atol=1e-9, rtol=1e-9)
