@@ -162,5 +162,12 @@ def setup_distributed(module: nn.Module) -> DistributedContext:
 
 
 def _destroy_process_group() -> None:
+    """Leave the process group at exit, once every rank has got there.
+
+    Without the barrier a rank that finishes first tears down its gloo
+    connections while its peer's are still live, and the C++ side can abort
+    the process (``terminate called without an active exception``).
+    """
     if dist.is_available() and dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()
