@@ -162,7 +162,7 @@ class Coupling(Bijector):
             w = (s_tr - dladj) * torch.exp(-ladj.detach())
             ones = ladj.new_ones(()).expand_as(ladj)
             (g_cond,) = torch.autograd.grad((out_tr, ladj), cond, (w, ones), retain_graph=True)
-        return self._merge(cond, out_tr), ladj.sum(-1), self._merge(s_id - g_cond, w)
+        return self._merge(y_id, out_tr), ladj.sum(-1), self._merge(s_id - g_cond, w)
 
 
 class AffineCoupling(Coupling):
