@@ -1,12 +1,16 @@
 import json
+import math
+import re
 
 import pytest
 import torch
 
 import flowkit
-from flowkit.bijectors import ActNorm, Chain, LULinear, Permutation
-from flowkit.distributions import DiagNormal
+from flowkit._config import Configurable, registry
+from flowkit.bijectors import ActNorm, Chain, LULinear, Permutation, Standardization
+from flowkit.distributions import DiagNormal, StandardNormal
 from flowkit.flows import Flow, RealNVP
+from flowkit.io import from_config, to_config
 from flowkit.testing import randomize
 
 
@@ -146,3 +150,171 @@ def test_non_finite_weights_are_refused(tmp_path):
     save_file(state, str(weights), metadata={"format": "flowkit"})
     with pytest.raises(ValueError, match="non-finite"):
         flowkit.io.load(tmp_path / "m")
+
+
+# to_config / from_config on their own: the nested config, its round trip, and what is refused.
+
+
+def _standardized_flow():
+    layers = Chain(Permutation(3, seed=1), Standardization([1.0, -2.0, 0.5], [2.0, 0.5, 4.0]))
+    return Flow(layers, DiagNormal(3, loc=0.5, scale=2.0, trainable=False))
+
+
+def test_to_config_gives_the_nested_constructor_arguments():
+    config = to_config(_standardized_flow())
+    assert config == {
+        "class": "Flow",
+        "args": {
+            "bijector": {
+                "class": "Chain",
+                "args": {
+                    "*bijectors": [
+                        {"class": "Permutation", "args": {"features": 3, "seed": 1}},
+                        {"class": "Standardization", "args": {"loc": [1.0, -2.0, 0.5], "scale": [2.0, 0.5, 4.0]}},
+                    ]
+                },
+            },
+            "base": {"class": "DiagNormal", "args": {"event_shape": 3, "loc": 0.5, "scale": 2.0, "trainable": False}},
+        },
+    }
+    assert json.loads(json.dumps(config)) == config
+
+
+def test_from_config_rebuilds_the_same_model_from_json():
+    model = _standardized_flow()
+    rebuilt = from_config(json.loads(json.dumps(to_config(model))))
+    assert type(rebuilt) is Flow and [type(b) for b in rebuilt.bijector] == [Permutation, Standardization]
+    assert type(rebuilt.base) is DiagNormal
+    assert to_config(rebuilt) == to_config(model)
+    perm = model.bijector[0].perm
+    assert torch.equal(rebuilt.bijector[0].perm, perm)
+    # every buffer comes from the config alone: the density is the closed form
+    x = torch.randn(6, 3)
+    loc, scale = torch.tensor([1.0, -2.0, 0.5]), torch.tensor([2.0, 0.5, 4.0])
+    z = (x[:, perm] - loc) / scale
+    expected = (-0.5 * ((z - 0.5) / 2.0) ** 2 - math.log(2.0) - 0.5 * math.log(2 * math.pi)).sum(-1) - scale.log().sum()
+    torch.testing.assert_close(rebuilt.log_prob(x), expected)
+
+
+class _Holder(Configurable):
+    """A test-only configurable with a dict argument (not in the registry: its name starts with an underscore)."""
+
+    def __init__(self, options, extra=None):
+        self.options = options
+        self.extra = extra
+
+
+def test_dict_arguments_round_trip(monkeypatch):
+    monkeypatch.setitem(registry, "_Holder", _Holder)
+    # a dict whose keys look like a nested config must come back as a dict, not be built
+    options = {"class": "os.system", "args": {}, "flag": None, "sizes": [1, 2.5, True], "base": StandardNormal(2)}
+    holder = _Holder(options, extra=[Permutation(2, seed=0), "text"])
+    config = to_config(holder)
+    assert config == {
+        "class": "_Holder",
+        "args": {
+            "options": {
+                "__dict__": {
+                    "class": "os.system",
+                    "args": {"__dict__": {}},
+                    "flag": None,
+                    "sizes": [1, 2.5, True],
+                    "base": {"class": "StandardNormal", "args": {"event_shape": 2}},
+                }
+            },
+            "extra": [{"class": "Permutation", "args": {"features": 2, "seed": 0}}, "text"],
+        },
+    }
+    rebuilt = from_config(json.loads(json.dumps(config)))
+    assert type(rebuilt) is _Holder
+    assert {k: v for k, v in rebuilt.options.items() if k != "base"} == {
+        "class": "os.system",
+        "args": {},
+        "flag": None,
+        "sizes": [1, 2.5, True],
+    }
+    assert type(rebuilt.options["base"]) is StandardNormal and rebuilt.options["base"].event_shape == (2,)
+    assert type(rebuilt.extra[0]) is Permutation and rebuilt.extra[1] == "text"
+    assert to_config(rebuilt) == config
+
+
+def test_positional_arguments_round_trip():
+    chain = Chain(Permutation(2, seed=0), Standardization([1.0, 2.0], [3.0, 4.0]), Permutation(2, seed=5))
+    config = to_config(chain)
+    assert list(config["args"]) == ["*bijectors"] and len(config["args"]["*bijectors"]) == 3
+    rebuilt = from_config(json.loads(json.dumps(config)))
+    assert [type(b) for b in rebuilt] == [Permutation, Standardization, Permutation]
+    assert to_config(rebuilt) == config
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        None,
+        [],
+        "Flow",
+        {"class": "Flow"},
+        {"args": {}},
+        {"class": "Flow", "args": []},
+        {"class": "Flow", "args": {}, "extra": 1},
+    ],
+)
+def test_from_config_refuses_malformed_configs(config):
+    with pytest.raises(ValueError, match="invalid model config at config: expected an object with 'class' and 'args'"):
+        from_config(config)
+
+
+@pytest.mark.parametrize(
+    "config,where,name",
+    [
+        ({"class": "os.system", "args": {}}, "config", "'os.system'"),
+        ({"class": 3, "args": {}}, "config", "3"),
+        ({"class": "Configurable", "args": {}}, "config", "'Configurable'"),
+        ({"class": "_Holder", "args": {}}, "config", "'_Holder'"),
+        (
+            {
+                "class": "Chain",
+                "args": {
+                    "*bijectors": [
+                        {"class": "Permutation", "args": {"features": 2}},
+                        {"class": "eval", "args": {}},
+                    ]
+                },
+            },
+            "config.Chain.*bijectors[1]",
+            "'eval'",
+        ),
+    ],
+)
+def test_from_config_refuses_unregistered_classes_and_says_where(config, where, name):
+    message = f"model config at {re.escape(where)} names {re.escape(name)}, which is not a flowkit class"
+    with pytest.raises(ValueError, match=message):
+        from_config(config)
+
+
+@pytest.mark.parametrize(
+    "config,match",
+    [
+        ({"class": "Flow", "args": {}}, "cannot build Flow from the model config at config: .*'bijector'"),
+        ({"class": "StandardNormal", "args": {"event_shape": 2, "bogus": 1}}, "cannot build StandardNormal .*'bogus'"),
+        (
+            {"class": "Standardization", "args": {"loc": [0.0], "scale": [-1.0]}},
+            "cannot build Standardization .*scale must be positive",
+        ),
+        (
+            {"class": "StandardNormal", "args": {"event_shape": {"a": 1}}},
+            "invalid model config at config.StandardNormal.event_shape",
+        ),
+        ({"class": "StandardNormal", "args": {"event_shape": (2,)}}, "invalid value at config.StandardNormal.event_"),
+    ],
+)
+def test_from_config_refuses_bad_arguments_with_a_value_error(config, match):
+    with pytest.raises(ValueError, match=match):
+        from_config(config)
+
+
+def test_to_config_refuses_what_json_cannot_hold():
+    with pytest.raises(TypeError, match="cannot save argument Standardization.loc of type Tensor"):
+        to_config(Standardization(torch.zeros(2), torch.ones(2)))
+    with pytest.raises(TypeError, match="Linear was not built through a flowkit constructor"):
+        to_config(torch.nn.Linear(2, 2))

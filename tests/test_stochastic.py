@@ -9,7 +9,7 @@ import flowkit
 from flowkit.bijectors import AffineCoupling, Chain, Invert, LULinear
 from flowkit.distributions import DiagNormal, StandardNormal
 from flowkit.flows import Flow, RealNVP
-from flowkit.stochastic import LangevinBlock, MetropolisBlock
+from flowkit.stochastic import LangevinBlock, MetropolisBlock, energy_of
 from flowkit.testing import randomize
 
 
@@ -335,3 +335,53 @@ class _BadEnergy:
 def test_bad_input_raises_value_error(build, match):
     with pytest.raises(ValueError, match=match):
         build()
+
+
+def test_energy_of_calls_the_energy_method():
+    x = torch.randn(5, 2, dtype=torch.float64)
+    expected = 0.5 * (((x[:, 0] - 1.0) / 0.6) ** 2 + ((x[:, 1] + 0.5) / 1.4) ** 2)
+    torch.testing.assert_close(energy_of(TARGET, x, 1), expected)
+
+
+def test_energy_of_a_distribution_is_minus_its_log_density():
+    x = torch.randn(5, 3, dtype=torch.float64)
+    model = DiagNormal(3, loc=1.0, scale=0.5, trainable=False).double()
+    expected = (0.5 * ((x - 1.0) / 0.5) ** 2 + math.log(0.5) + 0.5 * math.log(2 * math.pi)).sum(-1)
+    torch.testing.assert_close(energy_of(model, x, 1), expected)
+
+
+def test_energy_of_keeps_every_batch_dimension():
+    x = torch.randn(3, 4, 2, 2, dtype=torch.float64)
+    u = energy_of(StandardNormal((2, 2)).double(), x, 2)
+    assert u.shape == (3, 4)
+    for i in range(3):
+        for j in range(4):
+            expected = 0.5 * float((x[i, j] ** 2).sum()) + 2 * math.log(2 * math.pi)
+            assert float(u[i, j]) == pytest.approx(expected, rel=1e-12)
+
+
+class _FixedEnergy:
+    def __init__(self, value):
+        self.value = value
+
+    def energy(self, x):
+        return self.value(x)
+
+
+@pytest.mark.parametrize(
+    "model,match",
+    [
+        (torch.distributions.Normal(0.0, 1.0), "where: Normal has no energy\\(x\\) method and is not a flowkit"),
+        (object(), "where: object has no energy"),
+        (
+            _FixedEnergy(lambda x: x.square().sum()),
+            "returned \\(\\) for inputs of shape \\(4, 2\\); expected one energy per event, of shape \\(4,\\)",
+        ),
+        (_FixedEnergy(lambda x: x.sum(-1, keepdim=True)), "returned \\(4, 1\\) .* of shape \\(4,\\)"),
+        (_FixedEnergy(lambda x: x.square()), "returned \\(4, 2\\) .* of shape \\(4,\\)"),
+        (_FixedEnergy(lambda x: 1.0), "returned float for inputs"),
+    ],
+)
+def test_energy_of_refuses_models_without_an_energy_per_event(model, match):
+    with pytest.raises(ValueError, match=match):
+        energy_of(model, torch.randn(4, 2), 1, where="where")
