@@ -67,6 +67,6 @@ class Configurable:
 def get_config(module: Configurable) -> tuple[type, dict[str, Any]]:
     """Return ``(class, arguments)`` recorded when ``module`` was built."""
     try:
-        return module.__dict__["_flowkit_config"]
-    except KeyError:
+        return vars(module)["_flowkit_config"]
+    except (KeyError, TypeError):
         raise TypeError(f"{type(module).__name__} was not built through a flowkit constructor") from None

@@ -9,6 +9,7 @@ refused, and nothing is imported by name from the file.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 from pathlib import Path
@@ -64,6 +65,21 @@ def _decode(value: Any, where: str) -> Any:
     raise ValueError(f"invalid value at {where} in the model config")
 
 
+def _leading_arguments(cls: type, args: dict[str, Any]) -> list[Any]:
+    """Pop, in order, the named arguments that precede ``*args`` in ``cls``'s signature (they must go by position)."""
+    leading = []
+    for parameter in inspect.signature(cls).parameters.values():
+        if parameter.kind not in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD):
+            break
+        if parameter.name in args:
+            leading.append(args.pop(parameter.name))
+        elif parameter.default is not parameter.empty:
+            leading.append(parameter.default)
+        else:
+            raise TypeError(f"missing argument {parameter.name!r}")
+    return leading
+
+
 def from_config(config: Any, where: str = "config") -> Any:
     """Build a flowkit object from :func:`to_config`'s output, using registered classes only."""
     if not isinstance(config, dict) or set(config) != {"class", "args"} or not isinstance(config["args"], dict):
@@ -77,12 +93,14 @@ def from_config(config: Any, where: str = "config") -> Any:
     for key, value in config["args"].items():
         decoded = _decode(value, f"{where}.{name}.{key}")
         if key.startswith("*"):
-            positional = list(decoded)
+            if not isinstance(decoded, list):
+                raise ValueError(f"invalid model config at {where}.{name}: {key} must be a list")
+            positional = decoded
         else:
             args[key] = decoded
     try:
         if positional:
-            return cls(*positional, **args)
+            return cls(*_leading_arguments(cls, args), *positional, **args)
         return cls(**args)
     except (TypeError, ValueError, RuntimeError) as error:
         raise ValueError(f"cannot build {name} from the model config at {where}: {error}") from error

@@ -68,6 +68,11 @@ def energy_of(model: Any, x: Tensor, event_dims: int, where: str = "energy") -> 
     if hasattr(model, "energy"):
         u = model.energy(x)
     elif isinstance(model, Distribution):
+        event = tuple(model.event_shape)
+        if len(event) != event_dims or tuple(x.shape[x.dim() - event_dims :]) != event:
+            raise ValueError(
+                f"{where}: {type(model).__name__} has event shape {event} but the points have shape {tuple(x.shape)}"
+            )
         u = -model.log_prob(x)
     else:
         raise ValueError(f"{where}: {type(model).__name__} has no energy(x) method and is not a flowkit Distribution")

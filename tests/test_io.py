@@ -318,3 +318,35 @@ def test_to_config_refuses_what_json_cannot_hold():
         to_config(Standardization(torch.zeros(2), torch.ones(2)))
     with pytest.raises(TypeError, match="Linear was not built through a flowkit constructor"):
         to_config(torch.nn.Linear(2, 2))
+
+
+class _Positional(Configurable):
+    def __init__(self, name, *items):
+        self.name, self.items = name, items
+
+
+def test_from_config_rebuilds_named_then_variadic_positional_arguments(monkeypatch):
+    monkeypatch.setitem(registry, "_Positional", _Positional)
+    rebuilt = from_config(json.loads(json.dumps(to_config(_Positional("a", 1, 2)))))
+    assert rebuilt.name == "a" and rebuilt.items == (1, 2)
+
+
+def test_from_config_refuses_a_variadic_argument_that_is_not_a_list():
+    with pytest.raises(ValueError, match=r"\*bijectors must be a list"):
+        from_config({"class": "Chain", "args": {"*bijectors": 5}})
+
+
+def test_to_config_of_a_non_flowkit_object_names_it():
+    with pytest.raises(TypeError, match="int was not built"):
+        to_config(3)
+
+
+@pytest.mark.parametrize("scale", [float("nan"), float("inf")])
+def test_from_config_refuses_a_non_finite_scale(scale):
+    with pytest.raises(ValueError, match="scale"):
+        from_config(json.loads(json.dumps({"class": "DiagNormal", "args": {"event_shape": 2, "scale": scale}})))
+
+
+def test_from_config_refuses_a_negative_event_shape():
+    with pytest.raises(ValueError, match="negative sizes"):
+        from_config({"class": "StandardNormal", "args": {"event_shape": -2}})

@@ -385,3 +385,8 @@ class _FixedEnergy:
 def test_energy_of_refuses_models_without_an_energy_per_event(model, match):
     with pytest.raises(ValueError, match=match):
         energy_of(model, torch.randn(4, 2), 1, where="where")
+
+
+def test_energy_of_refuses_events_of_the_wrong_shape_for_a_distribution():
+    with pytest.raises(ValueError, match="event shape"):
+        energy_of(StandardNormal(3), torch.randn(4, 2), 1)

@@ -52,8 +52,17 @@ class Standardization(Bijector):
         if not bool((scale_t > 0).all()):
             raise ValueError(f"Standardization: scale must be positive, got minimum {float(scale_t.min())}")
         self.event_shape = torch.Size([loc_t.shape[0]])
+        self._exact = torch.stack([torch.as_tensor(loc, dtype=torch.float64), torch.as_tensor(scale, dtype=torch.float64)])
         self.register_buffer("loc", loc_t)
         self.register_buffer("scale", scale_t)
+
+    def _apply(self, fn, recurse=True):
+        # A dtype change re-reads the exact statistics: converting float32 buffers
+        # to float64 would keep their float32 rounding.
+        super()._apply(fn, recurse)
+        self.loc = self._exact[0].to(self.loc)
+        self.scale = self._exact[1].to(self.scale)
+        return self
 
     @classmethod
     def from_data(cls, x: Tensor, min_scale: float = 1e-6) -> "Standardization":

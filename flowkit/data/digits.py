@@ -32,6 +32,14 @@ _SPLIT = (1257, 180, 360)
 
 def dequantize(counts: np.ndarray, levels: int, seed: int) -> np.ndarray:
     """Uniform dequantisation ``(x + u) / levels`` of integer data ``x`` in ``{0, ..., levels-1}``."""
+    if isinstance(levels, bool) or not isinstance(levels, (int, np.integer)) or levels < 1:
+        raise ValueError(f"dequantize: levels must be a positive integer, got {levels!r}")
+    counts = np.asarray(counts)
+    valid = np.isfinite(counts) & (counts >= 0) & (counts <= levels - 1) & (counts == np.round(counts))
+    if not valid.all():
+        raise ValueError(
+            f"dequantize: counts must be integers in {{0, ..., {levels - 1}}}; {int((~valid).sum())} value(s) are not"
+        )
     rng = np.random.default_rng(seed)
     return (counts + rng.random(counts.shape)) / levels
 

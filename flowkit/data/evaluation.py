@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -38,11 +39,17 @@ class NLL:
 @torch.no_grad()
 def log_prob_batched(flow: torch.nn.Module, x: Tensor, batch_size: int = 4096) -> Tensor:
     """``flow.log_prob(x)`` in batches, in eval mode, without gradients (the flow's mode is restored)."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"log_prob_batched: batch_size must be a positive integer, got {batch_size!r}")
+    if not isinstance(x, Tensor) or x.dim() < 1 or x.shape[0] == 0:
+        raise ValueError("log_prob_batched: x must be a tensor with a batch dimension and at least one point")
     was_training = flow.training
     flow.eval()
     try:
-        dtype = next((p.dtype for p in flow.parameters()), x.dtype)
-        device = next((p.device for p in flow.parameters()), x.device)
+        # The flow's dtype and device: of its parameters, or of its buffers when it has none.
+        tensors = (t for t in itertools.chain(flow.parameters(), flow.buffers()) if t.is_floating_point())
+        anchor = next(tensors, x)
+        dtype, device = anchor.dtype, anchor.device
         return torch.cat([flow.log_prob(b.to(device=device, dtype=dtype)).cpu() for b in x.split(batch_size)])
     finally:
         flow.train(was_training)

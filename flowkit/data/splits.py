@@ -62,6 +62,18 @@ def split_array(
         seed: seed of the permutation (fixed, so splits are reproducible).
         shuffle: permute before splitting (otherwise the last rows are the test set).
     """
+    for label, fraction in (("val", val), ("test", test)):
+        if not (isinstance(fraction, (int, float)) and 0 < fraction < 1):
+            raise ValueError(f"{name}: the {label} fraction must lie in (0, 1), got {fraction!r}")
+    if val + test >= 1:
+        raise ValueError(f"{name}: val + test = {val + test} leaves no training data")
+    data = np.asarray(data)
+    if data.ndim != 2:
+        raise ValueError(f"{name}: data must be a table of shape (N, D), got shape {data.shape}")
+    if not np.issubdtype(data.dtype, np.integer) and not np.issubdtype(data.dtype, np.floating):
+        raise ValueError(f"{name}: data must be numbers (integers or floats), got dtype {data.dtype}")
+    if not np.isfinite(data).all():
+        raise ValueError(f"{name}: data contain {int((~np.isfinite(data)).sum())} non-finite value(s) (NaN or inf)")
     n = len(data)
     n_test, n_val = int(round(test * n)), int(round(val * n))
     if n - n_test - n_val < 2 or n_val < 1 or n_test < 1:

@@ -23,9 +23,15 @@ def standardize(flow: Flow, x: Tensor) -> Flow:
         flow: an unconditional or conditional flow on vectors ``(D,)``.
         x: training data of shape ``(N, D)``.
     """
+    if not isinstance(flow, Flow):
+        raise ValueError(f"standardize: flow must be a flowkit Flow, got {type(flow).__name__}")
+    if not isinstance(x, Tensor) or not x.is_floating_point():
+        kind = f"a {x.dtype} tensor" if isinstance(x, Tensor) else type(x).__name__
+        raise ValueError(f"standardize: x must be a floating-point torch.Tensor, got {kind}")
     if len(flow.event_shape) != 1 or x.dim() != 2 or x.shape[1] != flow.event_shape[0]:
         raise ValueError(
             f"standardize: data of shape {tuple(x.shape)} do not fit a flow on events of shape {tuple(flow.event_shape)}"
         )
-    scaling = Standardization.from_data(x).to(x.dtype)
+    # The layer takes the flow's dtype and device (the statistics are exact in float64).
+    scaling = Standardization.from_data(x).to(device=flow.base.device, dtype=flow.base.dtype)
     return Flow(Chain(scaling, flow.bijector), flow.base)

@@ -14,8 +14,11 @@ __all__ = ["Distribution", "as_shape"]
 
 
 def as_shape(shape: int | Sequence[int] | torch.Size) -> torch.Size:
-    """Turn an int or a sequence into a :class:`torch.Size`."""
-    return torch.Size((shape,) if isinstance(shape, int) else tuple(shape))
+    """Turn an int or a sequence into a :class:`torch.Size` (refusing negative sizes)."""
+    size = torch.Size((shape,) if isinstance(shape, int) else tuple(shape))
+    if any(n < 0 for n in size):
+        raise ValueError(f"a shape cannot have negative sizes, got {tuple(size)}")
+    return size
 
 
 class Distribution(Configurable, TensorAnchor):

@@ -55,8 +55,8 @@ class DiagNormal(Distribution):
     ) -> None:
         super().__init__()
         self.event_shape = as_shape(event_shape)
-        if scale <= 0:
-            raise ValueError(f"DiagNormal: scale must be positive, got {scale}")
+        if not (math.isfinite(loc) and math.isfinite(scale) and scale > 0):
+            raise ValueError(f"DiagNormal: loc must be finite and scale positive and finite, got loc={loc}, scale={scale}")
         loc_t = torch.full(self.event_shape, float(loc))
         log_scale_t = torch.full(self.event_shape, math.log(scale))
         if trainable:

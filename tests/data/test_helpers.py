@@ -279,3 +279,87 @@ def test_evaluate_nll_of_one_point_has_no_error_bar():
     result = evaluate_nll(_known_flow(), x)
     assert result.n == 1 and math.isnan(result.two_se)
     assert result.mean == pytest.approx(-float(_gaussian_log_prob(x.numpy(), LOC, SCALE)[0]), rel=1e-12)
+
+
+# Bad input to the data helpers: each gives a ValueError naming the problem.
+@pytest.mark.parametrize("val,test", [(-0.1, 0.1), (0.0, 0.1), (1.5, 0.1), (0.6, 0.6), (float("nan"), 0.1), (float("inf"), 0.1)])
+def test_split_array_refuses_bad_fractions(val, test):
+    with pytest.raises(ValueError, match="fraction|leaves no training data"):
+        split_array(np.zeros((50, 2)), "d", val=val, test=test)
+
+
+@pytest.mark.parametrize("shape", [(20,), (20, 2, 2)])
+def test_split_array_refuses_data_that_are_not_a_table(shape):
+    with pytest.raises(ValueError, match="shape"):
+        split_array(np.zeros(shape), "d")
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_split_array_refuses_non_finite_data(bad):
+    data = np.zeros((20, 2))
+    data[3, 1] = bad
+    with pytest.raises(ValueError, match="non-finite"):
+        split_array(data, "d")
+
+
+@pytest.mark.parametrize("data", [np.array([["a", "b"]] * 20), np.ones((20, 2), dtype=complex)])
+def test_split_array_refuses_non_real_data(data):
+    with pytest.raises(ValueError, match="dtype"):
+        split_array(data, "d")
+
+
+@pytest.mark.parametrize("counts", [[[-1.0, 2.0]], [[17.0, 2.0]], [[1.5, 2.0]], [[np.nan, 2.0]]])
+def test_dequantize_refuses_counts_outside_the_levels(counts):
+    with pytest.raises(ValueError, match="integers in"):
+        dequantize(np.array(counts), 17, 0)
+
+
+@pytest.mark.parametrize("levels", [0, -3, 2.5])
+def test_dequantize_refuses_bad_levels(levels):
+    with pytest.raises(ValueError, match="levels"):
+        dequantize(np.zeros((2, 2)), levels, 0)
+
+
+def test_standardize_of_float64_data_keeps_float64_precision():
+    x = torch.randn(40, 2, dtype=torch.float64) * 3 + 1e6
+    out = standardize(Flow(Permutation(2, seed=0), StandardNormal(2)).double(), x)
+    assert torch.equal(out.bijector[0].loc, x.mean(0))
+    assert torch.equal(out.bijector[0].scale, x.std(0))
+    # converting a float32 model to float64 later also gives the exact statistics
+    late = standardize(Flow(Permutation(2, seed=0), StandardNormal(2)), x).double()
+    assert torch.equal(late.bijector[0].loc, x.mean(0))
+
+
+def test_standardize_takes_the_flows_dtype_whatever_the_datas():
+    x = torch.randn(40, 2, dtype=torch.float64)
+    out = standardize(RealNVP(2, transforms=1, hidden=(4,)), x)
+    assert out.bijector[0].loc.dtype == torch.float32
+    assert torch.isfinite(out.log_prob(x[:3].float())).all()
+
+
+@pytest.mark.parametrize("x", [np.zeros((5, 2)), torch.ones(5, 2, dtype=torch.long)])
+def test_standardize_refuses_data_that_are_not_a_float_tensor(x):
+    with pytest.raises(ValueError, match="floating-point torch.Tensor"):
+        standardize(Flow(Permutation(2, seed=0), StandardNormal(2)), x)
+
+
+def test_standardize_refuses_a_non_flow():
+    with pytest.raises(ValueError, match="Flow"):
+        standardize(torch.nn.Linear(2, 2), torch.randn(5, 2))
+
+
+@pytest.mark.parametrize("batch_size", [0, -1, 2.5])
+def test_log_prob_batched_refuses_bad_batch_sizes(batch_size):
+    with pytest.raises(ValueError, match="batch_size"):
+        log_prob_batched(Flow(Permutation(2, seed=0), StandardNormal(2)), torch.randn(5, 2), batch_size)
+
+
+def test_evaluate_nll_refuses_no_points():
+    with pytest.raises(ValueError, match="at least one point"):
+        evaluate_nll(Flow(Permutation(2, seed=0), StandardNormal(2)), torch.zeros(0, 2))
+
+
+def test_log_prob_batched_converts_data_for_a_flow_without_parameters():
+    flow = Flow(Standardization([1.0, 2.0], [2.0, 0.5]), StandardNormal(2)).double()
+    x = torch.randn(5, 2)
+    torch.testing.assert_close(log_prob_batched(flow, x), flow.log_prob(x.double()))
