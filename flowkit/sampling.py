@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import numpy as np
@@ -43,6 +44,8 @@ def _check_target(flow: Any, target: Target, where: str) -> None:
 def _check_log_w(log_w: Tensor, where: str) -> Tensor:
     if not isinstance(log_w, Tensor) or log_w.dim() != 1 or log_w.numel() < 2:
         raise ValueError(f"{where}: log_w must be a 1-D tensor of at least 2 log weights")
+    if not log_w.is_floating_point():
+        raise ValueError(f"{where}: log_w must have a floating dtype, got {log_w.dtype}")
     if torch.isnan(log_w).any() or torch.isposinf(log_w).any():
         raise ValueError(f"{where}: log_w contains NaN or +inf")
     if torch.isneginf(log_w).all():
@@ -79,7 +82,14 @@ def importance_sample(flow: Any, target: Target, n: int, batch_size: int = 10_00
             log_w = -target.energy(x).double() - log_q.double()
         xs.append(x)
         lws.append(log_w.double())
-    return torch.cat(xs), torch.cat(lws)
+    log_w = torch.cat(lws)
+    bad = int((torch.isnan(log_w) | torch.isposinf(log_w)).sum())
+    if bad:
+        raise ValueError(
+            f"importance_sample: {bad} of {n} log weights are NaN or +inf; the target's energy "
+            f"({type(target).__name__}) or the flow's density is not finite at some samples"
+        )
+    return torch.cat(xs), log_w
 
 
 def log_weights(flow: Any, target: Target, n: int, batch_size: int = 10_000) -> Tensor:
@@ -98,7 +108,9 @@ def log_Z(log_w: Tensor) -> tuple[float, float]:
 
     The error is the delta-method one, :math:`\mathrm{sd}(w) / (\sqrt n\, \bar w)
     = \sqrt{(1/\mathrm{ESS} - 1)/(n - 1)}` with the normalised ESS. The
-    estimate of :math:`\log Z` is biased low by about half its variance.
+    estimate of :math:`\log Z` is biased low by about half its variance. When
+    a few weights dominate (fewer than 10 effective points) both are
+    meaningless (the error cannot exceed 1), and a :class:`RuntimeWarning` says so.
 
     Returns:
         ``(log_Z_hat, standard_error)`` as floats.
@@ -106,7 +118,15 @@ def log_Z(log_w: Tensor) -> tuple[float, float]:
     log_w = _check_log_w(log_w, "log_Z")
     n = log_w.numel()
     estimate = float(torch.logsumexp(log_w, 0) - math.log(n))
-    error = math.sqrt(max(1.0 / ess(log_w) - 1.0, 0.0) / (n - 1))
+    effective = ess(log_w)
+    if n * effective < 10:
+        warnings.warn(
+            "log_Z: fewer than 10 effective samples (a few weights dominate); "
+            "the estimate and its standard error are not to be trusted",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    error = math.sqrt(max(1.0 / effective - 1.0, 0.0) / (n - 1))
     return estimate, error
 
 
@@ -125,11 +145,17 @@ def reweight(observable: Tensor, log_w: Tensor) -> tuple[Tensor, Tensor]:
     if not isinstance(observable, Tensor) or observable.shape[:1] != log_w.shape:
         got = tuple(observable.shape) if isinstance(observable, Tensor) else type(observable).__name__
         raise ValueError(f"reweight: observable must have one value per weight, shape ({log_w.numel()}, ...); got {got}")
+    if observable.is_complex():
+        raise ValueError("reweight: observable must be real (reweight the real and imaginary parts separately)")
+    if not bool(torch.isfinite(observable).all()):
+        raise ValueError(f"reweight: observable contains {int((~torch.isfinite(observable)).sum())} non-finite value(s)")
     f = observable.detach().double()
     w = torch.softmax(log_w, 0).reshape(-1, *([1] * (f.dim() - 1)))
     estimate = (w * f).sum(0)
     error = (w.square() * (f - estimate).square()).sum(0).sqrt()
-    return estimate.to(observable.dtype), error.to(observable.dtype)
+    # Indicators and counts (bool, integer) give float64 averages; floating observables keep their dtype.
+    dtype = observable.dtype if observable.is_floating_point() else torch.float64
+    return estimate.to(dtype), error.to(dtype)
 
 
 @torch.no_grad()
@@ -141,7 +167,8 @@ def imh(
     A proposal :math:`x' \sim q` replaces the state :math:`x` with probability
     :math:`\min(1, w(x') / w(x))`, :math:`w = e^{-u}/q`; the chain has the
     target as its stationary law, so averages over it are asymptotically
-    exact even when the flow is not. The chain starts at the first proposal.
+    exact even when the flow is not. The chain starts at the first proposal
+    of non-zero weight.
 
     Arguments:
         flow: the proposal flow (stochastic flows use their path weights).
@@ -152,19 +179,24 @@ def imh(
 
     Returns:
         ``(chain, acceptance)``: the states ``(n_steps, *event_shape)`` and the
-        fraction of proposals accepted (the first, which starts the chain, not counted).
+        fraction of the proposals after the starting one that were accepted.
     """
     if n_steps < 2:
         raise ValueError(f"imh: n_steps must be at least 2, got {n_steps}")
     proposals, log_w = importance_sample(flow, target, n_steps, batch_size)
     log_u = torch.rand(n_steps, generator=generator, dtype=torch.float64).log().numpy()
     lw = log_w.cpu().numpy()
+    finite = np.flatnonzero(np.isfinite(lw))
+    if len(finite) == 0:
+        raise ValueError("imh: every proposal has zero weight under the target")
     index = np.empty(n_steps, dtype=np.int64)
-    current, accepted = 0, 0
-    index[0] = 0
-    for t in range(1, n_steps):
+    # The chain starts at the first proposal of non-zero weight (the ones before repeat it).
+    start = current = int(finite[0])
+    accepted = 0
+    index[: start + 1] = start
+    for t in range(start + 1, n_steps):
         if log_u[t] < lw[t] - lw[current]:
             current = t
             accepted += 1
         index[t] = current
-    return proposals[torch.from_numpy(index).to(proposals.device)], accepted / (n_steps - 1)
+    return proposals[torch.from_numpy(index).to(proposals.device)], accepted / max(n_steps - 1 - start, 1)

@@ -18,9 +18,15 @@ def test_notebooks_exist():
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs(path, tmp_path, monkeypatch):
     monkeypatch.setenv("FLOWKIT_SMALL", "1")
-    monkeypatch.setenv("MPLBACKEND", "Agg")
+    monkeypatch.delenv("MPLBACKEND", raising=False)  # the kernel's inline backend renders figures headless
     nb = nbformat.read(path, as_version=4)
     client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
     client.execute()
-    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    errors = [o for c in code for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors
+    # Every cell that shows a figure does show one (a figure built without pyplot needs display()).
+    for cell in code:
+        if "plt.show()" in cell.source or "display(" in cell.source:
+            images = [o for o in cell.get("outputs", []) if "image/png" in o.get("data", {})]
+            assert images, f"no figure shown by the cell:\n{cell.source}"

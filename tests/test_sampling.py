@@ -111,3 +111,46 @@ def test_stochastic_flows_give_their_path_weights():
 def test_shape_mismatch_is_an_error():
     with pytest.raises(ValueError, match="event shape"):
         log_weights(flowkit.flows.RealNVP(3, transforms=1), _gaussian_target(0.0, 1.0, 2), 10)
+
+
+def test_reweight_averages_indicators_and_counts_in_float64():
+    log_w = torch.zeros(4, dtype=torch.float64)
+    estimate, error = reweight(torch.tensor([True, False, True, True]), log_w)
+    assert estimate.dtype == torch.float64 and float(estimate) == pytest.approx(0.75)
+    assert float(error) == pytest.approx(math.sqrt(0.75 * 0.25 / 4))
+    estimate, _ = reweight(torch.tensor([0, 1, 2, 3]), log_w)
+    assert float(estimate) == pytest.approx(1.5)
+
+
+def test_reweight_refuses_complex_and_non_finite_observables():
+    log_w = torch.zeros(2, dtype=torch.float64)
+    with pytest.raises(ValueError, match="real"):
+        reweight(torch.ones(2, dtype=torch.complex64), log_w)
+    with pytest.raises(ValueError, match="non-finite"):
+        reweight(torch.tensor([1.0, float("nan")]), torch.tensor([0.0, -math.inf]))
+
+
+def test_nan_energies_are_an_error_not_a_frozen_chain():
+    flow = flowkit.flows.RealNVP(2, transforms=1, hidden=(4,))
+    target = Energy(lambda x: -torch.log(x[..., 0]) + x.square().sum(-1), 2)  # NaN for x0 < 0
+    with pytest.raises(ValueError, match="NaN or \\+inf"):
+        importance_sample(flow, target, 100)
+    with pytest.raises(ValueError, match="NaN or \\+inf"):
+        imh(flow, target, 100)
+
+
+def test_imh_starts_at_the_first_proposal_of_non_zero_weight():
+    flow = flowkit.flows.RealNVP(2, transforms=1, hidden=(4,))
+    wall = Energy(lambda x: torch.where(x[..., 0] > 0, 0.5 * x.square().sum(-1), math.inf), 2)  # zero density for x0 <= 0
+    torch.manual_seed(0)
+    chain, acceptance = imh(flow, wall, 400)
+    assert bool((chain[:, 0] > 0).all())  # no state of zero density, the first included
+    assert 0 < acceptance <= 1
+
+
+def test_log_Z_warns_when_a_few_weights_dominate():
+    with pytest.warns(RuntimeWarning, match="fewer than 10 effective samples"):
+        estimate, error = log_Z(torch.tensor([1000.0, 0.0, 0.0], dtype=torch.float64))
+    assert error <= 1.0
+    with pytest.raises(ValueError, match="floating dtype"):
+        log_Z(torch.tensor([True, False]))

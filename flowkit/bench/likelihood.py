@@ -107,6 +107,17 @@ def train_and_evaluate(model: str, data: Splits, args: argparse.Namespace, seed:
     return result
 
 
+def _finite_or_null(value: Any) -> Any:
+    """``value`` with every NaN or infinite float replaced by None (JSON has no NaN)."""
+    if isinstance(value, dict):
+        return {k: _finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite_or_null(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
 def _summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     values = [r["test_nll"] for r in runs]
     n = len(values)
@@ -150,15 +161,21 @@ def run(args: argparse.Namespace) -> int:
     for m in models:
         if m not in known:
             raise ValueError(f"unknown model {m!r}; choose from {', '.join(known)}")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be a positive integer, got {args.threads}")
     datasets = _dataset_names(args.datasets, args.root)
     if not datasets:
         raise ValueError("no datasets to run (the tabular sets are absent under the data directory)")
+    # Every dataset and the output directory are checked before the first (long) run.
+    loaded = {name: _load(name, args.root, args.n_train) for name in datasets}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     if args.threads:
         torch.set_num_threads(args.threads)
     runs: list[dict[str, Any]] = []
     summaries: list[dict[str, Any]] = []
     for name in datasets:
-        data = _load(name, args.root, args.n_train)
+        data = loaded[name]
         for model in models:
             per_seed = []
             for seed in range(args.seeds):
@@ -169,10 +186,9 @@ def run(args: argparse.Namespace) -> int:
             summaries.append(_summarise(per_seed))
     table = markdown_table(summaries, args.steps)
     print(table)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     config = {k: v for k, v in vars(args).items() if k != "func"}
-    out.write_text(json.dumps({"config": config, "summary": summaries, "runs": runs}, indent=1, default=str))
+    report = {"config": config, "summary": summaries, "runs": runs}
+    out.write_text(json.dumps(_finite_or_null(report), indent=1, default=str, allow_nan=False))
     print(f"wrote {out}")
     return 0
 

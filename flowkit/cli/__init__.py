@@ -41,6 +41,6 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError, IsADirectoryError, PermissionError) as error:
+    except (ValueError, OSError) as error:  # bad arguments and data; files that cannot be read or written
         print(f"flowkit {args.command}: error: {error}", file=sys.stderr)
         return 2

@@ -7,7 +7,8 @@ samples when the target can draw them). The output directory receives
 ``model/`` (:func:`flowkit.io.save`), ``metrics.json`` (ESS, log Z estimate
 with its standard error and the exact value when known, IMH acceptance),
 ``history.csv`` and PNG plots (2-D: flow density next to the target density;
-lattice: sample configurations and the magnetisation histogram).
+lattice: sample configurations and the magnetisation histogram; none for
+many-well).
 """
 
 from __future__ import annotations
@@ -99,9 +100,13 @@ def train_boltzmann(args: argparse.Namespace) -> dict[str, Any]:
     from .. import io, sampling
     from ..train import BoltzmannGenerator, fit
 
-    for name in ("steps", "batch_size", "transforms", "eval_samples", "imh_steps"):
+    for name in ("steps", "batch_size", "transforms", "eval_samples"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
+    if args.imh_steps < 2:
+        raise ValueError(f"--imh-steps must be at least 2, got {args.imh_steps}")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be a positive integer, got {args.threads}")
     if args.samples < 0:
         raise ValueError(f"--samples must be non-negative, got {args.samples}")
     if not args.lr > 0:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any
 
 __all__ = ["add_parser", "run"]
@@ -30,6 +31,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.n < 1:
         raise ValueError(f"-n must be a positive integer, got {args.n}")
+    for name in ("atol", "mass_tol"):
+        value = getattr(args, name)
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"--{name.replace('_', '-')} must be a positive number, got {value}")
     model = io.load(args.model)
     if not isinstance(model, (Flow, Bijector)):
         raise ValueError(f"{args.model} holds a {type(model).__name__}, neither a flow nor a bijector")

@@ -28,6 +28,7 @@ References:
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -191,7 +192,9 @@ def _weight_metrics(log_w: Tensor | None) -> dict[str, float]:
         return {}
     from ..sampling import ess, log_Z
 
-    return {"ess": ess(log_w), "log_Z": log_Z(log_w)[0]}
+    with warnings.catch_warnings():  # a training batch's weights are often degenerate early on
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return {"ess": ess(log_w), "log_Z": log_Z(log_w)[0]}
 
 
 class ForwardKLPathGradient(Objective):

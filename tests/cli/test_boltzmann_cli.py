@@ -33,3 +33,8 @@ def test_boltzmann_phi4_lattice_plots(tmp_path):
 def test_boltzmann_bad_arguments_exit_2(tmp_path, capsys):
     assert main(["boltzmann", "phi4", "--samples", "10", "--steps", "1", "--out", str(tmp_path)]) == 2
     assert "cannot draw exact samples" in capsys.readouterr().err
+    assert main(["boltzmann", "double-well", "--imh-steps", "1", "--steps", "1", "--out", str(tmp_path)]) == 2
+    assert "--imh-steps must be at least 2" in capsys.readouterr().err
+    assert main(["boltzmann", "double-well", "--threads", "-2", "--steps", "1", "--out", str(tmp_path)]) == 2
+    assert "--threads must be a positive integer" in capsys.readouterr().err
+    assert not (tmp_path / "model").exists()  # refused before any training

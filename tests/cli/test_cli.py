@@ -111,6 +111,13 @@ def test_bad_input_gives_one_line_errors_and_exit_code_2(tmp_path, capsys, moons
     assert "no such model directory" in _error(capsys, ["check", str(tmp_path / "nomodel")])
     assert "unknown model 'torch-nsf'" in _error(capsys, ["bench", "likelihood", "--models", "torch-nsf"])
     assert "no datasets to run" in _error(capsys, ["bench", "likelihood", "--datasets", "tabular", "--root", str(tmp_path)])
+    assert "unknown dataset 'nosuch'" in _error(capsys, ["bench", "likelihood", "--datasets", "moons,nosuch", "--steps", "1"])
+    assert "--threads must be a positive integer" in _error(capsys, ["bench", "likelihood", "--threads", "-1"])
+    assert "--atol must be a positive number" in _error(capsys, ["check", model, "--atol", "-1"])
+    assert "--mass-tol must be a positive number" in _error(capsys, ["check", model, "--mass-tol", "nan"])
+    (tmp_path / "a_file").write_text("")
+    assert "a_file" in _error(capsys, ["fit", "moons", "--steps", "1", "--no-plots", "--no-progress", "--out", str(tmp_path / "a_file" / "run")])
+    assert "a_file" in _error(capsys, ["sample", model, "-n", "2", "--out", str(tmp_path / "a_file" / "s.npy")])
 
 
 def test_bench_likelihood_command(tmp_path, capsys):
@@ -128,3 +135,13 @@ def test_bench_likelihood_command(tmp_path, capsys):
     assert result["summary"][0]["test_nll"] == pytest.approx(mean)
     # matched size: the same number of parameters as zuko's MAF
     assert result["summary"][0]["parameters"] == result["summary"][1]["parameters"]
+
+
+def test_bench_likelihood_writes_valid_json_with_one_seed(tmp_path):
+    out = tmp_path / "b.json"
+    argv = ["bench", "likelihood", "--datasets", "moons", "--models", "flowkit-maf", "--steps", "2", "--seeds", "1",
+            "--n-train", "200", "--transforms", "1", "--hidden", "4", "--out", str(out)]
+    assert main(argv) == 0
+    text = out.read_text()
+    assert "NaN" not in text
+    assert json.loads(text)["summary"][0]["test_nll_2se_seeds"] is None  # one seed: no spread over seeds
