@@ -54,6 +54,24 @@ def _flow_samples(flow: Any, n: int) -> np.ndarray:
         flow.train(was_training)
 
 
+def _points(x: Any, where: str, name: str = "data") -> np.ndarray:
+    """``x`` as a float64 array of shape ``(N, D)``, ``N >= 1``, all finite; else a ValueError naming the problem."""
+    try:
+        points = _numpy(x)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{where}: {name} must be an array or tensor of numbers ({error})") from None
+    if points.ndim != 2 or len(points) == 0:
+        raise ValueError(f"{where}: {name} must have shape (N, D) with at least one point, got shape {points.shape}")
+    if not np.isfinite(points).all():
+        raise ValueError(f"{where}: {name} contain {int((~np.isfinite(points)).sum())} non-finite value(s) (NaN or inf)")
+    return points
+
+
+def _positive(value: Any, name: str, where: str, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{where}: {name} must be an integer of at least {minimum}, got {value!r}")
+
+
 def _check_2d(data: np.ndarray, where: str) -> None:
     if data.ndim != 2 or data.shape[1] != 2:
         raise ValueError(f"{where}: needs 2-D points of shape (N, 2), got shape {data.shape}")
@@ -79,14 +97,22 @@ def density(
         max_points: number of data points drawn.
         title: axes title.
     """
-    points = None if data is None else _numpy(data)
+    where = "plot.density"
+    if not hasattr(flow, "log_prob"):
+        raise ValueError(f"{where}: flow must have a log_prob method, got {type(flow).__name__}")
+    points = None if data is None else _points(data, where)
     if points is not None:
-        _check_2d(points, "plot.density")
+        _check_2d(points, where)
     if tuple(getattr(flow, "event_shape", (2,))) != (2,):
-        raise ValueError(f"plot.density: the flow's events have shape {tuple(flow.event_shape)}, not (2,)")
+        raise ValueError(f"{where}: the flow's events have shape {tuple(flow.event_shape)}, not (2,)")
+    _positive(resolution, "resolution", where, minimum=2)
+    _positive(max_points, "max_points", where)
     if bounds is None:
         bounds = _bounds(points) if points is not None else [(-4.0, 4.0), (-4.0, 4.0)]
-    (x0, x1), (y0, y1) = bounds
+    pairs = np.asarray(bounds, dtype=np.float64) if np.ndim(bounds) == 2 else None
+    if pairs is None or pairs.shape != (2, 2) or not np.isfinite(pairs).all() or not (pairs[:, 0] < pairs[:, 1]).all():
+        raise ValueError(f"{where}: bounds must be [(xmin, xmax), (ymin, ymax)] with finite min < max, got {bounds}")
+    (x0, x1), (y0, y1) = pairs.tolist()
     xs, ys = np.linspace(x0, x1, resolution), np.linspace(y0, y1, resolution)
     grid = np.stack(np.meshgrid(xs, ys, indexing="xy"), -1).reshape(-1, 2)
     dtype = next((p.dtype for p in flow.parameters()), torch.float32)
@@ -126,12 +152,17 @@ def samples_vs_data(
         n: number of points per panel.
         dims: the two dimensions to show when ``D > 2``.
     """
-    pts = _numpy(data)
-    if pts.ndim != 2 or pts.shape[1] < 2:
-        raise ValueError(f"plot.samples_vs_data: data must have shape (N, D) with D >= 2, got {pts.shape}")
-    samples = _flow_samples(flow_or_samples, n) if hasattr(flow_or_samples, "sample") else _numpy(flow_or_samples)
-    if samples.ndim != 2 or samples.shape[1] != pts.shape[1]:
-        raise ValueError(f"plot.samples_vs_data: samples have shape {samples.shape} but data {pts.shape}")
+    where = "plot.samples_vs_data"
+    pts = _points(data, where)
+    if pts.shape[1] < 2:
+        raise ValueError(f"{where}: data must have shape (N, D) with D >= 2, got {pts.shape}")
+    _positive(n, "n", where)
+    if len(dims) != 2 or any(isinstance(d, bool) or not isinstance(d, (int, np.integer)) or not 0 <= d < pts.shape[1] for d in dims):
+        raise ValueError(f"{where}: dims must be two indices of the {pts.shape[1]} dimensions, got {tuple(dims)}")
+    samples = _flow_samples(flow_or_samples, n) if hasattr(flow_or_samples, "sample") else flow_or_samples
+    samples = _points(samples, where, "samples")
+    if samples.shape[1] != pts.shape[1]:
+        raise ValueError(f"{where}: samples have shape {samples.shape} but data {pts.shape}")
     i, j = dims
     pts, samples = _subsample(pts, n)[:, [i, j]], _subsample(samples, n)[:, [i, j]]
     bounds = _bounds(pts)
@@ -164,12 +195,13 @@ def pairwise(
         n: points per scatter panel.
         bins: histogram bins.
     """
-    pts = _numpy(data)
-    if pts.ndim != 2:
-        raise ValueError(f"plot.pairwise: data must have shape (N, D), got {pts.shape}")
+    where = "plot.pairwise"
+    pts = _points(data, where)
+    for name, value in (("n", n), ("bins", bins), ("max_dims", max_dims)):
+        _positive(value, name, where)
     if samples is not None:
-        samples = _flow_samples(samples, n) if hasattr(samples, "sample") else _numpy(samples)
-        if samples.ndim != 2 or samples.shape[1] != pts.shape[1]:
+        samples = _points(_flow_samples(samples, n) if hasattr(samples, "sample") else samples, where, "samples")
+        if samples.shape[1] != pts.shape[1]:
             raise ValueError(f"plot.pairwise: samples have shape {samples.shape} but data {pts.shape}")
     dims = list(range(min(max_dims, pts.shape[1]))) if dims is None else list(dims)
     if not dims or any(not 0 <= d < pts.shape[1] for d in dims):

@@ -78,3 +78,29 @@ def test_plot_errors_name_the_problem():
         fplot.pairwise(np.zeros((5, 3)), dims=[3])
     with pytest.raises(ValueError, match="no training loss"):
         fplot.training_curves({"lr": [1.0]})
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: fplot.density(_gaussian_flow(), torch.tensor([[0.0, float("nan")], [1.0, 1.0]])), "non-finite"),
+        (lambda: fplot.density(_gaussian_flow(), torch.zeros(0, 2)), "at least one point"),
+        (lambda: fplot.density(_gaussian_flow(), resolution=-3), "resolution"),
+        (lambda: fplot.density(_gaussian_flow(), resolution=0), "resolution"),
+        (lambda: fplot.density(_gaussian_flow(), bounds=[(0, 1)]), "bounds"),
+        (lambda: fplot.density(_gaussian_flow(), bounds=[(1, 0), (0, 1)]), "bounds"),
+        (lambda: fplot.density(_gaussian_flow(), max_points=-1), "max_points"),
+        (lambda: fplot.density(object()), "log_prob"),
+        (lambda: fplot.samples_vs_data(np.zeros((5, 3)), np.zeros((0, 3))), "at least one point"),
+        (lambda: fplot.samples_vs_data(np.zeros((5, 3)), np.zeros((5, 3)), dims=(0, 5)), "dims must be two indices"),
+        (lambda: fplot.samples_vs_data(np.zeros((5, 3)), np.zeros((5, 3)), dims=(-1, 0)), "dims must be two indices"),
+        (lambda: fplot.samples_vs_data(np.zeros((5, 3)), np.zeros((5, 3)), n=0), "n must be"),
+        (lambda: fplot.samples_vs_data(np.full((5, 2), np.inf), np.zeros((5, 2))), "samples contain"),
+        (lambda: fplot.pairwise(np.zeros((0, 3))), "at least one point"),
+        (lambda: fplot.pairwise(np.full((5, 3), np.nan)), "non-finite"),
+        (lambda: fplot.pairwise(np.zeros((5, 3)), bins=0), "bins"),
+    ],
+)
+def test_bad_plot_input_is_a_clear_error(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
