@@ -24,7 +24,7 @@ def parse_hidden(text: str | Sequence[int]) -> tuple[int, ...]:
         sizes = tuple(int(h) for h in text)
     else:
         try:
-            sizes = tuple(int(h) for h in text.replace("x", ",").split(",") if h.strip())
+            sizes = tuple(int(h) for h in text.replace("x", ",").split(","))
         except ValueError:
             raise ValueError(f"hidden sizes must be integers separated by commas, like 128,128; got {text!r}") from None
     if not sizes or any(h < 1 for h in sizes):

@@ -102,6 +102,7 @@ def test_bad_input_gives_one_line_errors_and_exit_code_2(tmp_path, capsys, moons
     assert "unknown flow 'glow'" in _error(capsys, ["fit", "moons", "--flow", "glow", *out])
     assert "--coupling applies to nsf only" in _error(capsys, ["fit", "moons", "--flow", "maf", "--coupling", *out])
     assert "hidden sizes must be integers" in _error(capsys, ["fit", "moons", "--hidden", "a,b", *out])
+    assert "hidden sizes must be integers" in _error(capsys, ["fit", "moons", "--hidden", "12,x", *out])
     assert "--steps must be a positive integer" in _error(capsys, ["fit", "moons", *out, "--steps", "0"])
     assert "missing power/data.npy" in _error(capsys, ["fit", "power", "--root", str(tmp_path), *out]).replace(str(tmp_path) + "/", "")
     model = str(moons_run / "model")
