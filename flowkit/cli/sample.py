@@ -15,7 +15,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "sample",
         help="draw samples from a saved model",
-        description="Draw N samples from a model saved by flowkit (flowkit.io.save) into a .npy or .csv file.",
+        description="Draw N samples from a model saved by flowkit (flowkit.io.save) into a .npy or .csv file, "
+        "one row per sample (events with several dimensions, such as lattices, are flattened row-major).",
     )
     parser.add_argument("model", metavar="MODEL", help="model directory (e.g. runs/moons/model)")
     parser.add_argument("-n", type=int, default=1000, help="number of samples (default 1000)")
