@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -75,7 +76,16 @@ class Standardization(Bijector):
         if not isinstance(x, Tensor) or x.dim() != 2 or x.shape[0] < 2:
             raise ValueError("Standardization.from_data: x must be a tensor of shape (N, D) with N >= 2")
         x = x.detach().double()
-        return cls(x.mean(0).tolist(), x.std(0).clamp_min(min_scale).tolist())
+        std = x.std(0)
+        constant = torch.nonzero(std < min_scale).flatten().tolist()
+        if constant:
+            warnings.warn(
+                f"Standardization.from_data: feature(s) {constant} are constant in the data; their scale is set to "
+                f"{min_scale}, so a density there is a spike and log-likelihoods are not meaningful",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        return cls(x.mean(0).tolist(), std.clamp_min(min_scale).tolist())
 
     def _ladj(self, batch: torch.Size) -> Tensor:
         return (-self.scale.log().sum()).expand(batch)
