@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor, nn
 
-__all__ = ["sum_event", "TensorAnchor"]
+__all__ = ["sum_event", "TensorAnchor", "auxiliary_loss", "aggregates_auxiliary_loss"]
 
 
 def sum_event(t: Tensor, event_dims: int) -> Tensor:
@@ -30,3 +32,29 @@ class TensorAnchor(nn.Module):
     @property
     def device(self) -> torch.device:
         return self._anchor.device
+
+
+def auxiliary_loss(module: nn.Module) -> Tensor | None:
+    """Sum of ``auxiliary_loss()`` over ``module`` and its submodules that define one (``None`` when none does).
+
+    A layer with a regulariser (such as EIW's channel-weight penalty) defines a
+    method ``auxiliary_loss() -> Tensor | None``; the fit loop adds this sum to
+    the objective, so neither the loop nor the containers need to know which
+    layers have one. Methods marked with [`aggregates_auxiliary_loss`][flowkit.utils.aggregates_auxiliary_loss]
+    (a flow's, which calls this function) are skipped, so nothing counts twice.
+    """
+    total: Tensor | None = None
+    for sub in module.modules():
+        method = getattr(type(sub), "auxiliary_loss", None)
+        if method is None or getattr(method, "_aggregates", False):
+            continue
+        value = method(sub)
+        if value is not None:
+            total = value if total is None else total + value
+    return total
+
+
+def aggregates_auxiliary_loss(method: Callable) -> Callable:
+    """Mark an ``auxiliary_loss`` method that sums its submodules' (so that [`auxiliary_loss`][flowkit.utils.auxiliary_loss] skips it)."""
+    method._aggregates = True  # type: ignore[attr-defined]
+    return method

@@ -4,7 +4,7 @@ from .activations import Logit, SmoothLeakyReLU, SmoothTanh
 from .autoregressive import MaskedAffineAutoregressive, MaskedAutoregressive, MaskedSplineAutoregressive
 from .base import Bijector, Chain, Invert, Reshape
 from .coupling import AffineCoupling, Coupling
-from .domains import Circle, Domain, Interval, Real, Sphere
+from ..domains import Circle, Domain, Interval, Real, Sphere
 from .linear import Linear, LULinear
 from .normalization import ActNorm
 from .permutations import Permutation, Reverse

@@ -22,7 +22,7 @@ from torch.nn import functional as F
 from ..distributions.base import as_shape
 from ..utils import sum_event
 from .base import Bijector
-from .domains import Interval
+from ..domains import Interval
 
 __all__ = ["Elementwise", "SmoothLeakyReLU", "SmoothTanh", "Logit", "monotone_inverse"]
 

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from .._config import Configurable
 from .._validation import check_context, check_tensor, outermost
-from .domains import Domain, Real
+from ..domains import Domain, Real
 
 __all__ = ["Bijector", "Chain", "Invert", "Reshape"]
 
@@ -99,7 +99,7 @@ class Bijector(Configurable, nn.Module):
         event_shape: shape of one data event (``(D,)``, ``(C, H, W)``, ``(L, L)``).
         latent_shape: shape of one latent event (default: ``event_shape``).
         context_features: size of the context vector (0 when unconditional).
-        domain: the set the data live in (:class:`~flowkit.bijectors.domains.Real`
+        domain: the set the data live in (:class:`~flowkit.domains.Real`
             unless the bijector acts on an interval, circle or sphere).
         ladj_is_constant: ``True`` when ``log|det J|`` does not depend on the input
             (linear layers, permutations, ActNorm); score matching drops these terms.

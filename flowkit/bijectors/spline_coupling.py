@@ -87,7 +87,7 @@ class CircularSplineCoupling(Coupling):
 
 def _examples():
     from ..testing import randomize
-    from .domains import Circle
+    from ..domains import Circle
 
     angles = Circle().sample((6, 4), dtype=torch.get_default_dtype())
 

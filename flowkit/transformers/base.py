@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from .._config import Configurable
-from ..bijectors.domains import Domain, Real
+from ..domains import Domain, Real
 
 __all__ = ["Transformer"]
 

@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..bijectors.domains import Circle
+from ..domains import Circle
 from .base import Transformer
 
 __all__ = [

@@ -1,0 +1,10 @@
+"""Flows: a bijector over a base distribution, and presets that build common flows.
+
+``Flow(bijector, base)`` models ``x = f^{-1}(z)``, ``z ~ base``, with density
+``log p(x) = log p_Z(f(x)) + log|det J_f(x)|``.
+"""
+
+from .flow import Flow, FlowDistribution
+from .presets import MAF, NSF, RealNVP
+
+__all__ = ["Flow", "FlowDistribution", "RealNVP", "MAF", "NSF"]

@@ -1,0 +1,36 @@
+"""Models saved by the main of 2026-12-01 (commit 5144f5d) still load and give the same numbers.
+
+The fixtures in ``tests/fixtures/main_2026_12_01`` were written by that commit, with the
+log-densities it computed on fixed inputs (``expected.json``); they are never rewritten.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import flowkit
+
+FIXTURES = Path(__file__).parent / "fixtures" / "main_2026_12_01"
+EXPECTED = json.loads((FIXTURES / "expected.json").read_text())
+DENSITY_MODELS = sorted(name for name in EXPECTED if name != "snf")
+
+
+@pytest.mark.parametrize("name", DENSITY_MODELS)
+def test_saved_model_loads_with_identical_log_prob(name):
+    model = flowkit.io.load(FIXTURES / name).eval()
+    record = EXPECTED[name]
+    x = torch.tensor(record["x"])
+    context = None if record["context"] is None else torch.tensor(record["context"])
+    assert torch.equal(model.log_prob(x, context), torch.tensor(record["log_prob"]))
+
+
+def test_saved_stochastic_flow_loads_with_identical_samples_and_weights():
+    model = flowkit.io.load(FIXTURES / "snf")
+    record = EXPECTED["snf"]
+    target = flowkit.distributions.DiagNormal(2, loc=1.0, scale=0.5, trainable=False)
+    torch.manual_seed(record["seed"])
+    x, log_w = model.sample_with_log_weights(record["n"], target)
+    assert torch.equal(x, torch.tensor(record["x"]))
+    assert torch.equal(log_w, torch.tensor(record["log_w"]))
