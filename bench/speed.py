@@ -42,132 +42,25 @@ import sys
 import time
 from pathlib import Path
 
+import peers
 import torch
 
-LIBRARIES = ["flowkit", "zuko", "nflows", "normflows"]
-
-
-class _IgnoreContext(torch.nn.Module):
-    """Adapt a plain MLP to nflows' ``net(inputs, context)`` calling convention."""
-
-    def __init__(self, net: torch.nn.Module) -> None:
-        super().__init__()
-        self.net = net
-
-    def forward(self, x, context=None):
-        return self.net(x)
+LIBRARIES = ["flowkit", *peers.LIBRARIES]
 
 
 def build(library: str, kind: str, features: int, layers: int, bins: int, bound: float, hidden: int):
-    """Return ``(module, log_prob(x), sample(n))`` for one library's NSF."""
+    """Return ``(module, log_prob(x), sample(n))`` for one library's NSF (the peers' from ``peers.nsf``)."""
     coupling = kind == "coupling"
     if library == "flowkit":
         import flowkit
 
-        flow = flowkit.flows.NSF(features, layers, bins, (hidden, hidden), coupling=coupling, bound=bound)
-        return flow, flow.log_prob, lambda n: flow.sample((n,))
-    if library == "zuko":
-        from functools import partial
-
-        import zuko
-        from zuko.flows.coupling import GeneralCouplingTransform
-        from zuko.transforms import MonotonicRQSTransform
-
-        univariate = partial(MonotonicRQSTransform, bound=bound)
-        shapes = [(bins,), (bins,), (bins - 1,)]
-        if coupling:
-            transforms = []
-            for i in range(layers):
-                mask = torch.arange(features) % 2 == i % 2
-                transforms.append(
-                    GeneralCouplingTransform(
-                        features, mask=mask, univariate=univariate, shapes=shapes, hidden_features=(hidden, hidden)
-                    )
-                )
-        else:
-            from zuko.flows import MaskedAutoregressiveTransform
-
-            transforms = [
-                MaskedAutoregressiveTransform(
-                    features,
-                    order=torch.arange(features) if i % 2 == 0 else torch.arange(features).flip(0),
-                    univariate=univariate,
-                    shapes=shapes,
-                    hidden_features=(hidden, hidden),
-                )
-                for i in range(layers)
-            ]
-        flow = zuko.flows.Flow(transforms, zuko.flows.UnconditionalDistribution(
-            zuko.distributions.DiagNormal, torch.zeros(features), torch.ones(features), buffer=True))
-        return flow, lambda x: flow().log_prob(x), lambda n: flow().sample((n,))
-    if library == "nflows":
-        import torch.nn.functional as F
-        from nflows.distributions import StandardNormal
-        from nflows.flows import Flow
-        from nflows.nn.nets import MLP
-        from nflows.transforms import (
-            CompositeTransform,
-            MaskedPiecewiseRationalQuadraticAutoregressiveTransform,
-            PiecewiseRationalQuadraticCouplingTransform,
-            RandomPermutation,
-            ReversePermutation,
+        flow = flowkit.flows.NSF(
+            features, transforms=layers, bins=bins, hidden=(hidden, hidden), coupling=coupling, bound=bound
         )
-        from nflows.utils import create_alternating_binary_mask
-
-        transforms = []
-        for i in range(layers):
-            if i:
-                transforms.append(RandomPermutation(features) if coupling else ReversePermutation(features))
-            if coupling:
-                transforms.append(
-                    PiecewiseRationalQuadraticCouplingTransform(
-                        create_alternating_binary_mask(features, even=i % 2 == 0),
-                        lambda a, b: _IgnoreContext(MLP((a,), (b,), (hidden, hidden), activation=F.relu)),
-                        num_bins=bins,
-                        tails="linear",
-                        tail_bound=bound,
-                    )
-                )
-            else:
-                transforms.append(
-                    MaskedPiecewiseRationalQuadraticAutoregressiveTransform(
-                        features, hidden, num_bins=bins, tails="linear", tail_bound=bound, num_blocks=1,
-                        use_residual_blocks=False,
-                    )
-                )
-        flow = Flow(CompositeTransform(transforms), StandardNormal([features]))
-        return flow, flow.log_prob, flow.sample
-    if library == "normflows":
-        import normflows as nf
-        from normflows.flows.neural_spline.autoregressive import MaskedPiecewiseRationalQuadraticAutoregressive
-        from normflows.flows.neural_spline.coupling import PiecewiseRationalQuadraticCoupling
-        from normflows.utils.masks import create_alternating_binary_mask
-
-        flows = []
-        for i in range(layers):
-            if coupling:
-                layer = nf.flows.CoupledRationalQuadraticSpline(features, 1, hidden, num_bins=bins, tail_bound=bound)
-                # Matched conditioner: a plain 2-hidden-layer MLP instead of the default residual net.
-                layer.prqct = PiecewiseRationalQuadraticCoupling(
-                    mask=create_alternating_binary_mask(features, even=i % 2 == 0),
-                    transform_net_create_fn=lambda a, b: _IgnoreContext(nf.nets.MLP([a, hidden, hidden, b])),
-                    num_bins=bins,
-                    tails="linear",
-                    tail_bound=bound,
-                )
-            else:
-                layer = nf.flows.AutoregressiveRationalQuadraticSpline(features, 1, hidden, num_bins=bins, tail_bound=bound)
-                # Matched conditioner: a plain MADE with two hidden layers instead of residual blocks.
-                layer.mprqat = MaskedPiecewiseRationalQuadraticAutoregressive(
-                    features=features, hidden_features=hidden, num_bins=bins, tails="linear", tail_bound=bound,
-                    num_blocks=1, use_residual_blocks=False,
-                )
-            flows.append(layer)
-            if i < layers - 1:
-                flows.append(nf.flows.Permute(features, mode="shuffle" if coupling else "swap"))
-        flow = nf.NormalizingFlow(nf.distributions.DiagGaussian(features, trainable=False), flows)
-        return flow, flow.log_prob, lambda n: flow.sample(n)[0]
-    raise ValueError(library)
+        return flow, flow.log_prob, lambda n: flow.sample((n,))
+    model = peers.nsf(library, features, transforms=layers, bins=bins, hidden=(hidden, hidden), bound=bound,
+                      coupling=coupling)
+    return (model, *peers.interface(library, model))
 
 
 def operations(library, kind, features, args):
@@ -287,7 +180,6 @@ def main() -> None:
         peak_memory_child(args.child[0], args.child[1], int(args.child[2]), args)
         return
     torch.set_num_threads(args.threads)
-    import flowkit
 
     report = {"settings": {k: v for k, v in vars(args).items() if k not in ("child", "out")},
               "torch": torch.__version__, "configs": []}

@@ -1,24 +1,244 @@
-"""``flowkit bench NAME``: run one of flowkit's benchmarks (the logic lives in :mod:`flowkit.bench`)."""
+"""`flowkit bench likelihood`: flowkit's presets on the same data and budget, compared by test NLL.
+
+Every model sees the same splits, the same standardisation (a fixed map
+inside the model, so NLLs are in the data's units), the same optimiser (Adam,
+cosine decay), batch size, step budget and seeds, and is trained by the same
+[`fit`][flowkit.train.fit] loop with the best validation checkpoint restored.
+Reported per dataset and model: the test NLL in nats (mean over seeds, with
+two standard errors over the test points and two standard errors over the
+seeds), bits/dim for dequantised images, the parameter count, and the wall
+and CPU time per run. Results print as a markdown table and are written as JSON.
+
+The models are named `flowkit-NAME` for each name of
+[`PRESET_NAMES`][flowkit.flows.PRESET_NAMES]. The comparison with zuko and
+nflows flows of matched size is the script `python bench/likelihood.py`,
+which runs this benchmark with its peer models added to [`MODELS`][flowkit.cli.bench.MODELS].
+"""
 
 from __future__ import annotations
 
 import argparse
-import importlib
+import json
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
+from pathlib import Path
 from typing import Any
 
-__all__ = ["add_parser", "BENCHMARKS"]
+import torch
 
-#: Benchmark name -> module with ``add_arguments(parser)`` and ``run(args)``.
-BENCHMARKS = {"likelihood": "flowkit.bench.likelihood"}
+from ..data import DequantizedDataset, Splits, available_tabular, evaluate_nll, load, standardize
+from ..data.toy import TOY_DATASETS, toy_splits
+from ..flows import Flow
+from ..flows.registry import PRESET_NAMES, build_flow, count_parameters, parse_hidden
+from ..train import MaximumLikelihood, fit
+
+__all__ = [
+    "MODELS",
+    "DEFAULT_MODELS",
+    "add_parser",
+    "add_arguments",
+    "flowkit_model",
+    "run",
+    "train_and_evaluate",
+    "markdown_table",
+]
+
+#: A model builder: `(features, *, transforms, hidden, bins, standardize_with) -> module with log_prob(x)`.
+Builder = Callable[..., torch.nn.Module]
+
+
+def flowkit_model(
+    name: str,
+    features: int,
+    *,
+    transforms: int | None = None,
+    hidden: Sequence[int] | None = None,
+    bins: int = 8,
+    standardize_with: torch.Tensor | None = None,
+) -> Flow:
+    """The preset `name` of [`build_flow`][flowkit.flows.build_flow], standardised by `standardize_with` when given.
+
+    The standardisation is the fixed map of [`standardize`][flowkit.data.standardize], put first in the flow.
+    """
+    flow = build_flow(name, features, transforms=transforms, hidden=hidden, bins=bins)
+    return flow if standardize_with is None else standardize(flow, standardize_with)
+
+
+#: Model name -> builder: `flowkit-NAME` for each flowkit preset.
+MODELS: dict[str, Builder] = {f"flowkit-{name}": partial(flowkit_model, name) for name in PRESET_NAMES}
+#: Models run by default: every flowkit preset.
+DEFAULT_MODELS: tuple[str, ...] = tuple(MODELS)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register `flowkit bench` and its benchmark `likelihood`."""
     parser = subparsers.add_parser("bench", help="run a benchmark", description="Run one of flowkit's benchmarks.")
     sub = parser.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
-    for name, module_name in BENCHMARKS.items():
-        module = importlib.import_module(module_name)
-        summary = (module.__doc__ or name).strip().splitlines()[0]
-        child = sub.add_parser(name, help=summary, description=summary)
-        module.add_arguments(child)
-        child.set_defaults(func=module.run)
+    summary = "flowkit's presets on the same data and budget, compared by test NLL"
+    child = sub.add_parser("likelihood", help=summary, description=f"{summary} (against zuko and nflows: bench/likelihood.py).")
+    add_arguments(child)
+    child.set_defaults(func=run)
     return parser
+
+
+def add_arguments(
+    parser: argparse.ArgumentParser, models: Mapping[str, Builder] = MODELS, default: Sequence[str] = DEFAULT_MODELS
+) -> argparse.ArgumentParser:
+    """Add the likelihood benchmark's options to `parser`, with `models` to choose from and `default` run."""
+    parser.add_argument("--datasets", default="2d,digits,tabular",
+                        help="comma-separated names; '2d' = all 2-D sets, 'tabular' = the MAF sets present under --root "
+                        "(default: 2d,digits,tabular)")
+    parser.add_argument("--models", default=",".join(default),
+                        help=f"comma-separated: {', '.join(models)} (default: {','.join(default)})")
+    parser.add_argument("--steps", type=int, default=1000, help="optimisation steps per run (default 1000)")
+    parser.add_argument("--batch-size", type=int, default=256, help="batch size (default 256)")
+    parser.add_argument("--lr", type=float, default=1e-3, help="initial learning rate (default 1e-3)")
+    parser.add_argument("--transforms", type=int, default=None, help="layers (default: the preset's)")
+    parser.add_argument("--hidden", default=None, help="hidden sizes, e.g. 128,128 (default: the preset's)")
+    parser.add_argument("--bins", type=int, default=8, help="spline bins (default 8)")
+    parser.add_argument("--seeds", type=int, default=3, help="number of seeds (0, 1, ...; default 3)")
+    parser.add_argument("--n-train", type=int, default=20000, help="training points of the 2-D sets (default 20000)")
+    parser.add_argument("--root", default=None, help="data directory of the tabular sets (default $FLOWKIT_DATA or ./data)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--out", default="bench/results/likelihood.json", help="JSON output file")
+    return parser
+
+
+def _dataset_names(spec: str, root: str | None) -> list[str]:
+    names: list[str] = []
+    for item in (s.strip().lower() for s in spec.split(",") if s.strip()):
+        if item == "2d":
+            names += list(TOY_DATASETS)
+        elif item == "tabular":
+            names += available_tabular(root)
+        else:
+            names.append(item)
+    return list(dict.fromkeys(names))
+
+
+def _load(name: str, root: str | None, n_train: int) -> Splits:
+    return toy_splits(name, n_train=n_train) if name in TOY_DATASETS else load(name, root=root)
+
+
+def train_and_evaluate(
+    model: str, data: Splits, args: argparse.Namespace, seed: int, models: Mapping[str, Builder] = MODELS
+) -> dict[str, Any]:
+    """Train the model called `model` (a key of `models`) with one seed on one dataset.
+
+    Returns:
+        Its test NLL with two standard errors, bits/dim for image data, parameter count and times.
+    """
+    torch.manual_seed(seed)
+    hidden = parse_hidden(args.hidden) if args.hidden else None
+    flow = models[model](data.features, transforms=args.transforms, hidden=hidden, bins=args.bins,
+                         standardize_with=data.train)
+    counts = data.info.get("counts")
+    train = DequantizedDataset(counts, data.levels) if data.levels and counts is not None else data.train
+    wall, cpu = time.perf_counter(), time.process_time()
+    history = fit(
+        flow, MaximumLikelihood(), train, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+        val_data=data.val, restore_best=True, progress=False, seed=seed,
+    )
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    nll = evaluate_nll(flow, data.test)
+    result = {
+        "dataset": data.name, "model": model, "seed": seed, "parameters": count_parameters(flow),
+        "test_nll": nll.mean, "test_nll_2se": nll.two_se, "best_step": history.best_step,
+        "skipped_steps": len(history.skipped), "wall_s": wall, "cpu_s": cpu,
+    }
+    if data.levels:
+        result["test_bits_per_dim"] = nll.bits_per_dim(data.features, data.levels)[0]
+    return result
+
+
+def _finite_or_null(value: Any) -> Any:
+    """`value` with every NaN or infinite float replaced by None (JSON has no NaN)."""
+    if isinstance(value, dict):
+        return {k: _finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite_or_null(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    values = [r["test_nll"] for r in runs]
+    n = len(values)
+    mean = sum(values) / n
+    spread = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else float("nan")
+    summary = {
+        "dataset": runs[0]["dataset"], "model": runs[0]["model"], "parameters": runs[0]["parameters"], "seeds": n,
+        "test_nll": mean, "test_nll_2se_points": sum(r["test_nll_2se"] for r in runs) / n,
+        "test_nll_2se_seeds": 2 * spread / math.sqrt(n) if n > 1 else float("nan"),
+        "wall_s": sum(r["wall_s"] for r in runs) / n, "cpu_s": sum(r["cpu_s"] for r in runs) / n,
+    }
+    if "test_bits_per_dim" in runs[0]:
+        summary["test_bits_per_dim"] = sum(r["test_bits_per_dim"] for r in runs) / n
+    return summary
+
+
+def markdown_table(summaries: list[dict[str, Any]], steps: int) -> str:
+    """The per-model summaries of [`run`][flowkit.cli.bench.run] as a markdown table."""
+    lines = [
+        f"Test NLL in nats (lower is better), {steps} steps; +- 2 s.e. over test points / over seeds; time per run.",
+        "",
+        "| dataset | model | params | test NLL | +-2se (points) | +-2se (seeds) | bits/dim | wall s | CPU s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for s in summaries:
+        bpd = f"{s['test_bits_per_dim']:.3f}" if "test_bits_per_dim" in s else ""
+        lines.append(
+            f"| {s['dataset']} | {s['model']} | {s['parameters']} | {s['test_nll']:.3f} | {s['test_nll_2se_points']:.3f} "
+            f"| {s['test_nll_2se_seeds']:.3f} | {bpd} | {s['wall_s']:.1f} | {s['cpu_s']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace, models: Mapping[str, Builder] = MODELS) -> int:
+    """Run the benchmark for parsed arguments: print the table and write the JSON; returns the exit code 0.
+
+    Arguments:
+        args: the options of [`add_arguments`][flowkit.cli.bench.add_arguments].
+        models: model name -> builder; `args.models` names some of them.
+
+    Raises:
+        ValueError: on a bad option, an unknown model or dataset, checked before the first run.
+    """
+    for name in ("steps", "batch_size", "seeds", "n_train"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
+    chosen = [m.strip().lower() for m in args.models.split(",") if m.strip()]
+    for m in chosen:
+        if m not in models:
+            raise ValueError(f"unknown model {m!r}; choose from {', '.join(models)}")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be a positive integer, got {args.threads}")
+    datasets = _dataset_names(args.datasets, args.root)
+    if not datasets:
+        raise ValueError("no datasets to run (the tabular sets are absent under the data directory)")
+    # Every dataset and the output directory are checked before the first (long) run.
+    loaded = {name: _load(name, args.root, args.n_train) for name in datasets}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    runs: list[dict[str, Any]] = []
+    summaries: list[dict[str, Any]] = []
+    for name in datasets:
+        for model in chosen:
+            per_seed = []
+            for seed in range(args.seeds):
+                result = train_and_evaluate(model, loaded[name], args, seed, models)
+                print(f"  {name} {model} seed {seed}: test NLL {result['test_nll']:.4f} ({result['wall_s']:.1f} s)", flush=True)
+                per_seed.append(result)
+            runs += per_seed
+            summaries.append(_summarise(per_seed))
+    print(markdown_table(summaries, args.steps))
+    config = {k: v for k, v in vars(args).items() if k != "func"}
+    report = {"config": config, "summary": summaries, "runs": runs}
+    out.write_text(json.dumps(_finite_or_null(report), indent=1, default=str, allow_nan=False))
+    print(f"wrote {out}")
+    return 0

@@ -76,17 +76,18 @@ def build_target(args: argparse.Namespace) -> Any:
 
 def build_flow(args: argparse.Namespace, target: Any, samples: Any) -> Any:
     """A coupling flow for the target: vectors directly (standardised by the samples when given), lattices flattened."""
-    from ..bench.models import build_flow as preset, parse_hidden
     from ..bijectors import Chain, Reshape
+    from ..data import standardize
     from ..distributions import StandardNormal
-    from ..flows import Flow
+    from ..flows import Flow, parse_hidden
+    from ..flows import build_flow as preset
 
     shape = tuple(target.event_shape)
     features = math.prod(shape)
     hidden = parse_hidden(args.hidden)
-    flat = None if samples is None else samples.reshape(samples.shape[0], -1)
-    flow = preset(args.flow, features, transforms=args.transforms, hidden=hidden, coupling=args.flow == "nsf",
-                  standardize_with=flat)
+    flow = preset("nsf-coupling" if args.flow == "nsf" else args.flow, features, transforms=args.transforms, hidden=hidden)
+    if samples is not None:
+        flow = standardize(flow, samples.reshape(samples.shape[0], -1))
     if len(shape) == 1:
         return flow
     bijector = Chain(Reshape(shape, (features,)), flow.bijector, Reshape((features,), shape))

@@ -30,7 +30,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("data", metavar="DATA", help="built-in dataset (moons, circles, checkerboard, 8gaussians, "
                         "pinwheel, spirals, rings, digits, power, gas, hepmass, miniboone, bsds300) or a .csv/.npy file")
-    parser.add_argument("--flow", default="nsf", help="nsf, realnvp or maf (default: nsf)")
+    parser.add_argument("--flow", default="nsf", help="nsf, nsf-coupling, realnvp or maf (default: nsf)")
     parser.add_argument("--coupling", action="store_true", help="NSF with coupling layers instead of autoregressive ones")
     parser.add_argument("--transforms", type=int, default=None, help="number of layers (default 5; 8 for realnvp)")
     parser.add_argument("--hidden", default=None, help="hidden sizes, e.g. 128,128 (default 128,128; 64,64 for maf)")
@@ -57,13 +57,25 @@ def _positive(value: int | None, name: str) -> None:
         raise ValueError(f"{name} must be a positive integer, got {value}")
 
 
+def _preset_name(flow: str, coupling: bool) -> str:
+    """The preset of `--flow FLOW` with or without `--coupling` (`nsf` with `--coupling` is `nsf-coupling`)."""
+    from ..flows.registry import PRESETS
+
+    name = flow.lower()
+    if not coupling or name not in PRESETS or name == "nsf-coupling":
+        return name
+    if name != "nsf":
+        raise ValueError(f"--coupling applies to nsf only ({name} is {'always' if name == 'realnvp' else 'never'} coupling)")
+    return "nsf-coupling"
+
+
 def fit_dataset(args: argparse.Namespace) -> dict[str, Any]:
     """Do the work of ``flowkit fit`` for parsed arguments; returns the metrics written to metrics.json."""
     import torch
 
     from .. import io
-    from ..bench.models import build_flow, count_parameters, parse_hidden
-    from ..data import DequantizedDataset, evaluate_nll, load
+    from ..data import DequantizedDataset, evaluate_nll, load, standardize
+    from ..flows.registry import build_flow, count_parameters, parse_hidden
     from ..train import MaximumLikelihood, fit
 
     for name in ("steps", "batch_size", "transforms", "bins", "patience", "threads"):
@@ -76,16 +88,11 @@ def fit_dataset(args: argparse.Namespace) -> dict[str, Any]:
         torch.set_num_threads(args.threads)
     elif data.features <= _SINGLE_THREAD_FEATURES:
         torch.set_num_threads(1)  # small matrices: extra threads cost more than they give (7x slower on 2 busy cores)
+    name = _preset_name(args.flow, args.coupling)
     torch.manual_seed(args.seed)
-    flow = build_flow(
-        args.flow,
-        data.features,
-        transforms=args.transforms,
-        hidden=hidden,
-        bins=args.bins,
-        coupling=args.coupling,
-        standardize_with=None if args.no_standardize else data.train,
-    )
+    flow = build_flow(name, data.features, transforms=args.transforms, hidden=hidden, bins=args.bins)
+    if not args.no_standardize:
+        flow = standardize(flow, data.train)
     out = Path(args.out or Path("runs") / Path(data.name).stem)
     out.mkdir(parents=True, exist_ok=True)
     # Dequantised data get fresh noise at every pass (a regulariser); the fixed draw stays for evaluation.
@@ -114,7 +121,7 @@ def fit_dataset(args: argparse.Namespace) -> dict[str, Any]:
     metrics: dict[str, Any] = {
         "dataset": data.name,
         "features": data.features,
-        "flow": args.flow.lower() + ("-coupling" if args.coupling else ""),
+        "flow": name,
         "parameters": count_parameters(flow),
         "steps": len(history),
         "best_step": history.best_step,

@@ -6,5 +6,6 @@
 
 from .flow import Flow, FlowDistribution
 from .presets import MAF, NSF, RealNVP
+from .registry import PRESET_NAMES, PRESETS, build_flow, parse_hidden
 
-__all__ = ["Flow", "FlowDistribution", "RealNVP", "MAF", "NSF"]
+__all__ = ["Flow", "FlowDistribution", "RealNVP", "MAF", "NSF", "PRESETS", "PRESET_NAMES", "build_flow", "parse_hidden"]

@@ -1,0 +1,110 @@
+"""Flow presets by name, at the sizes the command line uses.
+
+`flowkit fit --flow NAME`, `flowkit boltzmann --flow NAME` and
+`flowkit bench likelihood --models flowkit-NAME` build their flows here:
+
+| name | preset | default size |
+|---|---|---|
+| `nsf` | [`NSF`][flowkit.flows.NSF], autoregressive | 5 layers, hidden `(128, 128)`, 8 bins |
+| `nsf-coupling` | [`NSF`][flowkit.flows.NSF] with `coupling=True` | 5 layers, hidden `(128, 128)`, 8 bins |
+| `realnvp` | [`RealNVP`][flowkit.flows.RealNVP] | 8 layers, hidden `(128, 128)` |
+| `maf` | [`MAF`][flowkit.flows.MAF] | 5 layers, hidden `(64, 64)` |
+
+Example:
+    ```python
+    from flowkit.flows import build_flow, parse_hidden
+
+    flow = build_flow("maf", 3, transforms=2, hidden=parse_hidden("16,16"))
+    ```
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import partial
+
+from torch import nn
+
+from .flow import Flow
+from .presets import MAF, NSF, RealNVP
+
+__all__ = ["PRESETS", "PRESET_NAMES", "build_flow", "parse_hidden", "count_parameters"]
+
+
+def _nsf(features: int, transforms: int | None, hidden: Sequence[int] | None, bins: int, coupling: bool = False) -> Flow:
+    return NSF(features, transforms=transforms or 5, bins=bins, hidden=tuple(hidden or (128, 128)), coupling=coupling)
+
+
+def _realnvp(features: int, transforms: int | None, hidden: Sequence[int] | None, bins: int) -> Flow:
+    if features < 2:
+        raise ValueError(f"realnvp needs at least 2 features, got {features}")
+    return RealNVP(features, transforms=transforms or 8, hidden=tuple(hidden or (128, 128)))
+
+
+def _maf(features: int, transforms: int | None, hidden: Sequence[int] | None, bins: int) -> Flow:
+    return MAF(features, transforms=transforms or 5, hidden=tuple(hidden or (64, 64)))
+
+
+#: Preset name -> constructor `(features, transforms, hidden, bins) -> Flow`; `None` sizes take the defaults above.
+PRESETS: dict[str, Callable[[int, int | None, Sequence[int] | None, int], Flow]] = {
+    "nsf": _nsf,
+    "nsf-coupling": partial(_nsf, coupling=True),
+    "realnvp": _realnvp,
+    "maf": _maf,
+}
+#: The names [`build_flow`][flowkit.flows.build_flow] accepts.
+PRESET_NAMES: tuple[str, ...] = tuple(PRESETS)
+
+
+def build_flow(
+    name: str,
+    features: int,
+    *,
+    transforms: int | None = None,
+    hidden: Sequence[int] | None = None,
+    bins: int = 8,
+) -> Flow:
+    """Build the preset called `name` (case-insensitive; one of `PRESET_NAMES`).
+
+    Arguments:
+        name: `nsf`, `nsf-coupling`, `realnvp` or `maf`.
+        features: data dimension `D`.
+        transforms: number of layers (default 5; 8 for `realnvp`).
+        hidden: conditioner hidden sizes (default `(128, 128)`; `(64, 64)` for `maf`).
+        bins: spline bins (the NSF presets only).
+
+    Returns:
+        An unconditional flow on vectors `(D,)` over a standard normal.
+
+    Raises:
+        ValueError: for an unknown name (the message lists the known ones) or bad sizes.
+    """
+    key = name.lower() if isinstance(name, str) else None
+    if key not in PRESETS:
+        raise ValueError(f"unknown flow {name!r}; choose one of {', '.join(PRESET_NAMES)}")
+    if transforms is not None and transforms < 1:
+        raise ValueError(f"transforms must be at least 1, got {transforms}")
+    return PRESETS[key](features, transforms, None if hidden is None else parse_hidden(hidden), bins)
+
+
+def parse_hidden(text: str | Sequence[int]) -> tuple[int, ...]:
+    """Hidden sizes from text such as `"128,128"` (or `"128x128"`), or from a sequence of integers.
+
+    Raises:
+        ValueError: when a part is not an integer, or a size is not positive, or there is none.
+    """
+    if not isinstance(text, str):
+        sizes = tuple(int(h) for h in text)
+    else:
+        try:
+            sizes = tuple(int(h) for h in text.replace("x", ",").split(","))
+        except ValueError:
+            raise ValueError(f"hidden sizes must be integers separated by commas, like 128,128; got {text!r}") from None
+    if not sizes or any(h < 1 for h in sizes):
+        raise ValueError(f"hidden sizes must be positive integers, got {text!r}")
+    return sizes
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of trainable parameters of `model`."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -1,0 +1,68 @@
+"""The benchmark scripts of bench/ with their peer models (zuko, nflows, normflows), run in-process."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+@pytest.fixture
+def script(monkeypatch):
+    """Import bench/NAME.py as a module, with bench/ on sys.path as when it runs as a script."""
+    monkeypatch.syspath_prepend(str(BENCH))
+
+    def load(name):
+        spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    return load
+
+
+def test_bench_likelihood_command(script, tmp_path, capsys):
+    out = tmp_path / "b.json"
+    argv = ["--datasets", "8gaussians", "--models", "flowkit-maf,zuko-maf", "--steps", "5",
+            "--seeds", "2", "--n-train", "400", "--transforms", "1", "--hidden", "8,8", "--out", str(out)]
+    assert script("likelihood").main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "| 8gaussians | flowkit-maf |" in printed and "| 8gaussians | zuko-maf |" in printed
+    result = json.loads(out.read_text())
+    assert [s["model"] for s in result["summary"]] == ["flowkit-maf", "zuko-maf"]
+    assert len(result["runs"]) == 4
+    flowkit_runs = [r for r in result["runs"] if r["model"] == "flowkit-maf"]
+    mean = sum(r["test_nll"] for r in flowkit_runs) / 2
+    assert result["summary"][0]["test_nll"] == pytest.approx(mean)
+    # matched size: the same number of parameters as zuko's MAF
+    assert result["summary"][0]["parameters"] == result["summary"][1]["parameters"]
+
+
+@pytest.mark.parametrize("name", ["zuko-nsf", "zuko-maf", "zuko-realnvp", "nflows-nsf", "nflows-maf"])
+def test_peers_match_flowkit_sizes_and_standardise(script, name):
+    import flowkit
+
+    peers = script("peers")
+    x = torch.randn(64, 3) * 10 + 5
+    peer = peers.build_peer(name, 3, transforms=2, hidden=(8, 8), standardize_with=x)
+    flow = flowkit.flows.build_flow(name.split("-", 1)[1], 3, transforms=2, hidden=(8, 8))
+    assert flowkit.flows.registry.count_parameters(peer) == flowkit.flows.registry.count_parameters(flow)
+    assert peer.log_prob(x).shape == (64,) and torch.isfinite(peer.log_prob(x)).all()
+    assert peer.sample(5).shape == (5, 3)
+    with pytest.raises(ValueError, match="unknown peer flow 'torch-nsf'"):
+        peers.build_peer("torch-nsf", 3)
+
+
+@pytest.mark.parametrize("coupling", [False, True])
+def test_speed_builds_the_same_nsf_in_every_library(script, coupling):
+    speed = script("speed")
+    sizes = set()
+    for library in speed.LIBRARIES:
+        module, log_prob, sample = speed.build(library, "coupling" if coupling else "autoregressive", 4, 2, 4, 3.0, 8)
+        assert log_prob(torch.randn(7, 4)).shape == (7,), library
+        assert sample(3).shape == (3, 4), library
+        sizes.add(sum(p.numel() for p in module.parameters() if p.requires_grad))
+    assert len(sizes) == 1, sizes
