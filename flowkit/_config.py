@@ -1,6 +1,6 @@
-"""Constructor-argument recording and the class registry behind :mod:`flowkit.io`.
+"""Constructor-argument recording and the class registry behind [`flowkit.io`][flowkit.io].
 
-Every flowkit module that can be saved derives from :class:`Configurable`. The
+Every flowkit module that can be saved derives from `Configurable`. The
 arguments of its constructor are recorded when it is built, so that a model can
 be written as a JSON config plus its weights, and rebuilt later *only* from the
 classes registered here: a config never names a Python path to import.
@@ -22,8 +22,8 @@ class Configurable:
     """Mixin that records the arguments a module was built with.
 
     Subclasses are registered by class name. The arguments of the outermost
-    ``__init__`` call are kept in ``_flowkit_config`` as a mapping from
-    parameter names to values; nested ``super().__init__`` calls do not
+    `__init__` call are kept in `_flowkit_config` as a mapping from
+    parameter names to values; nested `super().__init__` calls do not
     overwrite them.
     """
 
@@ -65,7 +65,7 @@ class Configurable:
 
 
 def get_config(module: Configurable) -> tuple[type, dict[str, Any]]:
-    """Return ``(class, arguments)`` recorded when ``module`` was built."""
+    """Return `(class, arguments)` recorded when `module` was built."""
     try:
         return vars(module)["_flowkit_config"]
     except (KeyError, TypeError):

@@ -2,8 +2,8 @@
 
 A domain tells the correctness checks where to draw test points and, for
 manifolds, which tangent space to take the Jacobian in: for a bijector between
-``m``-dimensional manifolds embedded in ``R^n`` the log-determinant is
-``log|det(E_out^T J E_in)|`` with ``E`` orthonormal tangent bases.
+`m`-dimensional manifolds embedded in `R^n` the log-determinant is
+`log|det(E_out^T J E_in)|` with `E` orthonormal tangent bases.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ __all__ = ["Domain", "Real", "Interval", "Circle", "Sphere"]
 
 
 class Domain:
-    """Base domain: the whole space ``R^n``."""
+    """Base domain: the whole space `R^n`."""
 
     is_manifold: bool = False
 
@@ -26,11 +26,11 @@ class Domain:
         return torch.randn(shape, dtype=dtype, generator=generator)
 
     def contains(self, x: Tensor) -> Tensor:
-        """Elementwise membership (boolean tensor with the shape of ``x``)."""
+        """Elementwise membership (boolean tensor with the shape of `x`)."""
         return torch.isfinite(x)
 
     def tangent_basis(self, x: Tensor) -> Tensor:
-        """Orthonormal basis ``(..., n, m)`` of the tangent space at ``x`` (identity off manifolds)."""
+        """Orthonormal basis `(..., n, m)` of the tangent space at `x` (identity off manifolds)."""
         n = x.shape[-1]
         return torch.eye(n, dtype=x.dtype, device=x.device).expand(*x.shape[:-1], n, n)
 
@@ -39,11 +39,11 @@ class Domain:
 
 
 class Real(Domain):
-    """The real line or ``R^n``, for unbounded bijectors."""
+    """The real line or `R^n`, for unbounded bijectors."""
 
 
 class Interval(Domain):
-    """Open interval ``(low, high)``, elementwise."""
+    """Open interval `(low, high)`, elementwise."""
 
     def __init__(self, low: float, high: float) -> None:
         self.low, self.high = float(low), float(high)
@@ -60,7 +60,7 @@ class Interval(Domain):
 
 
 class Circle(Interval):
-    """Angles in ``[-pi, pi)``, elementwise (a torus when several)."""
+    """Angles in `[-pi, pi)`, elementwise (a torus when several)."""
 
     def __init__(self) -> None:
         super().__init__(-math.pi, math.pi)
@@ -70,7 +70,7 @@ class Circle(Interval):
 
 
 class Sphere(Domain):
-    """Unit sphere ``S^{n-1}`` in ``R^n`` over the last dimension (``S^3`` holds unit quaternions)."""
+    """Unit sphere `S^{n-1}` in `R^n` over the last dimension (`S^3` holds unit quaternions)."""
 
     is_manifold = True
 

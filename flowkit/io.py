@@ -1,8 +1,8 @@
 """Save and load flows as a JSON config plus safetensors weights; loading never unpickles.
 
-A saved model is a directory holding ``config.json`` (the constructor
+A saved model is a directory holding `config.json` (the constructor
 arguments of every flowkit object in the model, nested) and
-``weights.safetensors`` (the state dict). :func:`load` rebuilds the model
+`weights.safetensors` (the state dict). [`load`][flowkit.io.load] rebuilds the model
 *only* from classes in flowkit's registry: a config naming anything else is
 refused, and nothing is imported by name from the file.
 """
@@ -48,7 +48,7 @@ def _encode(value: Any, where: str) -> Any:
 
 
 def to_config(module: Configurable) -> dict[str, Any]:
-    """The nested JSON-ready config of a flowkit object: ``{"class": name, "args": {...}}``."""
+    """The nested JSON-ready config of a flowkit object: `{"class": name, "args": {...}}`."""
     cls, args = get_config(module)
     return {"class": cls.__name__, "args": {k: _encode(v, f"{cls.__name__}.{k}") for k, v in args.items()}}
 
@@ -66,7 +66,7 @@ def _decode(value: Any, where: str) -> Any:
 
 
 def _leading_arguments(cls: type, args: dict[str, Any]) -> list[Any]:
-    """Pop, in order, the named arguments that precede ``*args`` in ``cls``'s signature (they must go by position)."""
+    """Pop, in order, the named arguments that precede `*args` in `cls`'s signature (they must go by position)."""
     leading = []
     for parameter in inspect.signature(cls).parameters.values():
         if parameter.kind not in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD):
@@ -81,7 +81,7 @@ def _leading_arguments(cls: type, args: dict[str, Any]) -> list[Any]:
 
 
 def from_config(config: Any, where: str = "config") -> Any:
-    """Build a flowkit object from :func:`to_config`'s output, using registered classes only."""
+    """Build a flowkit object from [`to_config`][flowkit.io.to_config]'s output, using registered classes only."""
     if not isinstance(config, dict) or set(config) != {"class", "args"} or not isinstance(config["args"], dict):
         raise ValueError(f"invalid model config at {where}: expected an object with 'class' and 'args'")
     name = config["class"]
@@ -107,9 +107,9 @@ def from_config(config: Any, where: str = "config") -> Any:
 
 
 def save(model: nn.Module, path: str | os.PathLike) -> Path:
-    """Save a flowkit model to the directory ``path`` (created if needed).
+    """Save a flowkit model to the directory `path` (created if needed).
 
-    Writes ``config.json`` and ``weights.safetensors``. Returns the directory.
+    Writes `config.json` and `weights.safetensors`. Returns the directory.
     """
     if not isinstance(model, Configurable):
         raise ValueError(f"save: {type(model).__name__} is not a flowkit model")
@@ -130,7 +130,7 @@ def save(model: nn.Module, path: str | os.PathLike) -> Path:
 
 
 def load(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> nn.Module:
-    """Load a model written by :func:`save`; raises :class:`ValueError` on a corrupt or foreign file."""
+    """Load a model written by [`save`][flowkit.io.save]; raises `ValueError` on a corrupt or foreign file."""
     directory = Path(path)
     if not directory.exists():
         raise FileNotFoundError(f"load: no such model directory: {directory}")

@@ -1,10 +1,10 @@
 """Matplotlib figures for fitted flows: density heatmaps, samples against data, marginals, training curves.
 
-Every function returns a :class:`matplotlib.figure.Figure` built without
+Every function returns a `matplotlib.figure.Figure` built without
 pyplot (so nothing is shown or kept alive behind your back); save it with
-``fig.savefig("out.png")`` or let Jupyter display it.
+`fig.savefig("out.png")` or let Jupyter display it.
 
-Example:
+Examples:
     >>> import flowkit, flowkit.plot
     >>> data = flowkit.data.load("moons")
     >>> flow = flowkit.flows.RealNVP(2)
@@ -55,7 +55,7 @@ def _flow_samples(flow: Any, n: int) -> np.ndarray:
 
 
 def _points(x: Any, where: str, name: str = "data") -> np.ndarray:
-    """``x`` as a float64 array of shape ``(N, D)``, ``N >= 1``, all finite; else a ValueError naming the problem."""
+    """`x` as a float64 array of shape `(N, D)`, `N >= 1`, all finite; else a ValueError naming the problem."""
     try:
         points = _numpy(x)
     except (TypeError, ValueError) as error:
@@ -86,13 +86,13 @@ def density(
     max_points: int = 2000,
     title: str | None = None,
 ) -> Figure:
-    """Heatmap of a 2-D flow's density ``p(x)`` on a grid, with data points on top.
+    """Heatmap of a 2-D flow's density `p(x)` on a grid, with data points on top.
 
     Arguments:
-        flow: a flow with two-dimensional events (anything with ``log_prob``).
-        data: points of shape ``(N, 2)`` to overlay (at most ``max_points`` are drawn).
-        bounds: ``[(xmin, xmax), (ymin, ymax)]``; by default the data's range
-            plus a margin, or ``[-4, 4]^2`` without data.
+        flow: a flow with two-dimensional events (anything with `log_prob`).
+        data: points of shape `(N, 2)` to overlay (at most `max_points` are drawn).
+        bounds: `[(xmin, xmax), (ymin, ymax)]`; by default the data's range
+            plus a margin, or `[-4, 4]^2` without data.
         resolution: grid points per axis.
         max_points: number of data points drawn.
         title: axes title.
@@ -147,10 +147,10 @@ def samples_vs_data(
     """Side-by-side scatter of data and flow samples (two chosen dimensions), on the same axes limits.
 
     Arguments:
-        flow_or_samples: a flow (``n`` samples are drawn) or an array of samples ``(M, D)``.
-        data: data points ``(N, D)``.
+        flow_or_samples: a flow (`n` samples are drawn) or an array of samples `(M, D)`.
+        data: data points `(N, D)`.
         n: number of points per panel.
-        dims: the two dimensions to show when ``D > 2``.
+        dims: the two dimensions to show when `D > 2`.
     """
     where = "plot.samples_vs_data"
     pts = _points(data, where)
@@ -182,16 +182,16 @@ def pairwise(
     n: int = 2000,
     bins: int = 40,
 ) -> Figure:
-    """Pairwise marginals (a corner plot) of data and, optionally, flow samples, for ``D > 2``.
+    """Pairwise marginals (a corner plot) of data and, optionally, flow samples, for `D > 2`.
 
     The diagonal shows 1-D histograms (data filled, samples as a line); the
     lower triangle shows data points, the upper triangle samples.
 
     Arguments:
-        data: data points ``(N, D)``.
-        samples: a flow (``n`` samples are drawn), an array ``(M, D)``, or None.
-        dims: the dimensions to show (default: the first ``max_dims``).
-        max_dims: most dimensions shown when ``dims`` is None.
+        data: data points `(N, D)`.
+        samples: a flow (`n` samples are drawn), an array `(M, D)`, or None.
+        dims: the dimensions to show (default: the first `max_dims`).
+        max_dims: most dimensions shown when `dims` is None.
         n: points per scatter panel.
         bins: histogram bins.
     """
@@ -260,9 +260,9 @@ def training_curves(history: Any, *, smooth: int = 0, title: str | None = None) 
     """Training (and validation) loss against the step, with the learning rate in a second panel.
 
     Arguments:
-        history: a :class:`flowkit.train.History` (or a mapping with ``loss``
-            and optionally ``step``, ``lr``, ``val_loss`` lists, and
-            ``val_step`` when validation losses are not one per step).
+        history: a [`flowkit.train.History`][flowkit.train.History] (or a mapping with `loss`
+            and optionally `step`, `lr`, `val_loss` lists, and
+            `val_step` when validation losses are not one per step).
         smooth: width of a moving average applied to the training loss (0: none).
         title: title of the loss panel.
     """

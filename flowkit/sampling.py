@@ -1,13 +1,13 @@
 r"""Importance sampling with a flow as proposal: weights, ESS, log Z, IMH chains and reweighting.
 
-For a target :math:`p(x) = e^{-u(x)}/Z` and flow samples :math:`x_i \sim q`,
-the log importance weights are :math:`\log w_i = -u(x_i) - \log q(x_i)`; then
-:math:`\hat Z = \frac1n \sum_i w_i` is unbiased for :math:`Z`, the normalised
-Kish effective sample size is :math:`(\sum w)^2 / (n \sum w^2) \in (0, 1]`, and
-self-normalised averages :math:`\sum_i w_i f(x_i) / \sum_i w_i` estimate
-:math:`E_p[f]`. Weights are computed in float64 with ``logsumexp``.
+For a target $p(x) = e^{-u(x)}/Z$ and flow samples $x_i \sim q$,
+the log importance weights are $\log w_i = -u(x_i) - \log q(x_i)$; then
+$\hat Z = \frac1n \sum_i w_i$ is unbiased for $Z$, the normalised
+Kish effective sample size is $(\sum w)^2 / (n \sum w^2) \in (0, 1]$, and
+self-normalised averages $\sum_i w_i f(x_i) / \sum_i w_i$ estimate
+$E_p[f]$. Weights are computed in float64 with `logsumexp`.
 
-Example:
+Examples:
     >>> import flowkit
     >>> flow = flowkit.flows.RealNVP(2, transforms=2)
     >>> x, log_w = flowkit.sampling.importance_sample(flow, flowkit.targets.DoubleWell(), 1000)
@@ -55,19 +55,19 @@ def _check_log_w(log_w: Tensor, where: str) -> Tensor:
 
 @torch.no_grad()
 def importance_sample(flow: Any, target: Target, n: int, batch_size: int = 10_000) -> tuple[Tensor, Tensor]:
-    """Draw ``n`` flow samples and their log importance weights ``-u(x) - log q(x)``.
+    """Draw `n` flow samples and their log importance weights `-u(x) - log q(x)`.
 
     Flows with stochastic blocks give path weights through
-    ``flow.sample_with_log_weights(n, target)`` instead (same estimator of Z).
+    `flow.sample_with_log_weights(n, target)` instead (same estimator of Z).
 
     Arguments:
-        flow: a :class:`~flowkit.flows.Flow` with the target's event shape.
-        target: the :class:`~flowkit.targets.Target`.
+        flow: a [`Flow`][flowkit.Flow] with the target's event shape.
+        target: the [`Target`][flowkit.targets.Target].
         n: number of samples.
         batch_size: samples drawn per pass (bounds memory).
 
     Returns:
-        ``(x, log_w)``: samples ``(n, *event_shape)`` and float64 log weights ``(n,)``.
+        `(x, log_w)`: samples `(n, *event_shape)` and float64 log weights `(n,)`.
     """
     _check_target(flow, target, "importance_sample")
     if n < 1 or batch_size < 1:
@@ -93,27 +93,30 @@ def importance_sample(flow: Any, target: Target, n: int, batch_size: int = 10_00
 
 
 def log_weights(flow: Any, target: Target, n: int, batch_size: int = 10_000) -> Tensor:
-    """Log importance weights of ``n`` fresh flow samples (see :func:`importance_sample`); float64, shape ``(n,)``."""
+    """Log importance weights of `n` fresh flow samples, float64, shape `(n,)`.
+
+    See [`importance_sample`][flowkit.sampling.importance_sample].
+    """
     return importance_sample(flow, target, n, batch_size)[1]
 
 
 def ess(log_w: Tensor) -> float:
-    r"""Normalised Kish effective sample size :math:`(\sum w)^2 / (n \sum w^2)`, in ``(0, 1]``."""
+    r"""Normalised Kish effective sample size $(\sum w)^2 / (n \sum w^2)$, in `(0, 1]`."""
     log_w = _check_log_w(log_w, "ess")
     return float(torch.exp(2 * torch.logsumexp(log_w, 0) - torch.logsumexp(2 * log_w, 0)) / log_w.numel())
 
 
 def log_Z(log_w: Tensor) -> tuple[float, float]:
-    r"""Estimate :math:`\log Z = \log \frac1n \sum_i w_i` and its standard error.
+    r"""Estimate $\log Z = \log \frac1n \sum_i w_i$ and its standard error.
 
-    The error is the delta-method one, :math:`\mathrm{sd}(w) / (\sqrt n\, \bar w)
-    = \sqrt{(1/\mathrm{ESS} - 1)/(n - 1)}` with the normalised ESS. The
-    estimate of :math:`\log Z` is biased low by about half its variance. When
+    The error is the delta-method one, $\mathrm{sd}(w) / (\sqrt n\, \bar w)
+    = \sqrt{(1/\mathrm{ESS} - 1)/(n - 1)}$ with the normalised ESS. The
+    estimate of $\log Z$ is biased low by about half its variance. When
     a few weights dominate (fewer than 10 effective points) both are
-    meaningless (the error cannot exceed 1), and a :class:`RuntimeWarning` says so.
+    meaningless (the error cannot exceed 1), and a `RuntimeWarning` says so.
 
     Returns:
-        ``(log_Z_hat, standard_error)`` as floats.
+        `(log_Z_hat, standard_error)` as floats.
     """
     log_w = _check_log_w(log_w, "log_Z")
     n = log_w.numel()
@@ -131,15 +134,15 @@ def log_Z(log_w: Tensor) -> tuple[float, float]:
 
 
 def reweight(observable: Tensor, log_w: Tensor) -> tuple[Tensor, Tensor]:
-    r"""Self-normalised importance estimate :math:`\sum_i w_i f_i / \sum_i w_i` and its standard error.
+    r"""Self-normalised importance estimate $\sum_i w_i f_i / \sum_i w_i$ and its standard error.
 
     Arguments:
-        observable: values ``f(x_i)``, shape ``(n, ...)`` (any trailing shape).
-        log_w: log weights of the same samples, shape ``(n,)``.
+        observable: values `f(x_i)`, shape `(n, ...)` (any trailing shape).
+        log_w: log weights of the same samples, shape `(n,)`.
 
     Returns:
-        ``(estimate, standard_error)``, each of the trailing shape of ``observable``;
-        the error is the delta-method one, :math:`\sqrt{\sum_i \bar w_i^2 (f_i - \hat f)^2}`.
+        `(estimate, standard_error)`, each of the trailing shape of `observable`;
+        the error is the delta-method one, $\sqrt{\sum_i \bar w_i^2 (f_i - \hat f)^2}$.
     """
     log_w = _check_log_w(log_w, "reweight")
     if not isinstance(observable, Tensor) or observable.shape[:1] != log_w.shape:
@@ -164,8 +167,8 @@ def imh(
 ) -> tuple[Tensor, float]:
     r"""Independent Metropolis-Hastings with the flow as proposal.
 
-    A proposal :math:`x' \sim q` replaces the state :math:`x` with probability
-    :math:`\min(1, w(x') / w(x))`, :math:`w = e^{-u}/q`; the chain has the
+    A proposal $x' \sim q$ replaces the state $x$ with probability
+    $\min(1, w(x') / w(x))$, $w = e^{-u}/q$; the chain has the
     target as its stationary law, so averages over it are asymptotically
     exact even when the flow is not. The chain starts at the first proposal
     of non-zero weight.
@@ -178,7 +181,7 @@ def imh(
         generator: random generator of the accept/reject draws.
 
     Returns:
-        ``(chain, acceptance)``: the states ``(n_steps, *event_shape)`` and the
+        `(chain, acceptance)`: the states `(n_steps, *event_shape)` and the
         fraction of the proposals after the starting one that were accepted.
     """
     if n_steps < 2:

@@ -1,11 +1,11 @@
 """Datasets: built-in 2-D sets, sklearn's digits, CSV/NPY files and the MAF tabular benchmarks.
 
-Every loader returns a :class:`Splits` (train/val/test float32 tensors);
-:func:`load` picks the loader from a name or a file path. Nothing is
+Every loader returns a [`Splits`][flowkit.data.Splits] (train/val/test float32 tensors);
+[`load`][flowkit.data.load] picks the loader from a name or a file path. Nothing is
 downloaded: the 2-D sets are generated from a seed, digits ship inside
 scikit-learn, and the tabular benchmarks are read when their files are present.
 
-Example:
+Examples:
     >>> import flowkit
     >>> data = flowkit.data.load("moons")
     >>> data.train.shape
@@ -53,7 +53,7 @@ __all__ = [
 
 
 def names() -> list[str]:
-    """Names :func:`load` accepts (besides file paths): the 2-D sets, ``digits`` and the tabular benchmarks."""
+    """Names [`load`][flowkit.data.load] accepts besides file paths: the 2-D sets, `digits`, the tabular benchmarks."""
     return [*TOY_DATASETS, "digits", *TABULAR_DATASETS]
 
 
@@ -61,13 +61,13 @@ def load(name_or_path: str | os.PathLike, *, root: str | os.PathLike | None = No
     """Load a dataset by name or from a file, as train/val/test splits.
 
     Arguments:
-        name_or_path: a built-in 2-D set (``moons``, ``circles``,
-            ``checkerboard``, ``8gaussians``, ``pinwheel``, ``spirals``,
-            ``rings``), ``digits``, a tabular benchmark (``power``, ``gas``,
-            ``hepmass``, ``miniboone``, ``bsds300``, read from ``root``), or
-            the path of a ``.csv``/``.npy`` file (split 80/10/10 by a seeded
+        name_or_path: a built-in 2-D set (`moons`, `circles`,
+            `checkerboard`, `8gaussians`, `pinwheel`, `spirals`,
+            `rings`), `digits`, a tabular benchmark (`power`, `gas`,
+            `hepmass`, `miniboone`, `bsds300`, read from `root`), or
+            the path of a `.csv`/`.npy` file (split 80/10/10 by a seeded
             permutation).
-        root: data directory of the tabular benchmarks (default ``$FLOWKIT_DATA`` or ``./data``).
+        root: data directory of the tabular benchmarks (default `$FLOWKIT_DATA` or `./data`).
         seed: seed of the 2-D sets' draws, of digits' dequantisation noise,
             and of a file's split permutation.
 

@@ -3,12 +3,14 @@ r"""sklearn's 8x8 digits as a 64-dimensional density benchmark, and bits per dim
 The 1797 images (17 grey levels, 0..16) ship inside scikit-learn, so nothing
 is downloaded. They are dequantised with uniform noise,
 
-.. math:: \tilde x = (x + u) / K, \qquad u \sim U[0, 1)^{64}, \quad K = 17,
+$$
+\tilde x = (x + u) / K, \qquad u \sim U[0, 1)^{64}, \quad K = 17,
+$$
 
-so that :math:`\tilde x \in [0, 1]^{64}` and a uniform model scores
-:math:`\log_2 K = 4.09` bits/dim. The split is a fixed permutation (seed 0)
+so that $\tilde x \in [0, 1]^{64}$ and a uniform model scores
+$\log_2 K = 4.09$ bits/dim. The split is a fixed permutation (seed 0)
 into 1257 training, 180 validation and 360 test images (see
-``research/benchmarks.md`` section 5: a full-covariance Gaussian scores 2.96
+`research/benchmarks.md` section 5: a full-covariance Gaussian scores 2.96
 bits/dim, a tuned Gaussian mixture 2.61-2.72).
 """
 
@@ -31,7 +33,7 @@ _SPLIT = (1257, 180, 360)
 
 
 def dequantize(counts: np.ndarray, levels: int, seed: int) -> np.ndarray:
-    """Uniform dequantisation ``(x + u) / levels`` of integer data ``x`` in ``{0, ..., levels-1}``."""
+    """Uniform dequantisation `(x + u) / levels` of integer data `x` in `{0, ..., levels-1}`."""
     if isinstance(levels, bool) or not isinstance(levels, (int, np.integer)) or levels < 1:
         raise ValueError(f"dequantize: levels must be a positive integer, got {levels!r}")
     counts = np.asarray(counts)
@@ -48,8 +50,8 @@ class DequantizedDataset(Dataset):
     """Integer data dequantised with *fresh* uniform noise at every access (a regulariser for training).
 
     Arguments:
-        counts: integer data of shape ``(N, D)`` with values in ``{0, ..., levels-1}``.
-        levels: number of levels ``K``.
+        counts: integer data of shape `(N, D)` with values in `{0, ..., levels-1}`.
+        levels: number of levels `K`.
     """
 
     def __init__(self, counts: np.ndarray | Tensor, levels: int) -> None:
@@ -65,14 +67,14 @@ class DequantizedDataset(Dataset):
 
 
 def digits(seed: int = 0) -> Splits:
-    """sklearn's digits, dequantised to ``[0, 1]^64``, split 1257/180/360 by a fixed permutation (seed 0).
+    """sklearn's digits, dequantised to `[0, 1]^64`, split 1257/180/360 by a fixed permutation (seed 0).
 
     Arguments:
         seed: seed of the dequantisation noise (the split itself never changes).
 
     Returns:
-        :class:`~flowkit.data.Splits` with ``levels = 17``; ``info["counts"]``
-        holds the integer training images, for :class:`DequantizedDataset`.
+        [`Splits`][flowkit.data.Splits] with `levels = 17`; `info["counts"]`
+        holds the integer training images, for [`DequantizedDataset`][flowkit.data.DequantizedDataset].
     """
     from sklearn.datasets import load_digits
 
@@ -93,15 +95,15 @@ def digits(seed: int = 0) -> Splits:
 
 
 def bits_per_dim(log_prob: Tensor | float, dims: int, levels: int) -> Tensor | float:
-    r"""Bits per dimension of dequantised data: ``(-log p(x~) + D log K) / (D ln 2)``.
+    r"""Bits per dimension of dequantised data: `(-log p(x~) + D log K) / (D ln 2)`.
 
-    ``log_prob`` is the log density of the dequantised point :math:`\tilde x
-    = (x + u)/K` in ``[0, 1]^D``; adding ``D log K`` turns it into the log
+    `log_prob` is the log density of the dequantised point $\tilde x
+    = (x + u)/K$ in `[0, 1]^D`; adding `D log K` turns it into the log
     probability of the discrete data (a lower bound, by Jensen), in nats.
 
     Arguments:
         log_prob: log density (or mean log density) in nats.
-        dims: number of dimensions ``D``.
-        levels: quantisation levels ``K`` (17 for digits, 256 for 8-bit images).
+        dims: number of dimensions `D`.
+        levels: quantisation levels `K` (17 for digits, 256 for 8-bit images).
     """
     return (-log_prob + dims * math.log(levels)) / (dims * math.log(2))

@@ -19,8 +19,8 @@ class NLL:
     """Mean negative log-likelihood (nats per point) and two standard errors over the points.
 
     Attributes:
-        mean: mean of ``-log p(x)`` over the points.
-        two_se: ``2 s / sqrt(n)``, with ``s`` the standard deviation of ``-log p(x)``.
+        mean: mean of `-log p(x)` over the points.
+        two_se: `2 s / sqrt(n)`, with `s` the standard deviation of `-log p(x)`.
         n: number of points.
     """
 
@@ -29,7 +29,7 @@ class NLL:
     n: int
 
     def bits_per_dim(self, dims: int, levels: int) -> tuple[float, float]:
-        """The same in bits/dim for dequantised data (see :func:`~flowkit.data.bits_per_dim`): (mean, two_se)."""
+        """The same in bits/dim for dequantised data (see [`bits_per_dim`][flowkit.data.bits_per_dim]): (mean, two_se)."""
         return float(bits_per_dim(-self.mean, dims, levels)), self.two_se / (dims * math.log(2))
 
     def __str__(self) -> str:
@@ -38,7 +38,7 @@ class NLL:
 
 @torch.no_grad()
 def log_prob_batched(flow: torch.nn.Module, x: Tensor, batch_size: int = 4096) -> Tensor:
-    """``flow.log_prob(x)`` in batches, in eval mode, without gradients (the flow's mode is restored)."""
+    """`flow.log_prob(x)` in batches, in eval mode, without gradients (the flow's mode is restored)."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"log_prob_batched: batch_size must be a positive integer, got {batch_size!r}")
     if not isinstance(x, Tensor) or x.dim() < 1 or x.shape[0] == 0:
@@ -56,7 +56,7 @@ def log_prob_batched(flow: torch.nn.Module, x: Tensor, batch_size: int = 4096) -
 
 
 def evaluate_nll(flow: torch.nn.Module, x: Tensor, batch_size: int = 4096) -> NLL:
-    """Mean NLL of ``x`` under ``flow`` in nats, with two standard errors over the points."""
+    """Mean NLL of `x` under `flow` in nats, with two standard errors over the points."""
     nll = -log_prob_batched(flow, x, batch_size).double()  # a point of zero density makes the mean inf
     n = nll.numel()
     two_se = 2 * float(nll.std()) / math.sqrt(n) if n > 1 else float("nan")

@@ -97,11 +97,11 @@ def _read_npy(path: Path) -> np.ndarray:
 
 
 def read_array(path: str | os.PathLike) -> np.ndarray:
-    """Read an ``(N, D)`` float64 array from a ``.csv`` or ``.npy`` file.
+    """Read an `(N, D)` float64 array from a `.csv` or `.npy` file.
 
     CSV files may have one header row (detected when its fields are not
-    numbers); delimiters ``,`` ``;`` tab and space are recognised. A 1-D
-    array is read as ``(N, 1)``.
+    numbers); delimiters `,` `;` tab and space are recognised. A 1-D
+    array is read as `(N, 1)`.
 
     Raises:
         FileNotFoundError: the file does not exist.

@@ -13,16 +13,16 @@ __all__ = ["Splits", "split_array"]
 
 @dataclass
 class Splits:
-    """Train, validation and test sets of one dataset, as float32 tensors of shape ``(N, D)``.
+    """Train, validation and test sets of one dataset, as float32 tensors of shape `(N, D)`.
 
     Attributes:
         name: dataset name (a built-in name or the file path).
         train: training points.
         val: validation points (for early stopping and model choice).
         test: test points (touched once, for the reported numbers).
-        levels: number of quantisation levels ``K`` per dimension for
+        levels: number of quantisation levels `K` per dimension for
             dequantised discrete data (17 for digits), else None; when set,
-            bits/dim are reported (see :func:`flowkit.data.bits_per_dim`).
+            bits/dim are reported (see [`flowkit.data.bits_per_dim`][flowkit.data.bits_per_dim]).
         info: free-form notes (source, preprocessing).
     """
 
@@ -35,7 +35,7 @@ class Splits:
 
     @property
     def features(self) -> int:
-        """Number of dimensions ``D``."""
+        """Number of dimensions `D`."""
         return int(self.train.shape[-1])
 
     def __repr__(self) -> str:
@@ -52,7 +52,7 @@ def _tensor(a: np.ndarray) -> Tensor:
 def split_array(
     data: np.ndarray, name: str, *, val: float = 0.1, test: float = 0.1, seed: int = 0, shuffle: bool = True
 ) -> Splits:
-    """Split an ``(N, D)`` array into train/val/test by a seeded random permutation.
+    """Split an `(N, D)` array into train/val/test by a seeded random permutation.
 
     Arguments:
         data: the points.

@@ -11,17 +11,17 @@ __all__ = ["standardize"]
 
 
 def standardize(flow: Flow, x: Tensor) -> Flow:
-    r"""A flow ``Flow(Chain(Standardization.from_data(x), flow.bijector), flow.base)``.
+    r"""A flow `Flow(Chain(Standardization.from_data(x), flow.bijector), flow.base)`.
 
     The returned flow standardises each feature with the mean and standard
-    deviation of ``x`` (the training data) before the original bijector, and
-    adds the constant log-determinant :math:`-\sum_i \log s_i`, so its
-    ``log_prob`` is the density of the *original* data. The standardisation is
-    saved with the model by :func:`flowkit.io.save`.
+    deviation of `x` (the training data) before the original bijector, and
+    adds the constant log-determinant $-\sum_i \log s_i$, so its
+    `log_prob` is the density of the *original* data. The standardisation is
+    saved with the model by [`flowkit.io.save`][flowkit.io.save].
 
     Arguments:
-        flow: an unconditional or conditional flow on vectors ``(D,)``.
-        x: training data of shape ``(N, D)``.
+        flow: an unconditional or conditional flow on vectors `(D,)`.
+        x: training data of shape `(N, D)`.
     """
     if not isinstance(flow, Flow):
         raise ValueError(f"standardize: flow must be a flowkit Flow, got {type(flow).__name__}")

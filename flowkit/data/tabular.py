@@ -1,30 +1,30 @@
 """The MAF tabular benchmarks (POWER, GAS, HEPMASS, MINIBOONE, BSDS300), read from a local directory.
 
 The preprocessed files of Papamakarios et al. (Zenodo record 1161203,
-``data.tar.gz``) cannot be downloaded by flowkit; unpack them yourself and
-point ``root`` (or the ``FLOWKIT_DATA`` environment variable) at the folder
-that holds ``power/``, ``gas/``, ``hepmass/``, ``miniboone/`` and ``BSDS300/``.
+`data.tar.gz`) cannot be downloaded by flowkit; unpack them yourself and
+point `root` (or the `FLOWKIT_DATA` environment variable) at the folder
+that holds `power/`, `gas/`, `hepmass/`, `miniboone/` and `BSDS300/`.
 The loaders reproduce MAF's preprocessing and splits, so that numbers are
 comparable with the literature (MAF, NSF papers):
 
 ========== ===================================================== ===== ===========================================
 name       files                                                 D     preprocessing
 ========== ===================================================== ===== ===========================================
-power      ``power/data.npy`` (N x 8)                            6     shuffle (seed 42), drop 2 columns, add the
+power      `power/data.npy` (N x 8)                            6     shuffle (seed 42), drop 2 columns, add the
                                                                        MAF jitter, standardise on train+val
-gas        ``gas/ethylene_CO.pickle`` or ``.csv`` (with header)  8     drop Meth/Eth/Time, drop columns correlated
+gas        `gas/ethylene_CO.pickle` or `.csv` (with header)  8     drop Meth/Eth/Time, drop columns correlated
                                                                        above 0.98, standardise
-hepmass    ``hepmass/1000_train.csv``, ``1000_test.csv``         21    positive class only, standardise on train,
+hepmass    `hepmass/1000_train.csv`, `1000_test.csv`         21    positive class only, standardise on train,
                                                                        drop discrete features
-miniboone  ``miniboone/data.npy`` (N x 43)                       43    standardise on train+val
-bsds300    ``BSDS300/BSDS300.hdf5`` or ``{train,validation,      63    none (already split)
-           test}.npy``
+miniboone  `miniboone/data.npy` (N x 43)                       43    standardise on train+val
+bsds300    `BSDS300/BSDS300.hdf5` or `{train,validation,      63    none (already split)
+           test}.npy`
 ========== ===================================================== ===== ===========================================
 
 Test sets are the last 10% of rows and validation sets the last 10% of the
-rest, as in MAF. ``gas/ethylene_CO.pickle`` needs pandas and
-``BSDS300.hdf5`` needs h5py (neither is a flowkit dependency); the ``.csv``
-and ``.npy`` alternatives need neither.
+rest, as in MAF. `gas/ethylene_CO.pickle` needs pandas and
+`BSDS300.hdf5` needs h5py (neither is a flowkit dependency); the `.csv`
+and `.npy` alternatives need neither.
 
 References:
     Papamakarios, Pavlakou & Murray, *Masked Autoregressive Flow for Density
@@ -47,7 +47,7 @@ __all__ = ["TABULAR_DATASETS", "tabular", "available_tabular", "data_root"]
 
 
 def data_root(root: str | os.PathLike | None = None) -> Path:
-    """The tabular data directory: ``root``, else ``$FLOWKIT_DATA``, else ``./data``."""
+    """The tabular data directory: `root`, else `$FLOWKIT_DATA`, else `./data`."""
     if root is not None:
         return Path(root)
     return Path(os.environ.get("FLOWKIT_DATA", "data"))
@@ -201,11 +201,11 @@ def tabular(name: str, root: str | os.PathLike | None = None) -> Splits:
     """Load a MAF tabular benchmark with MAF's preprocessing and train/val/test split.
 
     Arguments:
-        name: ``power``, ``gas``, ``hepmass``, ``miniboone`` or ``bsds300`` (case-insensitive).
-        root: the data directory (default ``$FLOWKIT_DATA`` or ``./data``).
+        name: `power`, `gas`, `hepmass`, `miniboone` or `bsds300` (case-insensitive).
+        root: the data directory (default `$FLOWKIT_DATA` or `./data`).
 
     Raises:
-        FileNotFoundError: the dataset's files are not under ``root``.
+        FileNotFoundError: the dataset's files are not under `root`.
         ValueError: the files do not have the expected shape.
     """
     key = name.lower()

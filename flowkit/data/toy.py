@@ -2,7 +2,7 @@
 
 The shapes follow the usual flow benchmarks (FFJORD, NSF): two moons, two
 circles, a checkerboard, eight Gaussians, a pinwheel, two spirals and four
-concentric rings, all scaled to lie roughly in ``[-4, 4]^2``.
+concentric rings, all scaled to lie roughly in `[-4, 4]^2`.
 """
 
 from __future__ import annotations
@@ -84,11 +84,11 @@ TOY_DATASETS: dict[str, Callable[[int, np.random.Generator], np.ndarray]] = {
 
 
 def toy(name: str, n: int = 10_000, seed: int = 0) -> np.ndarray:
-    """Draw ``n`` points of a built-in 2-D dataset as a float64 array of shape ``(n, 2)``.
+    """Draw `n` points of a built-in 2-D dataset as a float64 array of shape `(n, 2)`.
 
     Arguments:
-        name: one of ``moons``, ``circles``, ``checkerboard``, ``8gaussians``,
-            ``pinwheel``, ``spirals``, ``rings``.
+        name: one of `moons`, `circles`, `checkerboard`, `8gaussians`,
+            `pinwheel`, `spirals`, `rings`.
         n: number of points.
         seed: seed of the generator (the same seed gives the same points).
     """
@@ -102,8 +102,8 @@ def toy(name: str, n: int = 10_000, seed: int = 0) -> np.ndarray:
 def toy_splits(name: str, n_train: int = 20_000, n_val: int = 2_000, n_test: int = 10_000, seed: int = 0) -> Splits:
     """Independent train/val/test draws of a built-in 2-D dataset.
 
-    The three sets use independent streams spawned from ``seed``
-    (:class:`numpy.random.SeedSequence`), so they never share points.
+    The three sets use independent streams spawned from `seed`
+    (`numpy.random.SeedSequence`), so they never share points.
     """
     toy(name, 1)  # validates the name
     streams = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3)]

@@ -1,4 +1,4 @@
-"""Base distributions: ``nn.Module`` s with ``log_prob``, ``sample`` and ``rsample``."""
+"""Base distributions: `nn.Module` s with `log_prob`, `sample` and `rsample`."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ __all__ = ["Distribution", "as_shape"]
 
 
 def as_shape(shape: int | Sequence[int] | torch.Size) -> torch.Size:
-    """Turn an int or a sequence into a :class:`torch.Size` (refusing negative sizes)."""
+    """Turn an int or a sequence into a `torch.Size` (refusing negative sizes)."""
     size = torch.Size((shape,) if isinstance(shape, int) else tuple(shape))
     if any(n < 0 for n in size):
         raise ValueError(f"a shape cannot have negative sizes, got {tuple(size)}")
@@ -22,10 +22,11 @@ def as_shape(shape: int | Sequence[int] | torch.Size) -> torch.Size:
 
 
 class Distribution(Configurable, TensorAnchor):
-    """Base of flowkit's distributions over events of shape :attr:`event_shape`.
+    """Base of flowkit's distributions over events of shape `event_shape`.
 
-    Subclasses implement :meth:`log_prob` (summed over the event dimensions)
-    and :meth:`rsample`. Parameters and buffers follow ``.to()``: a
+    Subclasses implement [`log_prob`][flowkit.distributions.base.Distribution.log_prob] (summed over the event
+    dimensions)
+    and [`rsample`][flowkit.distributions.base.Distribution.rsample]. Parameters and buffers follow `.to()`: a
     parameter-free distribution keeps a zero-size buffer to know its dtype and device.
     """
 
@@ -33,16 +34,16 @@ class Distribution(Configurable, TensorAnchor):
     event_shape: torch.Size
 
     def log_prob(self, x: Tensor) -> Tensor:
-        """Log density of events ``x`` of shape ``(..., *event_shape)``; returns the batch shape."""
+        """Log density of events `x` of shape `(..., *event_shape)`; returns the batch shape."""
         raise NotImplementedError
 
     def rsample(self, shape: int | Sequence[int] = ()) -> Tensor:
-        """Reparameterised sample of shape ``(*shape, *event_shape)``."""
+        """Reparameterised sample of shape `(*shape, *event_shape)`."""
         raise NotImplementedError
 
     @torch.no_grad()
     def sample(self, shape: int | Sequence[int] = ()) -> Tensor:
-        """Sample of shape ``(*shape, *event_shape)`` without gradients."""
+        """Sample of shape `(*shape, *event_shape)` without gradients."""
         return self.rsample(shape)
 
     def forward(self, x: Tensor) -> Tensor:

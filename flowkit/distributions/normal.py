@@ -17,12 +17,12 @@ _LOG_2PI = math.log(2 * math.pi)
 
 
 class StandardNormal(Distribution):
-    r"""Standard normal :math:`\mathcal N(0, I)` over events of a given shape.
+    r"""Standard normal $\mathcal N(0, I)$ over events of a given shape.
 
-    ``log p(z) = -|z|^2/2 - (n/2) log 2 pi`` with ``n`` the number of elements of an event.
+    `log p(z) = -|z|^2/2 - (n/2) log 2 pi` with `n` the number of elements of an event.
 
     Arguments:
-        event_shape: ``D`` or a shape such as ``(C, H, W)``.
+        event_shape: `D` or a shape such as `(C, H, W)`.
     """
 
     def __init__(self, event_shape: int | Sequence[int]) -> None:
@@ -41,13 +41,13 @@ class StandardNormal(Distribution):
 
 
 class DiagNormal(Distribution):
-    r"""Gaussian with learnable mean ``mu`` and diagonal scale ``sigma = exp(log_scale)``.
+    """Gaussian with learnable mean `mu` and diagonal scale `sigma = exp(log_scale)`.
 
     Arguments:
-        event_shape: ``D`` or a shape such as ``(C, H, W)``.
+        event_shape: `D` or a shape such as `(C, H, W)`.
         loc: initial mean, the same for every element (a scalar; constructor arguments are saved as JSON).
         scale: initial standard deviation (a positive scalar).
-        trainable: whether ``mu`` and ``log sigma`` are learnt.
+        trainable: whether `mu` and `log sigma` are learnt.
     """
 
     def __init__(

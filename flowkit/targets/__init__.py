@@ -1,8 +1,8 @@
-"""Targets: unnormalised densities ``exp(-u(x))`` given by an energy, for training without data.
+"""Targets: unnormalised densities `exp(-u(x))` given by an energy, for training without data.
 
-Each target has :meth:`~flowkit.targets.Target.energy`, ``event_shape``,
-:meth:`~flowkit.targets.Target.force` (``-grad u``), and, when known,
-``log_Z`` and exact :meth:`~flowkit.targets.Target.sample`.
+Each target has [`energy`][flowkit.targets.base.Target.energy], `event_shape`,
+[`force`][flowkit.targets.base.Target.force] (`-grad u`), and, when known,
+`log_Z` and exact [`sample`][flowkit.targets.base.Target.sample].
 """
 
 from .base import Energy, Target

@@ -1,4 +1,4 @@
-"""The :class:`Target` interface: an unnormalised density given by its energy, and a wrapper for user code."""
+"""The [`Target`][flowkit.targets.Target] interface (a density known through its energy) and a wrapper for user code."""
 
 from __future__ import annotations
 
@@ -17,18 +17,18 @@ __all__ = ["Target", "Energy"]
 
 
 class Target(Configurable, TensorAnchor):
-    r"""An unnormalised density :math:`p(x) = e^{-u(x)} / Z` known through its energy ``u``.
+    r"""An unnormalised density $p(x) = e^{-u(x)} / Z$ known through its energy `u`.
 
-    Subclasses set :attr:`event_shape` and implement :meth:`_energy`; they may
-    override :meth:`_force` with an analytic gradient, set :attr:`log_Z` when
-    the normalising constant is known, and implement :meth:`_sample` when
-    exact samples can be drawn. Constants live in buffers, so ``.to()``
+    Subclasses set `event_shape` and implement `_energy`; they may
+    override `_force` with an analytic gradient, set `log_Z` when
+    the normalising constant is known, and implement `_sample` when
+    exact samples can be drawn. Constants live in buffers, so `.to()`
     moves them; energies are computed in the dtype of their input.
 
     Attributes:
-        event_shape: shape of one configuration (``(D,)`` or a lattice ``(L, L)``).
-        log_Z: :math:`\log \int e^{-u(x)} dx` when known, else ``None``.
-        has_samples: whether :meth:`sample` draws exact samples.
+        event_shape: shape of one configuration (`(D,)` or a lattice `(L, L)`).
+        log_Z: $\log \int e^{-u(x)} dx$ when known, else `None`.
+        has_samples: whether [`sample`][flowkit.targets.base.Target.sample] draws exact samples.
     """
 
     _flowkit_register = False
@@ -42,28 +42,28 @@ class Target(Configurable, TensorAnchor):
                 check_tensor(x, self.event_shape, name="x", where=f"{type(self).__name__}.{where}")
 
     def energy(self, x: Tensor) -> Tensor:
-        """Energy ``u(x) = -log p(x) + const`` of configurations ``(..., *event_shape)``; returns the batch shape."""
+        """Energy `u(x) = -log p(x) + const` of configurations `(..., *event_shape)`; returns the batch shape."""
         self._check(x, "energy")
         return self._energy(x)
 
     def force(self, x: Tensor) -> Tensor:
-        r"""Force :math:`-\nabla_x u(x)` (the score of the target), without a graph; shape of ``x``."""
+        r"""Force $-\nabla_x u(x)$ (the score of the target), without a graph; shape of `x`."""
         self._check(x, "force")
         return self._force(x)
 
     def energy_and_force(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """Energy (with its graph, if ``x`` has one) and force (without), in one call."""
+        """Energy (with its graph, if `x` has one) and force (without), in one call."""
         self._check(x, "energy_and_force")
         return self._energy(x), self._force(x)
 
     def log_prob(self, x: Tensor) -> Tensor:
-        """Normalised log density ``-u(x) - log Z``; only when :attr:`log_Z` is known."""
+        """Normalised log density `-u(x) - log Z`; only when `log_Z` is known."""
         if self.log_Z is None:
             raise ValueError(f"{type(self).__name__}: log Z is not known, so log_prob is not available; use -energy(x)")
         return -self.energy(x) - self.log_Z
 
     def sample(self, n: int | Sequence[int], generator: torch.Generator | None = None) -> Tensor:
-        """Exact samples of shape ``(*n, *event_shape)`` (only when :attr:`has_samples`)."""
+        """Exact samples of shape `(*n, *event_shape)` (only when `has_samples`)."""
         if not self.has_samples:
             raise ValueError(f"{type(self).__name__} cannot draw exact samples")
         shape = as_shape(n)
@@ -71,7 +71,7 @@ class Target(Configurable, TensorAnchor):
         return x.reshape(*shape, *self.event_shape)
 
     def forward(self, x: Tensor) -> Tensor:
-        """Same as :meth:`energy`."""
+        """Same as [`energy`][flowkit.targets.base.Target.energy]."""
         return self.energy(x)
 
     def _energy(self, x: Tensor) -> Tensor:
@@ -91,20 +91,20 @@ class Target(Configurable, TensorAnchor):
 
 
 class Energy(Target):
-    """Wrap a Python energy function as a :class:`Target`.
+    """Wrap a Python energy function as a [`Target`][flowkit.targets.Target].
 
     Arguments:
-        fn: ``u(x)``, mapping a batch ``(..., *event_shape)`` to energies of the batch shape.
-            It must be differentiable with torch autograd (for forces) unless ``force`` is given.
-        event_shape: shape of one configuration (an int ``D`` or a shape).
+        fn: `u(x)`, mapping a batch `(..., *event_shape)` to energies of the batch shape.
+            It must be differentiable with torch autograd (for forces) unless `force` is given.
+        event_shape: shape of one configuration (an int `D` or a shape).
         log_Z: the log normalising constant, if known.
-        force: optional ``-grad u(x)``, when cheaper than autograd.
-        sampler: optional ``sampler(n) -> Tensor`` of exact samples, shape ``(n, *event_shape)``.
+        force: optional `-grad u(x)`, when cheaper than autograd.
+        sampler: optional `sampler(n) -> Tensor` of exact samples, shape `(n, *event_shape)`.
 
     A wrapped function cannot be saved in a model file: rebuild the target from
     code when you load a model.
 
-    Example:
+    Examples:
         >>> import torch, flowkit
         >>> target = flowkit.targets.Energy(lambda x: 0.5 * x.square().sum(-1), 3)
         >>> target.energy(torch.zeros(4, 3)).shape

@@ -1,4 +1,4 @@
-r"""Lattice field theories: the 2-D :math:`\phi^4` model with periodic boundaries."""
+r"""Lattice field theories: the 2-D $\phi^4$ model with periodic boundaries."""
 
 from __future__ import annotations
 
@@ -13,23 +13,27 @@ __all__ = ["Phi4"]
 
 
 class Phi4(Target):
-    r""":math:`\phi^4` theory on an ``L x L`` periodic lattice; event shape ``(L, L)``.
+    r"""$\phi^4$ theory on an `L x L` periodic lattice; event shape `(L, L)`.
 
-    .. math:: S(\phi) = \sum_x \Big[\sum_{\mu=1,2} (\phi_{x+\hat\mu} - \phi_x)^2 + m^2 \phi_x^2 + \lambda \phi_x^4\Big],
+    $$
+    S(\phi) = \sum_x \Big[\sum_{\mu=1,2} (\phi_{x+\hat\mu} - \phi_x)^2 + m^2 \phi_x^2 + \lambda \phi_x^4\Big],
+    $$
 
-    which equals the form :math:`\sum_x \phi_x \sum_\mu(2\phi_x - \phi_{x+\hat\mu} - \phi_{x-\hat\mu}) + \dots`
-    of Albergo et al. For the free field (``lam = 0``, ``m2 > 0``) the density
-    is Gaussian with precision :math:`2(-\Delta + m^2)`, diagonal in Fourier
-    space, so :math:`\log Z` is exact,
+    which equals the form $\sum_x \phi_x \sum_\mu(2\phi_x - \phi_{x+\hat\mu} - \phi_{x-\hat\mu}) + \dots$
+    of Albergo et al. For the free field (`lam = 0`, `m2 > 0`) the density
+    is Gaussian with precision $2(-\Delta + m^2)$, diagonal in Fourier
+    space, so $\log Z$ is exact,
 
-    .. math:: \log Z = \frac V2 \log 2\pi - \frac12 \sum_k \log\Big[2\Big(m^2 + \sum_\mu 4\sin^2\frac{\pi k_\mu}{L}\Big)\Big],
+    $$
+    \log Z = \frac V2 \log 2\pi - \frac12 \sum_k \log\Big[2\Big(m^2 + \sum_\mu 4\sin^2\frac{\pi k_\mu}{L}\Big)\Big],
+    $$
 
     and exact samples are white noise filtered in Fourier space.
 
     Arguments:
         L: lattice size.
-        m2: bare mass squared :math:`m^2` (negative for the broken phase; then ``lam > 0``).
-        lam: quartic coupling :math:`\lambda \ge 0`.
+        m2: bare mass squared $m^2$ (negative for the broken phase; then `lam > 0`).
+        lam: quartic coupling $\lambda \ge 0$.
 
     References:
         Albergo, Kanwar & Shanahan, *Flow-based generative models for Markov chain
@@ -53,7 +57,7 @@ class Phi4(Target):
             self.log_Z = 0.5 * L * L * math.log(2 * math.pi) - 0.5 * float(self._precision_eigenvalues().log().sum())
 
     def _precision_eigenvalues(self) -> Tensor:
-        """Eigenvalues ``2(m^2 + sum_mu 4 sin^2(pi k_mu / L))`` of the free field's precision, shape ``(L, L)``."""
+        """Eigenvalues `2(m^2 + sum_mu 4 sin^2(pi k_mu / L))` of the free field's precision, shape `(L, L)`."""
         k = torch.arange(self.L, dtype=torch.float64)
         s = 4 * torch.sin(math.pi * k / self.L) ** 2
         return 2 * (self.m2 + s[:, None] + s[None, :])
@@ -74,7 +78,7 @@ class Phi4(Target):
 
     @staticmethod
     def magnetization(x: Tensor) -> Tensor:
-        """Mean field over the lattice, ``M = mean_x phi_x`` (batch shape)."""
+        """Mean field over the lattice, `M = mean_x phi_x` (batch shape)."""
         return x.mean((-1, -2))
 
     def extra_repr(self) -> str:

@@ -14,21 +14,23 @@ __all__ = ["GaussianMixture"]
 
 
 class GaussianMixture(Target):
-    r"""Equal-weight mixture of ``n_modes`` isotropic Gaussians, normalised (:math:`\log Z = 0`).
+    r"""Equal-weight mixture of `n_modes` isotropic Gaussians, normalised ($\log Z = 0$).
 
-    .. math:: p(x) = \frac1K \sum_k \mathcal N(x; \mu_k, \sigma^2 I), \qquad
-              \mu_k \sim \mathcal U[-s, s]^d,
+    $$
+    p(x) = \frac1K \sum_k \mathcal N(x; \mu_k, \sigma^2 I), \qquad
+    \mu_k \sim \mathcal U[-s, s]^d,
+    $$
 
-    with :math:`\sigma = \mathrm{softplus}(1) \approx 1.313` and ``s = 40`` as in
+    with $\sigma = \mathrm{softplus}(1) \approx 1.313$ and `s = 40` as in
     FAB's GMM-40. The means are drawn once from a private generator seeded
-    by ``seed`` (not the global one) and kept in a buffer, so the same seed
+    by `seed` (not the global one) and kept in a buffer, so the same seed
     gives the same target on every machine, and a saved target keeps them.
 
     Arguments:
-        n_modes: number of components ``K``.
-        dim: dimension ``d``.
+        n_modes: number of components `K`.
+        dim: dimension `d`.
         seed: seed of the means.
-        loc_scaling: half-width ``s`` of the box of means.
+        loc_scaling: half-width `s` of the box of means.
         scale: standard deviation of every component.
 
     References:
@@ -76,9 +78,9 @@ class GaussianMixture(Target):
         return self.means[pick] + self.scale * noise
 
     def mode_counts(self, x: Tensor, radius: float = 4.0) -> Tensor:
-        """Number of samples within ``radius`` standard deviations of each mean (shape ``(n_modes,)``).
+        """Number of samples within `radius` standard deviations of each mean (shape `(n_modes,)`).
 
-        ``(mode_counts(x) > 0).sum()`` is the number of modes a sampler covers.
+        `(mode_counts(x) > 0).sum()` is the number of modes a sampler covers.
         """
         self._check(x, "mode_counts")
         x = x.reshape(-1, self.event_shape[0])

@@ -1,8 +1,8 @@
 r"""Double-well energies: the 2-D double well of Boltzmann generators and FAB's many-well.
 
-One well is :math:`u(x_1, x_2) = c x_1^4 + b x_1^2 + a x_1 + \tfrac12 x_2^2`. Its
-normalising constant factorises into a 1-D integral over :math:`x_1`, done here
-by quadrature, times :math:`\sqrt{2\pi}`; exact samples of :math:`x_1` come from
+One well is $u(x_1, x_2) = c x_1^4 + b x_1^2 + a x_1 + \tfrac12 x_2^2$. Its
+normalising constant factorises into a 1-D integral over $x_1$, done here
+by quadrature, times $\sqrt{2\pi}$; exact samples of $x_1$ come from
 rejection sampling with a two-Gaussian proposal.
 """
 
@@ -22,7 +22,7 @@ _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 
 
 class _QuarticWell:
-    """The 1-D density ``exp(-(c x^4 + b x^2 + a x))``: log normaliser and an exact rejection sampler."""
+    """The 1-D density `exp(-(c x^4 + b x^2 + a x))`: log normaliser and an exact rejection sampler."""
 
     def __init__(self, a: float, b: float, c: float) -> None:
         if c <= 0:
@@ -71,11 +71,11 @@ class _QuarticWell:
 
 
 class DoubleWell(Target):
-    r"""2-D double well :math:`u(x) = c x_1^4 + b x_1^2 + a x_1 + \tfrac12 x_2^2`.
+    r"""2-D double well $u(x) = c x_1^4 + b x_1^2 + a x_1 + \tfrac12 x_2^2$.
 
-    The defaults (``a = -0.5, b = -6, c = 1``) are the target of Boltzmann
+    The defaults (`a = -0.5, b = -6, c = 1`) are the target of Boltzmann
     generators and stochastic normalizing flows, with
-    :math:`\log Z = 10.2935` (quadrature). Exact samples by rejection sampling.
+    $\log Z = 10.2935$ (quadrature). Exact samples by rejection sampling.
 
     Arguments:
         a: linear coefficient (tilts the wells).
@@ -115,15 +115,17 @@ class DoubleWell(Target):
 
 
 class ManyWell(Target):
-    r"""FAB's many-well: ``dim / 2`` independent copies of :class:`DoubleWell` on pairs of coordinates.
+    r"""FAB's many-well: `dim / 2` independent [`DoubleWell`][flowkit.targets.DoubleWell] copies on coordinate pairs.
 
-    Coordinates ``(x_{2i}, x_{2i+1})`` form copy ``i``, so there are
-    :math:`2^{dim/2}` modes and :math:`\log Z = (dim/2) \log Z_{DW}`
-    (164.6957 at ``dim = 32``). Exact samples.
+    Coordinates `(x_{2i}, x_{2i+1})` form copy `i`, so there are
+    $2^{dim/2}$ modes and $\log Z = (dim/2) \log Z_{DW}$
+    (164.6957 at `dim = 32`). Exact samples.
 
     Arguments:
         dim: even number of coordinates.
-        a, b, c: the double well's coefficients.
+        a: the double well's linear coefficient.
+        b: its quadratic coefficient.
+        c: its quartic coefficient (positive).
 
     References:
         Midgley et al., *Flow annealed importance sampling bootstrap*, ICLR 2023 (arXiv:2208.01893).
