@@ -262,14 +262,3 @@ class LangevinBlock(StochasticBlock):
             d_s = d_s + 0.5 * sum_event(eta.square() - eta_back.square(), self.event_dims)
             y, gradient = y_new, gradient_new
         return y, d_s
-
-
-def _examples():
-    from .distributions import DiagNormal
-
-    target = DiagNormal(3, loc=1.0, scale=0.5, trainable=False)
-    yield "MetropolisBlock", MetropolisBlock(target, lam=0.5, n_steps=3), torch.randn(6, 3)
-    yield "LangevinBlock", LangevinBlock(target, lam=0.5, n_steps=3, step_size=0.05), torch.randn(6, 3)
-    yield "LangevinBlock(base)", LangevinBlock(
-        target, lam=0.3, n_steps=2, base=DiagNormal((3,), scale=2.0, trainable=False)
-    ), torch.randn(6, 3)

@@ -1,7 +1,13 @@
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+
+# The cases table (tests/cases.py) is imported as `from cases import ...`: with
+# --import-mode=importlib test modules do not see their siblings, so put tests/ on the path.
+sys.path.insert(0, str(Path(__file__).parent))
 
 # The suite runs with pytest-xdist (-n 2) on 2 cores: one thread per worker avoids
 # oversubscription, which slows torch's CPU kernels down many times over.

@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from cases import STOCHASTIC_BLOCKS
 
 import flowkit
 from flowkit.bijectors import AffineCoupling, Chain, Invert, LULinear
@@ -311,6 +312,16 @@ def test_save_and_load_round_trip(tmp_path):
     torch.manual_seed(3)
     b = loaded.sample_with_log_weights(20, target)[1]
     torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("name", STOCHASTIC_BLOCKS)
+def test_blocks_give_finite_outputs_both_ways_in_float64(name):
+    block, x = STOCHASTIC_BLOCKS[name]()
+    block, x = block.double(), x.double()
+    for direction in (block.forward, block.inverse):
+        y, d_s = direction(x)
+        assert y.shape == x.shape and d_s.shape == x.shape[:1]
+        assert torch.isfinite(y).all() and torch.isfinite(d_s).all()
 
 
 class _BadEnergy:

@@ -270,10 +270,3 @@ class Logit(Bijector):
 
     def extra_repr(self) -> str:
         return f"event_shape={tuple(self.event_shape)}, alpha={self.alpha}"
-
-
-def _examples():
-    yield "SmoothLeakyReLU", SmoothLeakyReLU(4, alpha=0.3), torch.randn(5, 4) * 3
-    yield "SmoothLeakyReLU(image)", SmoothLeakyReLU((2, 2, 2), alpha=0.1), torch.randn(5, 2, 2, 2) * 3
-    yield "SmoothTanh", SmoothTanh(3, scale=2.0, leak=0.2), torch.randn(5, 3) * 2
-    yield "Logit", Logit(3, alpha=0.05), torch.rand(5, 3) * 0.96 + 0.02

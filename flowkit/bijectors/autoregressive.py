@@ -159,21 +159,3 @@ class MaskedSplineAutoregressive(MaskedAutoregressive):
         order: Sequence[int] | None = None,
     ) -> None:
         super().__init__(RationalQuadraticSpline(bins, bound), features, hidden, context, residual, activation, order)
-
-
-def _examples():
-    from ..testing import randomize
-
-    yield "MaskedAffineAutoregressive", randomize(MaskedAffineAutoregressive(4, hidden=(16, 16))), torch.randn(6, 4)
-    yield "MaskedAffineAutoregressive(context, order)", randomize(
-        MaskedAffineAutoregressive(3, hidden=(12,), context=2, order=[2, 0, 1])
-    ), torch.randn(6, 3)
-    yield "MaskedSplineAutoregressive", randomize(
-        MaskedSplineAutoregressive(4, bins=5, bound=2.0, hidden=(16, 16)), scale=0.2
-    ), 1.5 * torch.randn(6, 4)
-    yield "MaskedSplineAutoregressive(context, residual)", randomize(
-        MaskedSplineAutoregressive(3, bins=4, bound=2.0, hidden=(12, 12), context=2, residual=True), scale=0.2
-    ), 1.5 * torch.randn(6, 3)
-    yield "MaskedAutoregressive(1 feature, context)", randomize(
-        MaskedAutoregressive(RationalQuadraticSpline(4, 2.0), 1, hidden=(8,), context=2), scale=0.2
-    ), 1.5 * torch.randn(6, 1)

@@ -380,16 +380,3 @@ class Reshape(Bijector):
 
     def extra_repr(self) -> str:
         return f"{tuple(self.event_shape)} -> {tuple(self.latent_shape)}"
-
-
-def _examples():
-    from ..testing import randomize
-    from .coupling import AffineCoupling
-    from .linear import LULinear
-
-    yield "Chain", Chain(LULinear(3), randomize(AffineCoupling(3, hidden=(8,)))), torch.randn(5, 3)
-    yield "Invert", Invert(randomize(AffineCoupling(4, hidden=(8,)))), torch.randn(5, 4)
-    yield "Reshape", Reshape((2, 3), (6,)), torch.randn(5, 2, 3)
-    yield "Chain(Reshape, coupling, Reshape)", Chain(
-        Reshape((2, 2), (4,)), randomize(AffineCoupling(4, hidden=(8,))), Reshape((4,), (2, 2))
-    ), torch.randn(5, 2, 2)

@@ -189,12 +189,3 @@ class AffineCoupling(Coupling):
         clamp: float = 5.0,
     ) -> None:
         super().__init__(Affine(clamp), features, mask, parity, hidden, context, activation)
-
-
-def _examples():
-    from ..testing import randomize
-
-    yield "AffineCoupling", randomize(AffineCoupling(5, hidden=(16,))), torch.randn(6, 5)
-    yield "AffineCoupling(context)", randomize(AffineCoupling(4, parity=1, hidden=(16,), context=2)), torch.randn(6, 4)
-    yield "Coupling(Affine, mask)", randomize(Coupling(Affine(), 4, mask=[1, 1, 0, 1], hidden=(8, 8))), torch.randn(6, 4)
-    yield "Coupling(Affine, halves)", randomize(Coupling(Affine(), 5, mask=[1, 1, 0, 0, 0], hidden=(8,))), torch.randn(6, 5)

@@ -147,10 +147,3 @@ class LULinear(Bijector):
     def inverse_with_score(self, z, score, context=None):
         x, ladj = self.inverse(z, context)
         return x, ladj, score.detach() @ self.weight.detach()
-
-
-def _examples():
-    from ..testing import randomize
-
-    yield "Linear", randomize(Linear(4)), torch.randn(5, 4)
-    yield "LULinear", randomize(LULinear(4)), torch.randn(5, 4)

@@ -73,12 +73,3 @@ class ActNorm(Bijector):
     def inverse(self, z, context=None):
         x = z * torch.exp(self.log_scale) + self.loc
         return x, (-self.log_abs_det()).expand(z.shape[: z.dim() - len(self.event_shape)])
-
-
-def _examples():
-    vector = ActNorm(3)
-    vector(torch.randn(64, 3) * 2 + 1)  # data-dependent initialisation
-    image = ActNorm((2, 3, 3))
-    image(torch.randn(16, 2, 3, 3) * 3 - 1)
-    yield "ActNorm", vector, torch.randn(5, 3)
-    yield "ActNorm(image)", image, torch.randn(5, 2, 3, 3)

@@ -66,8 +66,3 @@ class Reverse(Permutation):
     @staticmethod
     def _make(features, generator):
         return torch.arange(features - 1, -1, -1)
-
-
-def _examples():
-    yield "Permutation", Permutation(5, seed=1), torch.randn(5, 5)
-    yield "Reverse", Reverse(4), torch.randn(5, 4)

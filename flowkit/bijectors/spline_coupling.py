@@ -83,19 +83,3 @@ class CircularSplineCoupling(Coupling):
 
     def _params(self, x_id: Tensor, context: Tensor | None) -> Tensor:
         return super()._params(torch.cat([torch.cos(x_id), torch.sin(x_id)], dim=-1), context)
-
-
-def _examples():
-    from ..testing import randomize
-    from ..domains import Circle
-
-    angles = Circle().sample((6, 4), dtype=torch.get_default_dtype())
-
-    yield "SplineCoupling", randomize(SplineCoupling(5, bins=6, bound=2.0, hidden=(16,)), scale=0.2), 1.5 * torch.randn(6, 5)
-    yield "SplineCoupling(context)", randomize(
-        SplineCoupling(4, bins=4, bound=2.0, parity=1, hidden=(16, 16), context=3), scale=0.2
-    ), 1.5 * torch.randn(6, 4)
-    yield "CircularSplineCoupling", randomize(CircularSplineCoupling(3, bins=5, hidden=(16,)), scale=0.2), angles[:, :3]
-    yield "CircularSplineCoupling(context)", randomize(
-        CircularSplineCoupling(4, bins=4, parity=1, hidden=(16,), context=2), scale=0.2
-    ), angles

@@ -98,9 +98,3 @@ class Standardization(Bijector):
 
     def extra_repr(self) -> str:
         return f"features={self.event_shape[0]}"
-
-
-def _examples():
-    gen = torch.Generator().manual_seed(0)
-    b = Standardization.from_data(torch.randn(50, 3, generator=gen) * torch.tensor([0.1, 2.0, 30.0]) + 4)
-    yield "Standardization", b, torch.randn(5, 3, generator=gen) * 3

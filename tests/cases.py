@@ -1,0 +1,211 @@
+"""The test cases: one builder per bijector, stochastic block and transformer, FlowJAX-style.
+
+Each entry maps a case name to a function that builds the object (and, for
+bijectors, an input batch), so importing this table is cheap and every test
+builds its cases afresh under the suite's seed (see ``conftest.py``).
+
+A new public bijector or transformer needs one entry here: the completeness
+tests (``tests/bijectors/test_sweep.py``, ``tests/transformers/test_base.py``)
+fail for a concrete public class that no case builds.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+import flowkit
+from flowkit.bijectors import (
+    ActNorm,
+    AffineCoupling,
+    Bijector,
+    Chain,
+    CircularSplineCoupling,
+    Coupling,
+    Invert,
+    Linear,
+    Logit,
+    LULinear,
+    MaskedAffineAutoregressive,
+    MaskedAutoregressive,
+    MaskedSplineAutoregressive,
+    Permutation,
+    Reshape,
+    Reverse,
+    SmoothLeakyReLU,
+    SmoothTanh,
+    SplineCoupling,
+    Standardization,
+)
+from flowkit.distributions import DiagNormal
+from flowkit.domains import Circle
+from flowkit.stochastic import LangevinBlock, MetropolisBlock
+from flowkit.testing import randomize
+from flowkit.transformers import Affine, CircularSpline, RationalQuadraticSpline, Transformer
+
+Case = Callable[[], tuple[Bijector, Tensor]]
+
+
+def _initialised(layer: ActNorm, data: Tensor) -> ActNorm:
+    layer(data)  # data-dependent initialisation
+    return layer
+
+
+def _standardization() -> tuple[Bijector, Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    b = Standardization.from_data(torch.randn(50, 3, generator=gen) * torch.tensor([0.1, 2.0, 30.0]) + 4)
+    return b, torch.randn(5, 3, generator=gen) * 3
+
+
+def _angles() -> Tensor:
+    return Circle().sample((6, 4), dtype=torch.get_default_dtype())
+
+
+#: Invertible bijectors: name -> ``() -> (bijector, x)``; checked by ``check_bijector`` in float64.
+BIJECTORS: dict[str, Case] = {
+    # base
+    "Chain": lambda: (Chain(LULinear(3), randomize(AffineCoupling(3, hidden=(8,)))), torch.randn(5, 3)),
+    "Invert": lambda: (Invert(randomize(AffineCoupling(4, hidden=(8,)))), torch.randn(5, 4)),
+    "Reshape": lambda: (Reshape((2, 3), (6,)), torch.randn(5, 2, 3)),
+    "Chain(Reshape, coupling, Reshape)": lambda: (
+        Chain(Reshape((2, 2), (4,)), randomize(AffineCoupling(4, hidden=(8,))), Reshape((4,), (2, 2))),
+        torch.randn(5, 2, 2),
+    ),
+    # permutations
+    "Permutation": lambda: (Permutation(5, seed=1), torch.randn(5, 5)),
+    "Reverse": lambda: (Reverse(4), torch.randn(5, 4)),
+    # linear
+    "Linear": lambda: (randomize(Linear(4)), torch.randn(5, 4)),
+    "LULinear": lambda: (randomize(LULinear(4)), torch.randn(5, 4)),
+    # normalization
+    "ActNorm": lambda: (_initialised(ActNorm(3), torch.randn(64, 3) * 2 + 1), torch.randn(5, 3)),
+    "ActNorm(image)": lambda: (_initialised(ActNorm((2, 3, 3)), torch.randn(16, 2, 3, 3) * 3 - 1), torch.randn(5, 2, 3, 3)),
+    # coupling
+    "AffineCoupling": lambda: (randomize(AffineCoupling(5, hidden=(16,))), torch.randn(6, 5)),
+    "AffineCoupling(context)": lambda: (
+        randomize(AffineCoupling(4, parity=1, hidden=(16,), context=2)),
+        torch.randn(6, 4),
+    ),
+    "Coupling(Affine, mask)": lambda: (
+        randomize(Coupling(Affine(), 4, mask=[1, 1, 0, 1], hidden=(8, 8))),
+        torch.randn(6, 4),
+    ),
+    "Coupling(Affine, halves)": lambda: (
+        randomize(Coupling(Affine(), 5, mask=[1, 1, 0, 0, 0], hidden=(8,))),
+        torch.randn(6, 5),
+    ),
+    # spline coupling
+    "SplineCoupling": lambda: (
+        randomize(SplineCoupling(5, bins=6, bound=2.0, hidden=(16,)), scale=0.2),
+        1.5 * torch.randn(6, 5),
+    ),
+    "SplineCoupling(context)": lambda: (
+        randomize(SplineCoupling(4, bins=4, bound=2.0, parity=1, hidden=(16, 16), context=3), scale=0.2),
+        1.5 * torch.randn(6, 4),
+    ),
+    "CircularSplineCoupling": lambda: (
+        randomize(CircularSplineCoupling(3, bins=5, hidden=(16,)), scale=0.2),
+        _angles()[:, :3],
+    ),
+    "CircularSplineCoupling(context)": lambda: (
+        randomize(CircularSplineCoupling(4, bins=4, parity=1, hidden=(16,), context=2), scale=0.2),
+        _angles(),
+    ),
+    # autoregressive
+    "MaskedAffineAutoregressive": lambda: (
+        randomize(MaskedAffineAutoregressive(4, hidden=(16, 16))),
+        torch.randn(6, 4),
+    ),
+    "MaskedAffineAutoregressive(context, order)": lambda: (
+        randomize(MaskedAffineAutoregressive(3, hidden=(12,), context=2, order=[2, 0, 1])),
+        torch.randn(6, 3),
+    ),
+    "MaskedSplineAutoregressive": lambda: (
+        randomize(MaskedSplineAutoregressive(4, bins=5, bound=2.0, hidden=(16, 16)), scale=0.2),
+        1.5 * torch.randn(6, 4),
+    ),
+    "MaskedSplineAutoregressive(context, residual)": lambda: (
+        randomize(MaskedSplineAutoregressive(3, bins=4, bound=2.0, hidden=(12, 12), context=2, residual=True), scale=0.2),
+        1.5 * torch.randn(6, 3),
+    ),
+    "MaskedAutoregressive(1 feature, context)": lambda: (
+        randomize(MaskedAutoregressive(RationalQuadraticSpline(4, 2.0), 1, hidden=(8,), context=2), scale=0.2),
+        1.5 * torch.randn(6, 1),
+    ),
+    # activations
+    "SmoothLeakyReLU": lambda: (SmoothLeakyReLU(4, alpha=0.3), torch.randn(5, 4) * 3),
+    "SmoothLeakyReLU(image)": lambda: (SmoothLeakyReLU((2, 2, 2), alpha=0.1), torch.randn(5, 2, 2, 2) * 3),
+    "SmoothTanh": lambda: (SmoothTanh(3, scale=2.0, leak=0.2), torch.randn(5, 3) * 2),
+    "Logit": lambda: (Logit(3, alpha=0.05), torch.rand(5, 3) * 0.96 + 0.02),
+    # standardization
+    "Standardization": _standardization,
+}
+
+
+def _target() -> DiagNormal:
+    return DiagNormal(3, loc=1.0, scale=0.5, trainable=False)
+
+
+#: Stochastic blocks (Markov kernels, no inverse): name -> ``() -> (block, x)``; see tests/test_stochastic.py.
+STOCHASTIC_BLOCKS: dict[str, Callable[[], tuple[torch.nn.Module, Tensor]]] = {
+    "MetropolisBlock": lambda: (MetropolisBlock(_target(), lam=0.5, n_steps=3), torch.randn(6, 3)),
+    "LangevinBlock": lambda: (LangevinBlock(_target(), lam=0.5, n_steps=3, step_size=0.05), torch.randn(6, 3)),
+    "LangevinBlock(base)": lambda: (
+        LangevinBlock(_target(), lam=0.3, n_steps=2, base=DiagNormal((3,), scale=2.0, trainable=False)),
+        torch.randn(6, 3),
+    ),
+}
+
+#: Elementwise transformers: name -> ``() -> transformer``; see tests/transformers/test_base.py.
+TRANSFORMERS: dict[str, Callable[[], Transformer]] = {
+    "Affine": Affine,
+    "RationalQuadraticSpline": lambda: RationalQuadraticSpline(bins=5, bound=3.0),
+    "CircularSpline": lambda: CircularSpline(bins=5),
+}
+
+
+def public_subclasses(base: type) -> set[type]:
+    """Concrete public subclasses of ``base`` reachable as attributes of flowkit's modules.
+
+    A class counts when it is defined in flowkit, its name does not start with
+    ``_``, it is not ``base`` itself, and it is not an abstract base: those set
+    ``_flowkit_register = False`` in their own body (they are not saved by
+    name either) or have abstract methods. Factory functions are not classes
+    and do not count; the class they return does.
+    """
+    found = set()
+    modules = [flowkit] + [
+        importlib.import_module(info.name)
+        for info in pkgutil.walk_packages(flowkit.__path__, "flowkit.")
+        if not info.name.endswith("__main__")  # runs the command line on import
+    ]
+    for module in modules:
+        for name, obj in vars(module).items():
+            if (
+                inspect.isclass(obj)
+                and not name.startswith("_")
+                and not obj.__name__.startswith("_")
+                and obj.__module__.split(".")[0] == "flowkit"
+                and issubclass(obj, base)
+                and obj is not base
+                and obj.__dict__.get("_flowkit_register", True)
+                and not inspect.isabstract(obj)
+            ):
+                found.add(obj)
+    return found
+
+
+def missing_cases(base: type, builders: dict[str, Callable[[], object]]) -> list[str]:
+    """Names of the concrete public subclasses of ``base`` of which no builder makes an instance of exactly that type."""
+    built = set()
+    for build in builders.values():
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            obj = build()
+        built.add(type(obj[0] if isinstance(obj, tuple) else obj))
+    return sorted(f"{cls.__module__}.{cls.__qualname__}" for cls in public_subclasses(base) - built)
