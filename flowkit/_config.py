@@ -34,9 +34,7 @@ class Configurable:
         if cls.__dict__.get("_flowkit_register", True) and not cls.__name__.startswith("_"):
             other = registry.get(cls.__name__)
             if other is not None and other is not cls and other.__module__ != cls.__module__:
-                raise TypeError(
-                    f"flowkit class name {cls.__name__!r} is already registered by {other.__module__}"
-                )
+                raise TypeError(f"flowkit class name {cls.__name__!r} is already registered by {other.__module__}")
             registry[cls.__name__] = cls
         if "__init__" in cls.__dict__:
             init = cls.__dict__["__init__"]

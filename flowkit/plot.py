@@ -35,7 +35,7 @@ def _numpy(x: Tensor | np.ndarray) -> np.ndarray:
 def _bounds(data: np.ndarray, margin: float = 0.1) -> list[tuple[float, float]]:
     lo, hi = np.quantile(data, 0.001, axis=0), np.quantile(data, 0.999, axis=0)
     pad = margin * (hi - lo) + 1e-6
-    return [(float(a - p), float(b + p)) for a, b, p in zip(lo, hi, pad)]
+    return [(float(a - p), float(b + p)) for a, b, p in zip(lo, hi, pad, strict=True)]
 
 
 def _subsample(data: np.ndarray, n: int, seed: int = 0) -> np.ndarray:
@@ -63,7 +63,9 @@ def _points(x: Any, where: str, name: str = "data") -> np.ndarray:
     if points.ndim != 2 or len(points) == 0:
         raise ValueError(f"{where}: {name} must have shape (N, D) with at least one point, got shape {points.shape}")
     if not np.isfinite(points).all():
-        raise ValueError(f"{where}: {name} contain {int((~np.isfinite(points)).sum())} non-finite value(s) (NaN or inf)")
+        raise ValueError(
+            f"{where}: {name} contain {int((~np.isfinite(points)).sum())} non-finite value(s) (NaN or inf)"
+        )
     return points
 
 
@@ -157,7 +159,9 @@ def samples_vs_data(
     if pts.shape[1] < 2:
         raise ValueError(f"{where}: data must have shape (N, D) with D >= 2, got {pts.shape}")
     _positive(n, "n", where)
-    if len(dims) != 2 or any(isinstance(d, bool) or not isinstance(d, (int, np.integer)) or not 0 <= d < pts.shape[1] for d in dims):
+    if len(dims) != 2 or any(
+        isinstance(d, bool) or not isinstance(d, (int, np.integer)) or not 0 <= d < pts.shape[1] for d in dims
+    ):
         raise ValueError(f"{where}: dims must be two indices of the {pts.shape[1]} dimensions, got {tuple(dims)}")
     samples = _flow_samples(flow_or_samples, n) if hasattr(flow_or_samples, "sample") else flow_or_samples
     samples = _points(samples, where, "samples")
@@ -252,7 +256,7 @@ def _column(history: Any, *names: str) -> list | None:
 def _finite_pairs(steps: Sequence, values: Sequence | None) -> tuple[list, list]:
     if values is None:
         return [], []
-    pairs = [(s, v) for s, v in zip(steps, values) if v is not None and math.isfinite(float(v))]
+    pairs = [(s, v) for s, v in zip(steps, values, strict=False) if v is not None and math.isfinite(float(v))]
     return [p[0] for p in pairs], [float(p[1]) for p in pairs]
 
 
@@ -279,7 +283,13 @@ def training_curves(history: Any, *, smooth: int = 0, title: str | None = None) 
     ax.plot(xs, ys, color="C0", alpha=0.35 if smooth > 1 else 1.0, lw=0.8, label="train")
     if smooth > 1 and len(ys) >= smooth:
         kernel = np.ones(smooth) / smooth
-        ax.plot(xs[smooth - 1 :], np.convolve(ys, kernel, mode="valid"), color="C0", lw=1.5, label=f"train ({smooth}-step mean)")
+        ax.plot(
+            xs[smooth - 1 :],
+            np.convolve(ys, kernel, mode="valid"),
+            color="C0",
+            lw=1.5,
+            label=f"train ({smooth}-step mean)",
+        )
     val_steps = _column(history, "val_step") or steps  # History keeps validations apart from steps
     vx, vy = _finite_pairs(val_steps, val)
     if vx:

@@ -147,11 +147,15 @@ def reweight(observable: Tensor, log_w: Tensor) -> tuple[Tensor, Tensor]:
     log_w = _check_log_w(log_w, "reweight")
     if not isinstance(observable, Tensor) or observable.shape[:1] != log_w.shape:
         got = tuple(observable.shape) if isinstance(observable, Tensor) else type(observable).__name__
-        raise ValueError(f"reweight: observable must have one value per weight, shape ({log_w.numel()}, ...); got {got}")
+        raise ValueError(
+            f"reweight: observable must have one value per weight, shape ({log_w.numel()}, ...); got {got}"
+        )
     if observable.is_complex():
         raise ValueError("reweight: observable must be real (reweight the real and imaginary parts separately)")
     if not bool(torch.isfinite(observable).all()):
-        raise ValueError(f"reweight: observable contains {int((~torch.isfinite(observable)).sum())} non-finite value(s)")
+        raise ValueError(
+            f"reweight: observable contains {int((~torch.isfinite(observable)).sum())} non-finite value(s)"
+        )
     f = observable.detach().double()
     w = torch.softmax(log_w, 0).reshape(-1, *([1] * (f.dim() - 1)))
     estimate = (w * f).sum(0)

@@ -67,7 +67,7 @@ class DequantizedDataset(Dataset):
 
 
 def digits(seed: int = 0) -> Splits:
-    """sklearn's digits, dequantised to `[0, 1]^64`, split 1257/180/360 by a fixed permutation (seed 0).
+    """The digits of scikit-learn, dequantised to `[0, 1]^64`, split 1257/180/360 by a fixed permutation (seed 0).
 
     Arguments:
         seed: seed of the dequantisation noise (the split itself never changes).
@@ -83,7 +83,7 @@ def digits(seed: int = 0) -> Splits:
     n_train, n_val, _ = _SPLIT
     parts = np.split(counts[order], [n_train, n_train + n_val])
     streams = np.random.SeedSequence(seed).spawn(3)
-    train, val, test = (dequantize(p, DIGITS_LEVELS, s) for p, s in zip(parts, streams))
+    train, val, test = (dequantize(p, DIGITS_LEVELS, s) for p, s in zip(parts, streams, strict=True))
     return Splits(
         "digits",
         _tensor(train),

@@ -120,7 +120,9 @@ def read_array(path: str | os.PathLike) -> np.ndarray:
     elif suffix == ".npy":
         array = _read_npy(path)
     else:
-        raise ValueError(f"{path}: unknown data file type {suffix or '(none)'!r}; use one of {', '.join(FILE_SUFFIXES)}")
+        raise ValueError(
+            f"{path}: unknown data file type {suffix or '(none)'!r}; use one of {', '.join(FILE_SUFFIXES)}"
+        )
     if array.ndim == 1:
         array = array[:, None]
     if array.ndim != 2:
@@ -136,9 +138,7 @@ def read_array(path: str | os.PathLike) -> np.ndarray:
     return array
 
 
-def file_splits(
-    path: str | os.PathLike, *, val: float = 0.1, test: float = 0.1, seed: int = 0
-) -> Splits:
+def file_splits(path: str | os.PathLike, *, val: float = 0.1, test: float = 0.1, seed: int = 0) -> Splits:
     """Read a CSV/NPY file and split it into train/val/test by a seeded permutation (80/10/10 by default)."""
     array = read_array(path)
     if not (0 < val < 1 and 0 < test < 1 and val + test < 1):
@@ -146,4 +146,3 @@ def file_splits(
     splits = split_array(array, str(path), val=val, test=test, seed=seed)
     splits.info.update(source=str(path), seed=seed)
     return splits
-

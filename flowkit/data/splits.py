@@ -81,4 +81,6 @@ def split_array(
     order = np.random.default_rng(seed).permutation(n) if shuffle else np.arange(n)
     data = data[order]
     n_train = n - n_val - n_test
-    return Splits(name, _tensor(data[:n_train]), _tensor(data[n_train : n_train + n_val]), _tensor(data[n_train + n_val :]))
+    return Splits(
+        name, _tensor(data[:n_train]), _tensor(data[n_train : n_train + n_val]), _tensor(data[n_train + n_val :])
+    )

@@ -30,7 +30,8 @@ def standardize(flow: Flow, x: Tensor) -> Flow:
         raise ValueError(f"standardize: x must be a floating-point torch.Tensor, got {kind}")
     if len(flow.event_shape) != 1 or x.dim() != 2 or x.shape[1] != flow.event_shape[0]:
         raise ValueError(
-            f"standardize: data of shape {tuple(x.shape)} do not fit a flow on events of shape {tuple(flow.event_shape)}"
+            f"standardize: data of shape {tuple(x.shape)} do not fit a flow on events of shape "
+            f"{tuple(flow.event_shape)}"
         )
     # The layer takes the flow's dtype and device (the statistics are exact in float64).
     scaling = Standardization.from_data(x).to(device=flow.base.device, dtype=flow.base.dtype)

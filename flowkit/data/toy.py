@@ -8,7 +8,7 @@ concentric rings, all scaled to lie roughly in `[-4, 4]^2`.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -107,5 +107,5 @@ def toy_splits(name: str, n_train: int = 20_000, n_val: int = 2_000, n_test: int
     """
     toy(name, 1)  # validates the name
     streams = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3)]
-    sets = [TOY_DATASETS[name](n, rng) for n, rng in zip((n_train, n_val, n_test), streams)]
+    sets = [TOY_DATASETS[name](n, rng) for n, rng in zip((n_train, n_val, n_test), streams, strict=True)]
     return Splits(name, *(_tensor(a) for a in sets), info={"source": "generated", "seed": seed})

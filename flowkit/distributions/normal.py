@@ -6,7 +6,7 @@ import math
 from collections.abc import Sequence
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from ..utils import sum_event
 from .base import Distribution, as_shape
@@ -56,7 +56,9 @@ class DiagNormal(Distribution):
         super().__init__()
         self.event_shape = as_shape(event_shape)
         if not (math.isfinite(loc) and math.isfinite(scale) and scale > 0):
-            raise ValueError(f"DiagNormal: loc must be finite and scale positive and finite, got loc={loc}, scale={scale}")
+            raise ValueError(
+                f"DiagNormal: loc must be finite and scale positive and finite, got loc={loc}, scale={scale}"
+            )
         loc_t = torch.full(self.event_shape, float(loc))
         log_scale_t = torch.full(self.event_shape, math.log(scale))
         if trainable:

@@ -49,7 +49,9 @@ class Phi4(Target):
         if lam < 0:
             raise ValueError(f"Phi4: lam must be non-negative, got {lam}")
         if lam == 0 and m2 <= 0:
-            raise ValueError(f"Phi4: with lam = 0 the mass squared must be positive, got m2 = {m2} (no normalisable density)")
+            raise ValueError(
+                f"Phi4: with lam = 0 the mass squared must be positive, got m2 = {m2} (no normalisable density)"
+            )
         self.event_shape = torch.Size([L, L])
         self.L, self.m2, self.lam = int(L), float(m2), float(lam)
         if self.lam == 0:

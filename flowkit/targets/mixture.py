@@ -74,7 +74,9 @@ class GaussianMixture(Target):
 
     def _sample(self, n, generator):
         pick = torch.randint(0, self.n_modes, (n,), generator=generator, device=self.means.device)
-        noise = torch.randn(n, self.event_shape[0], generator=generator, dtype=self.means.dtype, device=self.means.device)
+        noise = torch.randn(
+            n, self.event_shape[0], generator=generator, dtype=self.means.dtype, device=self.means.device
+        )
         return self.means[pick] + self.scale * noise
 
     def mode_counts(self, x: Tensor, radius: float = 4.0) -> Tensor:
