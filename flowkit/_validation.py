@@ -1,9 +1,9 @@
 """Input checks shared by bijectors, distributions and flows.
 
 The checks run at the *public* entry point only (a bijector called by another
-bijector is not re-checked), and are skipped while ``torch.compile`` traces.
+bijector is not re-checked), and are skipped while `torch.compile` traces.
 The finiteness check synchronises with the device; turn all checks off with
-:func:`set_validation` in production loops that need every microsecond.
+`set_validation` in production loops that need every microsecond.
 """
 
 from __future__ import annotations
@@ -13,9 +13,17 @@ import threading
 from collections.abc import Iterator, Sequence
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-__all__ = ["set_validation", "validation_enabled", "check_tensor", "check_context", "outermost"]
+__all__ = [
+    "set_validation",
+    "validation_enabled",
+    "check_tensor",
+    "check_context",
+    "check_point",
+    "module_dtype",
+    "outermost",
+]
 
 _state = threading.local()
 _enabled = True
@@ -57,7 +65,7 @@ def check_tensor(
     dtype: torch.dtype | None = None,
     where: str = "",
 ) -> None:
-    """Raise :class:`ValueError` unless ``x`` is a finite floating tensor ending in ``event_shape``."""
+    """Raise `ValueError` unless `x` is a finite floating tensor ending in `event_shape`."""
     where = f"{where}: " if where else ""
     if not isinstance(x, Tensor):
         raise ValueError(f"{where}{name} must be a torch.Tensor, got {type(x).__name__}")
@@ -106,3 +114,24 @@ def check_context(
                 f"{prefix}context batch shape {_shape_str(context.shape[:-1])} does not match "
                 f"the input batch shape {_shape_str(batch_shape)}"
             ) from None
+
+
+def module_dtype(module: nn.Module) -> torch.dtype | None:
+    """The floating dtype of a module's first floating parameter (else buffer), or None."""
+    for tensor in module.parameters():
+        if tensor.is_floating_point():
+            return tensor.dtype
+    for tensor in module.buffers():
+        if tensor.is_floating_point():
+            return tensor.dtype
+    return None
+
+
+def check_point(bijector: nn.Module, x: object, context: object, direction: str, where: str) -> None:
+    """Check an input of a bijector's `direction` side (`"forward"`: data, `"inverse"`: latent) and its context."""
+    shape = bijector.event_shape if direction == "forward" else bijector.latent_shape
+    dtype = module_dtype(bijector)
+    check_tensor(x, shape, name="x" if direction == "forward" else "z", dtype=dtype, where=where)
+    assert isinstance(x, Tensor)
+    batch = x.shape[: x.dim() - len(shape)]
+    check_context(context, bijector.context_features, batch, dtype=dtype, where=where)

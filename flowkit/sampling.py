@@ -57,8 +57,9 @@ def _check_log_w(log_w: Tensor, where: str) -> Tensor:
 def importance_sample(flow: Any, target: Target, n: int, batch_size: int = 10_000) -> tuple[Tensor, Tensor]:
     """Draw `n` flow samples and their log importance weights `-u(x) - log q(x)`.
 
-    Flows with stochastic blocks give path weights through
-    `flow.sample_with_log_weights(n, target)` instead (same estimator of Z).
+    The weights come from `flow.sample_with_log_weights(m, target)`: `-u(x) - log q(x)`
+    for a [`Flow`][flowkit.flows.Flow], the path weights for a
+    [`StochasticFlow`][flowkit.stochastic.StochasticFlow] (the same estimator of Z).
 
     Arguments:
         flow: a [`Flow`][flowkit.Flow] with the target's event shape.
@@ -75,11 +76,7 @@ def importance_sample(flow: Any, target: Target, n: int, batch_size: int = 10_00
     xs, lws = [], []
     for start in range(0, n, batch_size):
         m = min(batch_size, n - start)
-        if flow.stochastic:
-            x, log_w = flow.sample_with_log_weights(m, target)
-        else:
-            x, log_q = flow.sample_and_log_prob((m,))
-            log_w = -target.energy(x).double() - log_q.double()
+        x, log_w = flow.sample_with_log_weights(m, target)
         xs.append(x)
         lws.append(log_w.double())
     log_w = torch.cat(lws)

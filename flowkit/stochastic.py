@@ -48,45 +48,22 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from collections.abc import Sequence
+
+from torch import nn
+
+from ._config import Configurable
+from ._validation import check_point, check_tensor, outermost
 from .bijectors import Bijector
 from .distributions import Distribution
-from .utils import sum_event
+from .flows.flow import draw_latent, expand_context
+from .targets.evaluate import energy_of
+from .utils import aggregates_auxiliary_loss, auxiliary_loss, sum_event
 
-__all__ = ["StochasticBlock", "MetropolisBlock", "LangevinBlock", "energy_of"]
-
-
-def energy_of(model: Any, x: Tensor, event_dims: int, where: str = "energy") -> Tensor:
-    """Energy (negative unnormalised log density) of ``x`` under ``model``, with the batch shape.
-
-    ``model`` is anything with an ``energy(x)`` method (a flowkit target), or a
-    flowkit :class:`~flowkit.distributions.Distribution`, whose energy is
-    ``-log_prob(x)``.
-
-    Raises:
-        ValueError: when the model has neither, or its energy does not have the batch shape.
-    """
-    if hasattr(model, "energy"):
-        u = model.energy(x)
-    elif isinstance(model, Distribution):
-        event = tuple(model.event_shape)
-        if len(event) != event_dims or tuple(x.shape[x.dim() - event_dims :]) != event:
-            raise ValueError(
-                f"{where}: {type(model).__name__} has event shape {event} but the points have shape {tuple(x.shape)}"
-            )
-        u = -model.log_prob(x)
-    else:
-        raise ValueError(f"{where}: {type(model).__name__} has no energy(x) method and is not a flowkit Distribution")
-    batch = x.shape[: x.dim() - event_dims]
-    if not isinstance(u, Tensor) or tuple(u.shape) != tuple(batch):
-        shape = tuple(u.shape) if isinstance(u, Tensor) else type(u).__name__
-        raise ValueError(
-            f"{where}: {type(model).__name__}.energy returned {shape} for inputs of shape {tuple(x.shape)}; "
-            f"expected one energy per event, of shape {tuple(batch)}"
-        )
-    return u
+__all__ = ["StochasticBlock", "MetropolisBlock", "LangevinBlock", "StochasticFlow", "energy_of"]
 
 
-class StochasticBlock(Bijector):
+class StochasticBlock(Configurable, nn.Module):
     r"""Base of the stochastic blocks: a Markov kernel that targets :math:`u_\lambda`.
 
     Subclasses implement :meth:`_run`, which makes ``n_steps`` moves from
@@ -104,7 +81,7 @@ class StochasticBlock(Bijector):
     """
 
     _flowkit_register = False
-    stochastic = True
+    context_features = 0
 
     def __init__(self, target: Any, lam: float, n_steps: int, step_size: float, base: Any = None) -> None:
         super().__init__()
@@ -154,16 +131,34 @@ class StochasticBlock(Bijector):
         """Reshape a batch-shaped tensor so that it broadcasts against events."""
         return t.reshape(*t.shape, *([1] * self.event_dims))
 
+    @property
+    def latent_shape(self) -> torch.Size:
+        """The block's output event shape: its input's."""
+        return self.event_shape
+
+    @property
+    def event_dims(self) -> int:
+        return len(self.event_shape)
+
     def _run(self, y: Tensor) -> tuple[Tensor, Tensor]:
         raise NotImplementedError
 
+    def _checked_run(self, y: Tensor, context: Tensor | None, direction: str) -> tuple[Tensor, Tensor]:
+        with outermost() as check:
+            if check:
+                check_point(self, y, None, direction, f"{type(self).__name__}.{direction}")
+            return self._run(y)
+
     def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        r"""Run the kernel from data towards the latent: ``(y', dS)``, dS = log q̃(y'→x) - log q(x→y')."""
-        return self._run(x)
+        r"""Run the kernel from data towards the latent: `(y', dS)`, dS = log q̃(y'→x) - log q(x→y').
+
+        The context, if any, is ignored: the kernel targets a fixed energy.
+        """
+        return self._checked_run(x, context, "forward")
 
     def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        r"""Run the kernel from the latent towards data (sampling): ``(y', dS)``, dS = log q̃(y'→z) - log q(z→y')."""
-        return self._run(z)
+        r"""Run the kernel from the latent towards data (sampling): `(y', dS)`, dS = log q̃(y'→z) - log q(z→y')."""
+        return self._checked_run(z, context, "inverse")
 
     def extra_repr(self) -> str:
         return f"event_shape={tuple(self.event_shape)}, lam={self.lam}, n_steps={self.n_steps}, step_size={self.step_size}"
@@ -262,3 +257,176 @@ class LangevinBlock(StochasticBlock):
             d_s = d_s + 0.5 * sum_event(eta.square() - eta_back.square(), self.event_dims)
             y, gradient = y_new, gradient_new
         return y, d_s
+
+
+class StochasticFlow(Configurable, nn.Module):
+    r"""A stochastic normalizing flow: bijectors and stochastic blocks over a base distribution.
+
+    The layers run from data (first) to latent (last), like a
+    [`Chain`][flowkit.bijectors.Chain]; each returns its output and a second
+    number per event, `log|det|` for a bijector and the path-weight increment
+    $\Delta S$ for a [`StochasticBlock`][flowkit.stochastic.StochasticBlock].
+    Along the sampling path $z = y_0 \to \dots \to y_T = x$ the log importance
+    weight of a path is
+
+    $$
+    \log w = -u_X(x) - \log p_Z(z) + \sum_t \Delta S_t,
+    $$
+
+    and $E[w] = Z_X$ exactly. A stochastic flow has no tractable density:
+    [`log_prob`][flowkit.stochastic.StochasticFlow.log_prob] raises and says so;
+    it gives [`sample_with_log_weights`][flowkit.stochastic.StochasticFlow.sample_with_log_weights]
+    and the path likelihood of data
+    [`path_log_likelihood`][flowkit.stochastic.StochasticFlow.path_log_likelihood]
+    instead, which [`BoltzmannGenerator`][flowkit.train.BoltzmannGenerator] and
+    [`MaximumLikelihood`][flowkit.train.MaximumLikelihood] train.
+
+    Arguments:
+        layers: bijectors and stochastic blocks, data side first.
+        base: the latent distribution; its event shape must be the last layer's latent shape.
+
+    Example:
+        >>> import torch, flowkit
+        >>> from flowkit.stochastic import MetropolisBlock, StochasticFlow
+        >>> target = flowkit.targets.DoubleWell()
+        >>> layers = [flowkit.bijectors.AffineCoupling(2), MetropolisBlock(target, lam=0.5)]
+        >>> flow = StochasticFlow(layers, flowkit.distributions.StandardNormal(2))
+        >>> x, log_w = flow.sample_with_log_weights(16, target)
+        >>> log_w.shape
+        torch.Size([16])
+
+    References:
+        Wu, Köhler & Noé, *Stochastic Normalizing Flows*, NeurIPS 2020 (arXiv:2002.06707).
+    """
+
+    def __init__(self, layers: Sequence[Bijector | StochasticBlock], base: Distribution) -> None:
+        super().__init__()
+        layers = list(layers)
+        if not layers:
+            raise ValueError("StochasticFlow needs at least one layer")
+        for i, layer in enumerate(layers):
+            if not isinstance(layer, (Bijector, StochasticBlock)):
+                raise ValueError(
+                    f"StochasticFlow: layer {i} is a {type(layer).__name__}, not a flowkit Bijector or StochasticBlock"
+                )
+        for i, (a, b) in enumerate(zip(layers[:-1], layers[1:])):
+            if tuple(a.latent_shape) != tuple(b.event_shape):
+                raise ValueError(
+                    f"StochasticFlow: layer {i} outputs events of shape {tuple(a.latent_shape)} but layer {i + 1} "
+                    f"expects {tuple(b.event_shape)}"
+                )
+        contexts = {layer.context_features for layer in layers if layer.context_features}
+        if len(contexts) > 1:
+            raise ValueError(f"StochasticFlow: layers disagree on the number of context features: {sorted(contexts)}")
+        if not isinstance(base, Distribution):
+            raise ValueError(f"StochasticFlow: base must be a flowkit Distribution, got {type(base).__name__}")
+        if tuple(base.event_shape) != tuple(layers[-1].latent_shape):
+            raise ValueError(
+                f"StochasticFlow: the base's event shape {tuple(base.event_shape)} differs from the last layer's "
+                f"latent shape {tuple(layers[-1].latent_shape)}"
+            )
+        self.layers = nn.ModuleList(layers)
+        self.base = base
+        self.context_features = contexts.pop() if contexts else 0
+
+    @property
+    def event_shape(self) -> torch.Size:
+        return self.layers[0].event_shape
+
+    def _check_x(self, x: Tensor, context: Tensor | None, where: str) -> None:
+        check_point(self, x, context, "forward", where)
+
+    @property
+    def latent_shape(self) -> torch.Size:
+        return self.layers[-1].latent_shape
+
+    def path_log_likelihood(self, x: Tensor, context: Tensor | None = None) -> Tensor:
+        r"""Log-likelihood of data on path space: data run backwards through the layers, one path per event.
+
+        $$
+        \log p_Z(y_0) + \sum_t \Delta S_t^{\text{back}},
+        $$
+
+        where the path runs from `x` to $y_0$ through the layers' `forward` and each
+        adds its second output in that direction. Minus its mean is, up to a
+        constant, the KL divergence between the backward (data) and forward
+        (model) path distributions: the maximum-likelihood loss of a stochastic
+        normalizing flow. It is random.
+        """
+        with outermost() as check:
+            if check:
+                self._check_x(x, context, "StochasticFlow.path_log_likelihood")
+            total = x.new_zeros(x.shape[: x.dim() - len(self.event_shape)])
+            for layer in self.layers:
+                x, second = layer(x, context)
+                total = total + second
+            return self.base.log_prob(x) + total
+
+    def _sampling_path(self, z: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
+        context = expand_context(context, z, len(self.latent_shape))
+        total = z.new_zeros(z.shape[: z.dim() - len(self.latent_shape)])
+        with outermost():
+            for layer in reversed(self.layers):
+                z, second = layer.inverse(z, context)
+                total = total + second
+        return z, total
+
+    def log_weights_at(self, z: Tensor, target: Any, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """[`sample_with_log_weights`][flowkit.stochastic.StochasticFlow.sample_with_log_weights] from given latent points `z`."""
+        check_tensor(z, self.latent_shape, name="z", where="StochasticFlow.log_weights_at")
+        x, path_sum = self._sampling_path(z, context)
+        u = energy_of(target, x, len(self.event_shape), "StochasticFlow.sample_with_log_weights")
+        return x, -u - self.base.log_prob(z) + path_sum
+
+    def sample_with_log_weights(
+        self, n: int | Sequence[int], target: Any, context: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        r"""Reparameterised samples with their log path weights for `target`.
+
+        Returns `(x, log_w)` with $\log w = -u_X(x) - \log p_Z(z) + \sum_t \Delta S_t$;
+        `logsumexp(log_w) - log n` estimates $\log Z_X$ and `-mean(log_w)` is the
+        reverse KL divergence on path space up to $\log Z_X$.
+
+        Arguments:
+            n: number of samples (or a sample shape).
+            target: anything with `energy(x)`, or a flowkit Distribution.
+            context: context for conditional flows.
+        """
+        z = draw_latent(self, n, context, "StochasticFlow.sample_with_log_weights")
+        return self.log_weights_at(z, target, context)
+
+    def rsample(self, shape: int | Sequence[int] = (), context: Tensor | None = None) -> Tensor:
+        """Reparameterised samples of shape `(*shape, *context_batch, *event_shape)`."""
+        return self._sampling_path(draw_latent(self, shape, context, "StochasticFlow.rsample"), context)[0]
+
+    @torch.no_grad()
+    def sample(self, shape: int | Sequence[int] = (), context: Tensor | None = None) -> Tensor:
+        """Samples without gradients (see [`rsample`][flowkit.stochastic.StochasticFlow.rsample])."""
+        return self.rsample(shape, context)
+
+    def _no_exact_density(self, where: str) -> ValueError:
+        return ValueError(
+            f"StochasticFlow.{where}: a stochastic flow's marginal density would need an integral over the "
+            "noise; use sample_with_log_weights(n, target) for importance weights, or path_log_likelihood(x)"
+        )
+
+    def log_prob(self, x: Tensor, context: Tensor | None = None) -> Tensor:
+        """Not available: raises a ValueError that says what to use instead."""
+        raise self._no_exact_density("log_prob")
+
+    def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
+        """Same as [`log_prob`][flowkit.stochastic.StochasticFlow.log_prob]: raises."""
+        raise self._no_exact_density("forward")
+
+    def rsample_and_log_prob(self, shape: int | Sequence[int] = (), context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Not available: raises (no exact density)."""
+        raise self._no_exact_density("rsample_and_log_prob")
+
+    def sample_and_log_prob(self, shape: int | Sequence[int] = (), context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Not available: raises (no exact density)."""
+        raise self._no_exact_density("sample_and_log_prob")
+
+    @aggregates_auxiliary_loss
+    def auxiliary_loss(self) -> Tensor | None:
+        """Regularisers of the layers (`None` when there are none)."""
+        return auxiliary_loss(self.layers)

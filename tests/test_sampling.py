@@ -92,9 +92,8 @@ def test_imh_chain_targets_the_energy():
 
 
 class _StochasticStub(torch.nn.Module):
-    """Stands in for a flow with stochastic blocks: path weights come from sample_with_log_weights."""
+    """Stands in for a stochastic flow: path weights come from sample_with_log_weights."""
 
-    stochastic = True
     event_shape = torch.Size([2])
     context_features = 0
 

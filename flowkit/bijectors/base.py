@@ -18,34 +18,14 @@ import torch
 from torch import Tensor, nn
 
 from .._config import Configurable
-from .._validation import check_context, check_tensor, outermost
+from .._validation import check_point, outermost
 from ..domains import Domain, Real
 
 __all__ = ["Bijector", "Chain", "Invert", "Reshape"]
 
 
-def _module_dtype(module: nn.Module) -> torch.dtype | None:
-    for tensor in module.parameters():
-        if tensor.is_floating_point():
-            return tensor.dtype
-    for tensor in module.buffers():
-        if tensor.is_floating_point():
-            return tensor.dtype
-    return None
-
-
 #: Entry points whose input is checked at the outermost call, and the side of the bijector it lives on.
 _CHECKED_METHODS = {"forward": "forward", "call": "forward", "inverse": "inverse", "inverse_call": "inverse"}
-#: Entry points that carry a score along; their point and score are checked at the outermost call.
-_SCORE_METHODS = {"forward_with_score": "forward", "inverse_with_score": "inverse"}
-
-
-def _check_input(bijector: Bijector, x: Tensor, context: Tensor | None, direction: str, where: str) -> None:
-    shape = bijector.event_shape if direction == "forward" else bijector.latent_shape
-    dtype = _module_dtype(bijector)
-    check_tensor(x, shape, name="x" if direction == "forward" else "z", dtype=dtype, where=where)
-    batch = x.shape[: x.dim() - len(shape)]
-    check_context(context, bijector.context_features, batch, dtype=dtype, where=where)
 
 
 def _checked(method: Callable, name: str) -> Callable:
@@ -55,56 +35,40 @@ def _checked(method: Callable, name: str) -> Callable:
     def wrapper(self: Bijector, x: Tensor, context: Tensor | None = None, **kwargs: Any):
         with outermost() as check:
             if check:
-                _check_input(self, x, context, direction, f"{type(self).__name__}.{name}")
+                check_point(self, x, context, direction, f"{type(self).__name__}.{name}")
             return method(self, x, context, **kwargs)
 
     wrapper._flowkit_checked = True  # type: ignore[attr-defined]
     return wrapper
 
 
-def _checked_with_score(method: Callable, name: str) -> Callable:
-    direction = _SCORE_METHODS[name]
-
-    @functools.wraps(method)
-    def wrapper(self: Bijector, x: Tensor, score: Tensor, context: Tensor | None = None, **kwargs: Any):
-        with outermost() as check:
-            if check:
-                where = f"{type(self).__name__}.{name}"
-                _check_input(self, x, context, direction, where)
-                check_tensor(score, (), name="score", dtype=x.dtype, where=where)
-                event = self.event_shape if direction == "forward" else self.latent_shape
-                batch = x.shape[: x.dim() - len(event)]
-                if context is not None:
-                    batch = torch.broadcast_shapes(batch, context.shape[:-1])
-                if score.shape != (*batch, *event):
-                    raise ValueError(
-                        f"{where}: score has shape {tuple(score.shape)} but the point (broadcast with its "
-                        f"context) has shape {(*batch, *event)}"
-                    )
-            return method(self, x, score, context, **kwargs)
-
-    wrapper._flowkit_checked = True  # type: ignore[attr-defined]
-    return wrapper
+def _wrap_entry_points(cls: type) -> None:
+    for name in _CHECKED_METHODS:
+        method = cls.__dict__.get(name)
+        if method is not None and not getattr(method, "_flowkit_checked", False):
+            setattr(cls, name, _checked(method, name))
 
 
 class Bijector(Configurable, nn.Module):
-    r"""Invertible map between data ``x`` and latent ``z`` with its log-determinant.
+    r"""Invertible map between data `x` and latent `z` with its log-determinant.
 
-    Subclasses set :attr:`event_shape` (and :attr:`latent_shape` when it
-    differs) and implement :meth:`forward` and :meth:`inverse`. Inputs are
-    checked at the outermost call (shape, dtype, finiteness, context), so an
-    error names the problem instead of surfacing deep inside torch.
+    Subclasses set `event_shape` (and `latent_shape` when it differs) and
+    implement [`forward`][flowkit.bijectors.Bijector.forward] and
+    [`inverse`][flowkit.bijectors.Bijector.inverse]. A bijector knows its maps
+    and nothing about training: objective-specific rules (the path-gradient
+    score rules, for instance) are registered with the objectives, keyed by
+    bijector type. Inputs are checked at the outermost call (shape, dtype,
+    finiteness, context), so an error names the problem instead of surfacing
+    deep inside torch.
 
     Attributes:
-        event_shape: shape of one data event (``(D,)``, ``(C, H, W)``, ``(L, L)``).
-        latent_shape: shape of one latent event (default: ``event_shape``).
+        event_shape: shape of one data event (`(D,)`, `(C, H, W)`, `(L, L)`).
+        latent_shape: shape of one latent event (default: `event_shape`).
         context_features: size of the context vector (0 when unconditional).
-        domain: the set the data live in (:class:`~flowkit.domains.Real`
+        domain: the set the data live in ([`Real`][flowkit.domains.Real]
             unless the bijector acts on an interval, circle or sphere).
-        ladj_is_constant: ``True`` when ``log|det J|`` does not depend on the input
+        ladj_is_constant: `True` when `log|det J|` does not depend on the input
             (linear layers, permutations, ActNorm); score matching drops these terms.
-        stochastic: ``True`` for stochastic blocks, whose second output is a
-            path-weight increment rather than a log-determinant.
     """
 
     _flowkit_register = False
@@ -112,7 +76,6 @@ class Bijector(Configurable, nn.Module):
     context_features: int = 0
     domain: Domain = Real()
     ladj_is_constant: bool = False
-    stochastic: bool = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -131,77 +94,23 @@ class Bijector(Configurable, nn.Module):
         return len(self.event_shape)
 
     def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """Map data to latent: return ``(z, log|det dz/dx|)``, the latter of batch shape."""
+        """Map data to latent: return `(z, log|det dz/dx|)`, the latter of batch shape."""
         raise NotImplementedError
 
     def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """Map latent to data: return ``(x, log|det dx/dz|)``, the latter of batch shape."""
+        """Map latent to data: return `(x, log|det dx/dz|)`, the latter of batch shape."""
         raise NotImplementedError
 
     def call(self, x: Tensor, context: Tensor | None = None) -> Tensor:
-        """Return ``z`` alone; layers whose log-determinant is costly override this."""
+        """Return `z` alone; layers whose log-determinant is costly override this."""
         return self.forward(x, context)[0]
 
     def inverse_call(self, z: Tensor, context: Tensor | None = None) -> Tensor:
-        """Return ``x`` alone (the inverse without its log-determinant); see :meth:`call`."""
+        """Return `x` alone (the inverse without its log-determinant); see [`call`][flowkit.bijectors.Bijector.call]."""
         return self.inverse(z, context)[0]
-
-    def auxiliary_loss(self) -> Tensor | None:
-        """A regulariser the fit loop adds to the objective (``None`` when there is none)."""
-        return None
-
-    def forward_with_score(
-        self, x: Tensor, score: Tensor, context: Tensor | None = None
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        r"""Map ``x`` to ``z`` and carry a score along: return ``(z, ladj, score_z)``.
-
-        If ``score`` is :math:`\nabla_x \log r(x)` for some density ``r``, then
-        ``score_z`` is the score of ``r`` pushed through the forward map,
-
-        .. math:: \nabla_z \log r_Z(z) = J_{f^{-1}}(z)^\top \nabla_x \log r(x)
-                  + \nabla_z \log|\det J_{f^{-1}}(z)|,
-
-        i.e. the recursion :math:`g \leftarrow (g - \nabla \log|\det J|) J^{-1}` of
-        Vaitl et al., *Fast and unified path gradient estimators for normalizing
-        flows*, ICLR 2024 (arXiv:2403.15881). ``score_z`` carries no graph;
-        ``z`` and ``ladj`` keep theirs. The default uses one vector-Jacobian
-        product through :meth:`inverse` and works for any bijector; layers
-        with structure (couplings, linear maps) override it.
-        """
-        z, ladj = self.forward(x, context)
-        return z, ladj, _pulled_score(self.inverse, z, score, context)
-
-    def inverse_with_score(
-        self, z: Tensor, score: Tensor, context: Tensor | None = None
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        r"""Map ``z`` to ``x`` and carry a score along: return ``(x, ladj, score_x)``.
-
-        The sampling-direction twin of :meth:`forward_with_score`:
-        :math:`\nabla_x \log r_X(x) = J_f(x)^\top \nabla_z \log r(z) + \nabla_x \log|\det J_f(x)|`.
-        """
-        x, ladj = self.inverse(z, context)
-        return x, ladj, _pulled_score(self.forward, x, score, context)
 
     def extra_repr(self) -> str:
         return f"event_shape={tuple(self.event_shape)}"
-
-
-def _pulled_score(back: Callable, y: Tensor, score: Tensor, context: Tensor | None) -> Tensor:
-    """``J_back(y)^T score + grad_y ladj_back(y)`` by one autograd call, without a graph on the result."""
-    with torch.enable_grad():
-        leaf = y.detach().requires_grad_(True)
-        y_back, ladj_back = back(leaf, context)
-        if score.shape != y_back.shape:
-            raise ValueError(f"score has shape {tuple(score.shape)} but the point has shape {tuple(y_back.shape)}")
-        (pulled,) = torch.autograd.grad((y_back * score.detach()).sum() + ladj_back.sum(), leaf)
-    return pulled
-
-
-def _wrap_entry_points(cls: type) -> None:
-    for name in (*_CHECKED_METHODS, *_SCORE_METHODS):
-        method = cls.__dict__.get(name)
-        if method is not None and not getattr(method, "_flowkit_checked", False):
-            setattr(cls, name, _checked(method, name) if name in _CHECKED_METHODS else _checked_with_score(method, name))
 
 
 _wrap_entry_points(Bijector)
@@ -241,7 +150,6 @@ class Chain(Bijector):
         self.context_features = contexts.pop() if contexts else 0
         self.domain = bijectors[0].domain
         self.ladj_is_constant = all(b.ladj_is_constant for b in bijectors)
-        self.stochastic = any(b.stochastic for b in bijectors)
 
     def __iter__(self) -> Iterator[Bijector]:
         return iter(self.layers)
@@ -279,24 +187,6 @@ class Chain(Bijector):
             z = layer.inverse_call(z, context)
         return z
 
-    def forward_with_score(self, x, score, context=None):
-        total = self._ladj_zero(x, self.event_shape)
-        for layer in self.layers:
-            x, ladj, score = layer.forward_with_score(x, score, context)
-            total = total + ladj
-        return x, total, score
-
-    def inverse_with_score(self, z, score, context=None):
-        total = self._ladj_zero(z, self.latent_shape)
-        for layer in reversed(self.layers):
-            z, ladj, score = layer.inverse_with_score(z, score, context)
-            total = total + ladj
-        return z, total, score
-
-    def auxiliary_loss(self):
-        losses = [l for l in (b.auxiliary_loss() for b in self.layers) if l is not None]
-        return sum(losses) if losses else None  # type: ignore[return-value]
-
     def extra_repr(self) -> str:
         return ""
 
@@ -310,8 +200,8 @@ class Invert(Bijector):
 
     def __init__(self, bijector: Bijector) -> None:
         super().__init__()
-        if bijector.stochastic:
-            raise ValueError("Invert: a stochastic block has no inverse to swap to")
+        if not isinstance(bijector, Bijector):
+            raise ValueError(f"Invert: {type(bijector).__name__} is not a flowkit Bijector")
         self.bijector = bijector
         self.event_shape = bijector.latent_shape
         self.latent_shape = bijector.event_shape
@@ -329,15 +219,6 @@ class Invert(Bijector):
 
     def inverse_call(self, z, context=None):
         return self.bijector.call(z, context)
-
-    def forward_with_score(self, x, score, context=None):
-        return self.bijector.inverse_with_score(x, score, context)
-
-    def inverse_with_score(self, z, score, context=None):
-        return self.bijector.forward_with_score(z, score, context)
-
-    def auxiliary_loss(self):
-        return self.bijector.auxiliary_loss()
 
     def extra_repr(self) -> str:
         return ""
@@ -369,14 +250,6 @@ class Reshape(Bijector):
     def inverse(self, z, context=None):
         batch = z.shape[: z.dim() - len(self.latent_shape)]
         return z.reshape(*batch, *self.event_shape), z.new_zeros(batch)
-
-    def forward_with_score(self, x, score, context=None):
-        z, ladj = self.forward(x, context)
-        return z, ladj, score.reshape(z.shape)
-
-    def inverse_with_score(self, z, score, context=None):
-        x, ladj = self.inverse(z, context)
-        return x, ladj, score.reshape(x.shape)
 
     def extra_repr(self) -> str:
         return f"{tuple(self.event_shape)} -> {tuple(self.latent_shape)}"

@@ -63,14 +63,6 @@ class Linear(Bijector):
     def inverse(self, z, context=None):
         return self.inverse_call(z), -self.log_abs_det().expand(z.shape[:-1])
 
-    def forward_with_score(self, x, score, context=None):
-        z, ladj = self.forward(x, context)
-        return z, ladj, torch.linalg.solve(self.weight.detach().T, score.detach().unsqueeze(-1)).squeeze(-1)
-
-    def inverse_with_score(self, z, score, context=None):
-        x, ladj = self.inverse(z, context)
-        return x, ladj, score.detach() @ self.weight.detach()
-
 
 class LULinear(Bijector):
     r"""Linear layer with an LU-factorised matrix ``W = P L U``.
@@ -134,16 +126,3 @@ class LULinear(Bijector):
 
     def inverse(self, z, context=None):
         return self.inverse_call(z), -self.log_abs_det().expand(z.shape[:-1])
-
-    def forward_with_score(self, x, score, context=None):
-        # W^{-T} s = P L^{-T} U^{-T} s (P is a signed permutation, so P^{-T} = P).
-        z, ladj = self.forward(x, context)
-        lower, upper = (f.detach() for f in self._factors())
-        rhs = score.detach().reshape(-1, score.shape[-1]).T
-        y = torch.linalg.solve_triangular(upper.T, rhs, upper=False)
-        y = torch.linalg.solve_triangular(lower.T, y, upper=True, unitriangular=True)
-        return z, ladj, (self.permutation @ y).T.reshape(score.shape)
-
-    def inverse_with_score(self, z, score, context=None):
-        x, ladj = self.inverse(z, context)
-        return x, ladj, score.detach() @ self.weight.detach()

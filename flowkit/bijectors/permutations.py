@@ -44,14 +44,6 @@ class Permutation(Bijector):
     def call(self, x, context=None):
         return x[..., self.perm]
 
-    def forward_with_score(self, x, score, context=None):
-        z, ladj = self.forward(x, context)
-        return z, ladj, score.detach()[..., self.perm]
-
-    def inverse_with_score(self, z, score, context=None):
-        x, ladj = self.inverse(z, context)
-        return x, ladj, score.detach()[..., self.inverse_perm]
-
 
 class Reverse(Permutation):
     """Reverse the order of the features (the MAF/RealNVP default between layers).

@@ -15,11 +15,12 @@ from torch import Tensor, nn
 from torch.distributions import constraints
 
 from .._config import Configurable
-from .._validation import check_context, check_tensor, outermost
+from .._validation import check_context, check_point, module_dtype, outermost
 from ..bijectors import Bijector
-from ..bijectors.base import _module_dtype
 from ..distributions import Distribution
 from ..distributions.base import as_shape
+from ..targets.evaluate import energy_of
+from ..utils import aggregates_auxiliary_loss, auxiliary_loss
 
 __all__ = ["Flow", "FlowDistribution"]
 
@@ -60,46 +61,23 @@ class Flow(Configurable, nn.Module):
     def context_features(self) -> int:
         return self.bijector.context_features
 
-    @property
-    def stochastic(self) -> bool:
-        return self.bijector.stochastic
-
-    def _check_x(self, x: Tensor, context: Tensor | None, where: str) -> None:
-        dtype = _module_dtype(self)
-        check_tensor(x, self.event_shape, name="x", dtype=dtype, where=where)
-        check_context(context, self.context_features, x.shape[: x.dim() - len(self.event_shape)], dtype=dtype, where=where)
-
-    def _no_exact_density(self, where: str) -> None:
-        if self.stochastic:
-            raise ValueError(
-                f"Flow.{where}: this flow contains stochastic blocks, whose marginal density would need an "
-                "integral over the noise; use sample_with_log_weights(n, target) for importance weights instead"
-            )
-
     def log_prob(self, x: Tensor, context: Tensor | None = None) -> Tensor:
         """Log density ``log p(x)`` of events ``x`` of shape ``(..., *event_shape)``; returns the batch shape."""
-        self._no_exact_density("log_prob")
         return self._log_density(x, context, "Flow.log_prob")
 
     def _log_density(self, x: Tensor, context: Tensor | None, where: str) -> Tensor:
         with outermost() as check:
             if check:
-                self._check_x(x, context, where)
+                check_point(self, x, context, "forward", where)
             z, ladj = self.bijector(x, context)
             return self.base.log_prob(z) + ladj
 
     def path_log_likelihood(self, x: Tensor, context: Tensor | None = None) -> Tensor:
-        r"""Log-likelihood of data on path space: data run backwards through the chain, one path per event.
+        """The log-likelihood of data on path space, which for a flow is [`log_prob`][flowkit.flows.Flow.log_prob].
 
-        .. math:: \log p_Z(y_0) + \sum_t \Delta S_t^{\text{back}},
-
-        where the path runs from ``x`` to ``y_0`` through ``bijector.forward`` and each layer
-        adds its second output in that direction: ``log|det dz/dx|`` for a bijection, the
-        path-weight increment for a stochastic block (see :mod:`flowkit.stochastic`). Up to a
-        constant, minus its mean is the KL divergence between the backward (data) and the
-        forward (model) path distributions, the maximum-likelihood loss of a stochastic
-        normalizing flow; it is random for stochastic flows. For a deterministic flow it
-        equals :meth:`log_prob`.
+        Objectives that also train stochastic flows
+        ([`StochasticFlow`][flowkit.stochastic.StochasticFlow]) call this one
+        method on either kind.
         """
         return self._log_density(x, context, "Flow.path_log_likelihood")
 
@@ -107,37 +85,21 @@ class Flow(Configurable, nn.Module):
         """Same as :meth:`log_prob`."""
         return self.log_prob(x, context)
 
-    def _latent(self, shape: int | Sequence[int], context: Tensor | None, where: str) -> Tensor:
-        shape = as_shape(shape)
-        with outermost() as check:
-            if check:
-                check_context(context, self.context_features, None, dtype=_module_dtype(self), where=where)
-        if context is not None:
-            shape = shape + context.shape[:-1]
-        return self.base.rsample(shape)
-
-    @staticmethod
-    def _expand_context(context: Tensor | None, z: Tensor, latent_dims: int) -> Tensor | None:
-        if context is None:
-            return None
-        return context.expand(*z.shape[: z.dim() - latent_dims], context.shape[-1])
-
     def rsample_and_log_prob(
         self, shape: int | Sequence[int] = (), context: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
         """Reparameterised samples and their log density in one pass through the bijector."""
-        self._no_exact_density("rsample_and_log_prob")
-        z = self._latent(shape, context, "Flow.rsample_and_log_prob")
+        z = draw_latent(self, shape, context, "Flow.rsample_and_log_prob")
         log_pz = self.base.log_prob(z)
-        context = self._expand_context(context, z, len(self.bijector.latent_shape))
+        context = expand_context(context, z, len(self.bijector.latent_shape))
         with outermost():
             x, ladj = self.bijector.inverse(z, context)
         return x, log_pz - ladj
 
     def rsample(self, shape: int | Sequence[int] = (), context: Tensor | None = None) -> Tensor:
         """Reparameterised samples of shape ``(*shape, *context_batch, *event_shape)``."""
-        z = self._latent(shape, context, "Flow.rsample")
-        context = self._expand_context(context, z, len(self.bijector.latent_shape))
+        z = draw_latent(self, shape, context, "Flow.rsample")
+        context = expand_context(context, z, len(self.bijector.latent_shape))
         with outermost():
             return self.bijector.inverse(z, context)[0]
 
@@ -179,23 +141,22 @@ class Flow(Configurable, nn.Module):
         Returns:
             ``(x, log_w)`` of shapes ``(*n, *event_shape)`` and ``(*n,)`` (times the context batch).
         """
-        z = self._latent(n, context, "Flow.sample_with_log_weights")
-        return self._log_weights_at(z, target, context)
+        z = draw_latent(self, n, context, "Flow.sample_with_log_weights")
+        return self.log_weights_at(z, target, context)
 
-    def _log_weights_at(self, z: Tensor, target: Any, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """:meth:`sample_with_log_weights` from given latent points ``z``."""
-        from ..stochastic import energy_of
-
+    def log_weights_at(self, z: Tensor, target: Any, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """[`sample_with_log_weights`][flowkit.flows.Flow.sample_with_log_weights] from given latent points `z`."""
         log_pz = self.base.log_prob(z)
-        context = self._expand_context(context, z, len(self.bijector.latent_shape))
+        context = expand_context(context, z, len(self.bijector.latent_shape))
         with outermost():
-            x, path_sum = self.bijector.inverse(z, context)
+            x, ladj = self.bijector.inverse(z, context)
         u = energy_of(target, x, len(self.event_shape), "Flow.sample_with_log_weights")
-        return x, -u - log_pz + path_sum
+        return x, -u - log_pz + ladj
 
+    @aggregates_auxiliary_loss
     def auxiliary_loss(self) -> Tensor | None:
-        """Regularisers of the bijector's layers (``None`` when there are none)."""
-        return self.bijector.auxiliary_loss()
+        """Regularisers of the bijector's layers (`None` when there are none)."""
+        return auxiliary_loss(self.bijector)
 
     def to_distribution(self, context: Tensor | None = None) -> "FlowDistribution":
         """Wrap the flow (at a fixed context) as a :class:`torch.distributions.Distribution`."""
@@ -228,3 +189,21 @@ class FlowDistribution(torch.distributions.Distribution):
 
     def sample(self, sample_shape: torch.Size | Sequence[int] = torch.Size()) -> Tensor:
         return self.flow.sample(sample_shape, self.context)
+
+
+def draw_latent(flow: nn.Module, shape: int | Sequence[int], context: Tensor | None, where: str) -> Tensor:
+    """Reparameterised latent points of shape `(*shape, *context_batch, *latent_shape)` from `flow.base`."""
+    shape = as_shape(shape)
+    with outermost() as check:
+        if check:
+            check_context(context, flow.context_features, None, dtype=module_dtype(flow), where=where)
+    if context is not None:
+        shape = shape + context.shape[:-1]
+    return flow.base.rsample(shape)
+
+
+def expand_context(context: Tensor | None, z: Tensor, latent_dims: int) -> Tensor | None:
+    """The context broadcast to the batch shape of the latent points `z`."""
+    if context is None:
+        return None
+    return context.expand(*z.shape[: z.dim() - latent_dims], context.shape[-1])

@@ -6,8 +6,9 @@ Each target has [`energy`][flowkit.targets.base.Target.energy], `event_shape`,
 """
 
 from .base import Energy, Target
+from .evaluate import energy_of
 from .lattice import Phi4
 from .mixture import GaussianMixture
 from .wells import DoubleWell, ManyWell
 
-__all__ = ["Target", "Energy", "DoubleWell", "ManyWell", "GaussianMixture", "Phi4"]
+__all__ = ["Target", "Energy", "energy_of", "DoubleWell", "ManyWell", "GaussianMixture", "Phi4"]

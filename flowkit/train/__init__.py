@@ -2,10 +2,11 @@
 
 from .batches import split_batch
 from .boltzmann import BoltzmannGenerator
-from .likelihood import MaximumLikelihood
+from .callbacks import EMA, Callback
+from .likelihood import ForwardKLPathGradient, MaximumLikelihood
 from .loop import History, fit
 from .objective import Objective
-from .pathgrad import ForwardKLPathGradient, PathGradientVI
-from .score_matching import EMA, ScoreMatching, exact_log_prob
+from .pathgrad import PathGradientVI
+from .score_matching import ScoreMatching, exact_log_prob
 
-__all__ = ["fit", "History", "MaximumLikelihood", "split_batch", "Objective", "PathGradientVI", "ForwardKLPathGradient", "BoltzmannGenerator", "ScoreMatching", "EMA", "exact_log_prob"]
+__all__ = ["fit", "History", "MaximumLikelihood", "split_batch", "Objective", "PathGradientVI", "ForwardKLPathGradient", "BoltzmannGenerator", "ScoreMatching", "EMA", "Callback", "exact_log_prob"]

@@ -4,8 +4,8 @@ r"""Boltzmann-generator training: reverse KL to the target energy mixed with max
 
 (Noé et al. 2019). The KL term is mode-seeking and needs only the energy; the
 ML term, on samples from MD or MCMC, is mass-covering and keeps the flow from
-dropping modes. Flows with stochastic blocks (stochastic normalizing flows, Wu
-et al. 2020) use their path weights for the KL term and their path
+dropping modes. Stochastic normalizing flows (:class:`~flowkit.stochastic.StochasticFlow`,
+Wu et al. 2020) use their path weights for the KL term and their path
 likelihood for the ML term.
 """
 
@@ -16,7 +16,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .._validation import check_tensor, outermost
+from .._validation import check_tensor
+from ..flows import Flow
 from ..targets import Target
 from .objective import Objective
 from .pathgrad import ESTIMATORS, _check_flow, _latent, _weight_metrics, forward_kl_loss, reverse_kl_loss
@@ -39,9 +40,10 @@ class BoltzmannGenerator(Objective):
             exact), or None for energy-only training.
         w_ml: weight of the maximum-likelihood term (ignored without samples).
         w_kl: weight of the reverse-KL term.
-        estimator: gradient estimator of the KL term for flows without
-            stochastic blocks: ``"fast"``, ``"standard"`` or ``"reparam"``
-            (see :class:`~flowkit.train.PathGradientVI`).
+        estimator: gradient estimator of the KL term: ``"fast"``, ``"standard"``
+            or ``"reparam"`` (see :class:`~flowkit.train.PathGradientVI`); a
+            :class:`~flowkit.stochastic.StochasticFlow` always trains by its
+            reparameterised path weights.
         ml_estimator: ``"nll"`` (plain maximum likelihood) or ``"path"`` (the
             forward-KL path gradient, which also uses the target's forces at the samples).
 
@@ -96,32 +98,20 @@ class BoltzmannGenerator(Objective):
         self._last: dict[str, Tensor] = {}
 
     def _kl(self, flow: Any, z: Tensor) -> tuple[Tensor, Tensor]:
-        if flow.stochastic:
-            _, log_w = flow._log_weights_at(z, self.target)
-            return -log_w.mean(), log_w.detach()
-        return reverse_kl_loss(flow, self.target, z, self.estimator)
+        # Path-gradient estimators need a Flow's exact density; a StochasticFlow trains by its path weights.
+        estimator = self.estimator if isinstance(flow, Flow) else "reparam"
+        return reverse_kl_loss(flow, self.target, z, estimator)
 
     def _nll(self, flow: Any, n: int, like: Tensor) -> Tensor:
         assert self.samples is not None
         index = torch.randint(0, self.samples.shape[0], (n,), device=self.samples.device)
         x = self.samples[index].to(device=like.device, dtype=like.dtype)
-        if flow.stochastic:
-            return -flow.path_log_likelihood(x).mean()
-        if self.ml_estimator == "path":
+        if self.ml_estimator == "path" and isinstance(flow, Flow):
             return forward_kl_loss(flow, self.target, x)
-        with outermost():
-            z, ladj = flow.bijector(x)
-            return -(flow.base.log_prob(z) + ladj).mean()
+        return -flow.path_log_likelihood(x).mean()
 
     def loss(self, flow: Any, batch: Tensor | int) -> Tensor:
-        if flow.stochastic:
-            if tuple(flow.event_shape) != tuple(self.target.event_shape):
-                raise ValueError(
-                    f"BoltzmannGenerator: the flow's event shape {tuple(flow.event_shape)} differs from the "
-                    f"target's {tuple(self.target.event_shape)}"
-                )
-        else:
-            _check_flow(flow, self.target, "BoltzmannGenerator")
+        _check_flow(flow, self.target, "BoltzmannGenerator", exact=False)
         z = _latent(flow, batch, "BoltzmannGenerator")
         total = z.new_zeros(())
         self._last = {}

@@ -7,10 +7,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .._validation import check_tensor
+from ..targets import Target
 from .batches import split_batch
 from .objective import Objective
+from .pathgrad import _check_flow, forward_kl_loss
 
-__all__ = ["MaximumLikelihood"]
+__all__ = ["MaximumLikelihood", "ForwardKLPathGradient"]
 
 
 class MaximumLikelihood(Objective):
@@ -20,10 +23,11 @@ class MaximumLikelihood(Objective):
 
     .. math:: L(\theta) = -\frac{1}{B} \sum_{i=1}^B \log q_\theta(x_i \mid c_i),
 
-    an unbiased estimate of :math:`\mathrm{KL}(p \,\|\, q_\theta) + H(p)`. For a
-    flow with stochastic blocks, whose exact density is intractable, the loss
-    is the negative mean of ``flow.path_log_likelihood(x, context)``, the
-    log path weight of the stochastic normalizing flow (Wu, Köhler & Noé 2020).
+    an unbiased estimate of :math:`\mathrm{KL}(p \,\|\, q_\theta) + H(p)`. The loss
+    is minus the mean of ``flow.path_log_likelihood(x, context)``: ``log_prob`` for a
+    :class:`~flowkit.flows.Flow`, the log path weight for a
+    :class:`~flowkit.stochastic.StochasticFlow`, whose exact density is intractable
+    (Wu, Köhler & Noé 2020).
 
     Arguments:
         target: optional :class:`~flowkit.targets.Target`; when given, the loss
@@ -42,19 +46,17 @@ class MaximumLikelihood(Objective):
     needs_data = True
 
     def __init__(self, target: Any = None) -> None:
-        from .pathgrad import ForwardKLPathGradient
-
+        if target is not None and not isinstance(target, Target):
+            raise ValueError(
+                f"{type(self).__name__}: target must be a flowkit.targets.Target, got {type(target).__name__}"
+            )
         self.target = target
-        # The forward-KL path gradient, with its checks of the target, the flow and the batch.
-        self._path_gradient = None if target is None else ForwardKLPathGradient(target)
 
     @staticmethod
     def negative_log_likelihood(flow: Any, batch: Any) -> Tensor:
         """Mean negative log-likelihood (path log-likelihood for a stochastic flow) of a batch."""
         x, context = split_batch(batch)
-        if getattr(flow, "stochastic", False):
-            return -flow.path_log_likelihood(x, context).mean()
-        return -flow.log_prob(x, context).mean()
+        return -flow.path_log_likelihood(x, context).mean()
 
     def loss(self, flow: Any, batch: Any) -> Tensor:
         if self.target is not None:
@@ -63,18 +65,54 @@ class MaximumLikelihood(Objective):
         return self.negative_log_likelihood(flow, batch)
 
     def path_gradient_loss(self, flow: Any, x: Tensor, context: Tensor | None) -> Tensor:
-        """Surrogate loss whose gradient is the forward-KL path gradient, using ``self.target``'s forces.
+        """Surrogate loss whose gradient is the forward-KL path gradient, using `self.target`'s forces.
 
         The estimator of Vaitl et al. 2024 (the recursion run in the inverse
-        direction), as in :class:`~flowkit.train.ForwardKLPathGradient`;
-        override this method to plug in another. Its value need not be the
-        NLL, which is why :meth:`validation_loss` reports the plain NLL.
+        direction, [`forward_kl_loss`][flowkit.train.pathgrad.forward_kl_loss]);
+        override this method to plug in another. Its value is the NLL.
         """
+        where = type(self).__name__
         if context is not None:
-            raise ValueError("MaximumLikelihood(target=...): the forward-KL path gradient takes samples x without context")
-        return self._path_gradient.loss(flow, x)
+            raise ValueError(f"{where}(target=...): the forward-KL path gradient takes samples x without context")
+        _check_flow(flow, self.target, where)
+        check_tensor(x, flow.event_shape, name="x", dtype=flow.base.dtype, where=where)
+        return forward_kl_loss(flow, self.target, x)
 
     def validation_loss(self, flow: Any, batch: Any) -> Tensor:
         """The plain mean negative log-likelihood, without gradients."""
         with torch.no_grad():
             return self.negative_log_likelihood(flow, batch)
+
+
+class ForwardKLPathGradient(MaximumLikelihood):
+    r"""Maximum likelihood on target samples with the forward-KL path gradient (GDReG).
+
+    The same objective as `MaximumLikelihood(target=target)`, under the name of
+    its estimator. With $z = f_\theta(x)$ the normalizing map,
+    $KL(p \| q_\theta) = KL(f_\theta{}_\# p \| q_0)$, whose path gradient is
+
+    $$
+    \nabla_\theta \approx E_{x \sim p}\big[(\nabla_z \log p_Z(z) - \nabla_z \log q_0(z))
+    \cdot \partial_\theta f_\theta(x)\big],
+    $$
+
+    where $\nabla_z \log p_Z$ is carried along the normalizing pass from the
+    target's force $\nabla_x \log p = -\nabla u$ by
+    [`forward_with_score`][flowkit.train.score_rules.forward_with_score] (Vaitl et
+    al. 2024, the recursion run in the inverse direction). The forces act as a
+    regulariser; the expected gradient equals maximum likelihood's. The loss
+    value is the negative log-likelihood `mean(-log q(x))`.
+
+    Arguments:
+        target: the target whose samples the batches are (its forces are used).
+    """
+
+    def __init__(self, target: Target) -> None:
+        super().__init__(target)
+        if target is None:
+            raise ValueError("ForwardKLPathGradient: target must be a flowkit.targets.Target, got None")
+
+    def loss(self, flow: Any, batch: Any) -> Tensor:
+        if isinstance(batch, (tuple, list)):
+            raise ValueError("ForwardKLPathGradient: batches are samples x only (targets have no context)")
+        return super().loss(flow, batch)

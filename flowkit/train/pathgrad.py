@@ -13,8 +13,8 @@ which has zero variance when :math:`q = p`. It is computed as the surrogate
 and :math:`g = \nabla_x \log q + \nabla_x u`. Three estimators share the loss value:
 
 - ``"fast"`` (Vaitl et al. 2024, Alg. 1): :math:`\nabla_x \log q` is carried
-  along the sampling pass, layer by layer, by
-  :meth:`~flowkit.bijectors.Bijector.inverse_with_score`, with no second pass through the flow;
+  along the sampling pass, layer by layer, by the score rules of
+  :mod:`flowkit.train.score_rules`, with no second pass through the flow;
 - ``"standard"``: samples, then :math:`\nabla_x \log q` by autograd through ``log_prob``
   at the detached sample (a second pass);
 - ``"reparam"``: the plain reparameterised gradient of the reverse KL.
@@ -35,13 +35,14 @@ import torch
 from torch import Tensor
 
 from .._validation import check_tensor, outermost
+from ..flows import Flow
 from ..sampling import _check_target
 from ..targets import Target
 from .objective import Objective
+from .score_rules import forward_with_score, inverse_with_score
 
 __all__ = [
     "PathGradientVI",
-    "ForwardKLPathGradient",
     "sample_with_score",
     "reverse_kl_loss",
     "forward_kl_loss",
@@ -52,12 +53,14 @@ __all__ = [
 ESTIMATORS = ("fast", "standard", "reparam")
 
 
-def _check_flow(flow: Any, target: Target, where: str) -> None:
-    _check_target(flow, target, where)
-    if flow.stochastic:
+def _check_flow(flow: Any, target: Target, where: str, exact: bool = True) -> None:
+    """Check a flow against a target; `exact`: the estimator needs a [`Flow`][flowkit.flows.Flow]'s exact density."""
+    if exact and not isinstance(flow, Flow):
         raise ValueError(
-            f"{where}: the flow has stochastic blocks and no exact density; train it with BoltzmannGenerator"
+            f"{where}: needs a flowkit Flow with an exact density, got {type(flow).__name__}; stochastic flows "
+            "have none: train them with BoltzmannGenerator (estimator='reparam')"
         )
+    _check_target(flow, target, where)
     if any(p.requires_grad for p in flow.base.parameters()):
         raise ValueError(
             f"{where}: the base distribution has trainable parameters, which a given latent batch z cannot "
@@ -77,7 +80,7 @@ def _base_log_prob_and_score(base: Any, z: Tensor) -> tuple[Tensor, Tensor]:
 def _latent(flow: Any, z: Tensor | int, where: str) -> Tensor:
     if isinstance(z, int):
         return flow.base.sample((z,))
-    check_tensor(z, flow.bijector.latent_shape, name="z", dtype=flow.base.dtype, where=where)
+    check_tensor(z, flow.base.event_shape, name="z", dtype=flow.base.dtype, where=where)
     return z
 
 
@@ -86,10 +89,10 @@ def sample_with_score(flow: Any, z: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
     Starting from :math:`g_0 = \nabla_z \log q_0(z)`, every layer on the
     sampling path maps :math:`g \leftarrow (g - \nabla \log|\det J|) J^{-1}`
-    (:meth:`~flowkit.bijectors.Bijector.inverse_with_score`).
+    ([`inverse_with_score`][flowkit.train.score_rules.inverse_with_score]).
 
     Arguments:
-        flow: a :class:`~flowkit.flows.Flow` without stochastic blocks.
+        flow: a [`Flow`][flowkit.flows.Flow].
         z: latent points ``(B, *latent_shape)``.
 
     Returns:
@@ -98,7 +101,7 @@ def sample_with_score(flow: Any, z: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """
     log_q0, score = _base_log_prob_and_score(flow.base, z)
     with outermost():
-        x, ladj, score = flow.bijector.inverse_with_score(z, score)
+        x, ladj, score = inverse_with_score(flow.bijector, z, score)
     return x, log_q0 - ladj, score
 
 
@@ -121,10 +124,7 @@ def reverse_kl_loss(flow: Any, target: Target, z: Tensor, estimator: str = "fast
     if estimator not in ESTIMATORS:
         raise ValueError(f"unknown estimator {estimator!r}; choose one of {ESTIMATORS}")
     if estimator == "reparam" or not torch.is_grad_enabled():
-        with outermost():
-            x, ladj = flow.bijector.inverse(z)
-            log_q = flow.base.log_prob(z) - ladj
-            log_w = -target.energy(x) - log_q
+        log_w = flow.log_weights_at(z, target)[1]
         return -log_w.mean(), log_w.detach()
     if estimator == "fast":
         x, log_q, score = sample_with_score(flow, z)
@@ -197,51 +197,13 @@ def _weight_metrics(log_w: Tensor | None) -> dict[str, float]:
         return {"ess": ess(log_w), "log_Z": log_Z(log_w)[0]}
 
 
-class ForwardKLPathGradient(Objective):
-    r"""Maximum likelihood on target samples with the forward-KL path gradient (GDReG).
-
-    With :math:`z = f_\theta(x)` the normalizing map, :math:`KL(p \| q_\theta) =
-    KL(f_\theta{}_\# p \| q_0)`, whose path gradient is
-
-    .. math:: \nabla_\theta \approx E_{x \sim p}\big[(\nabla_z \log p_Z(z) - \nabla_z \log q_0(z))
-              \cdot \partial_\theta f_\theta(x)\big],
-
-    where :math:`\nabla_z \log p_Z` is carried along the normalizing pass from
-    the target's force :math:`\nabla_x \log p = -\nabla u` by
-    :meth:`~flowkit.bijectors.Bijector.forward_with_score` (Vaitl et al. 2024,
-    the recursion run in the inverse direction). The forces act as a
-    regulariser; the expected gradient equals maximum likelihood's. The loss
-    value is the negative log-likelihood ``mean(-log q(x))``.
-
-    Arguments:
-        target: the target whose samples the batches are (its forces are used).
-    """
-
-    needs_data = True
-
-    def __init__(self, target: Target) -> None:
-        if not isinstance(target, Target):
-            raise ValueError(
-                f"ForwardKLPathGradient: target must be a flowkit.targets.Target, got {type(target).__name__}"
-            )
-        self.target = target
-
-    def loss(self, flow: Any, batch: Tensor) -> Tensor:
-        _check_flow(flow, self.target, "ForwardKLPathGradient")
-        if isinstance(batch, (tuple, list)):
-            raise ValueError("ForwardKLPathGradient: batches are samples x only (targets have no context)")
-        x = batch
-        check_tensor(x, flow.event_shape, name="x", dtype=flow.base.dtype, where="ForwardKLPathGradient")
-        return forward_kl_loss(flow, self.target, x)
-
-
 def forward_kl_loss(flow: Any, target: Target, x: Tensor) -> Tensor:
     """Negative log-likelihood of ``x`` in value, forward-KL path gradient in gradient."""
     with outermost():
         if not torch.is_grad_enabled():
             z, ladj = flow.bijector(x)
             return -(flow.base.log_prob(z) + ladj).mean()
-        z, ladj, score_z = flow.bijector.forward_with_score(x, target.force(x))
+        z, ladj, score_z = forward_with_score(flow.bijector, x, target.force(x))
     log_q0, base_score = _base_log_prob_and_score(flow.base, z)
     nll = -(log_q0 + ladj.detach())
     return _path_surrogate(-nll, z, score_z - base_score)

@@ -21,8 +21,8 @@ s recursively): a layer with a constant log-determinant runs through its cheap
 ``call()`` and its determinant is never computed; every other layer runs its
 ``forward`` and its log-determinant enters ``E``. :class:`ScoreMatching` is the
 training objective; :func:`exact_log_prob` evaluates the exact likelihood of a
-score-matched flow with the constant log-determinants computed once; :class:`EMA`
-keeps the moving average of the weights used for evaluation.
+score-matched flow with the constant log-determinants computed once. The moving
+average of the weights used for evaluation is [`EMA`][flowkit.train.EMA] (or `fit(..., ema=0.999)`).
 
 References:
     Chao, Sun, Hsu, Lee, Lee, *Training Energy-Based Normalizing Flow with
@@ -31,21 +31,20 @@ References:
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import math
-from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from .._validation import check_context, check_tensor, outermost
-from ..bijectors.base import Bijector, Chain, _module_dtype
+from .._validation import check_point, outermost
+from ..bijectors import Bijector, Chain
+from ..flows import Flow
 from ..utils import sum_event
+from .batches import split_batch
 from .objective import Objective
 
-__all__ = ["ScoreMatching", "EMA", "energy", "score", "exact_log_prob"]
+__all__ = ["ScoreMatching", "energy", "score", "exact_log_prob"]
 
 _METHODS = ("ssm", "dsm", "fdsm")
 
@@ -70,10 +69,11 @@ def _walk(bijector: Bijector, x: Tensor, context: Tensor | None, constants: bool
 
 
 def _check_flow(flow: Any, where: str) -> None:
-    if not (isinstance(getattr(flow, "bijector", None), Bijector) and isinstance(getattr(flow, "base", None), nn.Module)):
-        raise ValueError(f"{where}: expected a flowkit Flow (a bijector over a base), got {type(flow).__name__}")
-    if flow.bijector.stochastic:
-        raise ValueError(f"{where}: the flow contains stochastic blocks, which have no energy to match")
+    if not isinstance(flow, Flow):
+        raise ValueError(
+            f"{where}: expected a flowkit Flow (a bijector over a base), got {type(flow).__name__}"
+            " (a stochastic flow has no energy to match)"
+        )
 
 
 def _energy_and_constant(
@@ -82,9 +82,7 @@ def _energy_and_constant(
     _check_flow(flow, where)
     with outermost() as check:
         if check:
-            dtype = _module_dtype(flow)
-            check_tensor(x, flow.event_shape, name="x", dtype=dtype, where=where)
-            check_context(context, flow.bijector.context_features, x.shape[: x.dim() - len(flow.event_shape)], dtype=dtype, where=where)
+            check_point(flow, x, context, "forward", where)
         z, varying, constant = _walk(flow.bijector, x, context, constants)
         return -(flow.base.log_prob(z) + varying), constant
 
@@ -172,14 +170,6 @@ def exact_log_prob(
     if not out:
         raise ValueError("exact_log_prob: x holds no points")
     return torch.cat(out)
-
-
-def _split(batch: Any, where: str) -> tuple[Tensor, Tensor | None]:
-    if isinstance(batch, Tensor):
-        return batch, None
-    if isinstance(batch, (tuple, list)) and len(batch) == 2:
-        return batch[0], batch[1]
-    raise ValueError(f"{where}: a batch is a tensor x or a pair (x, context), got {type(batch).__name__}")
 
 
 def _repeat(t: Tensor | None, times: int) -> Tensor | None:
@@ -277,7 +267,7 @@ class ScoreMatching(Objective):
         self._last_energy: Tensor | None = None
 
     def _prepare(self, batch: Any, where: str) -> tuple[Tensor, Tensor | None]:
-        x, context = _split(batch, where)
+        x, context = split_batch(batch, where)
         if self.preprocessing is not None:
             with torch.no_grad():
                 x = self.preprocessing.call(x, context)
@@ -320,92 +310,9 @@ class ScoreMatching(Objective):
 
     def validation_loss(self, flow: Any, batch: Any) -> Tensor:
         """Exact negative log-likelihood per point of the raw ``batch`` (the preprocessing's log-det added back)."""
-        x, context = _split(batch, "ScoreMatching.validation_loss")
+        x, context = split_batch(batch, "ScoreMatching.validation_loss")
         return -exact_log_prob(flow, x, context, preprocessing=self.preprocessing).mean()
 
     def metrics(self) -> dict[str, float]:
         """The mean energy of the last batch."""
         return {} if self._last_energy is None else {"energy": float(self._last_energy)}
-
-
-class EMA:
-    r"""Exponential moving average of a module's weights, used for evaluation.
-
-    After each optimiser step, :meth:`update` sets
-    ``avg <- d avg + (1 - d) w`` for every floating parameter and buffer, with
-    ``d = min(decay, (1 + n) / (10 + n))`` after ``n`` updates (a warm-up, so
-    that the first averages are not dominated by the initial weights).
-    :meth:`average` swaps the averages into the module for a ``with`` block;
-    :meth:`averaged` returns a copy that holds them.
-
-    Arguments:
-        module: the model whose weights are averaged.
-        decay: the decay ``d`` (EBFlow uses 0.999).
-
-    Example:
-        >>> import torch
-        >>> model = torch.nn.Linear(2, 2)
-        >>> ema = EMA(model, decay=0.99)
-        >>> ema.update()
-        >>> with ema.average():
-        ...     _ = model(torch.zeros(1, 2))
-    """
-
-    def __init__(self, module: nn.Module, decay: float = 0.999) -> None:
-        if not 0 <= decay < 1:
-            raise ValueError(f"EMA: decay must be in [0, 1), got {decay}")
-        self.module = module
-        self.decay = float(decay)
-        self.updates = 0
-        self.shadow = {name: t.detach().clone() for name, t in self._tensors(module)}
-
-    @staticmethod
-    def _tensors(module: nn.Module) -> Iterator[tuple[str, Tensor]]:
-        for name, t in module.state_dict(keep_vars=True).items():
-            if t.is_floating_point():
-                yield name, t
-
-    @torch.no_grad()
-    def update(self) -> None:
-        """Fold the module's current weights into the averages."""
-        d = min(self.decay, (1 + self.updates) / (10 + self.updates))
-        for name, t in self._tensors(self.module):
-            self.shadow[name].lerp_(t.detach(), 1 - d)
-        self.updates += 1
-
-    @torch.no_grad()
-    def copy_to(self, module: nn.Module | None = None) -> None:
-        """Write the averages into ``module`` (default: the tracked module)."""
-        target = dict(self._tensors(self.module if module is None else module))
-        for name, avg in self.shadow.items():
-            target[name].copy_(avg)
-
-    @contextlib.contextmanager
-    def average(self) -> Iterator[nn.Module]:
-        """Context in which the tracked module holds the averaged weights; restored on exit."""
-        saved = {name: t.detach().clone() for name, t in self._tensors(self.module)}
-        self.copy_to()
-        try:
-            yield self.module
-        finally:
-            with torch.no_grad():
-                current = dict(self._tensors(self.module))
-                for name, t in saved.items():
-                    current[name].copy_(t)
-
-    def averaged(self) -> nn.Module:
-        """A copy of the module that holds the averaged weights."""
-        model = copy.deepcopy(self.module)
-        self.copy_to(model)
-        return model
-
-    def state_dict(self) -> dict[str, Any]:
-        """The averages and the number of updates (for checkpoints)."""
-        return {"decay": self.decay, "updates": self.updates, "shadow": {k: v.clone() for k, v in self.shadow.items()}}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore from :meth:`state_dict`."""
-        self.decay = float(state["decay"])
-        self.updates = int(state["updates"])
-        for name, avg in state["shadow"].items():
-            self.shadow[name].copy_(avg)

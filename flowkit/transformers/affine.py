@@ -1,4 +1,4 @@
-"""Affine transformer ``y = x e^{s} + t``."""
+"""Affine transformer `y = x e^{s} + t`."""
 
 from __future__ import annotations
 
@@ -11,16 +11,16 @@ __all__ = ["Affine"]
 
 
 class Affine(Transformer):
-    r"""Elementwise affine map ``y = x e^{s} + t`` with ``log|dy/dx| = s``.
+    r"""Elementwise affine map `y = x e^{s} + t` with `log|dy/dx| = s`.
 
-    The log-derivative does not depend on ``x``, so its ``x``-derivative is zero.
+    The log-derivative does not depend on `x`, so its `x`-derivative is zero.
 
-    Parameters per element: ``(t, s_raw)``. The log-scale is soft-clamped,
-    ``s = c \tanh(s_raw / c)``, which keeps the map well conditioned early in
+    Parameters per element: `(t, s_raw)`. The log-scale is soft-clamped,
+    `s = c \tanh(s_raw / c)`, which keeps the map well conditioned early in
     training (as in RealNVP's tanh-scaled scales).
 
     Arguments:
-        clamp: the soft bound ``c`` on ``|s|``.
+        clamp: the soft bound `c` on `|s|`.
 
     References:
         Dinh, Sohl-Dickstein & Bengio, *Density estimation using Real NVP*,
@@ -44,14 +44,6 @@ class Affine(Transformer):
     def inverse(self, y, params):
         shift, log_scale = self._shift_log_scale(params)
         return (y - shift) * torch.exp(-log_scale), -log_scale
-
-    def forward_and_ladj_derivative(self, x, params):
-        y, ladj = self.forward(x, params)
-        return y, ladj, torch.zeros_like(ladj.detach())
-
-    def inverse_and_ladj_derivative(self, y, params):
-        x, ladj = self.inverse(y, params)
-        return x, ladj, torch.zeros_like(ladj.detach())
 
     def identity_params(self):
         return torch.zeros(2)

@@ -1,34 +1,34 @@
 r"""Monotone rational-quadratic splines (Neural Spline Flows), with linear tails or on the circle.
 
-A rational-quadratic spline with ``K`` bins maps ``[-B, B]`` onto itself
-through knots ``(x_k, y_k)`` with derivatives ``\delta_k`` at the knots. In
-bin ``k``, with ``s = \Delta y / \Delta x``, ``\xi = (x - x_k) / \Delta x`` and
-``\text{den} = s + (\delta_k + \delta_{k+1} - 2s)\,\xi(1-\xi)``:
+A rational-quadratic spline with `K` bins maps `[-B, B]` onto itself
+through knots `(x_k, y_k)` with derivatives `\delta_k` at the knots. In
+bin `k`, with `s = \Delta y / \Delta x`, `\xi = (x - x_k) / \Delta x` and
+`\text{den} = s + (\delta_k + \delta_{k+1} - 2s)\,\xi(1-\xi)`:
 
-.. math::
+$$
+y = y_k + \Delta y \, \frac{s\xi^2 + \delta_k \xi(1-\xi)}{\text{den}}, \qquad
+\frac{dy}{dx} = \frac{s^2\left[\delta_{k+1}\xi^2 + 2s\xi(1-\xi) + \delta_k(1-\xi)^2\right]}{\text{den}^2}.
+$$
 
-    y = y_k + \Delta y \, \frac{s\xi^2 + \delta_k \xi(1-\xi)}{\text{den}}, \qquad
-    \frac{dy}{dx} = \frac{s^2\left[\delta_{k+1}\xi^2 + 2s\xi(1-\xi) + \delta_k(1-\xi)^2\right]}{\text{den}^2}.
-
-The inverse solves the quadratic ``a\xi^2 + b\xi + c = 0`` in the bin found on
-the ``y`` knots, through the stable root ``\xi = 2c / (-b - \sqrt{b^2 - 4ac})``.
+The inverse solves the quadratic `a\xi^2 + b\xi + c = 0` in the bin found on
+the `y` knots, through the stable root `\xi = 2c / (-b - \sqrt{b^2 - 4ac})`.
 
 Unconstrained parameters map to knots as in nflows: bin widths
-``m_w + (1 - K m_w)\,\mathrm{softmax}(\hat w)`` scaled to ``2B`` (heights
-alike), derivatives ``m_d + \mathrm{softplus}(\hat\delta)``, with
-``m_w = m_h = m_d = 10^{-3}``. With linear tails the map is the identity
-outside ``[-B, B]`` and the two boundary derivatives are 1, so a spline has
-``3K - 1`` parameters per element.
+`m_w + (1 - K m_w)\,\mathrm{softmax}(\hat w)` scaled to `2B` (heights
+alike), derivatives `m_d + \mathrm{softplus}(\hat\delta)`, with
+`m_w = m_h = m_d = 10^{-3}`. With linear tails the map is the identity
+outside `[-B, B]` and the two boundary derivatives are 1, so a spline has
+`3K - 1` parameters per element.
 
-Robustness: inputs are clamped to ``[-B, B]`` *before* the spline maths, the
-bin is found by :func:`torch.searchsorted` on the interior knots (so ``\pm B``
+Robustness: inputs are clamped to `[-B, B]` *before* the spline maths, the
+bin is found by `torch.searchsorted` on the interior knots (so `\pm B`
 and points exactly on knots land in a valid bin) and the tails are selected
-with :func:`torch.where`. Both branches are therefore finite everywhere, and so
+with `torch.where`. Both branches are therefore finite everywhere, and so
 are the gradients, also far outside the bound. Nothing in the hot path
-synchronises with the device, so the code runs under :func:`torch.compile`.
+synchronises with the device, so the code runs under `torch.compile`.
 
 Speed: the bin arithmetic is one autograd node with a hand-written backward
-(the inverse by the implicit-function rule), forward mode and ``torch.func``
+(the inverse by the implicit-function rule), forward mode and `torch.func`
 support; the transformers also return the derivative of their log-derivative
 in the input, which the fast path-gradient rule of coupling layers uses.
 
@@ -65,7 +65,7 @@ DEFAULT_MIN_DERIVATIVE = 1e-3
 
 
 def _softplus(x: Tensor) -> Tensor:
-    """``log(1 + e^x)`` of a slice of a parameter tensor.
+    """`log(1 + e^x)` of a slice of a parameter tensor.
 
     torch's CPU kernels run many times slower on the strided slice than on a
     contiguous copy of it, so copy first.
@@ -85,7 +85,7 @@ def _check_minimums(bins: int, min_bin_width: float, min_bin_height: float, min_
 
 
 def _identity_derivative(min_derivative: float) -> float:
-    """The unconstrained derivative ``log(e^{1 - m_d} - 1)`` that gives ``m_d + softplus(.) = 1``."""
+    """The unconstrained derivative `log(e^{1 - m_d} - 1)` that gives `m_d + softplus(.) = 1`."""
     return math.log(math.expm1(1 - min_derivative))
 
 
@@ -97,18 +97,18 @@ def _knots(
     min_bin_width: float,
     min_bin_height: float,
 ) -> tuple[Tensor, Tensor]:
-    """The knots: positions ``(..., 2, K + 1)`` (rows ``x_k`` and ``y_k``) and derivatives ``(..., K + 1)``.
+    """The knots: positions `(..., 2, K + 1)` (rows `x_k` and `y_k`) and derivatives `(..., K + 1)`.
 
     Arguments:
-        unnormalized_bins: widths and heights stacked, ``(..., 2, K)``.
-        derivatives: constrained derivatives at all ``K + 1`` knots, ``(..., K + 1)``
+        unnormalized_bins: widths and heights stacked, `(..., 2, K)`.
+        derivatives: constrained derivatives at all `K + 1` knots, `(..., K + 1)`
             (returned as they are).
-        low, high: the spline's (co)domain ``[low, high]`` on both axes.
-        min_bin_width, min_bin_height: the minimum bin sizes as fractions of ``high - low``.
+        low, high: the spline's (co)domain `[low, high]` on both axes.
+        min_bin_width, min_bin_height: the minimum bin sizes as fractions of `high - low`.
 
-    With ``e = exp(logits)`` and ``C`` its cumulative sum, knot ``k >= 1`` sits at
-    ``low + span ((1 - K m) C_k / C_K + k m)``: the cumulative softmax, with the
-    minimum bin size ``m`` added to every bin. For the few bins of a spline
+    With `e = exp(logits)` and `C` its cumulative sum, knot `k >= 1` sits at
+    `low + span ((1 - K m) C_k / C_K + k m)`: the cumulative softmax, with the
+    minimum bin size `m` added to every bin. For the few bins of a spline
     (K ~ 8) and many rows, torch's fused softmax (and even a sum over the bins)
     is several times slower on CPU than this cumulative sum, and the scaling
     and offset take one fused pass. The logits, a strided slice of the
@@ -135,7 +135,7 @@ def _knots(
 
 
 def _bin_shape(x0: Tensor, x1: Tensor, y0: Tensor, y1: Tensor, d0: Tensor, d1: Tensor) -> tuple[Tensor, ...]:
-    """Width ``w``, height ``h``, slope ``s = h / w`` and curvature ``c = d0 + d1 - 2s`` of a bin."""
+    """Width `w`, height `h`, slope `s = h / w` and curvature `c = d0 + d1 - 2s` of a bin."""
     w = x1 - x0
     h = y1 - y0
     s = h / w
@@ -143,12 +143,12 @@ def _bin_shape(x0: Tensor, x1: Tensor, y0: Tensor, y1: Tensor, d0: Tensor, d1: T
 
 
 def _bin_terms(x: Tensor, x0: Tensor, shape: tuple[Tensor, ...], d0: Tensor, d1: Tensor) -> tuple[Tensor, ...]:
-    r"""The pieces of the forward map in one bin at the point ``x``.
+    """The pieces of the forward map in one bin at the point `x`.
 
-    Returns ``(w, h, s, c, xi, 1 - xi, q, den, N, P)`` with ``(w, h, s, c)`` from
-    :func:`_bin_shape`, ``xi = (x - x0) / w``, ``q = xi (1 - xi)``,
-    ``den = s + c q``, ``N = s xi^2 + d0 q`` and ``P = d1 xi^2 + 2 s q + d0 (1 - xi)^2``,
-    so that ``y = y0 + h N / den`` and ``log dy/dx = log(s^2 P / den^2)``.
+    Returns `(w, h, s, c, xi, 1 - xi, q, den, N, P)` with `(w, h, s, c)` from
+    `_bin_shape`, `xi = (x - x0) / w`, `q = xi (1 - xi)`,
+    `den = s + c q`, `N = s xi^2 + d0 q` and `P = d1 xi^2 + 2 s q + d0 (1 - xi)^2`,
+    so that `y = y0 + h N / den` and `log dy/dx = log(s^2 P / den^2)`.
     """
     w, h, s, c = shape
     xi = (x - x0) / w
@@ -162,19 +162,19 @@ def _bin_terms(x: Tensor, x0: Tensor, shape: tuple[Tensor, ...], d0: Tensor, d1:
 
 
 def _dp_dxi(terms: tuple[Tensor, ...], d0: Tensor, d1: Tensor) -> Tensor:
-    """``dP/dxi = 2 (d1 xi + s (1 - 2 xi) - d0 (1 - xi))`` in one bin."""
+    """`dP/dxi = 2 (d1 xi + s (1 - 2 xi) - d0 (1 - xi))` in one bin."""
     _, _, s, _, xi, one_m_xi, *_ = terms
     return 2 * (d1 * xi + s * (one_m_xi - xi) - d0 * one_m_xi)
 
 
 def _dlog_dx(terms: tuple[Tensor, ...], dp: Tensor) -> Tensor:
-    """``d log(dy/dx) / dx = (P'/P - 2 den'/den) / w`` in one bin, with ``den' = c (1 - 2 xi)``."""
+    """`d log(dy/dx) / dx = (P'/P - 2 den'/den) / w` in one bin, with `den' = c (1 - 2 xi)`."""
     w, _, _, c, xi, one_m_xi, _, den, _, p = terms
     return (dp / p - 2 * c * (one_m_xi - xi) / den) / w
 
 
 def _bin_vjp(terms: tuple[Tensor, ...], dp: Tensor, d0: Tensor, d1: Tensor, g_y: Tensor, g_log: Tensor) -> tuple[Tensor, ...]:
-    """Pull the cotangents of ``(y, log dy/dx)`` back to ``(x, x0, x1, y0, y1, d0, d1)`` (reverse mode by hand)."""
+    """Pull the cotangents of `(y, log dy/dx)` back to `(x, x0, x1, y0, y1, d0, d1)` (reverse mode by hand)."""
     w, h, s, c, xi, one_m_xi, q, den, n, p = terms
     one_m_2xi = one_m_xi - xi
     g_n = g_y * h / den
@@ -193,9 +193,9 @@ def _bin_vjp(terms: tuple[Tensor, ...], dp: Tensor, d0: Tensor, d1: Tensor, g_y:
 def _bin_pullback(
     point: Tensor, knots: tuple[Tensor, ...], inverse: bool, g_out: Tensor, g_ladj: Tensor
 ) -> tuple[Tensor, ...]:
-    """Cotangents of ``(out, ladj)`` pulled back to the bin's inputs ``(v, x0, x1, y0, y1, d0, d1)``.
+    """Cotangents of `(out, ladj)` pulled back to the bin's inputs `(v, x0, x1, y0, y1, d0, d1)`.
 
-    ``point`` is where the forward map is evaluated: the input ``v`` forward,
+    `point` is where the forward map is evaluated: the input `v` forward,
     the solved output inverse.
     """
     x0, x1, y0, y1, d0, d1 = knots
@@ -213,17 +213,17 @@ def _bin_pullback(
 class _RationalQuadraticBin(torch.autograd.Function):
     r"""One rational-quadratic bin, forward or inverse, as a single autograd node.
 
-    The backward pass is written out by hand (:func:`_bin_vjp`); the inverse
+    The backward pass is written out by hand (`_bin_vjp`); the inverse
     uses the implicit-function rule on the forward map at the solved point,
-    :math:`\partial x / \partial \theta = -(\partial y / \partial \theta) / y'`.
+    $\partial x / \partial \theta = -(\partial y / \partial \theta) / y'$.
     This replaces some forty elementwise autograd nodes per call. The backward
     is built from differentiable torch operations, so higher derivatives work
-    too; forward mode (:meth:`jvp`) and ``torch.func`` transforms (``vmap``,
-    ``jacrev``, ``jacfwd``) are supported.
+    too; forward mode (`jvp`) and `torch.func` transforms (`vmap`,
+    `jacrev`, `jacfwd`) are supported.
 
-    Outputs: ``(out, ladj, point, dlog)``, where ``point`` is where the forward
-    map was evaluated (kept for the backward pass) and ``dlog`` the derivative of
-    ``ladj`` in the input (``None`` unless asked for).
+    Outputs: `(out, ladj, point, dlog)`, where `point` is where the forward
+    map was evaluated (kept for the backward pass) and `dlog` the derivative of
+    `ladj` in the input (`None` unless asked for).
     """
 
     generate_vmap_rule = True
@@ -286,15 +286,15 @@ class _RationalQuadraticBin(torch.autograd.Function):
 def _spline(
     x: Tensor, knots: tuple[Tensor, Tensor], low: float, high: float, inverse: bool, derivative: bool = False
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-    r"""The spline (or its inverse) on ``[low, high]`` at ``clamp(x)``, with the elementwise log-derivative.
+    r"""The spline (or its inverse) on `[low, high]` at `clamp(x)`, with the elementwise log-derivative.
 
-    Returns ``(y, log|dy/dx|, clamped x, d)`` forward, ``(x, log|dx/dy|, clamped y, d)``
-    inverse, where ``d`` (only if ``derivative``, else None; without a graph) is the
+    Returns `(y, log|dy/dx|, clamped x, d)` forward, `(x, log|dx/dy|, clamped y, d)`
+    inverse, where `d` (only if `derivative`, else None; without a graph) is the
     derivative of the returned log-derivative in the input. With
-    :math:`L = \log|dy/dx| = \log(s^2 P) - 2\log \text{den}`,
-    :math:`P = \delta_{k+1}\xi^2 + 2s\xi(1-\xi) + \delta_k(1-\xi)^2`:
-    :math:`dL/dx = (P'/P - 2\,\text{den}'/\text{den}) / \Delta x`, and the
-    inverse's is :math:`-(dL/dx)\, e^{-L}`.
+    $L = \log|dy/dx| = \log(s^2 P) - 2\log \text{den}$,
+    $P = \delta_{k+1}\xi^2 + 2s\xi(1-\xi) + \delta_k(1-\xi)^2$:
+    $dL/dx = (P'/P - 2\,\text{den}'/\text{den}) / \Delta x$, and the
+    inverse's is $-(dL/dx)\, e^{-L}$.
     """
     positions, derivatives = knots
     x = x.clamp(low, high)
@@ -319,9 +319,9 @@ def _spline(
 def _tails(
     x: Tensor, clamped: Tensor, out: Tensor, ladj: Tensor, derivative: Tensor | None = None
 ) -> tuple[Tensor, ...]:
-    """Identity with zero log-derivative where clamping moved ``x`` (selected without host synchronisation).
+    """Identity with zero log-derivative where clamping moved `x` (selected without host synchronisation).
 
-    With ``derivative`` (the log-derivative's derivative), also zero it in the tails.
+    With `derivative` (the log-derivative's derivative), also zero it in the tails.
     """
     inside = x == clamped
     mapped = torch.where(inside, out, x), torch.where(inside, ladj, 0.0)
@@ -331,7 +331,7 @@ def _tails(
 
 
 def _linear_tail_derivatives(unnormalized_derivatives: Tensor, min_derivative: float) -> Tensor:
-    """``m_d + softplus`` of the ``K - 1`` interior derivatives, padded with the boundary derivatives 1."""
+    """`m_d + softplus` of the `K - 1` interior derivatives, padded with the boundary derivatives 1."""
     return F.pad(_softplus(unnormalized_derivatives) + min_derivative, (1, 1), value=1.0)
 
 
@@ -346,28 +346,28 @@ def unconstrained_rqs(
     min_bin_height: float = DEFAULT_MIN_BIN_HEIGHT,
     min_derivative: float = DEFAULT_MIN_DERIVATIVE,
 ) -> tuple[Tensor, Tensor]:
-    r"""Rational-quadratic spline on ``[-B, B]`` with linear (identity) tails, from unconstrained parameters.
+    """Rational-quadratic spline on `[-B, B]` with linear (identity) tails, from unconstrained parameters.
 
     The layout and defaults are those of nflows'
-    ``unconstrained_rational_quadratic_spline(..., tails="linear", tail_bound=B)``,
+    `unconstrained_rational_quadratic_spline(..., tails="linear", tail_bound=B)`,
     so the outputs agree number for number; unlike it, this function has no
     data-dependent branches or boolean-mask indexing and gives finite values
     and gradients for every finite input.
 
     Arguments:
-        x: inputs of any shape ``S``.
-        unnormalized_widths: ``(*S, K)`` bin-width logits.
-        unnormalized_heights: ``(*S, K)`` bin-height logits.
-        unnormalized_derivatives: ``(*S, K - 1)`` pre-softplus interior derivatives.
-        bound: the half-width ``B`` of the spline's interval.
+        x: inputs of any shape `S`.
+        unnormalized_widths: `(*S, K)` bin-width logits.
+        unnormalized_heights: `(*S, K)` bin-height logits.
+        unnormalized_derivatives: `(*S, K - 1)` pre-softplus interior derivatives.
+        bound: the half-width `B` of the spline's interval.
         inverse: evaluate the inverse map instead.
-        min_bin_width: minimum bin width, as a fraction of ``2B``.
-        min_bin_height: minimum bin height, as a fraction of ``2B``.
+        min_bin_width: minimum bin width, as a fraction of `2B`.
+        min_bin_height: minimum bin height, as a fraction of `2B`.
         min_derivative: minimum derivative at the knots.
 
     Returns:
-        ``(y, ladj)``, both of shape ``S``: the output and the elementwise
-        ``log|dy/dx|`` (``log|dx/dy|`` when ``inverse``).
+        `(y, ladj)`, both of shape `S`: the output and the elementwise
+        `log|dy/dx|` (`log|dx/dy|` when `inverse`).
     """
     bins = unnormalized_widths.shape[-1]
     _check_minimums(bins, min_bin_width, min_bin_height, min_derivative)
@@ -391,19 +391,19 @@ def unconstrained_rqs(
 
 
 class RationalQuadraticSpline(Transformer):
-    r"""Monotone rational-quadratic spline with ``K`` bins on ``[-B, B]`` and linear tails.
+    """Monotone rational-quadratic spline with `K` bins on `[-B, B]` and linear tails.
 
-    Parameters per element: ``3K - 1``, laid out as ``K`` width logits, ``K``
-    height logits and ``K - 1`` pre-softplus interior derivatives (nflows'
-    layout, see :func:`unconstrained_rqs`). Outside ``[-B, B]`` the map is the
+    Parameters per element: `3K - 1`, laid out as `K` width logits, `K`
+    height logits and `K - 1` pre-softplus interior derivatives (nflows'
+    layout, see [`unconstrained_rqs`][flowkit.transformers.unconstrained_rqs]). Outside `[-B, B]` the map is the
     identity. The identity parameters (equal logits, derivatives 1) make the
     whole map the identity.
 
     Arguments:
-        bins: number of bins ``K``.
-        bound: half-width ``B`` of the interval.
-        min_bin_width: minimum bin width as a fraction of ``2B``.
-        min_bin_height: minimum bin height as a fraction of ``2B``.
+        bins: number of bins `K`.
+        bound: half-width `B` of the interval.
+        min_bin_width: minimum bin width as a fraction of `2B`.
+        min_bin_height: minimum bin height as a fraction of `2B`.
         min_derivative: minimum derivative at the knots.
 
     References:
@@ -441,21 +441,16 @@ class RationalQuadraticSpline(Transformer):
             self.min_bin_height,
         )
 
-    def forward(self, x, params):
-        out, ladj, clamped, _ = _spline(x, self._knots(params), -self.bound, self.bound, inverse=False)
-        return _tails(x, clamped, out, ladj)
+    def _map(self, x: Tensor, params: Tensor, inverse: bool, derivative: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+        """The spline (or its inverse) with its log-derivative and, if asked, that one's derivative."""
+        out, ladj, clamped, d = _spline(x, self._knots(params), -self.bound, self.bound, inverse, derivative)
+        return _tails(x, clamped, out, ladj, d) if derivative else (*_tails(x, clamped, out, ladj), None)
 
-    def inverse(self, y, params):
-        out, ladj, clamped, _ = _spline(y, self._knots(params), -self.bound, self.bound, inverse=True)
-        return _tails(y, clamped, out, ladj)
+    def forward(self, x: Tensor, params: Tensor) -> tuple[Tensor, Tensor]:
+        return self._map(x, params, False, False)[:2]
 
-    def forward_and_ladj_derivative(self, x, params):
-        out, ladj, clamped, derivative = _spline(x, self._knots(params), -self.bound, self.bound, False, True)
-        return _tails(x, clamped, out, ladj, derivative)
-
-    def inverse_and_ladj_derivative(self, y, params):
-        out, ladj, clamped, derivative = _spline(y, self._knots(params), -self.bound, self.bound, True, True)
-        return _tails(y, clamped, out, ladj, derivative)
+    def inverse(self, y: Tensor, params: Tensor) -> tuple[Tensor, Tensor]:
+        return self._map(y, params, True, False)[:2]
 
     def identity_params(self):
         params = torch.zeros(self.params_per_element)
@@ -467,19 +462,19 @@ class RationalQuadraticSpline(Transformer):
 
 
 class CircularSpline(Transformer):
-    r"""Circle diffeomorphism on ``[-pi, pi)``: a rational-quadratic spline followed by a rotation.
+    r"""Circle diffeomorphism on `[-pi, pi)`: a rational-quadratic spline followed by a rotation.
 
-    The spline maps ``[-pi, pi]`` onto itself with equal derivatives at both
-    ends (``delta_0 = delta_K``), so it is a smooth map of the circle that fixes
-    the point ``-pi = pi``; a learned rotation ``y \mapsto y + \phi`` (wrapped
-    back to ``[-pi, pi)``) removes the fixed point. Parameters per element:
-    ``3K + 1``: ``K`` width logits, ``K`` height logits, ``K`` pre-softplus
-    derivatives (the last one shared by both ends) and the angle ``\phi``.
+    The spline maps `[-pi, pi]` onto itself with equal derivatives at both
+    ends (`delta_0 = delta_K`), so it is a smooth map of the circle that fixes
+    the point `-pi = pi`; a learned rotation `y \mapsto y + \phi` (wrapped
+    back to `[-pi, pi)`) removes the fixed point. Parameters per element:
+    `3K + 1`: `K` width logits, `K` height logits, `K` pre-softplus
+    derivatives (the last one shared by both ends) and the angle `\phi`.
 
     Arguments:
-        bins: number of bins ``K``.
-        min_bin_width: minimum bin width as a fraction of ``2 pi``.
-        min_bin_height: minimum bin height as a fraction of ``2 pi``.
+        bins: number of bins `K`.
+        min_bin_width: minimum bin width as a fraction of `2 pi`.
+        min_bin_height: minimum bin height as a fraction of `2 pi`.
         min_derivative: minimum derivative at the knots.
 
     References:
@@ -531,12 +526,6 @@ class CircularSpline(Transformer):
 
     def inverse(self, y, params):
         return self._map(y, params, True, False)[:2]
-
-    def forward_and_ladj_derivative(self, x, params):
-        return self._map(x, params, False, True)
-
-    def inverse_and_ladj_derivative(self, y, params):
-        return self._map(y, params, True, True)
 
     def identity_params(self):
         params = torch.zeros(self.params_per_element)

@@ -76,13 +76,13 @@ def test_bad_arguments():
 def test_stochastic_flow_uses_the_loops_latent_batch():
     from flowkit.bijectors import AffineCoupling
     from flowkit.distributions import StandardNormal
-    from flowkit.stochastic import LangevinBlock
+    from flowkit.stochastic import LangevinBlock, StochasticFlow
 
     target = DoubleWell()
-    flow = flowkit.Flow(Chain(AffineCoupling(2, hidden=(8,)), LangevinBlock(target, lam=0.5, n_steps=2)), StandardNormal(2))
+    flow = StochasticFlow([AffineCoupling(2, hidden=(8,)), LangevinBlock(target, lam=0.5, n_steps=2)], StandardNormal(2))
     z = flow.base.sample((16,))
     torch.manual_seed(1)
     loss = BoltzmannGenerator(target).loss(flow, z)
     torch.manual_seed(1)
-    _, log_w = flow._log_weights_at(z, target)
+    _, log_w = flow.log_weights_at(z, target)
     assert torch.equal(loss, -log_w.mean())

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import flowkit
-from flowkit.bijectors import AffineCoupling, Chain
+from flowkit.bijectors import AffineCoupling
 from flowkit.distributions import DiagNormal, StandardNormal
-from flowkit.stochastic import LangevinBlock
+from flowkit.stochastic import LangevinBlock, StochasticFlow
 from flowkit.targets import DoubleWell
 from flowkit.train import ForwardKLPathGradient, MaximumLikelihood, fit
 
@@ -32,9 +32,8 @@ def test_loss_is_the_mean_negative_log_likelihood_with_context():
 def test_stochastic_flow_uses_the_path_log_likelihood():
     torch.manual_seed(0)
     target = DoubleWell()
-    bijector = Chain(AffineCoupling(2, parity=0, hidden=(16,)), LangevinBlock(target, lam=0.5, n_steps=2))
-    flow = flowkit.Flow(bijector, StandardNormal(2))
-    assert flow.stochastic
+    layers = [AffineCoupling(2, parity=0, hidden=(16,)), LangevinBlock(target, lam=0.5, n_steps=2)]
+    flow = StochasticFlow(layers, StandardNormal(2))
     x = torch.randn(16, 2)
     torch.manual_seed(1)
     loss = MaximumLikelihood().loss(flow, x)
@@ -80,7 +79,7 @@ def test_target_path_gradient_checks_target_flow_and_batch():
     trainable_base = flowkit.Flow(flow.bijector, DiagNormal(2))
     with pytest.raises(ValueError, match="trainable parameters"):
         objective.loss(trainable_base, torch.randn(4, 2))
-    stochastic = flowkit.Flow(Chain(flow.bijector, LangevinBlock(target, lam=0.5, n_steps=1)), StandardNormal(2))
+    stochastic = StochasticFlow([flow.bijector, LangevinBlock(target, lam=0.5, n_steps=1)], StandardNormal(2))
     with pytest.raises(ValueError, match="stochastic"):
         objective.loss(stochastic, torch.randn(4, 2))
 
