@@ -9,6 +9,7 @@ refused, and nothing is imported by name from the file.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import os
@@ -21,6 +22,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ._config import Configurable, get_config, registry
+from ._legacy import migrate
 
 __all__ = ["save", "load", "to_config", "from_config"]
 
@@ -35,6 +37,12 @@ _DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.
 def _encode(value: Any, where: str) -> Any:
     if isinstance(value, Configurable):
         return to_config(value)
+    factory = value.func if isinstance(value, functools.partial) and not value.args else value
+    if isinstance(factory, type) and registry.get(factory.__name__) is factory:
+        # A registered class, or a functools.partial of one with keyword arguments (a preset's conditioner=).
+        keywords = value.keywords if factory is not value else {}
+        args = {k: _encode(v, f"{where}.{k}") for k, v in keywords.items()}
+        return {"__factory__": {"class": factory.__name__, "args": args}}
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, (list, tuple, torch.Size)):
@@ -57,12 +65,26 @@ def _decode(value: Any, where: str) -> Any:
     if isinstance(value, dict):
         if set(value) == {"__dict__"} and isinstance(value["__dict__"], dict):
             return {k: _decode(v, f"{where}.{k}") for k, v in value["__dict__"].items()}
+        if set(value) == {"__factory__"}:
+            return _decode_factory(value["__factory__"], where)
         return from_config(value, where)
     if isinstance(value, list):
         return [_decode(v, f"{where}[{i}]") for i, v in enumerate(value)]
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     raise ValueError(f"invalid value at {where} in the model config")
+
+
+def _decode_factory(config: Any, where: str) -> Any:
+    """A registered class (no arguments) or a `functools.partial` of one, from `{"class": name, "args": {...}}`."""
+    if not isinstance(config, dict) or set(config) != {"class", "args"} or not isinstance(config["args"], dict):
+        raise ValueError(f"invalid model config at {where}: a factory needs 'class' and 'args'")
+    name = config["class"]
+    cls = registry.get(name) if isinstance(name, str) else None
+    if cls is None:
+        raise ValueError(f"model config at {where} names {name!r}, which is not a flowkit class; refusing to build it")
+    args = {k: _decode(v, f"{where}.{name}.{k}") for k, v in config["args"].items()}
+    return functools.partial(cls, **args) if args else cls
 
 
 def _leading_arguments(cls: type, args: dict[str, Any]) -> list[Any]:
@@ -135,7 +157,9 @@ def load(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> n
     if not directory.exists():
         raise FileNotFoundError(f"load: no such model directory: {directory}")
     if not directory.is_dir():
-        raise ValueError(f"load: {directory} is not a flowkit model directory (expected {CONFIG_FILE} and {WEIGHTS_FILE})")
+        raise ValueError(
+            f"load: {directory} is not a flowkit model directory (expected {CONFIG_FILE} and {WEIGHTS_FILE})"
+        )
     config_path, weights_path = directory / CONFIG_FILE, directory / WEIGHTS_FILE
     for p in (config_path, weights_path):
         if not p.exists():
@@ -152,7 +176,7 @@ def load(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> n
     dtype = None if mixed else _DTYPES.get(header.get("dtype", "float32"))
     if dtype is None and not mixed:
         raise ValueError(f"load: unknown dtype {header.get('dtype')!r} in {config_path}")
-    model = from_config(header.get("model"), "model")
+    model = from_config(migrate(header.get("model")), "model")
     if not isinstance(model, nn.Module):
         raise ValueError(f"load: {config_path} describes a {type(model).__name__}, which is not a model")
     try:

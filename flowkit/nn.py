@@ -1,14 +1,27 @@
-"""Small networks used as conditioners."""
+r"""Conditioners: the networks that emit the parameters of coupling and autoregressive layers.
+
+A *conditioner* maps the part of the input a layer conditions on (the
+identity half of a coupling, all features of an autoregressive layer) and the
+context to the transformer's parameters. [`Conditioner`][flowkit.nn.Conditioner]
+states the contract in one place; [`MLP`][flowkit.nn.MLP] (optionally with a
+$(\cos x, \sin x)$ embedding for angles) and [`MADE`][flowkit.nn.MADE] (masked,
+autoregressive) implement it, and any other module that does (a convolutional
+net for images or lattices) plugs into
+[`Coupling`][flowkit.bijectors.Coupling] and
+[`MaskedAutoregressive`][flowkit.bijectors.MaskedAutoregressive] the same way.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["MLP", "MaskedLinear", "MADE", "activation"]
+from ._config import Configurable
+
+__all__ = ["Conditioner", "MLP", "MaskedLinear", "MADE", "activation", "broadcast_context"]
 
 _ACTIVATIONS = {
     "relu": nn.ReLU,
@@ -21,53 +34,195 @@ _ACTIVATIONS = {
 
 
 def activation(name: str) -> nn.Module:
-    """Build an activation module from its name (``relu``, ``elu``, ``tanh``, ``silu``, ``gelu``, ``leaky_relu``)."""
+    """Build an activation module from its name (`relu`, `elu`, `tanh`, `silu`, `gelu`, `leaky_relu`)."""
     try:
         return _ACTIVATIONS[name]()
     except KeyError:
         raise ValueError(f"unknown activation {name!r}; choose one of {sorted(_ACTIVATIONS)}") from None
 
 
-class MLP(nn.Sequential):
-    """Multi-layer perceptron ``in -> hidden... -> out``.
+def broadcast_context(h: Tensor, context: Tensor | None) -> Tensor:
+    """Concatenate `context` to the conditioner input `h`, broadcasting batch dimensions."""
+    if context is None:
+        return h
+    batch = torch.broadcast_shapes(h.shape[:-1], context.shape[:-1])
+    return torch.cat([h.expand(*batch, h.shape[-1]), context.expand(*batch, context.shape[-1])], dim=-1)
+
+
+def _zero_linear(layer: nn.Linear, bias: Tensor | None) -> None:
+    with torch.no_grad():
+        layer.weight.zero_()
+        if bias is None:
+            layer.bias.zero_()
+        else:
+            layer.bias.copy_(bias)
+
+
+class Conditioner(Configurable, nn.Module):
+    r"""The contract between a layer and the network that parametrises its transformer.
+
+    A conditioner maps inputs `x` of shape `(..., in_features)` and an optional
+    context `(..., context_features)` (batch dimensions broadcast) to
+    `(..., out_features)` numbers, feature-major: the
+    `params_per_element` parameters of transformed element `j` are the
+    contiguous block `[j * params_per_element, (j + 1) * params_per_element)`.
+    Layers call [`zero_last`][flowkit.nn.Conditioner.zero_last] once, so that
+    they start as the identity.
+
+    An *autoregressive* conditioner (one for
+    [`MaskedAutoregressive`][flowkit.bijectors.MaskedAutoregressive]) has
+    `in_features = D`, sets `order` (a permutation of `range(D)`), and its
+    output block `i` depends only on the features before `i` in `order` and on
+    the context. [`invert`][flowkit.nn.Conditioner.invert] then solves the
+    layer's inverse one feature at a time; the generic version here costs `D`
+    full passes, and [`MADE.invert`][flowkit.nn.MADE.invert] is incremental.
+
+    Subclasses are registered with [`flowkit.io`][flowkit.io], so a model built
+    with an explicit conditioner saves and loads.
+
+    Attributes:
+        in_features: size of the conditioning input `x`.
+        out_features: number of outputs (transformed elements times parameters per element).
+        context_features: size of the context (0 when unconditional).
+        order: the autoregressive order, or `None` for a conditioner that is not autoregressive.
+    """
+
+    _flowkit_register = False
+    in_features: int
+    out_features: int
+    context_features: int = 0
+    order: Sequence[int] | None = None
+
+    def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
+        """The parameters `(..., out_features)` for inputs `x` and `context`."""
+        raise NotImplementedError
+
+    def zero_last(self, bias: Tensor | None = None) -> None:
+        """Make the output constant, equal to `bias` (zeros when `None`), whatever the input."""
+        raise NotImplementedError
+
+    def invert(self, solve: Callable[[int, Tensor], Tensor], z: Tensor, context: Tensor | None = None) -> Tensor:
+        """Solve an autoregressive layer's inverse feature by feature, in `order`.
+
+        Arguments:
+            solve: `solve(i, params_i)` returns feature `i` of the result (shape
+                `z.shape[:-1]`) from its parameters `params_i` (shape `(*z.shape[:-1], params_per_element)`).
+            z: `(..., D)`; fixes the batch shape (already broadcast with the context), dtype and device.
+            context: the context, broadcastable to `z`'s batch shape.
+
+        Returns:
+            The features `(..., D)`, each computed once by `solve` after the ones before it.
+        """
+        if self.order is None:
+            raise ValueError(f"{type(self).__name__} is not an autoregressive conditioner (its order is None)")
+        columns = list(torch.zeros_like(z).unbind(-1))
+        for i in self.order:
+            out = self(torch.stack(columns, dim=-1), context)
+            n = out.shape[-1] // len(columns)
+            columns[i] = solve(i, out[..., i * n : (i + 1) * n])
+        return torch.stack(columns, dim=-1)
+
+
+def _check_conditioner(
+    conditioner: nn.Module, in_features: int, out_features: int, context: int, autoregressive: bool, where: str
+) -> None:
+    """Refuse a module that cannot serve as a layer's conditioner, or whose declared sizes do not fit."""
+    if not isinstance(conditioner, nn.Module) or not callable(getattr(conditioner, "zero_last", None)):
+        raise ValueError(
+            f"{where}: conditioner must be an nn.Module with forward(x, context) and zero_last(bias) "
+            f"(see flowkit.nn.Conditioner), got {type(conditioner).__name__}"
+        )
+    if autoregressive and (getattr(conditioner, "order", None) is None or not hasattr(conditioner, "invert")):
+        raise ValueError(
+            f"{where}: conditioner must be autoregressive (an order and invert(solve, z, context), "
+            f"e.g. flowkit.nn.MADE), got {type(conditioner).__name__}"
+        )
+    expected = {"in_features": in_features, "out_features": out_features, "context_features": context}
+    for name, size in expected.items():
+        declared = getattr(conditioner, name, None)
+        if declared is not None and declared != size:
+            raise ValueError(f"{where}: the conditioner has {name}={declared}, the layer needs {size}")
+
+
+class MLP(Conditioner, nn.Sequential):
+    r"""Multi-layer perceptron `in (+ context) -> hidden... -> out`, a [`Conditioner`][flowkit.nn.Conditioner].
+
+    Layers are `nn.Linear` modules interleaved with activations (state-dict
+    keys `0.weight`, `2.weight`, ...). With `periodic=True` the inputs are
+    angles and enter as $(\cos x, \sin x)$, so the output is continuous across
+    $-\pi = \pi$ in every coordinate (the conditioner of circular couplings).
 
     Arguments:
-        in_features: input size.
+        in_features: input size (before the periodic embedding).
         out_features: output size.
         hidden: sizes of the hidden layers.
-        activation: name of the activation between layers.
+        activation: name of the activation between layers (see [`activation`][flowkit.nn.activation]).
+        context: number of context features, concatenated to the (embedded) input.
+        periodic: embed the inputs as $(\cos x, \sin x)$.
+
+    Example:
+        >>> import torch
+        >>> net = MLP(3, 4, hidden=(8,), context=2)
+        >>> net(torch.randn(5, 3), torch.randn(2)).shape
+        torch.Size([5, 4])
     """
 
     def __init__(
-        self, in_features: int, out_features: int, hidden: Sequence[int] = (64, 64), activation: str = "relu"
+        self,
+        in_features: int,
+        out_features: int,
+        hidden: Sequence[int] = (64, 64),
+        activation: str = "relu",
+        *,
+        context: int = 0,
+        periodic: bool = False,
     ) -> None:
-        sizes = [in_features, *hidden, out_features]
+        hidden = [int(h) for h in hidden]
+        if (
+            in_features < 0
+            or context < 0
+            or out_features < 1
+            or in_features + context < 1
+            or any(h < 1 for h in hidden)
+        ):
+            raise ValueError(
+                f"MLP needs a non-empty input, out_features >= 1 and positive hidden sizes, got in_features="
+                f"{in_features}, context={context}, out_features={out_features}, hidden={tuple(hidden)}"
+            )
+        sizes = [(2 if periodic else 1) * in_features + context, *hidden, out_features]
         layers: list[nn.Module] = []
-        for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+        for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
             if i:
                 layers.append(globals()["activation"](activation))
             layers.append(nn.Linear(a, b))
         super().__init__(*layers)
+        self.in_features = int(in_features)
+        self.out_features = int(out_features)
+        self.context_features = int(context)
+        self.periodic = bool(periodic)
 
     @property
     def last(self) -> nn.Linear:
+        """The output layer."""
         return self[-1]  # type: ignore[return-value]
 
+    def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
+        if self.periodic:
+            x = torch.cat([torch.cos(x), torch.sin(x)], dim=-1)
+        h = broadcast_context(x, context)
+        for layer in self:
+            h = layer(h)
+        return h
+
     def zero_last(self, bias: Tensor | None = None) -> None:
-        """Zero the last layer's weights and set its bias, so the output starts constant."""
-        with torch.no_grad():
-            self.last.weight.zero_()
-            if bias is None:
-                self.last.bias.zero_()
-            else:
-                self.last.bias.copy_(bias)
+        _zero_linear(self.last, bias)
 
 
 class MaskedLinear(nn.Linear):
-    """Linear layer whose weight is multiplied by a fixed 0/1 mask, ``y = x (W \\odot M)^T + b``.
+    r"""Linear layer whose weight is multiplied by a fixed 0/1 mask, $y = x (W \odot M)^T + b$.
 
     Arguments:
-        mask: ``(out_features, in_features)`` connectivity; a buffer, so it follows ``.to()``.
+        mask: `(out_features, in_features)` connectivity; a buffer, so it follows `.to()`.
     """
 
     def __init__(self, mask: Tensor) -> None:
@@ -75,36 +230,37 @@ class MaskedLinear(nn.Linear):
         self.register_buffer("mask", mask.to(self.weight.dtype), persistent=False)
 
     def masked_weight(self) -> Tensor:
+        r"""The effective weight $W \odot M$."""
         return self.weight * self.mask
 
     def forward(self, x: Tensor) -> Tensor:
         return F.linear(x, self.masked_weight(), self.bias)
 
 
-class MADE(nn.Module):
-    r"""Masked autoencoder for distribution estimation: an autoregressive conditioner.
+class MADE(Conditioner):
+    r"""Masked autoencoder for distribution estimation: an autoregressive [`Conditioner`][flowkit.nn.Conditioner].
 
-    Output block ``i`` (``params_per_feature`` numbers for feature ``i``)
-    depends only on the features that come before ``i`` in ``order`` and on the
+    Output block `i` (`params_per_feature` numbers for feature `i`)
+    depends only on the features that come before `i` in `order` and on the
     context, through masks built from degrees: inputs get their rank in
-    ``order`` (1..D), context inputs degree 0, hidden units cycle through
-    ``1..D-1`` (``0..D-1`` with context, so that the first feature's
+    `order` (1..D), context inputs degree 0, hidden units cycle through
+    `1..D-1` (`0..D-1` with context, so that the first feature's
     parameters depend on the context too; nflows' MADE leaves them constant);
     a hidden unit sees inputs of lower or equal degree and an output sees
     hidden units of strictly lower degree.
 
-    With ``residual=True`` each hidden layer is followed by a residual block
-    ``h + L_2(\sigma(L_1(\sigma(h))))`` with masks that keep the degrees (the
+    With `residual=True` each hidden layer is followed by a residual block
+    $h + L_2(\sigma(L_1(\sigma(h))))$ with masks that keep the degrees (the
     residual MADE of Durkan et al.).
 
     Arguments:
-        features: number of features ``D``.
+        features: number of features `D`.
         params_per_feature: number of outputs per feature.
         hidden: hidden layer sizes.
         context: number of context features, fed to every first-layer unit.
         residual: add a masked residual block after each hidden layer.
-        activation: activation name (see :func:`activation`).
-        order: the autoregressive order, a permutation of ``range(D)`` (natural order when None).
+        activation: activation name (see [`activation`][flowkit.nn.activation]).
+        order: the autoregressive order, a permutation of `range(D)` (natural order when None).
 
     References:
         Germain, Gregor, Murray & Larochelle, *MADE: Masked autoencoder for
@@ -132,6 +288,8 @@ class MADE(nn.Module):
             raise ValueError(f"MADE: order must be a permutation of range({features}), got {order}")
         self.features = features
         self.params_per_feature = params_per_feature
+        self.in_features = features
+        self.out_features = features * params_per_feature
         self.context_features = int(context)
         self.order = order
         rank = torch.empty(features, dtype=torch.long)
@@ -154,10 +312,11 @@ class MADE(nn.Module):
         degree_out = rank.repeat_interleave(params_per_feature)
         self.last = MaskedLinear(degree_out[:, None] > degree[None, :])
 
-    zero_last = MLP.zero_last  # uses only ``self.last``
+    def zero_last(self, bias: Tensor | None = None) -> None:
+        _zero_linear(self.last, bias)
 
     def masked_weights(self) -> list[tuple[Tensor, Tensor]]:
-        """``(W \\odot M, b)`` of every layer in order of application (computed once, reused by loops)."""
+        r"""$(W \odot M, b)$ of every layer in order of application (computed once, reused by loops)."""
         layers: list[MaskedLinear] = []
         for i, layer in enumerate(self.hidden_layers):
             layers.append(layer)
@@ -167,7 +326,7 @@ class MADE(nn.Module):
         return [(layer.masked_weight(), layer.bias) for layer in layers]
 
     def trunk(self, pre: Tensor, weights: list[tuple[Tensor, Tensor]]) -> Tensor:
-        """From the first layer's pre-activation to the last hidden activation, with precomputed ``weights``."""
+        """From the first layer's pre-activation to the last hidden activation, with precomputed `weights`."""
         h = pre
         residual = self.residual_blocks is not None
         step = 3 if residual else 1
@@ -178,10 +337,38 @@ class MADE(nn.Module):
                 h = h + F.linear(self.act(F.linear(self.act(h), *weights[i * step + 1])), *weights[i * step + 2])
         return self.act(h)
 
-    def forward(self, x: Tensor) -> Tensor:
-        """Outputs ``(..., D * params_per_feature)`` for inputs ``(..., D + context)`` (features, then context).
+    def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
+        """Outputs `(..., D * params_per_feature)` for inputs `(..., D)` and the context.
 
-        The output is feature-major: the block of feature ``i`` is contiguous.
+        The output is feature-major: the block of feature `i` is contiguous.
         """
         weights = self.masked_weights()
-        return F.linear(self.trunk(F.linear(x, *weights[0]), weights), *weights[-1])
+        return F.linear(self.trunk(F.linear(broadcast_context(x, context), *weights[0]), weights), *weights[-1])
+
+    def invert(self, solve: Callable[[int, Tensor], Tensor], z: Tensor, context: Tensor | None = None) -> Tensor:
+        """The incremental version of [`Conditioner.invert`][flowkit.nn.Conditioner.invert].
+
+        The masked weights are computed once; each newly solved feature enters
+        the first layer's pre-activation as a rank-one update instead of a full
+        matrix product, and only the output block of the feature being solved
+        is evaluated.
+        """
+        n, d = self.params_per_feature, self.features
+        weights = self.masked_weights()
+        w_first, b_first = weights[0]
+        w_x = w_first[:, :d]
+        pre = broadcast_context(z.new_zeros(z.shape[:-1] + (0,)), context)
+        pre = F.linear(pre, w_first[:, d:], b_first)
+        batch = torch.broadcast_shapes(z.shape[:-1], pre.shape[:-1])
+        pre = pre.expand(*batch, pre.shape[-1])
+        w_last, b_last = weights[-1]
+        columns: list[Tensor | None] = [None] * d
+        previous = None
+        for i in self.order:
+            if previous is not None:
+                # The newly known feature enters the first layer as a rank-one update.
+                pre = torch.addcmul(pre, columns[previous].unsqueeze(-1), w_x[:, previous])
+            params = F.linear(self.trunk(pre, weights), w_last[i * n : (i + 1) * n], b_last[i * n : (i + 1) * n])
+            columns[i] = solve(i, params)
+            previous = i
+        return torch.stack(columns, dim=-1)  # type: ignore[arg-type]

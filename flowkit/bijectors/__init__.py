@@ -1,10 +1,10 @@
 """Bijectors: invertible maps with log-determinants, data -> latent in the forward direction."""
 
+from ..domains import Circle, Domain, Interval, Real, Sphere
 from .activations import Logit, SmoothLeakyReLU, SmoothTanh
 from .autoregressive import MaskedAffineAutoregressive, MaskedAutoregressive, MaskedSplineAutoregressive
 from .base import Bijector, Chain, Invert, Reshape
 from .coupling import AffineCoupling, Coupling
-from ..domains import Circle, Domain, Interval, Real, Sphere
 from .linear import Linear, LULinear
 from .normalization import ActNorm
 from .permutations import Permutation, Reverse

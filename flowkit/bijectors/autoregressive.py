@@ -1,16 +1,17 @@
 r"""Masked autoregressive layers (MAF, autoregressive NSF) with any elementwise transformer.
 
-Feature ``i`` (in the layer's order) is transformed with parameters that
+Feature $i$ (in the layer's order) is transformed with parameters that
 depend on the features before it and on the context,
 
-.. math:: z_i = \tau(x_i; c_i(x_{<i}, \text{context})), \qquad \log|\det J| = \sum_i \log|\tau'(x_i)|,
+$$z_i = \tau(x_i; c_i(x_{<i}, \text{context})), \qquad \log|\det J| = \sum_i \log|\tau'(x_i)|,$$
 
-where the conditioner ``c`` is one :class:`~flowkit.nn.MADE` pass. The forward
-(density) direction is one pass; the inverse (sampling) direction needs ``D``
-sequential steps. The inverse here reuses the masked weights across steps,
-updates the first layer's pre-activation by one rank-one term per step (the
-newly known feature) instead of a full matrix product, and evaluates only the
-output block and the transformer of the feature being solved.
+where the conditioner $c$ is one pass of an autoregressive
+[`Conditioner`][flowkit.nn.Conditioner] ([`MADE`][flowkit.nn.MADE] by
+default). The forward (density) direction is one pass; the inverse (sampling)
+direction needs $D$ sequential steps, which the conditioner runs
+([`MADE.invert`][flowkit.nn.MADE.invert] reuses the masked weights, updates
+the first layer's pre-activation by one rank-one term per step and evaluates
+only the output block of the feature being solved).
 
 References:
     Papamakarios, Pavlakou & Murray, *Masked Autoregressive Flow for Density
@@ -24,34 +25,44 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
-from ..nn import MADE
+from ..nn import MADE, _check_conditioner
 from ..transformers.affine import Affine
 from ..transformers.base import Transformer
 from ..transformers.spline import RationalQuadraticSpline
 from .base import Bijector
-from .coupling import broadcast_context
 
 __all__ = ["MaskedAutoregressive", "MaskedAffineAutoregressive", "MaskedSplineAutoregressive"]
 
 
 class MaskedAutoregressive(Bijector):
-    r"""Masked autoregressive layer: a MADE conditioner emits the transformer's parameters.
+    r"""Masked autoregressive layer: an autoregressive conditioner emits the transformer's parameters.
 
     Arguments:
-        transformer: the elementwise map (e.g. :class:`~flowkit.transformers.Affine`,
-            :class:`~flowkit.transformers.RationalQuadraticSpline`).
-        features: number of features ``D``.
-        hidden: hidden sizes of the MADE.
+        transformer: the elementwise map (e.g. [`Affine`][flowkit.transformers.Affine],
+            [`RationalQuadraticSpline`][flowkit.transformers.RationalQuadraticSpline]).
+        features: number of features `D`.
+        hidden: hidden sizes of the default [`MADE`][flowkit.nn.MADE].
         context: number of context features (0 for an unconditional layer).
-        residual: residual MADE blocks (see :class:`~flowkit.nn.MADE`).
-        activation: conditioner activation.
+        residual: residual MADE blocks (see [`MADE`][flowkit.nn.MADE]).
+        activation: activation of the default MADE.
         order: autoregressive order of the features (natural order when None).
+        conditioner: an autoregressive [`Conditioner`][flowkit.nn.Conditioner] from the `D` features and
+            the context to `D * transformer.params_per_element` numbers; `hidden`, `residual` and
+            `activation` are unused when it is given, and `order` is the conditioner's.
 
     The conditioner's last layer starts at zero weights and the transformer's
     identity parameters, so the layer starts as the identity.
+
+    Example:
+        >>> import torch
+        >>> from flowkit.nn import MADE
+        >>> from flowkit.transformers import Affine
+        >>> layer = MaskedAutoregressive(Affine(), 3, conditioner=MADE(3, 2, hidden=(16,), order=[2, 0, 1]))
+        >>> x, ladj = layer.inverse(torch.randn(5, 3))
+        >>> x.shape, ladj.shape
+        (torch.Size([5, 3]), torch.Size([5]))
     """
 
     def __init__(
@@ -63,6 +74,7 @@ class MaskedAutoregressive(Bijector):
         residual: bool = False,
         activation: str = "relu",
         order: Sequence[int] | None = None,
+        conditioner: nn.Module | None = None,
     ) -> None:
         super().__init__()
         self.event_shape = torch.Size([features])
@@ -70,92 +82,108 @@ class MaskedAutoregressive(Bijector):
         self.transformer = transformer
         self.domain = transformer.domain
         self._n_params = transformer.params_per_element
-        self.conditioner = MADE(features, self._n_params, hidden, context, residual, activation, order)
+        if conditioner is None:
+            conditioner = MADE(features, self._n_params, hidden, context, residual, activation, order)
+        else:
+            n_out = features * self._n_params
+            _check_conditioner(conditioner, features, n_out, self.context_features, True, "MaskedAutoregressive")
+            if order is not None and [int(i) for i in order] != [int(i) for i in conditioner.order]:
+                raise ValueError(
+                    f"MaskedAutoregressive: order {list(order)} differs from the conditioner's "
+                    f"{list(conditioner.order)}"
+                )
+        self.conditioner = conditioner
         self.conditioner.zero_last(transformer.identity_params().repeat(features))
 
-    def forward(self, x, context=None):
-        params = self.conditioner(broadcast_context(x, context)).unflatten(-1, (-1, self._n_params))
+    def _get_name(self) -> str:
+        return _NAMES.get(type(self.transformer), "MaskedAutoregressive")
+
+    def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        params = self.conditioner(x, context).unflatten(-1, (-1, self._n_params))
         z, ladj = self.transformer(x.expand(params.shape[:-1]), params)
         return z, ladj.sum(-1)
 
-    def inverse(self, z, context=None):
-        made = self.conditioner
-        n, d = self._n_params, self.event_shape[0]
-        weights = made.masked_weights()
-        w_first, b_first = weights[0]
-        w_x = w_first[:, :d]
-        pre = broadcast_context(z.new_zeros(z.shape[:-1] + (0,)), context)
-        pre = F.linear(pre, w_first[:, d:], b_first)
-        batch = torch.broadcast_shapes(z.shape[:-1], pre.shape[:-1])
-        pre = pre.expand(*batch, pre.shape[-1])
-        z_cols = z.expand(*batch, d).unbind(-1)
-        w_last, b_last = weights[-1]
-        x_cols: list[Tensor | None] = [None] * d
-        total = z.new_zeros(batch)
-        previous = None
-        for i in made.order:
-            if previous is not None:
-                # The newly known feature enters the first layer as a rank-one update.
-                pre = torch.addcmul(pre, x_cols[previous].unsqueeze(-1), w_x[:, previous])
-            params = F.linear(made.trunk(pre, weights), w_last[i * n : (i + 1) * n], b_last[i * n : (i + 1) * n])
-            x_cols[i], ladj = self.transformer.inverse(z_cols[i], params)
+    def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        if context is not None:
+            z = z.expand(*torch.broadcast_shapes(z.shape[:-1], context.shape[:-1]), z.shape[-1])
+        z_columns = z.unbind(-1)
+        ladjs: list[Tensor] = []
+
+        def solve(i: int, params: Tensor) -> Tensor:
+            x_i, ladj = self.transformer.inverse(z_columns[i], params)
+            ladjs.append(ladj)
+            return x_i
+
+        x = self.conditioner.invert(solve, z, context)
+        total = z.new_zeros(z.shape[:-1])
+        for ladj in ladjs:
             total = total + ladj
-            previous = i
-        return torch.stack(x_cols, dim=-1), total  # type: ignore[arg-type]
+        return x, total
 
     def extra_repr(self) -> str:
         return f"features={self.event_shape[0]}, context={self.context_features}"
 
 
-class MaskedAffineAutoregressive(MaskedAutoregressive):
-    """MAF layer: :class:`MaskedAutoregressive` with an :class:`~flowkit.transformers.Affine` transformer.
+def MaskedAffineAutoregressive(
+    features: int,
+    hidden: Sequence[int] = (64, 64),
+    context: int = 0,
+    residual: bool = False,
+    activation: str = "relu",
+    order: Sequence[int] | None = None,
+    clamp: float = 5.0,
+    *,
+    conditioner: nn.Module | None = None,
+) -> MaskedAutoregressive:
+    """MAF layer: a [`MaskedAutoregressive`][flowkit.bijectors.MaskedAutoregressive] with an affine transformer.
+
+    The transformer is an [`Affine`][flowkit.transformers.Affine] map.
 
     Arguments:
-        features: number of features ``D``.
-        hidden: hidden sizes of the MADE.
+        features: number of features `D`.
+        hidden: hidden sizes of the default MADE.
         context: number of context features.
         residual: residual MADE blocks.
-        activation: conditioner activation.
+        activation: activation of the default MADE.
         order: autoregressive order (natural when None).
-        clamp: soft bound on the log-scale (see :class:`~flowkit.transformers.Affine`).
+        clamp: soft bound on the log-scale (see [`Affine`][flowkit.transformers.Affine]).
+        conditioner: an autoregressive conditioner (see
+            [`MaskedAutoregressive`][flowkit.bijectors.MaskedAutoregressive]).
     """
-
-    def __init__(
-        self,
-        features: int,
-        hidden: Sequence[int] = (64, 64),
-        context: int = 0,
-        residual: bool = False,
-        activation: str = "relu",
-        order: Sequence[int] | None = None,
-        clamp: float = 5.0,
-    ) -> None:
-        super().__init__(Affine(clamp), features, hidden, context, residual, activation, order)
+    return MaskedAutoregressive(Affine(clamp), features, hidden, context, residual, activation, order, conditioner)
 
 
-class MaskedSplineAutoregressive(MaskedAutoregressive):
-    """Autoregressive NSF layer: :class:`MaskedAutoregressive` with a :class:`~flowkit.transformers.RationalQuadraticSpline`.
+def MaskedSplineAutoregressive(
+    features: int,
+    bins: int = 8,
+    bound: float = 5.0,
+    hidden: Sequence[int] = (64, 64),
+    context: int = 0,
+    residual: bool = False,
+    activation: str = "relu",
+    order: Sequence[int] | None = None,
+    *,
+    conditioner: nn.Module | None = None,
+) -> MaskedAutoregressive:
+    """Autoregressive NSF layer: a [`MaskedAutoregressive`][flowkit.bijectors.MaskedAutoregressive] with a spline.
+
+    The transformer is a [`RationalQuadraticSpline`][flowkit.transformers.RationalQuadraticSpline].
 
     Arguments:
-        features: number of features ``D``.
-        bins: number of spline bins ``K``.
-        bound: the spline's interval ``[-B, B]`` (identity outside).
-        hidden: hidden sizes of the MADE.
+        features: number of features `D`.
+        bins: number of spline bins `K`.
+        bound: the spline's interval `[-B, B]` (identity outside).
+        hidden: hidden sizes of the default MADE.
         context: number of context features.
         residual: residual MADE blocks.
-        activation: conditioner activation.
+        activation: activation of the default MADE.
         order: autoregressive order (natural when None).
+        conditioner: an autoregressive conditioner (see
+            [`MaskedAutoregressive`][flowkit.bijectors.MaskedAutoregressive]).
     """
+    transformer = RationalQuadraticSpline(bins, bound)
+    return MaskedAutoregressive(transformer, features, hidden, context, residual, activation, order, conditioner)
 
-    def __init__(
-        self,
-        features: int,
-        bins: int = 8,
-        bound: float = 5.0,
-        hidden: Sequence[int] = (64, 64),
-        context: int = 0,
-        residual: bool = False,
-        activation: str = "relu",
-        order: Sequence[int] | None = None,
-    ) -> None:
-        super().__init__(RationalQuadraticSpline(bins, bound), features, hidden, context, residual, activation, order)
+
+#: The names autoregressive layers show (in reprs and error messages), by transformer type: those of their factories.
+_NAMES: dict[type, str] = {Affine: "MaskedAffineAutoregressive", RationalQuadraticSpline: "MaskedSplineAutoregressive"}

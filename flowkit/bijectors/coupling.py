@@ -161,7 +161,9 @@ def AffineCoupling(
     *,
     conditioner: nn.Module | None = None,
 ) -> Coupling:
-    """RealNVP affine coupling: a [`Coupling`][flowkit.bijectors.Coupling] with an [`Affine`][flowkit.transformers.Affine] transformer.
+    """RealNVP affine coupling: a [`Coupling`][flowkit.bijectors.Coupling] with an affine transformer.
+
+    The transformer is an [`Affine`][flowkit.transformers.Affine] map.
 
     Arguments:
         features: number of features `D`.

@@ -1,14 +1,55 @@
-"""Presets: common flows built from a few arguments."""
+"""Presets: common flows built from a few arguments.
+
+Every preset takes, besides its sizes, three keyword-only arguments:
+
+- `transformer=`: a [`Transformer`][flowkit.transformers.Transformer] used
+  (copied) in every layer instead of the preset's own;
+- `conditioner=`: a factory that builds each layer's
+  [`Conditioner`][flowkit.nn.Conditioner] instead of the default network from
+  `hidden=` and `activation=`. Coupling layers call it as
+  `conditioner(in_features, out_features, context=context)` (the signature of
+  [`MLP`][flowkit.nn.MLP]), autoregressive layers as
+  `conditioner(features, params_per_feature, context=context)` (that of
+  [`MADE`][flowkit.nn.MADE]; it must build an autoregressive conditioner).
+  A registered class or a `functools.partial` of one with keyword arguments,
+  such as `functools.partial(flowkit.nn.MLP, hidden=(256, 256))`, saves and
+  loads with [`flowkit.io`][flowkit.io];
+- `base=`: the latent distribution, any flowkit
+  [`Distribution`][flowkit.distributions.Distribution] with event shape
+  `(features,)` (a [`StandardNormal`][flowkit.distributions.StandardNormal] by default).
+
+Example:
+    ```python
+    import functools
+    import flowkit
+
+    flow = flowkit.flows.RealNVP(
+        4,
+        transformer=flowkit.transformers.RationalQuadraticSpline(8, bound=4.0),
+        conditioner=functools.partial(flowkit.nn.MLP, hidden=(256, 256), activation="silu"),
+        base=flowkit.distributions.DiagNormal(4),
+    )
+    ```
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import copy
+from collections.abc import Callable, Sequence
 
-from ..bijectors import AffineCoupling, Bijector, Chain
-from ..distributions import StandardNormal
+from torch import nn
+
+from ..bijectors import Bijector, Chain, Coupling, MaskedAutoregressive, Permutation, Reverse
+from ..bijectors.coupling import _coupling_mask
+from ..distributions import Distribution, StandardNormal
+from ..transformers import Affine, RationalQuadraticSpline, Transformer
 from .flow import Flow
 
 __all__ = ["RealNVP", "MAF", "NSF"]
+
+#: Builds one layer's conditioner: `(in_features, out_features, context=...)` for couplings,
+#: `(features, params_per_feature, context=...)` for autoregressive layers.
+ConditionerFactory = Callable[..., nn.Module]
 
 
 def _half_mask(features: int, parity: int) -> list[int]:
@@ -21,15 +62,78 @@ def _half_mask(features: int, parity: int) -> list[int]:
     return [parity] * first + [1 - parity] * (features - first)
 
 
+def _checked(where: str, transformer: Transformer | None, conditioner: ConditionerFactory | None) -> None:
+    if transformer is not None and not isinstance(transformer, Transformer):
+        raise ValueError(f"{where}: transformer must be a flowkit Transformer, got {type(transformer).__name__}")
+    if conditioner is not None and (isinstance(conditioner, nn.Module) or not callable(conditioner)):
+        raise ValueError(
+            f"{where}: conditioner must be a factory that builds one conditioner per layer, such as "
+            f"functools.partial(flowkit.nn.MLP, hidden=(256, 256)); got {type(conditioner).__name__}"
+        )
+
+
+def _base(base: Distribution | None, features: int) -> Distribution:
+    return StandardNormal(features) if base is None else base
+
+
+def _coupling(
+    transformer: Transformer,
+    features: int,
+    mask: Sequence[int] | None,
+    parity: int,
+    hidden: Sequence[int],
+    context: int,
+    activation: str,
+    conditioner: ConditionerFactory | None,
+) -> Coupling:
+    """A coupling layer with a copy of `transformer` and, when a factory is given, a conditioner built by it."""
+    net = None
+    if conditioner is not None:
+        transformed = int(_coupling_mask(features, mask, parity).sum())
+        net = conditioner(features - transformed, transformed * transformer.params_per_element, context=context)
+    return Coupling(copy.deepcopy(transformer), features, mask, parity, hidden, context, activation, net)
+
+
+def _autoregressive(
+    transformer: Transformer,
+    features: int,
+    hidden: Sequence[int],
+    context: int,
+    residual: bool,
+    activation: str,
+    conditioner: ConditionerFactory | None,
+) -> MaskedAutoregressive:
+    """An autoregressive layer with a copy of `transformer` and, when a factory is given, a conditioner built by it."""
+    net = None if conditioner is None else conditioner(features, transformer.params_per_element, context=context)
+    return MaskedAutoregressive(
+        copy.deepcopy(transformer), features, hidden, context, residual, activation, conditioner=net
+    )
+
+
+def _with_permutations(layers: list[Bijector], features: int, random: bool) -> Chain:
+    """Chain `layers` with a permutation between consecutive ones (seeded random, or reversal)."""
+    chain: list[Bijector] = []
+    for i, layer in enumerate(layers):
+        if i:
+            chain.append(Permutation(features, seed=i) if random else Reverse(features))
+        chain.append(layer)
+    return Chain(*chain)
+
+
 class RealNVP(Flow):
-    """RealNVP: affine couplings with alternating masks over a standard normal.
+    """RealNVP: affine couplings with alternating masks, over a standard normal by default.
 
     Arguments:
-        features: number of features ``D`` (at least 2).
+        features: number of features `D` (at least 2).
         transforms: number of coupling layers.
         hidden: hidden sizes of each conditioner MLP.
         context: number of context features (0 for an unconditional flow).
         activation: conditioner activation.
+        transformer: the coupling transformer instead of [`Affine`][flowkit.transformers.Affine]
+            (e.g. a [`RationalQuadraticSpline`][flowkit.transformers.RationalQuadraticSpline]).
+        conditioner: a factory `conditioner(in_features, out_features, context=context)` for
+            each layer's conditioner (`hidden` and `activation` are then unused).
+        base: the latent distribution (a standard normal by default).
 
     References:
         Dinh, Sohl-Dickstein & Bengio, *Density estimation using Real NVP*, ICLR 2017 (arXiv:1605.08803).
@@ -42,38 +146,39 @@ class RealNVP(Flow):
         hidden: Sequence[int] = (64, 64),
         context: int = 0,
         activation: str = "relu",
+        *,
+        transformer: Transformer | None = None,
+        conditioner: ConditionerFactory | None = None,
+        base: Distribution | None = None,
     ) -> None:
+        _checked("RealNVP", transformer, conditioner)
+        transformer = Affine() if transformer is None else transformer
         layers = [
-            AffineCoupling(features, parity=i % 2, hidden=hidden, context=context, activation=activation)
+            _coupling(transformer, features, None, i % 2, hidden, context, activation, conditioner)
             for i in range(transforms)
         ]
-        super().__init__(Chain(*layers), StandardNormal(features))
-
-
-def _with_permutations(layers: list[Bijector], features: int, random: bool) -> Chain:
-    """Chain ``layers`` with a permutation between consecutive ones (seeded random, or reversal)."""
-    from ..bijectors import Permutation, Reverse
-
-    chain: list[Bijector] = []
-    for i, layer in enumerate(layers):
-        if i:
-            chain.append(Permutation(features, seed=i) if random else Reverse(features))
-        chain.append(layer)
-    return Chain(*chain)
+        super().__init__(Chain(*layers), _base(base, features))
 
 
 class MAF(Flow):
-    """Masked autoregressive flow: affine MADE layers with reversals in between, over a standard normal.
+    """Masked autoregressive flow: affine MADE layers with reversals in between, over a standard normal by default.
 
-    Density evaluation is one pass per layer; sampling needs ``D`` passes per layer.
+    Density evaluation is one pass per layer; sampling needs `D` passes per layer.
 
     Arguments:
-        features: number of features ``D``.
+        features: number of features `D`.
         transforms: number of autoregressive layers.
         hidden: hidden sizes of each MADE.
         context: number of context features (0 for an unconditional flow).
         residual: residual MADE blocks.
         activation: conditioner activation.
+        transformer: the transformer instead of [`Affine`][flowkit.transformers.Affine] (any
+            transformer on the real line).
+        conditioner: a factory `conditioner(features, params_per_feature, context=context)` that
+            builds an autoregressive conditioner for each layer, e.g.
+            `functools.partial(flowkit.nn.MADE, hidden=(256, 256))` (`hidden`, `residual` and
+            `activation` are then unused).
+        base: the latent distribution (a standard normal by default).
 
     References:
         Papamakarios, Pavlakou & Murray, *Masked Autoregressive Flow for Density Estimation*,
@@ -88,34 +193,47 @@ class MAF(Flow):
         context: int = 0,
         residual: bool = False,
         activation: str = "relu",
+        *,
+        transformer: Transformer | None = None,
+        conditioner: ConditionerFactory | None = None,
+        base: Distribution | None = None,
     ) -> None:
-        from ..bijectors import MaskedAffineAutoregressive
-
+        _checked("MAF", transformer, conditioner)
+        transformer = Affine() if transformer is None else transformer
         layers: list[Bijector] = [
-            MaskedAffineAutoregressive(features, hidden, context, residual, activation) for _ in range(transforms)
+            _autoregressive(transformer, features, hidden, context, residual, activation, conditioner)
+            for _ in range(transforms)
         ]
-        super().__init__(_with_permutations(layers, features, random=False), StandardNormal(features))
+        super().__init__(_with_permutations(layers, features, random=False), _base(base, features))
 
 
 class NSF(Flow):
     """Neural spline flow: rational-quadratic spline layers (autoregressive or coupling) over a standard normal.
 
     Autoregressive layers (the default) are more expressive per layer and
-    evaluate densities in one pass, but sample in ``D`` sequential steps;
-    coupling layers (``coupling=True``, masks over contiguous halves and seeded random
-    permutations in between) are fast both ways. Each spline has ``bins`` bins
-    on ``[-bound, bound]`` and is the identity outside.
+    evaluate densities in one pass, but sample in `D` sequential steps;
+    coupling layers (`coupling=True`, masks over contiguous halves and seeded random
+    permutations in between) are fast both ways. Each spline has `bins` bins
+    on `[-bound, bound]` and is the identity outside.
 
     Arguments:
-        features: number of features ``D``.
+        features: number of features `D`.
         transforms: number of spline layers.
-        bins: number of spline bins ``K``.
+        bins: number of spline bins `K`.
         hidden: hidden sizes of each conditioner.
         coupling: coupling layers instead of autoregressive ones.
-        bound: the spline interval half-width ``B``.
+        bound: the spline interval half-width `B`.
         context: number of context features (0 for an unconditional flow).
         residual: residual MADE blocks (autoregressive layers only).
         activation: conditioner activation.
+        transformer: the transformer instead of the rational-quadratic spline (`bins` and
+            `bound` are then unused), e.g. one with other minimum bin sizes.
+        conditioner: a factory for each layer's conditioner: called as
+            `conditioner(in_features, out_features, context=context)` for coupling layers,
+            `conditioner(features, params_per_feature, context=context)` for autoregressive
+            ones, where it must build an autoregressive conditioner (`hidden`, `residual`
+            and `activation` are then unused).
+        base: the latent distribution (a standard normal by default).
 
     Example:
         >>> import torch, flowkit
@@ -138,22 +256,25 @@ class NSF(Flow):
         context: int = 0,
         residual: bool = False,
         activation: str = "relu",
+        *,
+        transformer: Transformer | None = None,
+        conditioner: ConditionerFactory | None = None,
+        base: Distribution | None = None,
     ) -> None:
-        from ..bijectors import MaskedSplineAutoregressive, SplineCoupling
-
         if coupling and residual:
             raise ValueError("NSF: residual applies to autoregressive layers only (coupling=False)")
+        _checked("NSF", transformer, conditioner)
+        transformer = RationalQuadraticSpline(bins, bound) if transformer is None else transformer
         if coupling:
             layers: list[Bijector] = [
-                SplineCoupling(
-                    features, bins, bound, mask=_half_mask(features, i % 2), hidden=hidden, context=context,
-                    activation=activation,
+                _coupling(
+                    transformer, features, _half_mask(features, i % 2), 0, hidden, context, activation, conditioner
                 )
                 for i in range(transforms)
             ]
         else:
             layers = [
-                MaskedSplineAutoregressive(features, bins, bound, hidden, context, residual, activation)
+                _autoregressive(transformer, features, hidden, context, residual, activation, conditioner)
                 for _ in range(transforms)
             ]
-        super().__init__(_with_permutations(layers, features, random=coupling), StandardNormal(features))
+        super().__init__(_with_permutations(layers, features, random=coupling), _base(base, features))
