@@ -75,7 +75,10 @@ def nsf(
         if coupling:
             layers = [
                 GeneralCouplingTransform(
-                    features, mask=torch.arange(features) % 2 == i % 2, univariate=univariate, shapes=shapes,
+                    features,
+                    mask=torch.arange(features) % 2 == i % 2,
+                    univariate=univariate,
+                    shapes=shapes,
                     hidden_features=hidden,
                 )
                 for i in range(transforms)
@@ -83,8 +86,11 @@ def nsf(
         else:
             layers = [
                 MaskedAutoregressiveTransform(
-                    features, order=torch.arange(features) if i % 2 == 0 else torch.arange(features).flip(0),
-                    univariate=univariate, shapes=shapes, hidden_features=hidden,
+                    features,
+                    order=torch.arange(features) if i % 2 == 0 else torch.arange(features).flip(0),
+                    univariate=univariate,
+                    shapes=shapes,
+                    hidden_features=hidden,
                 )
                 for i in range(transforms)
             ]
@@ -117,13 +123,20 @@ def nsf(
                     PiecewiseRationalQuadraticCouplingTransform(
                         create_alternating_binary_mask(features, even=i % 2 == 0),
                         lambda a, b: _IgnoreContext(MLP((a,), (b,), hidden, activation=F.relu)),
-                        num_bins=bins, tails="linear", tail_bound=bound,
+                        num_bins=bins,
+                        tails="linear",
+                        tail_bound=bound,
                     )
                 )
             else:
                 chain.append(
                     MaskedPiecewiseRationalQuadraticAutoregressiveTransform(
-                        features, width, num_bins=bins, tails="linear", tail_bound=bound, num_blocks=blocks,
+                        features,
+                        width,
+                        num_bins=bins,
+                        tails="linear",
+                        tail_bound=bound,
+                        num_blocks=blocks,
                         use_residual_blocks=False,
                     )
                 )
@@ -144,14 +157,23 @@ def nsf(
                 layer.prqct = PiecewiseRationalQuadraticCoupling(
                     mask=create_alternating_binary_mask(features, even=i % 2 == 0),
                     transform_net_create_fn=lambda a, b: _IgnoreContext(nf.nets.MLP([a, *hidden, b])),
-                    num_bins=bins, tails="linear", tail_bound=bound,
+                    num_bins=bins,
+                    tails="linear",
+                    tail_bound=bound,
                 )
             else:
-                layer = nf.flows.AutoregressiveRationalQuadraticSpline(features, 1, width, num_bins=bins, tail_bound=bound)
+                layer = nf.flows.AutoregressiveRationalQuadraticSpline(
+                    features, 1, width, num_bins=bins, tail_bound=bound
+                )
                 # Matched conditioner: a plain MADE instead of residual blocks.
                 layer.mprqat = MaskedPiecewiseRationalQuadraticAutoregressive(
-                    features=features, hidden_features=width, num_bins=bins, tails="linear", tail_bound=bound,
-                    num_blocks=blocks, use_residual_blocks=False,
+                    features=features,
+                    hidden_features=width,
+                    num_bins=bins,
+                    tails="linear",
+                    tail_bound=bound,
+                    num_blocks=blocks,
+                    use_residual_blocks=False,
                 )
             flows.append(layer)
             if i < transforms - 1:
@@ -177,7 +199,9 @@ def maf(library: str, features: int, *, transforms: int, hidden: Sequence[int]) 
         for i in range(transforms):
             if i:
                 chain.append(ReversePermutation(features))
-            chain.append(MaskedAffineAutoregressiveTransform(features, width, num_blocks=blocks, use_residual_blocks=False))
+            chain.append(
+                MaskedAffineAutoregressiveTransform(features, width, num_blocks=blocks, use_residual_blocks=False)
+            )
         return Flow(CompositeTransform(chain), StandardNormal([features]))
     raise ValueError(f"no MAF peer from {library!r}; choose zuko or nflows")
 

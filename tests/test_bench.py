@@ -26,8 +26,24 @@ def script(monkeypatch):
 
 def test_bench_likelihood_command(script, tmp_path, capsys):
     out = tmp_path / "b.json"
-    argv = ["--datasets", "8gaussians", "--models", "flowkit-maf,zuko-maf", "--steps", "5",
-            "--seeds", "2", "--n-train", "400", "--transforms", "1", "--hidden", "8,8", "--out", str(out)]
+    argv = [
+        "--datasets",
+        "8gaussians",
+        "--models",
+        "flowkit-maf,zuko-maf",
+        "--steps",
+        "5",
+        "--seeds",
+        "2",
+        "--n-train",
+        "400",
+        "--transforms",
+        "1",
+        "--hidden",
+        "8,8",
+        "--out",
+        str(out),
+    ]
     assert script("likelihood").main(argv) == 0
     printed = capsys.readouterr().out
     assert "| 8gaussians | flowkit-maf |" in printed and "| 8gaussians | zuko-maf |" in printed

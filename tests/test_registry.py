@@ -31,7 +31,9 @@ def test_presets_and_their_default_sizes():
     assert count_parameters(build_flow("realnvp", 2)) == count_parameters(
         flowkit.flows.RealNVP(2, transforms=8, hidden=(128, 128))
     )
-    assert count_parameters(build_flow("maf", 2)) == count_parameters(flowkit.flows.MAF(2, transforms=5, hidden=(64, 64)))
+    assert count_parameters(build_flow("maf", 2)) == count_parameters(
+        flowkit.flows.MAF(2, transforms=5, hidden=(64, 64))
+    )
 
 
 def test_unknown_name_is_a_clear_error_listing_the_names():

@@ -45,8 +45,8 @@ __all__ = [
     "markdown_table",
 ]
 
-#: A model builder: `(features, *, transforms, hidden, bins, standardize_with) -> module with log_prob(x)`.
 Builder = Callable[..., torch.nn.Module]
+"""A model builder: `(features, *, transforms, hidden, bins, standardize_with) -> module with log_prob(x)`."""
 
 
 def flowkit_model(
@@ -66,10 +66,11 @@ def flowkit_model(
     return flow if standardize_with is None else standardize(flow, standardize_with)
 
 
-#: Model name -> builder: `flowkit-NAME` for each flowkit preset.
 MODELS: dict[str, Builder] = {f"flowkit-{name}": partial(flowkit_model, name) for name in PRESET_NAMES}
-#: Models run by default: every flowkit preset.
+"""Model name -> builder: `flowkit-NAME` for each flowkit preset."""
+
 DEFAULT_MODELS: tuple[str, ...] = tuple(MODELS)
+"""Models run by default: every flowkit preset."""
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -77,7 +78,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("bench", help="run a benchmark", description="Run one of flowkit's benchmarks.")
     sub = parser.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
     summary = "flowkit's presets on the same data and budget, compared by test NLL"
-    child = sub.add_parser("likelihood", help=summary, description=f"{summary} (against zuko and nflows: bench/likelihood.py).")
+    child = sub.add_parser(
+        "likelihood", help=summary, description=f"{summary} (against zuko and nflows: bench/likelihood.py)."
+    )
     add_arguments(child)
     child.set_defaults(func=run)
     return parser
@@ -87,11 +90,17 @@ def add_arguments(
     parser: argparse.ArgumentParser, models: Mapping[str, Builder] = MODELS, default: Sequence[str] = DEFAULT_MODELS
 ) -> argparse.ArgumentParser:
     """Add the likelihood benchmark's options to `parser`, with `models` to choose from and `default` run."""
-    parser.add_argument("--datasets", default="2d,digits,tabular",
-                        help="comma-separated names; '2d' = all 2-D sets, 'tabular' = the MAF sets present under --root "
-                        "(default: 2d,digits,tabular)")
-    parser.add_argument("--models", default=",".join(default),
-                        help=f"comma-separated: {', '.join(models)} (default: {','.join(default)})")
+    parser.add_argument(
+        "--datasets",
+        default="2d,digits,tabular",
+        help="comma-separated names; '2d' = all 2-D sets, 'tabular' = the MAF sets present under --root "
+        "(default: 2d,digits,tabular)",
+    )
+    parser.add_argument(
+        "--models",
+        default=",".join(default),
+        help=f"comma-separated: {', '.join(models)} (default: {','.join(default)})",
+    )
     parser.add_argument("--steps", type=int, default=1000, help="optimisation steps per run (default 1000)")
     parser.add_argument("--batch-size", type=int, default=256, help="batch size (default 256)")
     parser.add_argument("--lr", type=float, default=1e-3, help="initial learning rate (default 1e-3)")
@@ -100,7 +109,9 @@ def add_arguments(
     parser.add_argument("--bins", type=int, default=8, help="spline bins (default 8)")
     parser.add_argument("--seeds", type=int, default=3, help="number of seeds (0, 1, ...; default 3)")
     parser.add_argument("--n-train", type=int, default=20000, help="training points of the 2-D sets (default 20000)")
-    parser.add_argument("--root", default=None, help="data directory of the tabular sets (default $FLOWKIT_DATA or ./data)")
+    parser.add_argument(
+        "--root", default=None, help="data directory of the tabular sets (default $FLOWKIT_DATA or ./data)"
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--out", default="bench/results/likelihood.json", help="JSON output file")
     return parser
@@ -132,21 +143,37 @@ def train_and_evaluate(
     """
     torch.manual_seed(seed)
     hidden = parse_hidden(args.hidden) if args.hidden else None
-    flow = models[model](data.features, transforms=args.transforms, hidden=hidden, bins=args.bins,
-                         standardize_with=data.train)
+    flow = models[model](
+        data.features, transforms=args.transforms, hidden=hidden, bins=args.bins, standardize_with=data.train
+    )
     counts = data.info.get("counts")
     train = DequantizedDataset(counts, data.levels) if data.levels and counts is not None else data.train
     wall, cpu = time.perf_counter(), time.process_time()
     history = fit(
-        flow, MaximumLikelihood(), train, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-        val_data=data.val, restore_best=True, progress=False, seed=seed,
+        flow,
+        MaximumLikelihood(),
+        train,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        val_data=data.val,
+        restore_best=True,
+        progress=False,
+        seed=seed,
     )
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     nll = evaluate_nll(flow, data.test)
     result = {
-        "dataset": data.name, "model": model, "seed": seed, "parameters": count_parameters(flow),
-        "test_nll": nll.mean, "test_nll_2se": nll.two_se, "best_step": history.best_step,
-        "skipped_steps": len(history.skipped), "wall_s": wall, "cpu_s": cpu,
+        "dataset": data.name,
+        "model": model,
+        "seed": seed,
+        "parameters": count_parameters(flow),
+        "test_nll": nll.mean,
+        "test_nll_2se": nll.two_se,
+        "best_step": history.best_step,
+        "skipped_steps": len(history.skipped),
+        "wall_s": wall,
+        "cpu_s": cpu,
     }
     if data.levels:
         result["test_bits_per_dim"] = nll.bits_per_dim(data.features, data.levels)[0]
@@ -170,10 +197,15 @@ def _summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     mean = sum(values) / n
     spread = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else float("nan")
     summary = {
-        "dataset": runs[0]["dataset"], "model": runs[0]["model"], "parameters": runs[0]["parameters"], "seeds": n,
-        "test_nll": mean, "test_nll_2se_points": sum(r["test_nll_2se"] for r in runs) / n,
+        "dataset": runs[0]["dataset"],
+        "model": runs[0]["model"],
+        "parameters": runs[0]["parameters"],
+        "seeds": n,
+        "test_nll": mean,
+        "test_nll_2se_points": sum(r["test_nll_2se"] for r in runs) / n,
         "test_nll_2se_seeds": 2 * spread / math.sqrt(n) if n > 1 else float("nan"),
-        "wall_s": sum(r["wall_s"] for r in runs) / n, "cpu_s": sum(r["cpu_s"] for r in runs) / n,
+        "wall_s": sum(r["wall_s"] for r in runs) / n,
+        "cpu_s": sum(r["cpu_s"] for r in runs) / n,
     }
     if "test_bits_per_dim" in runs[0]:
         summary["test_bits_per_dim"] = sum(r["test_bits_per_dim"] for r in runs) / n
@@ -191,8 +223,9 @@ def markdown_table(summaries: list[dict[str, Any]], steps: int) -> str:
     for s in summaries:
         bpd = f"{s['test_bits_per_dim']:.3f}" if "test_bits_per_dim" in s else ""
         lines.append(
-            f"| {s['dataset']} | {s['model']} | {s['parameters']} | {s['test_nll']:.3f} | {s['test_nll_2se_points']:.3f} "
-            f"| {s['test_nll_2se_seeds']:.3f} | {bpd} | {s['wall_s']:.1f} | {s['cpu_s']:.1f} |"
+            f"| {s['dataset']} | {s['model']} | {s['parameters']} | {s['test_nll']:.3f} "
+            f"| {s['test_nll_2se_points']:.3f} | {s['test_nll_2se_seeds']:.3f} | {bpd} "
+            f"| {s['wall_s']:.1f} | {s['cpu_s']:.1f} |"
         )
     return "\n".join(lines)
 
@@ -213,7 +246,9 @@ def run(args: argparse.Namespace, models: Mapping[str, Builder] = MODELS) -> int
     chosen = [m.strip().lower() for m in args.models.split(",") if m.strip()]
     for m in chosen:
         if m not in models:
-            raise ValueError(f"unknown model {m!r}; choose from {', '.join(models)}")
+            peer = m.split("-")[0] in ("zuko", "nflows", "normflows")
+            hint = " (flows of other libraries: python bench/likelihood.py)" if peer else ""
+            raise ValueError(f"unknown model {m!r}; choose from {', '.join(models)}{hint}")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be a positive integer, got {args.threads}")
     datasets = _dataset_names(args.datasets, args.root)
@@ -232,7 +267,10 @@ def run(args: argparse.Namespace, models: Mapping[str, Builder] = MODELS) -> int
             per_seed = []
             for seed in range(args.seeds):
                 result = train_and_evaluate(model, loaded[name], args, seed, models)
-                print(f"  {name} {model} seed {seed}: test NLL {result['test_nll']:.4f} ({result['wall_s']:.1f} s)", flush=True)
+                print(
+                    f"  {name} {model} seed {seed}: test NLL {result['test_nll']:.4f} ({result['wall_s']:.1f} s)",
+                    flush=True,
+                )
                 per_seed.append(result)
             runs += per_seed
             summaries.append(_summarise(per_seed))

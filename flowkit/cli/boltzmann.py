@@ -85,7 +85,8 @@ def build_flow(args: argparse.Namespace, target: Any, samples: Any) -> Any:
     shape = tuple(target.event_shape)
     features = math.prod(shape)
     hidden = parse_hidden(args.hidden)
-    flow = preset("nsf-coupling" if args.flow == "nsf" else args.flow, features, transforms=args.transforms, hidden=hidden)
+    name = "nsf-coupling" if args.flow == "nsf" else args.flow
+    flow = preset(name, features, transforms=args.transforms, hidden=hidden)
     if samples is not None:
         flow = standardize(flow, samples.reshape(samples.shape[0], -1))
     if len(shape) == 1:

@@ -65,7 +65,8 @@ def _preset_name(flow: str, coupling: bool) -> str:
     if not coupling or name not in PRESETS or name == "nsf-coupling":
         return name
     if name != "nsf":
-        raise ValueError(f"--coupling applies to nsf only ({name} is {'always' if name == 'realnvp' else 'never'} coupling)")
+        always = "always" if name == "realnvp" else "never"
+        raise ValueError(f"--coupling applies to nsf only ({name} is {always} coupling)")
     return "nsf-coupling"
 
 

@@ -31,7 +31,9 @@ from .presets import MAF, NSF, RealNVP
 __all__ = ["PRESETS", "PRESET_NAMES", "build_flow", "parse_hidden", "count_parameters"]
 
 
-def _nsf(features: int, transforms: int | None, hidden: Sequence[int] | None, bins: int, coupling: bool = False) -> Flow:
+def _nsf(
+    features: int, transforms: int | None, hidden: Sequence[int] | None, bins: int, coupling: bool = False
+) -> Flow:
     return NSF(features, transforms=transforms or 5, bins=bins, hidden=tuple(hidden or (128, 128)), coupling=coupling)
 
 
@@ -45,15 +47,19 @@ def _maf(features: int, transforms: int | None, hidden: Sequence[int] | None, bi
     return MAF(features, transforms=transforms or 5, hidden=tuple(hidden or (64, 64)))
 
 
-#: Preset name -> constructor `(features, transforms, hidden, bins) -> Flow`; `None` sizes take the defaults above.
 PRESETS: dict[str, Callable[[int, int | None, Sequence[int] | None, int], Flow]] = {
     "nsf": _nsf,
     "nsf-coupling": partial(_nsf, coupling=True),
     "realnvp": _realnvp,
     "maf": _maf,
 }
-#: The names [`build_flow`][flowkit.flows.build_flow] accepts.
+"""Preset name -> constructor `(features, transforms, hidden, bins) -> Flow`.
+
+`None` sizes take the defaults listed at [`build_flow`][flowkit.flows.build_flow].
+"""
+
 PRESET_NAMES: tuple[str, ...] = tuple(PRESETS)
+"""The names [`build_flow`][flowkit.flows.build_flow] accepts, in the order of `PRESETS`."""
 
 
 def build_flow(
