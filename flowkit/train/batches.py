@@ -24,18 +24,23 @@ __all__ = ["Batch", "split_batch", "ShardedBatchSampler", "make_batches", "Laten
 Batch = Union[Tensor, tuple[Tensor, Tensor]]
 
 
-def split_batch(batch: Any) -> tuple[Tensor, Tensor | None]:
-    """Split a batch into ``(x, context)``; ``context`` is None for a bare tensor.
+def split_batch(batch: Any, where: str | None = None) -> tuple[Tensor, Tensor | None]:
+    """Split a batch into `(x, context)`; `context` is None for a bare tensor.
+
+    Arguments:
+        batch: a tensor `x` or a pair `(x, context)` of tensors.
+        where: the caller's name, put at the start of the error message.
 
     Raises:
-        ValueError: if ``batch`` is neither a tensor nor a pair of tensors.
+        ValueError: if `batch` is neither a tensor nor a pair of tensors.
     """
     if isinstance(batch, Tensor):
         return batch, None
-    if isinstance(batch, (tuple, list)) and len(batch) in (1, 2) and all(isinstance(b, Tensor) for b in batch):
-        return batch[0], (batch[1] if len(batch) == 2 else None)
+    if isinstance(batch, (tuple, list)) and len(batch) == 2 and all(isinstance(b, Tensor) for b in batch):
+        return batch[0], batch[1]
     raise ValueError(
-        f"a batch must be a tensor x or a pair (x, context) of tensors, got {type(batch).__name__}"
+        ("" if where is None else f"{where}: ")
+        + f"a batch must be a tensor x or a pair (x, context) of tensors, got {type(batch).__name__}"
         + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else "")
     )
 
@@ -47,6 +52,8 @@ def _to_model(t: Tensor, device: torch.device, dtype: torch.dtype | None) -> Ten
 
 
 def _normalise(batch: Any, device: torch.device, dtype: torch.dtype | None) -> Batch:
+    if isinstance(batch, (tuple, list)) and len(batch) == 1:  # a loader over TensorDataset(x) yields [x]
+        batch = batch[0]
     x, context = split_batch(batch)
     x = _to_model(x, device, dtype)
     return x if context is None else (x, _to_model(context, device, dtype))
