@@ -4,13 +4,13 @@ import math
 
 import pytest
 import torch
-from cases import STOCHASTIC_BLOCKS
+from cases import STOCHASTIC_BLOCKS, missing_cases
 
 import flowkit
 from flowkit.bijectors import AffineCoupling, Chain, Invert, LULinear
 from flowkit.distributions import DiagNormal, StandardNormal
 from flowkit.flows import Flow, RealNVP
-from flowkit.stochastic import LangevinBlock, MetropolisBlock, energy_of
+from flowkit.stochastic import LangevinBlock, MetropolisBlock, StochasticBlock, energy_of
 from flowkit.testing import randomize
 
 
@@ -312,6 +312,11 @@ def test_save_and_load_round_trip(tmp_path):
     torch.manual_seed(3)
     b = loaded.sample_with_log_weights(20, target)[1]
     torch.testing.assert_close(a, b)
+
+
+def test_every_public_block_has_a_case():
+    missing = missing_cases(StochasticBlock, STOCHASTIC_BLOCKS)
+    assert not missing, f"add a case to tests/cases.py STOCHASTIC_BLOCKS for: {', '.join(missing)}"
 
 
 @pytest.mark.parametrize("name", STOCHASTIC_BLOCKS)
