@@ -12,9 +12,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import flowkit
-from flowkit.train import History, MaximumLikelihood, Objective, fit, split_batch
+from flowkit.train import EMA, Callback, History, MaximumLikelihood, Objective, fit, split_batch
 from flowkit.train.checkpoint import load_state, save_state
-from flowkit.train.loop import CHECKPOINT_FILE
+from flowkit.train.loop import CHECKPOINT_FILE, train_step
+from flowkit.train.objective import as_objective
 
 
 def small_flow(context: int = 0, seed: int = 0) -> flowkit.Flow:
@@ -429,6 +430,10 @@ def test_seed_makes_runs_reproducible():
         (dict(steps=2, data="moons"), "must be a tensor, a pair"),
         (dict(steps=2, data=(torch.randn(5, 2), torch.randn(4, 1))), "different numbers of points"),
         (dict(steps=2, data=torch.randn(0, 2)), "empty"),
+        (dict(steps=2, ema=1.0), "ema must be a decay"),
+        (dict(steps=2, ema=0), "ema must be a decay"),
+        (dict(steps=2, callbacks=[lambda state: None]), "callbacks must be"),
+        (dict(steps=2, objective=object()), "must have a loss"),
     ],
 )
 def test_bad_arguments(kwargs, match):
@@ -452,3 +457,149 @@ def test_bad_loss_and_batch():
         fit(small_flow(), _Vector(), X, steps=1, progress=False)
     with pytest.raises(ValueError, match="a pair \\(x, context\\)"):
         split_batch((X, X, X))
+
+
+# ---------------------------------------------------------------- EMA, callbacks, adapted objectives, the step
+
+
+class _Snapshots(Callback):
+    """Keeps the flow's weights after every step that updated them."""
+
+    def __init__(self, flow):
+        self.flow, self.weights = flow, []
+
+    def on_step_end(self, state):
+        if not state.skipped:
+            self.weights.append({k: v.detach().clone() for k, v in self.flow.state_dict().items()})
+
+
+def test_ema_weights_end_in_the_flow():
+    plain, averaged = small_flow(), small_flow()
+    initial = {k: v.detach().clone() for k, v in plain.state_dict().items()}
+    snapshots = _Snapshots(plain)
+    options = dict(steps=12, batch_size=16, lr=1e-2, progress=False, seed=1)
+    fit(plain, _Dequantised(), X, callbacks=[snapshots], **options)
+    fit(averaged, _Dequantised(), X, ema=0.9, **options)
+    expected = {k: v.clone() for k, v in initial.items() if v.is_floating_point()}
+    for n, weights in enumerate(snapshots.weights):  # avg <- d avg + (1 - d) w, d = min(0.9, (1 + n) / (10 + n))
+        d = min(0.9, (1 + n) / (10 + n))
+        for k in expected:
+            expected[k] = d * expected[k] + (1 - d) * weights[k]
+    for k, value in averaged.state_dict().items():
+        if value.is_floating_point():
+            torch.testing.assert_close(value, expected[k], rtol=1e-5, atol=1e-6)
+    assert not all(torch.equal(p, q) for p, q in zip(plain.parameters(), averaged.parameters(), strict=True))
+
+
+def test_validation_sees_the_ema_weights():
+    flow = small_flow()
+    history = fit(flow, MaximumLikelihood(), X, steps=10, batch_size=16, lr=1e-2, val_data=X[:30], val_every=5,
+                  ema=0.8, progress=False, seed=0)  # fmt: skip
+    with torch.no_grad():
+        now = float(-flow.log_prob(X[:30]).mean())
+    assert history.val_step[-1] == 10 and now == pytest.approx(history.val_loss[-1], abs=1e-6)
+
+
+@pytest.mark.parametrize("restore_best", [False, True])
+def test_resume_with_ema_reproduces_the_uninterrupted_run(restore_best, tmp_path):
+    options = dict(steps=16, batch_size=16, lr=1e-2, checkpoint_every=5, progress=False, val_every=4, ema=0.9,
+                   val_data=X[:30], restore_best=restore_best, seed=5)  # fmt: skip
+    full = small_flow()
+    full_history = fit(full, _Dequantised(), X, checkpoint_dir=tmp_path / "full", **options)
+    with pytest.raises(Interrupt):
+        fit(small_flow(), _Interrupting(_Dequantised(), 12), X, checkpoint_dir=tmp_path / "run", **options)
+    assert load_state(tmp_path / "run" / CHECKPOINT_FILE)["ema"]["updates"] == 10
+    resumed = small_flow(seed=99)
+    history = fit(resumed, _Dequantised(), X, checkpoint_dir=tmp_path / "run", resume=True, **options)
+    assert_same_params(resumed, full)
+    assert history.loss == full_history.loss and history.val_loss == full_history.val_loss
+    with pytest.raises(ValueError, match="written with ema=0.9"):
+        fit(small_flow(), _Dequantised(), X, checkpoint_dir=tmp_path / "run", resume=True, **{**options, "ema": 0.5})
+
+
+def test_user_callbacks_see_every_hook_in_order():
+    class _Log(Callback):
+        def __init__(self):
+            self.calls = []
+
+        def on_start(self, state):
+            self.calls.append(("start", state.step))
+
+        def on_step_end(self, state):
+            self.calls.append(("step", state.step, state.last.loss))
+
+        def on_validation(self, state):
+            self.calls.append(("validation", state.step, state.val_loss))
+
+        def on_train_end(self, state):
+            self.calls.append(("train_end", state.step))
+
+        def on_end(self, state):
+            self.calls.append(("end", state.step))
+
+    log = _Log()
+    history = fit(small_flow(), MaximumLikelihood(), X, steps=4, batch_size=32, val_data=X[:20], val_every=2,
+                  callbacks=[log], progress=False)  # fmt: skip
+    assert log.calls[0] == ("start", 0) and log.calls[-2:] == [("train_end", 4), ("end", 4)]
+    assert [c[2] for c in log.calls if c[0] == "step"] == history.loss
+    assert [c[1:] for c in log.calls if c[0] == "validation"] == list(zip(history.val_step, history.val_loss))
+    assert log.calls.index(("validation", 2, history.val_loss[0])) == log.calls.index(("step", 2, history.loss[1])) + 1
+
+
+class _DuckML:
+    """Not an Objective: only loss, validation_loss and metrics methods."""
+
+    def __init__(self):
+        self.validated = 0
+
+    def loss(self, flow, batch):
+        return MaximumLikelihood.negative_log_likelihood(flow, batch)
+
+    def validation_loss(self, flow, batch):
+        self.validated += 1
+        with torch.no_grad():
+            return MaximumLikelihood.negative_log_likelihood(flow, batch)
+
+    def metrics(self):
+        return {"calls": 1}
+
+
+def test_objects_with_a_loss_method_are_adapted():
+    duck, reference = small_flow(), small_flow()
+    objective = _DuckML()
+    options = dict(steps=5, batch_size=16, val_data=X[:20], val_every=5, progress=False, seed=3)
+    history = fit(duck, objective, X, **options)
+    expected = fit(reference, MaximumLikelihood(), X, **options)
+    assert_same_params(duck, reference)
+    assert history.val_loss == expected.val_loss and objective.validated == 2  # 20 points in batches of 16
+    assert history.metrics["calls"] == [1.0] * 5
+
+    class _Latent:
+        needs_data = False
+
+        def loss(self, flow, z):
+            return _Reverse().loss(flow, z)
+
+    assert fit(small_flow(), _Latent(), steps=2, batch_size=8, progress=False).step == [1, 2]
+    adapted = as_objective(_Latent())
+    assert isinstance(adapted, Objective) and not adapted.needs_data and adapted.metrics() == {}
+    ml = MaximumLikelihood()
+    assert as_objective(ml) is ml
+
+
+def test_train_step_skips_the_update_of_a_non_finite_loss():
+    class _Model(torch.nn.Module):
+        def __init__(self, value):
+            super().__init__()
+            self.w, self.value = torch.nn.Parameter(torch.ones(2)), value
+
+        def forward(self, batch):
+            return self.value * (self.w**2).sum(), None
+
+    for value, skipped in ((1.0, None), (math.inf, "loss")):
+        model = _Model(value)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        outcome = train_step(model, MaximumLikelihood(), optimizer, torch.zeros(1, 2))
+        assert outcome.skipped == skipped and outcome.lr == 0.1
+        expected = torch.full((2,), 0.8) if skipped is None else torch.ones(2)  # w - 0.1 * 2w
+        torch.testing.assert_close(model.w.detach(), expected)
