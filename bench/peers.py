@@ -236,6 +236,10 @@ class PeerFlow(nn.Module):
         log_prob, _ = interface(self.library, self.model)
         return log_prob((x - self.loc) / self.scale) - self.scale.log().sum()
 
+    def path_log_likelihood(self, x: Tensor, context: Tensor | None = None) -> Tensor:
+        """What `flowkit.train.MaximumLikelihood` maximises: for a normalizing flow, `log_prob`."""
+        return self.log_prob(x, context)
+
     def forward(self, x: Tensor) -> Tensor:
         return self.log_prob(x)
 
