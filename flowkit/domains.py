@@ -21,7 +21,9 @@ class Domain:
 
     is_manifold: bool = False
 
-    def sample(self, shape: tuple[int, ...], *, dtype: torch.dtype = torch.float64, generator=None) -> Tensor:
+    def sample(
+        self, shape: tuple[int, ...], *, dtype: torch.dtype = torch.float64, generator: torch.Generator | None = None
+    ) -> Tensor:
         """Test points, drawn so that they cover the interesting part of the domain."""
         return torch.randn(shape, dtype=dtype, generator=generator)
 
@@ -48,11 +50,13 @@ class Interval(Domain):
     def __init__(self, low: float, high: float) -> None:
         self.low, self.high = float(low), float(high)
 
-    def sample(self, shape, *, dtype=torch.float64, generator=None):
+    def sample(
+        self, shape: tuple[int, ...], *, dtype: torch.dtype = torch.float64, generator: torch.Generator | None = None
+    ) -> Tensor:
         u = torch.rand(shape, dtype=dtype, generator=generator)
         return self.low + (self.high - self.low) * (0.02 + 0.96 * u)
 
-    def contains(self, x):
+    def contains(self, x: Tensor) -> Tensor:
         return (x > self.low) & (x < self.high)
 
     def __repr__(self) -> str:
@@ -77,14 +81,16 @@ class Sphere(Domain):
     def __init__(self, n: int = 4) -> None:
         self.n = int(n)
 
-    def sample(self, shape, *, dtype=torch.float64, generator=None):
+    def sample(
+        self, shape: tuple[int, ...], *, dtype: torch.dtype = torch.float64, generator: torch.Generator | None = None
+    ) -> Tensor:
         x = torch.randn(shape, dtype=dtype, generator=generator)
         return x / x.norm(dim=-1, keepdim=True)
 
-    def contains(self, x):
+    def contains(self, x: Tensor) -> Tensor:
         return ((x.norm(dim=-1, keepdim=True) - 1).abs() < 1e-4).expand_as(x)
 
-    def tangent_basis(self, x):
+    def tangent_basis(self, x: Tensor) -> Tensor:
         # Complete x to an orthonormal basis with a QR of [x, I]; drop the normal column.
         n = x.shape[-1]
         eye = torch.eye(n, dtype=x.dtype, device=x.device).expand(*x.shape[:-1], n, n)

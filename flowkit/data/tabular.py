@@ -82,7 +82,10 @@ def _npy(path: Path, name: str, columns: int) -> np.ndarray:
     return data
 
 
-def _power(root: Path):
+_Arrays = tuple[np.ndarray, np.ndarray, np.ndarray]  # train, validation, test
+
+
+def _power(root: Path) -> _Arrays:
     data = _npy(root / "power" / "data.npy", "power", 8)
     rng = np.random.RandomState(42)
     rng.shuffle(data)
@@ -114,7 +117,7 @@ def _read_gas_table(root: Path) -> tuple[list[str], np.ndarray]:
     raise FileNotFoundError(f"gas: missing {pickle_path} (or {csv_path.name}); unpack the MAF data archive there")
 
 
-def _gas(root: Path):
+def _gas(root: Path) -> _Arrays:
     columns, data = _read_gas_table(root)
     if len(columns) != data.shape[1]:
         raise ValueError(f"gas: the header names {len(columns)} columns but the table has {data.shape[1]}")
@@ -137,7 +140,7 @@ def _hepmass_csv(path: Path, name: str) -> np.ndarray:
     return table[table[:, 0] == 1][:, 1:]  # the positive (signal) class, without its label
 
 
-def _hepmass(root: Path):
+def _hepmass(root: Path) -> _Arrays:
     train = _hepmass_csv(root / "hepmass" / "1000_train.csv", "hepmass")
     test = _hepmass_csv(root / "hepmass" / "1000_test.csv", "hepmass")[:, :-1]  # the test file has one extra column
     if train.shape[1] != test.shape[1]:
@@ -151,12 +154,12 @@ def _hepmass(root: Path):
     return train[: len(train) - n_val], train[len(train) - n_val :], test
 
 
-def _miniboone(root: Path):
+def _miniboone(root: Path) -> _Arrays:
     data = _npy(root / "miniboone" / "data.npy", "miniboone", 43)
     return _standardise_on_train_val(*_tail_splits(data))
 
 
-def _bsds300(root: Path):
+def _bsds300(root: Path) -> _Arrays:
     folder = root / "BSDS300"
     npy = [folder / f"{s}.npy" for s in ("train", "validation", "test")]
     if all(p.exists() for p in npy):

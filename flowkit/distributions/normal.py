@@ -6,7 +6,7 @@ import math
 from collections.abc import Sequence
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from ..utils import sum_event
 from .base import Distribution, as_shape
@@ -29,11 +29,11 @@ class StandardNormal(Distribution):
         super().__init__()
         self.event_shape = as_shape(event_shape)
 
-    def log_prob(self, x):
+    def log_prob(self, x: Tensor) -> Tensor:
         n = len(self.event_shape)
         return sum_event(-0.5 * x.square(), n) - 0.5 * self.event_shape.numel() * _LOG_2PI
 
-    def rsample(self, shape=()):
+    def rsample(self, shape: int | Sequence[int] = ()) -> Tensor:
         return torch.randn(*as_shape(shape), *self.event_shape, dtype=self.dtype, device=self.device)
 
     def extra_repr(self) -> str:
@@ -68,12 +68,12 @@ class DiagNormal(Distribution):
             self.register_buffer("loc", loc_t)
             self.register_buffer("log_scale", log_scale_t)
 
-    def log_prob(self, x):
+    def log_prob(self, x: Tensor) -> Tensor:
         n = len(self.event_shape)
         u = (x - self.loc) * torch.exp(-self.log_scale)
         return sum_event(-0.5 * u.square() - self.log_scale, n) - 0.5 * self.event_shape.numel() * _LOG_2PI
 
-    def rsample(self, shape=()):
+    def rsample(self, shape: int | Sequence[int] = ()) -> Tensor:
         eps = torch.randn(*as_shape(shape), *self.event_shape, dtype=self.loc.dtype, device=self.loc.device)
         return self.loc + eps * torch.exp(self.log_scale)
 

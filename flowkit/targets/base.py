@@ -130,7 +130,7 @@ class Energy(Target):
         self.sampler = sampler
         self.has_samples = sampler is not None
 
-    def _energy(self, x):
+    def _energy(self, x: Tensor) -> Tensor:
         u = self.fn(x)
         batch = x.shape[: x.dim() - len(self.event_shape)]
         if not isinstance(u, Tensor) or u.shape != batch:
@@ -138,8 +138,8 @@ class Energy(Target):
             raise ValueError(f"Energy: fn must return one energy per configuration, shape {tuple(batch)}; got {got}")
         return u
 
-    def _force(self, x):
+    def _force(self, x: Tensor) -> Tensor:
         return super()._force(x) if self.force_fn is None else self.force_fn(x).detach()
 
-    def _sample(self, n, generator):
+    def _sample(self, n: int, generator: torch.Generator | None) -> Tensor:
         return self.sampler(n)

@@ -64,16 +64,16 @@ class Phi4(Target):
         s = 4 * torch.sin(math.pi * k / self.L) ** 2
         return 2 * (self.m2 + s[:, None] + s[None, :])
 
-    def _energy(self, x):
+    def _energy(self, x: Tensor) -> Tensor:
         kinetic = sum((torch.roll(x, -1, dim) - x).square() for dim in (-1, -2))
         x2 = x.square()
         return (kinetic + self.m2 * x2 + self.lam * x2.square()).sum((-1, -2))
 
-    def _force(self, x):
+    def _force(self, x: Tensor) -> Tensor:
         laplacian = sum(torch.roll(x, 1, dim) + torch.roll(x, -1, dim) for dim in (-1, -2)) - 4 * x
         return 2 * laplacian - 2 * self.m2 * x - 4 * self.lam * x**3
 
-    def _sample(self, n, generator):
+    def _sample(self, n: int, generator: torch.Generator | None) -> Tensor:
         noise = torch.randn(n, self.L, self.L, generator=generator, dtype=torch.float64)
         field = torch.fft.ifft2(torch.fft.fft2(noise) / self._precision_eigenvalues().sqrt()).real
         return field

@@ -69,10 +69,10 @@ class GaussianMixture(Target):
         sq = (x.unsqueeze(-2) - self.means.to(x)).square().sum(-1) / self.scale**2
         return -0.5 * sq - d * math.log(self.scale) - 0.5 * d * math.log(2 * math.pi)
 
-    def _energy(self, x):
+    def _energy(self, x: Tensor) -> Tensor:
         return -(torch.logsumexp(self._component_log_probs(x), -1) - math.log(self.n_modes))
 
-    def _sample(self, n, generator):
+    def _sample(self, n: int, generator: torch.Generator | None) -> Tensor:
         pick = torch.randint(0, self.n_modes, (n,), generator=generator, device=self.means.device)
         noise = torch.randn(
             n, self.event_shape[0], generator=generator, dtype=self.means.dtype, device=self.means.device

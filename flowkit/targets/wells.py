@@ -97,15 +97,15 @@ class DoubleWell(Target):
         self._well = _QuarticWell(self.a, self.b, self.c)
         self.log_Z = self._well.log_Z + _HALF_LOG_2PI
 
-    def _energy(self, x):
+    def _energy(self, x: Tensor) -> Tensor:
         x1, x2 = x[..., 0], x[..., 1]
         return self.c * x1**4 + self.b * x1**2 + self.a * x1 + 0.5 * x2**2
 
-    def _force(self, x):
+    def _force(self, x: Tensor) -> Tensor:
         x1, x2 = x[..., 0], x[..., 1]
         return -torch.stack([4 * self.c * x1**3 + 2 * self.b * x1 + self.a, x2], dim=-1)
 
-    def _sample(self, n, generator):
+    def _sample(self, n: int, generator: torch.Generator | None) -> Tensor:
         x1 = self._well.sample(n, generator)
         x2 = torch.randn(n, generator=generator, dtype=torch.float64)
         return torch.stack([x1, x2], -1)
@@ -145,13 +145,13 @@ class ManyWell(Target):
     def _pairs(self, x: Tensor) -> Tensor:
         return x.unflatten(-1, (-1, 2))
 
-    def _energy(self, x):
+    def _energy(self, x: Tensor) -> Tensor:
         return self.well._energy(self._pairs(x)).sum(-1)
 
-    def _force(self, x):
+    def _force(self, x: Tensor) -> Tensor:
         return self.well._force(self._pairs(x)).flatten(-2)
 
-    def _sample(self, n, generator):
+    def _sample(self, n: int, generator: torch.Generator | None) -> Tensor:
         pairs = self.well._sample(n * (self.event_shape[0] // 2), generator)
         return pairs.reshape(n, -1)
 
