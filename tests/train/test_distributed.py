@@ -69,19 +69,35 @@ WORKER = COMMON + textwrap.dedent(
     torch.manual_seed(rank)
     flow = flowkit.Flow(Chain(ActNorm(2), AffineCoupling(2, parity=0, hidden=(8,))), StandardNormal(2)).double()
     fit(flow, MaximumLikelihood(), x, steps=2, batch_size=8, progress=False)
-    save_file({k: v.contiguous() for k, v in flow.state_dict().items()}, os.path.join(out, f"actnorm{rank}.safetensors"))
+    weights = {k: v.contiguous() for k, v in flow.state_dict().items()}
+    save_file(weights, os.path.join(out, f"actnorm{rank}.safetensors"))
     """
 )
 
 
 def test_two_processes_match_one_process_on_the_global_batch(tmp_path):
     (tmp_path / "worker.py").write_text(WORKER)
-    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
     env["OMP_NUM_THREADS"] = "1"
     result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         str(tmp_path / "worker.py"), str(tmp_path)],
-        capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            str(tmp_path / "worker.py"),
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
@@ -107,8 +123,12 @@ def test_two_processes_match_one_process_on_the_global_batch(tmp_path):
     assert history.skipped == [3]
     for key, value in flow.state_dict().items():
         torch.testing.assert_close(ranks[0][key], value, rtol=0, atol=1e-10)
-    torch.testing.assert_close(torch.tensor(histories[0]["loss"]), torch.tensor(history.loss), rtol=0, atol=1e-12, equal_nan=True)
-    torch.testing.assert_close(torch.tensor(histories[0]["val_loss"]), torch.tensor(history.val_loss), rtol=0, atol=1e-12)
+    torch.testing.assert_close(
+        torch.tensor(histories[0]["loss"]), torch.tensor(history.loss), rtol=0, atol=1e-12, equal_nan=True
+    )
+    torch.testing.assert_close(
+        torch.tensor(histories[0]["val_loss"]), torch.tensor(history.val_loss), rtol=0, atol=1e-12
+    )
 
     # checkpoints and history from rank 0 only, with both ranks' RNG states
     assert not (tmp_path / "ckpt1").exists()

@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import flowkit
-from flowkit.train import EMA, Callback, History, MaximumLikelihood, Objective, fit, split_batch
+from flowkit.train import Callback, History, MaximumLikelihood, Objective, fit, split_batch
 from flowkit.train.checkpoint import load_state, save_state
 from flowkit.train.loop import CHECKPOINT_FILE, train_step
 from flowkit.train.objective import as_objective
@@ -125,7 +125,7 @@ def test_auxiliary_loss_is_added():
     before = params_of(flow)
     history = fit(flow, _Zero(), torch.randn(10, 2), steps=1, optimizer="sgd", lr=0.1, schedule=None, progress=False)
     # one SGD step on sum p^2: p <- p - 0.1 * 2p
-    for p, q in zip(before, flow.parameters()):
+    for p, q in zip(before, flow.parameters(), strict=True):
         torch.testing.assert_close(q.detach(), 0.8 * p, rtol=1e-6, atol=1e-7)
     expected = sum(float((p**2).sum()) for p in before)
     assert history.loss[0] == pytest.approx(expected, rel=1e-6)
@@ -145,7 +145,9 @@ def test_auxiliary_loss_is_added():
     ],
 )
 def test_schedules(schedule, expected):
-    history = fit(small_flow(), MaximumLikelihood(), torch.randn(64, 2), steps=8, lr=0.01, schedule=schedule, progress=False)
+    history = fit(
+        small_flow(), MaximumLikelihood(), torch.randn(64, 2), steps=8, lr=0.01, schedule=schedule, progress=False
+    )
     assert history.lr == pytest.approx([0.01 * expected(t) for t in range(8)], rel=1e-12)
 
 
@@ -165,11 +167,18 @@ def test_gradient_clipping_bounds_the_update():
     flow = small_flow()
     before = params_of(flow)
     history = fit(
-        flow, MaximumLikelihood(), torch.randn(64, 2) * 3 + 2, steps=1, optimizer="sgd", lr=1.0, schedule=None,
-        clip=1e-3, progress=False,
+        flow,
+        MaximumLikelihood(),
+        torch.randn(64, 2) * 3 + 2,
+        steps=1,
+        optimizer="sgd",
+        lr=1.0,
+        schedule=None,
+        clip=1e-3,
+        progress=False,
     )
     assert history.grad_norm[0] > 1e-3  # the raw gradient was larger than the clip
-    delta = torch.sqrt(sum(((q.detach() - p) ** 2).sum() for p, q in zip(before, flow.parameters())))
+    delta = torch.sqrt(sum(((q.detach() - p) ** 2).sum() for p, q in zip(before, flow.parameters(), strict=True)))
     assert float(delta) == pytest.approx(1e-3, rel=1e-4)
 
 
@@ -201,14 +210,34 @@ class _FlakyObjective(Objective):
 def test_non_finite_steps_are_skipped_counted_and_warned(kind):
     x = torch.randn(128, 2)
     reference = small_flow()
-    fit(reference, _FlakyObjective({3, 7}, "zero"), x, steps=10, batch_size=32, optimizer="sgd", lr=0.05,
-        schedule=None, progress=False, seed=0)
+    fit(
+        reference,
+        _FlakyObjective({3, 7}, "zero"),
+        x,
+        steps=10,
+        batch_size=32,
+        optimizer="sgd",
+        lr=0.05,
+        schedule=None,
+        progress=False,
+        seed=0,
+    )
     flow = small_flow()
     with pytest.warns(RuntimeWarning, match=f"non-finite {'gradient' if kind == 'grad' else 'loss'} at step 3"):
-        history = fit(flow, _FlakyObjective({3, 7}, kind), x, steps=10, batch_size=32, optimizer="sgd", lr=0.05,
-                      schedule=None, progress=False, seed=0)
+        history = fit(
+            flow,
+            _FlakyObjective({3, 7}, kind),
+            x,
+            steps=10,
+            batch_size=32,
+            optimizer="sgd",
+            lr=0.05,
+            schedule=None,
+            progress=False,
+            seed=0,
+        )
     assert history.skipped == [3, 7]
-    finite_losses = [s for s, v in zip(history.step, history.loss) if math.isfinite(v)]
+    finite_losses = [s for s, v in zip(history.step, history.loss, strict=True) if math.isfinite(v)]
     assert finite_losses == (list(range(1, 11)) if kind == "grad" else [1, 2, 4, 5, 6, 8, 9, 10])
     assert math.isnan(history.grad_norm[2]) and math.isfinite(history.grad_norm[3])
     assert_same_params(flow, reference)  # a skipped step is a step without update
@@ -217,8 +246,14 @@ def test_non_finite_steps_are_skipped_counted_and_warned(kind):
 def test_many_non_finite_steps_warn_once_more_at_the_end():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        history = fit(small_flow(), _FlakyObjective(range(1, 31), "loss"), torch.randn(32, 2), steps=30,
-                      batch_size=8, progress=False)
+        history = fit(
+            small_flow(),
+            _FlakyObjective(range(1, 31), "loss"),
+            torch.randn(32, 2),
+            steps=30,
+            batch_size=8,
+            progress=False,
+        )
     messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
     assert len(history.skipped) == 30
     assert len(messages) == 11 and "30 steps were skipped" in messages[-1]
@@ -232,8 +267,19 @@ def test_early_stopping_restores_the_best_weights():
     train = torch.randn(256, 2) * 0.5 + 4.0  # training pulls the flow away from ...
     val = torch.randn(256, 2)  # ... the validation set, near the initial flow
     flow = small_flow()
-    history = fit(flow, MaximumLikelihood(), train, steps=200, batch_size=64, lr=1e-2, val_data=val, patience=3,
-                  val_every=5, progress=False, seed=0)
+    history = fit(
+        flow,
+        MaximumLikelihood(),
+        train,
+        steps=200,
+        batch_size=64,
+        lr=1e-2,
+        val_data=val,
+        patience=3,
+        val_every=5,
+        progress=False,
+        seed=0,
+    )
     assert history.stopped_early
     best = history.val_loss.index(min(history.val_loss))
     assert len(history.val_loss) == best + 1 + 3  # stopped after exactly `patience` worse validations
@@ -258,8 +304,16 @@ def test_validation_uses_validation_loss_in_eval_mode():
             return torch.tensor(float(split_batch(batch)[0].shape[0]))  # weighted mean of batch sizes
 
     objective = _Probe()
-    history = fit(small_flow(), objective, torch.randn(20, 2), steps=4, val_data=torch.randn(10, 2), batch_size=8,
-                  val_every=2, progress=False)
+    history = fit(
+        small_flow(),
+        objective,
+        torch.randn(20, 2),
+        steps=4,
+        val_data=torch.randn(10, 2),
+        batch_size=8,
+        val_every=2,
+        progress=False,
+    )
     assert history.val_step == [2, 4] and objective.modes and not any(objective.modes)
     assert history.val_loss == pytest.approx([(8 * 8 + 2 * 2) / 10] * 2)  # batches of 8 and 2 points
 
@@ -335,11 +389,19 @@ def test_resume_after_interruption_reproduces_the_uninterrupted_run(case, tmp_pa
 
     crashed = small_flow()
     with pytest.raises(Interrupt):  # dies at step 13; the last checkpoint is step 10, mid-epoch
-        fit(crashed, _Interrupting(make_objective(), 12), make_data(), checkpoint_dir=tmp_path / "run", seed=5, **options)
+        fit(
+            crashed,
+            _Interrupting(make_objective(), 12),
+            make_data(),
+            checkpoint_dir=tmp_path / "run",
+            seed=5,
+            **options,
+        )
     assert load_state(tmp_path / "run" / CHECKPOINT_FILE)["step"] == 10
     resumed = small_flow(seed=99)  # a fresh process would build a new flow: the checkpoint sets everything
-    history = fit(resumed, make_objective(), make_data(), checkpoint_dir=tmp_path / "run", resume=True, seed=5,
-                  **options)
+    history = fit(
+        resumed, make_objective(), make_data(), checkpoint_dir=tmp_path / "run", resume=True, seed=5, **options
+    )
     assert_same_params(resumed, full)
     assert history.loss == full_history.loss and history.lr == full_history.lr
     assert history.val_loss == full_history.val_loss and history.step == list(range(1, 17))
@@ -373,8 +435,17 @@ def test_resume_without_checkpoint_starts_afresh(tmp_path):
 
 def test_checkpoint_dir_files_and_history_formats(tmp_path):
     flow = small_flow()
-    history = fit(flow, MaximumLikelihood(), X, steps=6, batch_size=32, val_data=X[:20], val_every=3,
-                  checkpoint_dir=tmp_path, progress=False)
+    history = fit(
+        flow,
+        MaximumLikelihood(),
+        X,
+        steps=6,
+        batch_size=32,
+        val_data=X[:20],
+        val_every=3,
+        checkpoint_dir=tmp_path,
+        progress=False,
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == [CHECKPOINT_FILE, "history.csv", "history.json", "model"]
     loaded = flowkit.io.load(tmp_path / "model")
     torch.testing.assert_close(loaded.log_prob(X), flow.log_prob(X), rtol=0, atol=0)
@@ -408,7 +479,7 @@ def test_seed_makes_runs_reproducible():
     for flow, seed in ((a, 4), (b, 4), (c, 5)):
         fit(flow, _Dequantised(), X, steps=5, batch_size=16, progress=False, seed=seed)
     assert_same_params(a, b)
-    assert not all(torch.equal(p, q) for p, q in zip(a.parameters(), c.parameters()))
+    assert not all(torch.equal(p, q) for p, q in zip(a.parameters(), c.parameters(), strict=True))
 
 
 # ---------------------------------------------------------------- argument errors
@@ -542,8 +613,10 @@ def test_user_callbacks_see_every_hook_in_order():
                   callbacks=[log], progress=False)  # fmt: skip
     assert log.calls[0] == ("start", 0) and log.calls[-2:] == [("train_end", 4), ("end", 4)]
     assert [c[2] for c in log.calls if c[0] == "step"] == history.loss
-    assert [c[1:] for c in log.calls if c[0] == "validation"] == list(zip(history.val_step, history.val_loss))
-    assert log.calls.index(("validation", 2, history.val_loss[0])) == log.calls.index(("step", 2, history.loss[1])) + 1
+    validations = [c[1:] for c in log.calls if c[0] == "validation"]
+    assert validations == list(zip(history.val_step, history.val_loss, strict=True))
+    after_step_2 = log.calls.index(("step", 2, history.loss[1])) + 1
+    assert log.calls[after_step_2] == ("validation", 2, history.val_loss[0])
 
 
 class _DuckML:
