@@ -1,12 +1,13 @@
-"""The test cases: one builder per bijector, stochastic block and transformer, FlowJAX-style.
+"""The test cases: builders for the bijectors, stochastic blocks, transformers and base distributions, FlowJAX-style.
 
 Each entry maps a case name to a function that builds the object (and, for
 bijectors, an input batch), so importing this table is cheap and every test
 builds its cases afresh under the suite's seed (see ``conftest.py``).
 
-A new public bijector or transformer needs one entry here: the completeness
-tests (``tests/bijectors/test_sweep.py``, ``tests/transformers/test_base.py``)
-fail for a concrete public class that no case builds.
+A new public bijector, stochastic block, transformer or base distribution
+needs one entry here: the completeness tests (``tests/bijectors/test_sweep.py``,
+``tests/test_stochastic.py``, ``tests/transformers/test_base.py``,
+``tests/test_distributions.py``) fail for a concrete public class that no case builds.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from flowkit.bijectors import (
     SplineCoupling,
     Standardization,
 )
-from flowkit.distributions import DiagNormal
+from flowkit.distributions import DiagNormal, Distribution, StandardNormal
 from flowkit.domains import Circle
 from flowkit.stochastic import LangevinBlock, MetropolisBlock
 from flowkit.testing import randomize
@@ -166,6 +167,14 @@ TRANSFORMERS: dict[str, Callable[[], Transformer]] = {
     "Affine": Affine,
     "RationalQuadraticSpline": lambda: RationalQuadraticSpline(bins=5, bound=3.0),
     "CircularSpline": lambda: CircularSpline(bins=5),
+}
+
+#: Base distributions: name -> ``() -> distribution``, events of at most two elements (checked by
+#: ``check_flow``, which integrates the density); see tests/test_distributions.py.
+DISTRIBUTIONS: dict[str, Callable[[], Distribution]] = {
+    "StandardNormal": lambda: StandardNormal(2),
+    "DiagNormal": lambda: randomize(DiagNormal(2, loc=0.5, scale=1.5)),
+    "DiagNormal(fixed)": lambda: DiagNormal(1, loc=-1.0, scale=0.3, trainable=False),
 }
 
 
