@@ -125,7 +125,11 @@ def _rewrite(tmp_path, model, edit):
 
 
 def test_a_config_that_is_not_a_model_is_refused(tmp_path):
-    _rewrite(tmp_path, RealNVP(2, transforms=1, hidden=(4,)), lambda h: h.update(model={"class": "MaximumLikelihood", "args": {}}))
+    _rewrite(
+        tmp_path,
+        RealNVP(2, transforms=1, hidden=(4,)),
+        lambda h: h.update(model={"class": "MaximumLikelihood", "args": {}}),
+    )
     with pytest.raises(ValueError, match="not a model"):
         flowkit.io.load(tmp_path / "m")
 
@@ -350,3 +354,93 @@ def test_from_config_refuses_a_non_finite_scale(scale):
 def test_from_config_refuses_a_negative_event_shape():
     with pytest.raises(ValueError, match="negative sizes"):
         from_config({"class": "StandardNormal", "args": {"event_shape": -2}})
+
+
+# Factories (a preset's conditioner=) and the migration of configs saved by older versions.
+
+
+def test_a_registered_class_or_a_partial_of_one_round_trips():
+    from functools import partial
+
+    from flowkit.io import _decode, _encode
+    from flowkit.nn import MADE, MLP
+
+    encoded = _encode(partial(MLP, hidden=(16, 8), periodic=True), "conditioner")
+    assert encoded == {"__factory__": {"class": "MLP", "args": {"hidden": [16, 8], "periodic": True}}}
+    decoded = _decode(json.loads(json.dumps(encoded)), "conditioner")
+    assert decoded.func is MLP and decoded.keywords == {"hidden": [16, 8], "periodic": True} and not decoded.args
+    assert _decode(_encode(MADE, "conditioner"), "conditioner") is MADE
+
+
+def test_factories_that_cannot_be_saved_are_refused_by_name():
+    from functools import partial
+
+    from flowkit.io import _decode, _encode
+    from flowkit.nn import MLP
+
+    with pytest.raises(TypeError, match="cannot save argument conditioner of type partial"):
+        _encode(partial(MLP, 1, hidden=(4,)), "conditioner")  # positional arguments
+    with pytest.raises(TypeError, match="cannot save argument RealNVP.conditioner of type function"):
+        to_config(RealNVP(2, transforms=1, conditioner=lambda i, o, context: MLP(i, o, context=context)))
+    with pytest.raises(ValueError, match="names 'os.system', which is not a flowkit class"):
+        _decode({"__factory__": {"class": "os.system", "args": {}}}, "conditioner")
+    with pytest.raises(ValueError, match="a factory needs 'class' and 'args'"):
+        _decode({"__factory__": "MLP"}, "conditioner")
+
+
+def test_migrate_rewrites_the_old_layer_classes_and_leaves_the_rest():
+    from flowkit._legacy import RULES, migrate
+
+    old = {
+        "class": "Chain",
+        "args": {
+            "*bijectors": [
+                {
+                    "class": "AffineCoupling",
+                    "args": {"features": 2, "mask": None, "parity": 1, "hidden": [4], "context": 0, "clamp": 3.0},
+                },
+                {"class": "Permutation", "args": {"features": 2, "seed": 0}},
+                {
+                    "class": "MaskedSplineAutoregressive",
+                    "args": {"features": 2, "bins": 3, "bound": 2.0, "hidden": [4]},
+                },
+                {"class": "CircularSplineCoupling", "args": {"features": 2, "bins": 2, "parity": 0, "hidden": [5]}},
+            ]
+        },
+    }
+    before = json.dumps(old)
+    new = migrate(old)
+    assert json.dumps(old) == before  # the input is not changed
+    affine, permutation, spline, circular = new["args"]["*bijectors"]
+    assert affine == {
+        "class": "Coupling",
+        "args": {
+            "transformer": {"class": "Affine", "args": {"clamp": 3.0}},
+            "features": 2,
+            "mask": None,
+            "parity": 1,
+            "hidden": [4],
+            "context": 0,
+        },
+    }
+    assert permutation == old["args"]["*bijectors"][1]
+    assert spline["class"] == "MaskedAutoregressive"
+    assert spline["args"]["transformer"] == {"class": "RationalQuadraticSpline", "args": {"bins": 3, "bound": 2.0}}
+    assert circular["class"] == "Coupling"
+    assert circular["args"]["conditioner"] == {
+        "class": "MLP",
+        "args": {
+            "in_features": 1,
+            "out_features": 7,
+            "hidden": [5],
+            "activation": "relu",
+            "context": 0,
+            "periodic": True,
+        },
+    }
+    chain = from_config(new)
+    assert [type(b).__name__ for b in chain] == ["Coupling", "Permutation", "MaskedAutoregressive", "Coupling"]
+    assert {rule.cls for rule in RULES} >= {"AffineCoupling", "SplineCoupling", "CircularSplineCoupling"}
+    assert all(rule.name for rule in RULES)
+    for value in (None, [], "Flow", {"class": "Flow"}, {"__dict__": {"a": 1}}):
+        assert migrate(value) == value

@@ -76,3 +76,70 @@ def test_torch_compile_gives_the_same_outputs():
         torch.testing.assert_close(inverse(z)[0], flow.bijector.inverse(z)[0])
     finally:
         flowkit.set_validation(True)
+
+
+def _presets_with_options():
+    """Each preset with a non-default base, transformer and conditioner factory."""
+    from functools import partial
+
+    from flowkit.distributions import DiagNormal
+    from flowkit.nn import MADE, MLP
+    from flowkit.transformers import Affine, RationalQuadraticSpline
+
+    spline = RationalQuadraticSpline(4, 3.0)
+    return {
+        "realnvp": flowkit.flows.RealNVP(
+            3, 2, transformer=spline, conditioner=partial(MLP, hidden=(12,), activation="tanh"), base=DiagNormal(3)
+        ),
+        "maf": MAF(
+            3, 2, transformer=spline, conditioner=partial(MADE, hidden=(12, 12), residual=True), base=DiagNormal(3)
+        ),
+        "nsf-ar": NSF(3, 2, transformer=Affine(2.0), conditioner=partial(MADE, hidden=(10,)), base=DiagNormal(3)),
+        "nsf-coupling": NSF(3, 2, coupling=True, conditioner=partial(MLP, hidden=(10,)), base=DiagNormal(3, scale=2.0)),
+    }
+
+
+@pytest.mark.parametrize("name", ["realnvp", "maf", "nsf-ar", "nsf-coupling"])
+def test_presets_take_base_transformer_and_conditioner_and_save(name, tmp_path):
+    from flowkit.distributions import DiagNormal
+
+    flow = randomize(_presets_with_options()[name], 0.1)
+    assert isinstance(flow.base, DiagNormal)
+    layers = [b for b in flow.bijector if hasattr(b, "conditioner")]
+    hidden = {"realnvp": 12, "maf": 12, "nsf-ar": 10, "nsf-coupling": 10}[name]
+    for layer in layers:
+        first = getattr(layer.conditioner, "hidden_layers", layer.conditioner)[0]
+        assert first.out_features == hidden
+    assert len({id(layer.transformer) for layer in layers}) == len(layers)  # a copy per layer
+    x = torch.randn(5, 3, generator=torch.Generator().manual_seed(1))
+    report = check_bijector(flow.bijector, x)
+    assert report.passed, str(report)
+    loaded = flowkit.io.load(flowkit.io.save(flow, tmp_path / name))
+    assert type(loaded) is type(flow) and flowkit.io.to_config(loaded) == flowkit.io.to_config(flow)
+    assert torch.equal(loaded.log_prob(x), flow.log_prob(x))
+
+
+def test_preset_defaults_are_unchanged_by_the_new_arguments():
+    from flowkit.distributions import StandardNormal
+    from flowkit.transformers import Affine, RationalQuadraticSpline
+
+    flow = NSF(3, 2, bins=5, bound=2.0)
+    assert type(flow.base) is StandardNormal
+    assert all(
+        isinstance(b.transformer, RationalQuadraticSpline) and b.transformer.bins == 5 for b in flow.bijector[::2]
+    )
+    flow = flowkit.flows.RealNVP(4, 2, hidden=(6,))
+    assert all(isinstance(b.transformer, Affine) and b.conditioner[0].out_features == 6 for b in flow.bijector)
+
+
+def test_presets_refuse_bad_options_by_name():
+    from flowkit.nn import MLP
+
+    with pytest.raises(ValueError, match="conditioner must be a factory"):
+        flowkit.flows.RealNVP(4, conditioner=MLP(2, 4))
+    with pytest.raises(ValueError, match="transformer must be a flowkit Transformer"):
+        MAF(3, transformer="affine")
+    with pytest.raises(ValueError, match="must be autoregressive"):
+        MAF(3, conditioner=MLP)
+    with pytest.raises(ValueError, match="event shape"):
+        NSF(3, base=flowkit.distributions.StandardNormal(4))
