@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 __all__ = ["Configurable", "registry", "get_config"]
 
-#: Registered classes, by name. :func:`flowkit.io.load` builds nothing else.
+#: Registered classes, by name. `flowkit.io.load` builds nothing else.
 registry: dict[str, type] = {}
 
 

@@ -13,7 +13,7 @@ from .splits import Splits, split_array
 
 __all__ = ["read_array", "file_splits", "FILE_SUFFIXES"]
 
-#: File types :func:`read_array` understands.
+#: File types `read_array` understands.
 FILE_SUFFIXES = (".csv", ".npy")
 
 
