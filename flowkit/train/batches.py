@@ -1,9 +1,9 @@
 """Batches for the fit loop: tensors, datasets, data loaders and latent draws, sharded and resumable.
 
-Every source yields the batches an objective receives: a tensor ``x`` or a
-pair ``(x, context)``. Shuffling follows :class:`~torch.utils.data.DistributedSampler`
-(a permutation seeded by ``seed + epoch``, rank ``r`` of ``N`` taking every
-``N``-th index), so the data order is a function of ``(seed, epoch)`` and a
+Every source yields the batches an objective receives: a tensor `x` or a
+pair `(x, context)`. Shuffling follows `torch.utils.data.DistributedSampler`
+(a permutation seeded by `seed + epoch`, rank `r` of `N` taking every
+`N`-th index), so the data order is a function of `(seed, epoch)` and a
 resumed run can jump straight to the batch where it stopped.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 import torch
@@ -20,8 +20,8 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDa
 
 __all__ = ["Batch", "split_batch", "ShardedBatchSampler", "make_batches", "LatentBatches"]
 
-#: What an objective's ``loss`` receives: ``x`` or ``(x, context)``.
-Batch = Union[Tensor, tuple[Tensor, Tensor]]
+#: What an objective's `loss` receives: `x` or `(x, context)`.
+Batch = Tensor | tuple[Tensor, Tensor]
 
 
 def split_batch(batch: Any, where: str | None = None) -> tuple[Tensor, Tensor | None]:
@@ -60,10 +60,10 @@ def _normalise(batch: Any, device: torch.device, dtype: torch.dtype | None) -> B
 
 
 class ShardedBatchSampler(Sampler[list[int]]):
-    """Batches of indices of this rank's shard of ``range(n)``, with a seeded per-epoch order.
+    """Batches of indices of this rank's shard of `range(n)`, with a seeded per-epoch order.
 
-    The order is :class:`~torch.utils.data.DistributedSampler`'s (when
-    ``shuffle``), or every ``world_size``-th index without padding (when not,
+    The order is `torch.utils.data.DistributedSampler`'s (when
+    `shuffle`), or every `world_size`-th index without padding (when not,
     for validation: each point counted once over the ranks).
 
     Arguments:
@@ -75,7 +75,9 @@ class ShardedBatchSampler(Sampler[list[int]]):
         shuffle: shuffle each epoch (training) or keep the order (validation).
     """
 
-    def __init__(self, n: int, batch_size: int, world_size: int = 1, rank: int = 0, seed: int = 0, shuffle: bool = True):
+    def __init__(
+        self, n: int, batch_size: int, world_size: int = 1, rank: int = 0, seed: int = 0, shuffle: bool = True
+    ):
         self.n, self.batch_size, self.world_size, self.rank = n, batch_size, world_size, rank
         self.seed, self.shuffle = seed, shuffle
         self.epoch, self.skip = 0, 0
@@ -104,12 +106,14 @@ class ShardedBatchSampler(Sampler[list[int]]):
             yield index.tolist()
 
     def __len__(self) -> int:
-        per_rank = math.ceil(self.n / self.world_size) if self.shuffle else len(range(self.rank, self.n, self.world_size))
+        per_rank = (
+            math.ceil(self.n / self.world_size) if self.shuffle else len(range(self.rank, self.n, self.world_size))
+        )
         return math.ceil(per_rank / self.batch_size)
 
 
 class _Source:
-    """A source of batches: ``steps_per_epoch`` (None when unknown) and ``epoch(e, skip)``."""
+    """A source of batches: `steps_per_epoch` (None when unknown) and `epoch(e, skip)`."""
 
     steps_per_epoch: int | None
 
@@ -130,8 +134,11 @@ class _TensorSource(_Source):
 
 
 class _LoaderSource(_Source):
-    """A DataLoader; resuming skips batches by drawing them, eagerly, so that the loop can replay
-    the RNG state of the epoch's start around the call (the order a shuffling loader draws is the same)."""
+    """A DataLoader; resuming skips batches by drawing them.
+
+    The iterator is made eagerly, so that the loop can replay the RNG state of the epoch's start
+    around the call (the order a shuffling loader draws is the same).
+    """
 
     def __init__(self, loader: DataLoader, device, dtype) -> None:
         self.loader, self.device, self.dtype = loader, device, dtype
@@ -157,14 +164,16 @@ class _LoaderSource(_Source):
 
 
 class LatentBatches(_Source):
-    """Endless latent batches ``z = flow.base.sample((batch_size,))`` for objectives that need no data."""
+    """Endless latent batches `z = flow.base.sample((batch_size,))` for objectives that need no data."""
 
     steps_per_epoch = None
 
     def __init__(self, flow: Any, batch_size: int) -> None:
         base = getattr(flow, "base", None)
         if base is None or not hasattr(base, "sample"):
-            raise ValueError("fit: without data the flow must have a base distribution (flow.base.sample) to draw latents")
+            raise ValueError(
+                "fit: without data the flow must have a base distribution (flow.base.sample) to draw latents"
+            )
         self.base, self.batch_size = base, batch_size
 
     def epoch(self, epoch: int, skip: int = 0) -> Iterator[Batch]:
@@ -173,7 +182,7 @@ class LatentBatches(_Source):
 
 
 def _as_tensors(data: Any, name: str) -> tuple[Tensor, ...] | None:
-    """The tensors of ``data`` if it is a tensor, an array or a pair of them; None otherwise."""
+    """The tensors of `data` if it is a tensor, an array or a pair of them; None otherwise."""
     if isinstance(data, np.ndarray):
         data = torch.as_tensor(data)
     if isinstance(data, Tensor):
@@ -186,7 +195,8 @@ def _as_tensors(data: Any, name: str) -> tuple[Tensor, ...] | None:
         raise ValueError(f"fit: {name} is empty (shape {tuple(tensors[0].shape)})")
     if len(tensors) == 2 and tensors[1].shape[0] != tensors[0].shape[0]:
         raise ValueError(
-            f"fit: {name} x and context have different numbers of points ({tensors[0].shape[0]} and {tensors[1].shape[0]})"
+            f"fit: {name} x and context have different numbers of points "
+            f"({tensors[0].shape[0]} and {tensors[1].shape[0]})"
         )
     return tensors
 
@@ -203,15 +213,15 @@ def make_batches(
     dtype: torch.dtype | None = None,
     name: str = "data",
 ) -> _Source:
-    """A batch source for ``data``: a tensor (or array), a pair ``(x, context)``, a Dataset or a DataLoader.
+    """A batch source for `data`: a tensor (or array), a pair `(x, context)`, a Dataset or a DataLoader.
 
-    Floating tensors are cast to ``dtype`` (the model's) and moved to ``device``.
+    Floating tensors are cast to `dtype` (the model's) and moved to `device`.
     A DataLoader is used as given (its batch size wins) unless it must be
-    sharded over several ranks and has no ``DistributedSampler``: then it is
-    rebuilt over its dataset with a :class:`ShardedBatchSampler`.
+    sharded over several ranks and has no `DistributedSampler`: then it is
+    rebuilt over its dataset with a [`ShardedBatchSampler`][flowkit.train.batches.ShardedBatchSampler].
 
     Raises:
-        ValueError: for an unsupported ``data`` type, an empty set or mismatched ``x`` and context.
+        ValueError: for an unsupported `data` type, an empty set or mismatched `x` and context.
     """
     tensors = _as_tensors(data, name)
     if tensors is not None:
@@ -229,8 +239,12 @@ def make_batches(
                 len(data.dataset), data.batch_size, world_size, rank, seed, isinstance(data.sampler, RandomSampler)
             )
             data = DataLoader(
-                data.dataset, batch_sampler=sharded, num_workers=data.num_workers, collate_fn=data.collate_fn,
-                pin_memory=data.pin_memory, worker_init_fn=data.worker_init_fn,
+                data.dataset,
+                batch_sampler=sharded,
+                num_workers=data.num_workers,
+                collate_fn=data.collate_fn,
+                pin_memory=data.pin_memory,
+                worker_init_fn=data.worker_init_fn,
             )
         return _LoaderSource(data, device, dtype)
     if isinstance(data, IterableDataset):

@@ -100,12 +100,12 @@ class CallbackList:
 class EMA(Callback):
     r"""Exponential moving average of a module's weights, used for evaluation.
 
-    After each optimiser step, [`update`][flowkit.train.EMA.update] sets
+    After each optimiser step, [`update`][flowkit.train.callbacks.EMA.update] sets
     `avg <- d avg + (1 - d) w` for every floating parameter and buffer, with
     `d = min(decay, (1 + n) / (10 + n))` after `n` updates (a warm-up, so
     that the first averages are not dominated by the initial weights).
-    [`average`][flowkit.train.EMA.average] swaps the averages into the module for a `with` block;
-    [`averaged`][flowkit.train.EMA.averaged] returns a copy that holds them.
+    [`average`][flowkit.train.callbacks.EMA.average] swaps the averages into the module for a `with` block;
+    [`averaged`][flowkit.train.callbacks.EMA.averaged] returns a copy that holds them.
 
     `fit(..., ema=decay)` builds one: it is updated after every step that was
     not skipped, validation sees the averaged weights, its state is part of the
@@ -177,7 +177,7 @@ class EMA(Callback):
         return {"decay": self.decay, "updates": self.updates, "shadow": {k: v.clone() for k, v in self.shadow.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore from [`state_dict`][flowkit.train.EMA.state_dict]."""
+        """Restore from [`state_dict`][flowkit.train.callbacks.EMA.state_dict]."""
         self.decay = float(state["decay"])
         self.updates = int(state["updates"])
         for name, avg in state["shadow"].items():
@@ -196,7 +196,7 @@ class EMA(Callback):
 class Validation(Callback):
     """Validation loss every `every` steps and after the last one; early stopping; restoring the best weights.
 
-    The loss is the objective's [`validation_loss`][flowkit.train.Objective.validation_loss]
+    The loss is the objective's [`validation_loss`][flowkit.train.objective.Objective.validation_loss]
     with the flow in eval mode, averaged over the points of every rank (batches weighted by
     their sizes).
 
@@ -210,7 +210,7 @@ class Validation(Callback):
         patience: stop after this many validations without improvement (None: never).
         restore_best: put the weights of the best validation back into the flow at the end.
         plateau: a `ReduceLROnPlateau` stepped with each validation loss.
-        weights: a factory of the context in which to validate (e.g. [`EMA.average`][flowkit.train.EMA.average]).
+        weights: a factory of the context in which to validate (e.g. [`EMA.average`][flowkit.train.callbacks.EMA.average]).
     """
 
     def __init__(

@@ -2,8 +2,8 @@
 
 A checkpoint is a nested structure of dicts, lists, tuples, numbers, strings,
 None and tensors (the flow's and optimizer's state dicts, the schedule, RNG
-states, the history). :func:`save_state` stores every tensor in a
-safetensors file and the rest as JSON in the file's metadata; :func:`load_state`
+states, the history). [`save_state`][flowkit.train.checkpoint.save_state] stores every tensor in a
+safetensors file and the rest as JSON in the file's metadata; [`load_state`][flowkit.train.checkpoint.load_state]
 rebuilds it. Nothing is unpickled, so a checkpoint from an untrusted source
 cannot run code. The file is written to a temporary name and renamed, so an
 interruption never leaves a half-written checkpoint.
@@ -16,7 +16,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import Tensor
@@ -58,7 +57,7 @@ def _decode(obj: Any, tensors: dict[str, Tensor]) -> Any:
 
 
 def save_state(state: Any, path: str | os.PathLike) -> Path:
-    """Write ``state`` (nested dicts, lists, tuples, scalars, strings, None, tensors) to ``path`` atomically."""
+    """Write `state` (nested dicts, lists, tuples, scalars, strings, None, tensors) to `path` atomically."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tensors: dict[str, Tensor] = {}
@@ -71,7 +70,7 @@ def save_state(state: Any, path: str | os.PathLike) -> Path:
 
 
 def load_state(path: str | os.PathLike) -> Any:
-    """Read a state written by :func:`save_state` (tensors on the CPU).
+    """Read a state written by [`save_state`][flowkit.train.checkpoint.save_state] (tensors on the CPU).
 
     Raises:
         ValueError: if the file is not a flowkit checkpoint.

@@ -1,23 +1,25 @@
-"""Data-parallel training with ``torch.distributed``, as used by :func:`flowkit.train.fit`.
+"""Data-parallel training with `torch.distributed`, as used by [`fit`][flowkit.train.fit].
 
-Launch any script that calls :func:`~flowkit.train.fit` with ``torchrun``::
+Launch any script that calls [`fit`][flowkit.train.fit] with `torchrun`:
 
-    torchrun --nproc_per_node=4 train.py
+```bash
+torchrun --nproc_per_node=4 train.py
+```
 
-and the fit loop notices the launcher's environment (``WORLD_SIZE > 1``),
-initialises the process group if the script has not (``nccl`` when CUDA is
-available, ``gloo`` on CPU), wraps the loss computation in
-:class:`~torch.nn.parallel.DistributedDataParallel`, shards the data with a
-:class:`~torch.utils.data.DistributedSampler`, seeds each rank differently,
+and the fit loop notices the launcher's environment (`WORLD_SIZE > 1`),
+initialises the process group if the script has not (`nccl` when CUDA is
+available, `gloo` on CPU), wraps the loss computation in
+`torch.nn.parallel.DistributedDataParallel`, shards the data with a
+`torch.utils.data.DistributedSampler`, seeds each rank differently,
 averages the logged metrics over the ranks and writes checkpoints and the
 history from rank 0 only. After the first step of a run the parameters and
 buffers are broadcast from rank 0 once more, so that layers with data-dependent
-initialisation (:class:`~flowkit.bijectors.ActNorm`), which initialise on each
+initialisation ([`ActNorm`][flowkit.bijectors.ActNorm]), which initialise on each
 rank's own batch, agree from then on.
 
-Each rank draws ``batch_size`` points per step, so the global batch is
-``world_size * batch_size``; because DDP averages the ranks' gradients, a step
-on ``N`` ranks equals a single-process step on the union of their batches.
+Each rank draws `batch_size` points per step, so the global batch is
+`world_size * batch_size`; because DDP averages the ranks' gradients, a step
+on `N` ranks equals a single-process step on the union of their batches.
 """
 
 from __future__ import annotations
@@ -35,13 +37,15 @@ __all__ = ["DistributedContext", "setup_distributed", "launched_distributed"]
 
 
 def launched_distributed() -> bool:
-    """True when running under a launcher (``torchrun``) with more than one process, or in an initialised group."""
+    """True when running under a launcher (`torchrun`) with more than one process, or in an initialised group."""
     if dist.is_available() and dist.is_initialized():
         return dist.get_world_size() > 1
     try:
         return int(os.environ.get("WORLD_SIZE", "1")) > 1
     except ValueError:
-        raise ValueError(f"the WORLD_SIZE environment variable must be an integer, got {os.environ['WORLD_SIZE']!r}")
+        raise ValueError(
+            f"the WORLD_SIZE environment variable must be an integer, got {os.environ['WORLD_SIZE']!r}"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -51,7 +55,7 @@ class DistributedContext:
     Attributes:
         rank: this process's rank (0 when not distributed).
         world_size: number of processes (1 when not distributed).
-        local_rank: rank on this machine (selects the GPU under ``nccl``).
+        local_rank: rank on this machine (selects the GPU under `nccl`).
         device: device of the collective operations' tensors (the flow's device).
     """
 
@@ -87,7 +91,7 @@ class DistributedContext:
         return values
 
     def broadcast_int(self, value: int) -> int:
-        """Rank 0's ``value`` on every rank."""
+        """Rank 0's `value` on every rank."""
         if not self.active:
             return value
         t = torch.tensor([value], dtype=torch.int64, device=self.device)
@@ -95,7 +99,7 @@ class DistributedContext:
         return int(t.item())
 
     def gather_objects(self, obj: Any) -> list[Any]:
-        """Every rank's ``obj``, in rank order (a one-element list in a single process)."""
+        """Every rank's `obj`, in rank order (a one-element list in a single process)."""
         if not self.active:
             return [obj]
         out: list[Any] = [None] * self.world_size
@@ -103,7 +107,7 @@ class DistributedContext:
         return out
 
     def broadcast_module(self, module: nn.Module) -> None:
-        """Copy rank 0's parameters and buffers into every rank's ``module``, in place."""
+        """Copy rank 0's parameters and buffers into every rank's `module`, in place."""
         if not self.active:
             return
         with torch.no_grad():
@@ -116,7 +120,7 @@ class DistributedContext:
             dist.barrier()
 
     def wrap(self, module: nn.Module, **ddp_options: Any) -> nn.Module:
-        """Wrap ``module`` in :class:`~torch.nn.parallel.DistributedDataParallel` (unchanged in a single process).
+        """Wrap `module` in `torch.nn.parallel.DistributedDataParallel` (unchanged in a single process).
 
         DDP broadcasts rank 0's parameters and buffers at construction, so the
         ranks start from the same weights whatever their initialisation.
@@ -129,14 +133,14 @@ class DistributedContext:
 
 
 def setup_distributed(module: nn.Module) -> DistributedContext:
-    """Join the launcher's process group (initialising it if needed) and place ``module`` on this rank's device.
+    """Join the launcher's process group (initialising it if needed) and place `module` on this rank's device.
 
     Without a launcher this returns a single-process context and leaves
-    ``module`` where it is. Under ``nccl`` a flow on the CPU is moved to
-    ``cuda:LOCAL_RANK``.
+    `module` where it is. Under `nccl` a flow on the CPU is moved to
+    `cuda:LOCAL_RANK`.
 
     Raises:
-        ValueError: when ``WORLD_SIZE > 1`` but ``torch.distributed`` is unavailable.
+        ValueError: when `WORLD_SIZE > 1` but `torch.distributed` is unavailable.
     """
     try:
         device = next(module.parameters()).device
@@ -166,7 +170,7 @@ def _destroy_process_group() -> None:
 
     Without the barrier a rank that finishes first tears down its gloo
     connections while its peer's are still live, and the C++ side can abort
-    the process (``terminate called without an active exception``).
+    the process (`terminate called without an active exception`).
     """
     if dist.is_available() and dist.is_initialized():
         dist.barrier()

@@ -1,7 +1,7 @@
 """The fit loop: one loop for every objective.
 
 [`fit`][flowkit.train.fit] minimises `objective.loss(flow, batch)` plus the
-flow's auxiliary loss ([`auxiliary_loss`][flowkit.utils.auxiliary_loss]) with a
+flow's auxiliary loss (`flowkit.utils.auxiliary_loss`) with a
 gradient optimiser. It knows nothing of a particular objective: objectives that
 learn from data receive batches of it (`x` or `(x, context)`); objectives with
 `needs_data = False` receive latent batches `z ~ flow.base` when no data is given.
@@ -38,7 +38,7 @@ from .distributed import DistributedContext, setup_distributed
 from .objective import Objective, as_objective, objective_name
 from .state import History, StepOutcome, TrainState, seed_everything, warn
 
-__all__ = ["fit", "train_step", "History", "CHECKPOINT_FILE"]
+__all__ = ["fit", "train_step"]  # History and CHECKPOINT_FILE are imported from here too
 
 _MAX_WARNINGS = 10
 
@@ -430,7 +430,7 @@ def fit(
             the validation loss; others once per step.
         clip: maximum global gradient norm (None: no clipping).
         val_data: validation data, in any form of `data`; the loss is the objective's
-            [`validation_loss`][flowkit.train.Objective.validation_loss] in eval mode, averaged over points.
+            [`validation_loss`][flowkit.train.objective.Objective.validation_loss] in eval mode, averaged over points.
         patience: stop after this many validations without improvement (needs `val_data`).
         checkpoint_dir: directory for `checkpoint.safetensors` (pickle-free), `history.csv`,
             `history.json` and, at the end, the model saved with [`flowkit.io.save`][flowkit.io.save] in `model/`.

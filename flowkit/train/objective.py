@@ -15,7 +15,7 @@ __all__ = ["Objective", "as_objective", "objective_name"]
 class Objective(Configurable):
     """A training objective for [`fit`][flowkit.train.fit].
 
-    Subclasses implement [`loss`][flowkit.train.Objective.loss]; the other
+    Subclasses implement [`loss`][flowkit.train.objective.Objective.loss]; the other
     hooks have defaults. The fit loop knows nothing of a particular objective:
     it hands each batch to `loss`, minimises the returned scalar, logs
     `metrics()` and validates with `validation_loss`.
@@ -38,7 +38,7 @@ class Objective(Configurable):
     def validation_loss(self, flow: Any, batch: Any) -> Tensor:
         """Scalar loss reported on validation data (the flow in eval mode).
 
-        By default [`loss`][flowkit.train.Objective.loss] under `torch.no_grad()`.
+        By default [`loss`][flowkit.train.objective.Objective.loss] under `torch.no_grad()`.
         """
         with torch.no_grad():
             return self.loss(flow, batch)

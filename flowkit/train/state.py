@@ -43,7 +43,7 @@ class History:
         lr: learning rate used at each step.
         time: seconds since the start of training (cumulative over resumes).
         grad_norm: global gradient norm before clipping (NaN when skipped before backward).
-        metrics: the objective's [`metrics`][flowkit.train.Objective.metrics] (and
+        metrics: the objective's [`metrics`][flowkit.train.objective.Objective.metrics] (and
             `auxiliary_loss`) at each step, by name.
         val_step: steps after which the validation loss was computed.
         val_loss: validation losses at those steps.
@@ -90,7 +90,7 @@ class History:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> History:
-        """Rebuild from [`to_dict`][flowkit.train.History.to_dict] or a [`to_json`][flowkit.train.History.to_json] file.
+        """Rebuild from [`to_dict`][flowkit.train.state.History.to_dict] or a [`to_json`][flowkit.train.state.History.to_json] file.
 
         In a JSON file nulls stand for non-finite numbers.
         """
@@ -134,7 +134,7 @@ class History:
 
     @classmethod
     def from_json(cls, path: str | os.PathLike) -> History:
-        """Read a history written by [`to_json`][flowkit.train.History.to_json]."""
+        """Read a history written by [`to_json`][flowkit.train.state.History.to_json]."""
         return cls.from_dict(json.loads(Path(path).read_text()))
 
     def to_csv(self, path: str | os.PathLike) -> Path:
