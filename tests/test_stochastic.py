@@ -7,10 +7,10 @@ import torch
 from cases import STOCHASTIC_BLOCKS, missing_cases
 
 import flowkit
-from flowkit.bijectors import AffineCoupling, Chain, Invert, LULinear
+from flowkit.bijectors import AffineCoupling, Invert, LULinear
 from flowkit.distributions import DiagNormal, StandardNormal
-from flowkit.flows import Flow, RealNVP
-from flowkit.stochastic import LangevinBlock, MetropolisBlock, StochasticBlock, energy_of
+from flowkit.flows import RealNVP
+from flowkit.stochastic import LangevinBlock, MetropolisBlock, StochasticBlock, StochasticFlow, energy_of
 from flowkit.testing import randomize
 
 
@@ -31,7 +31,7 @@ TARGET = GaussianEnergy([1.0, -0.5], [0.6, 1.4])
 
 
 def standard_normal_flow(*layers):
-    return Flow(Chain(*layers), StandardNormal(2)).double()
+    return StochasticFlow(layers, StandardNormal(2)).double()
 
 
 def weighted_estimates(x, log_w):
@@ -89,8 +89,9 @@ def test_without_the_path_increments_the_estimates_are_wrong():
     flow = standard_normal_flow(MetropolisBlock(TARGET, 1.0, n_steps=4), MetropolisBlock(TARGET, 0.5, n_steps=4))
     z = torch.randn(40_000, 2, dtype=torch.float64)
     with torch.no_grad():
-        x, d_s = flow.bijector.inverse(z)
+        x, log_w_with_d_s = flow.log_weights_at(z, TARGET)
     log_w = -TARGET.energy(x) - flow.base.log_prob(z)
+    d_s = log_w_with_d_s - log_w
     *_, log_z, se = weighted_estimates(x, log_w + d_s)
     assert abs(log_z - TARGET.log_Z) < 3 * se
     *_, log_z_naive, se_naive = weighted_estimates(x, log_w)
@@ -121,7 +122,7 @@ def test_metropolis_weights_telescope_when_base_equals_target():
 
     # an explicit base equal to the target, and the flow's base the same distribution
     base = DiagNormal(2, loc=0.5, scale=1.5, trainable=False).double()
-    flow = Flow(Chain(*[MetropolisBlock(base, lam, n_steps=5, base=base) for lam in (1.0, 0.3)]), base)
+    flow = StochasticFlow([MetropolisBlock(base, lam, n_steps=5, base=base) for lam in (1.0, 0.3)], base)
     with torch.no_grad():
         _, log_w = flow.sample_with_log_weights(2000, base)
     torch.testing.assert_close(log_w, torch.zeros_like(log_w), atol=1e-10, rtol=0)
@@ -205,20 +206,20 @@ def test_deterministic_flow_weights_and_path_likelihood_match_exact_density():
 
 def test_stochastic_flow_refuses_log_prob_and_gives_path_likelihood():
     flow = standard_normal_flow(MetropolisBlock(TARGET, 1.0), LangevinBlock(TARGET, 0.5))
-    assert flow.stochastic
+    assert isinstance(flow, StochasticFlow)
     x = torch.randn(10, 2, dtype=torch.float64)
-    with pytest.raises(ValueError, match="stochastic blocks.*sample_with_log_weights"):
+    with pytest.raises(ValueError, match="stochastic flow.*sample_with_log_weights"):
         flow.log_prob(x)
     assert flow.path_log_likelihood(x).shape == (10,)
     assert flow.sample(7).shape == (7, 2)  # sampling works without gradients, Langevin forces included
-    with pytest.raises(ValueError, match="no inverse"):
+    with pytest.raises(ValueError, match="MetropolisBlock is not a flowkit Bijector"):
         Invert(MetropolisBlock(TARGET, 1.0))
 
 
 def test_langevin_path_gradient_matches_finite_differences():
     """Reparameterised gradient through Langevin steps (double backward) against central differences."""
     layer = randomize(AffineCoupling(2, hidden=(4,)), scale=0.3).double()
-    flow = Flow(Chain(LangevinBlock(TARGET, 1.0, n_steps=3, step_size=0.05), layer), StandardNormal(2)).double()
+    flow = StochasticFlow([LangevinBlock(TARGET, 1.0, n_steps=3, step_size=0.05), layer], StandardNormal(2)).double()
     param = next(p for p in flow.parameters() if p.dim() == 2)
 
     def objective():
@@ -249,13 +250,13 @@ def _train(flow, loss_fn, steps, lr=1e-2):
 
 def _snf():
     torch.manual_seed(1)
-    return Flow(
-        Chain(
+    return StochasticFlow(
+        [
             MetropolisBlock(TARGET, 1.0, n_steps=2, step_size=0.3),
             AffineCoupling(2, parity=0, hidden=(16,)),
             LangevinBlock(TARGET, 0.5, n_steps=2, step_size=0.02),
             AffineCoupling(2, parity=1, hidden=(16,)),
-        ),
+        ],
         StandardNormal(2),
     ).double()
 
@@ -295,17 +296,17 @@ def test_snf_training_decreases_the_loss(objective):
 
 def test_float32_sampling_with_weights():
     target = DiagNormal(2, loc=1.0, scale=0.5, trainable=False)
-    flow = Flow(Chain(MetropolisBlock(target, 1.0, n_steps=3), LangevinBlock(target, 0.5, n_steps=2)), StandardNormal(2))
+    flow = StochasticFlow([MetropolisBlock(target, 1.0, n_steps=3), LangevinBlock(target, 0.5, n_steps=2)], StandardNormal(2))
     x, log_w = flow.sample_with_log_weights(100, target)
     assert x.dtype == torch.float32 and log_w.dtype == torch.float32 and torch.isfinite(log_w).all()
 
 
 def test_save_and_load_round_trip(tmp_path):
     target = DiagNormal(2, loc=1.0, scale=0.5, trainable=False)
-    flow = Flow(Chain(MetropolisBlock(target, 0.7, n_steps=3, step_size=0.4), AffineCoupling(2, hidden=(4,))), StandardNormal(2))
+    flow = StochasticFlow([MetropolisBlock(target, 0.7, n_steps=3, step_size=0.4), AffineCoupling(2, hidden=(4,))], StandardNormal(2))
     flowkit.io.save(flow, tmp_path / "snf")
     loaded = flowkit.io.load(tmp_path / "snf")
-    block = loaded.bijector[0]
+    block = loaded.layers[0]
     assert isinstance(block, MetropolisBlock) and (block.lam, block.n_steps, block.step_size) == (0.7, 3, 0.4)
     torch.manual_seed(3)
     a = flow.sample_with_log_weights(20, target)[1]
