@@ -48,7 +48,9 @@ CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
 def dense_flow(features: int, alpha: float = 0.3) -> Flow:
     """EBFlow's FC model: Linear, smooth leaky ReLU, Linear, smooth leaky ReLU, over N(0, I)."""
-    layers = Chain(Linear(features), SmoothLeakyReLU(features, alpha), Linear(features), SmoothLeakyReLU(features, alpha))
+    layers = Chain(
+        Linear(features), SmoothLeakyReLU(features, alpha), Linear(features), SmoothLeakyReLU(features, alpha)
+    )
     return Flow(layers, StandardNormal(features))
 
 
@@ -97,14 +99,18 @@ def slope(dims: list[int], seconds: list[float]) -> float:
 
 def scaling(args) -> dict:
     table: dict[str, dict[int, dict]] = {m: {} for m in METHODS}
-    print(f"\nseconds per training step ({args.clock} clock), batch {args.batch}, {torch.get_num_threads()} threads (median)")
+    print(
+        f"\nseconds per training step ({args.clock} clock), batch {args.batch}, "
+        f"{torch.get_num_threads()} threads (median)"
+    )
     print(f"{'D':>6} " + " ".join(f"{m:>10}" for m in METHODS) + "   ML/SSM  ML/DSM  ML/FDSM")
     for d in args.dims:
         for m in METHODS:
             table[m][d] = time_steps(d, m, args.batch, args.min_time, args.min_steps, args)
         t = {m: table[m][d]["median_s"] for m in METHODS}
         print(
-            f"{d:>6} " + " ".join(f"{t[m]:>10.4f}" for m in METHODS)
+            f"{d:>6} "
+            + " ".join(f"{t[m]:>10.4f}" for m in METHODS)
             + f"   {t['ml'] / t['ssm']:6.2f}  {t['ml'] / t['dsm']:6.2f}  {t['ml'] / t['fdsm']:6.2f}",
             flush=True,
         )
@@ -117,7 +123,11 @@ def scaling(args) -> dict:
                 f"scaling exponents over D = {fit_dims[0]}..{fit_dims[-1]} ({stat[:-2]} times): "
                 + ", ".join(f"{m} {e:.2f}" for m, e in exponents[stat].items())
             )
-    return {"steps": {m: {str(d): v for d, v in table[m].items()} for m in METHODS}, "exponents": exponents, "fit_dims": fit_dims}
+    return {
+        "steps": {m: {str(d): v for d, v in table[m].items()} for m in METHODS},
+        "exponents": exponents,
+        "fit_dims": fit_dims,
+    }
 
 
 def digits_nll(args) -> dict:
@@ -125,7 +135,10 @@ def digits_nll(args) -> dict:
     counts = torch.as_tensor(np.asarray(data.info["counts"]), dtype=torch.float32)
     logit = Logit(data.features, alpha=args.logit_alpha)
     results = {}
-    print(f"\ndigits: {args.budget:.0f} s ({args.clock} clock) of training per objective, batch {args.batch}, then exact NLL of the EMA weights")
+    print(
+        f"\ndigits: {args.budget:.0f} s ({args.clock} clock) of training per objective, batch {args.batch}, "
+        "then exact NLL of the EMA weights"
+    )
     print(f"{'method':>6} {'steps':>7} {'val nats':>10} {'test nats':>10} {'test bits/dim':>14}")
     for method in METHODS:
         torch.manual_seed(args.seed)
@@ -165,8 +178,12 @@ def main() -> None:
     parser.add_argument("--dims", type=int, nargs="+", default=[64, 256, 784, 1536, 3072])
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
-                        help="'cpu' (process CPU time) for a busy machine, with --threads 1")
+    parser.add_argument(
+        "--clock",
+        choices=sorted(CLOCKS),
+        default="wall",
+        help="'cpu' (process CPU time) for a busy machine, with --threads 1",
+    )
     parser.add_argument("--min-time", type=float, default=3.0, help="seconds of timed steps per (D, method)")
     parser.add_argument("--min-steps", type=int, default=3)
     parser.add_argument("--sigma", type=float, default=0.1, help="DSM noise level (logit space)")

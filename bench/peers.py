@@ -39,7 +39,7 @@ class _IgnoreContext(nn.Module):
 
 
 def _made_blocks(library: str, hidden: Sequence[int]) -> tuple[int, int]:
-    """nflows' and normflows' MADEs: one width, an input layer plus `blocks` hidden-to-hidden layers."""
+    """Nflows' and normflows' MADEs: one width, an input layer plus `blocks` hidden-to-hidden layers."""
     if len(set(hidden)) != 1:
         raise ValueError(f"{library} MADEs have equal hidden widths; got {tuple(hidden)}")
     return hidden[0], len(hidden) - 1

@@ -55,7 +55,7 @@ import torch
 from flowkit.bijectors import AffineCoupling, Chain, Coupling
 from flowkit.distributions import StandardNormal
 from flowkit.flows import Flow
-from flowkit.stochastic import MetropolisBlock
+from flowkit.stochastic import MetropolisBlock, StochasticFlow
 from flowkit.targets import DoubleWell
 from flowkit.train import BoltzmannGenerator, MaximumLikelihood, fit
 from flowkit.transformers import Affine
@@ -99,7 +99,9 @@ def coupling(kind: str, parity: int, hidden: int) -> Coupling:
     return layer
 
 
-def build(stochastic: bool, target: DoubleWell, mc_steps: int, step_size: float, hidden: int, kind: str = "flowkit") -> Flow:
+def build(
+    stochastic: bool, target: DoubleWell, mc_steps: int, step_size: float, hidden: int, kind: str = "flowkit"
+) -> Flow | StochasticFlow:
     """RealNVP with 3 blocks of 2 couplings; Metropolis blocks in between when ``stochastic``.
 
     Layers are listed data side first, so the sampling path reads the list backwards:
@@ -113,7 +115,7 @@ def build(stochastic: bool, target: DoubleWell, mc_steps: int, step_size: float,
         return [MetropolisBlock(target, lam, n_steps=mc_steps, step_size=step_size)] if stochastic else []
 
     layers = mc(1.0) + block() + mc(0.5) + block() + mc(0.0) + block() + mc(0.0)
-    return Flow(Chain(*layers), StandardNormal(2))
+    return StochasticFlow(layers, StandardNormal(2)) if stochastic else Flow(Chain(*layers), StandardNormal(2))
 
 
 def train(flow: Flow, target: DoubleWell, data: torch.Tensor, args: argparse.Namespace) -> float:
@@ -155,8 +157,13 @@ def profile_errors(profiles: np.ndarray, pooled: np.ndarray, exact: np.ndarray) 
     ok_pooled = INSIDE & np.isfinite(pooled)
     diff = (pooled - exact)[ok_pooled]
     rms = float(np.sqrt(((diff - diff.mean()) ** 2).mean()))
-    return {"bias": float(bias), "std": float(std), "error": float(math.hypot(bias, std)), "rms": rms,
-            "bins_missing": int((INSIDE & ~np.isfinite(mean)).sum())}
+    return {
+        "bias": float(bias),
+        "std": float(std),
+        "error": float(math.hypot(bias, std)),
+        "rms": rms,
+        "bins_missing": int((INSIDE & ~np.isfinite(mean)).sum()),
+    }
 
 
 def exact_reference(target: DoubleWell, args: argparse.Namespace, seed: int) -> dict:
@@ -218,10 +225,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per process")
     parser.add_argument("--workers", type=int, default=1, help="processes running (seed, flow) jobs in parallel")
-    parser.add_argument("--coupling", choices=("bgtorch", "flowkit"), default="bgtorch",
-                        help="affine coupling: flowkit's AffineCoupling, or the paper's code's parameterisation")
+    parser.add_argument(
+        "--coupling",
+        choices=("bgtorch", "flowkit"),
+        default="bgtorch",
+        help="affine coupling: flowkit's AffineCoupling, or the paper's code's parameterisation",
+    )
     parser.add_argument("--quick", action="store_true", help="tiny budget, for a smoke run")
-    parser.add_argument("--out", type=Path, default=None, help="JSON output (default bench/results/snf_doublewell_<coupling>.json)")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="JSON output (default bench/results/snf_doublewell_<coupling>.json)"
+    )
     args = parser.parse_args()
     if args.out is None:
         args.out = RESULTS / f"snf_doublewell_{args.coupling}.json"
@@ -236,7 +249,9 @@ def main() -> None:
             results = pool.map(run_job, jobs, chunksize=1)
     else:
         results = [run_job(job) for job in jobs]
-    runs: dict[str, list] = {name: [r for (_, n, _), r in zip(jobs, results) if n == name] for name in names}
+    runs: dict[str, list] = {
+        name: [r for (_, n, _), r in zip(jobs, results, strict=True) if n == name] for name in names
+    }
     runs["exact samples"] = [exact_reference(target, args, seed) for seed in range(args.seeds)]
 
     def stat(name: str, *keys: str) -> tuple[float, float]:
@@ -244,8 +259,14 @@ def main() -> None:
         return float(values.mean()), float(values.std())
 
     summary = {}
-    print(f"\nDouble well, {args.seeds} seeds; free-energy error sqrt(bias^2+std^2) in kT on |x1| < 2.25 (mean +- std over seeds)")
-    print(f"{'flow':9s} {'error raw':>14s} {'error rew.':>14s} {'rms raw':>12s} {'rms rew.':>12s} {'ESS':>14s} {'log Z':>16s}")
+    print(
+        f"\nDouble well, {args.seeds} seeds; free-energy error sqrt(bias^2+std^2) in kT on |x1| < 2.25 "
+        "(mean +- std over seeds)"
+    )
+    print(
+        f"{'flow':9s} {'error raw':>14s} {'error rew.':>14s} {'rms raw':>12s} {'rms rew.':>12s} "
+        f"{'ESS':>14s} {'log Z':>16s}"
+    )
     for name in names:
         row = {
             "error_raw": stat(name, "raw", "error"),
@@ -265,11 +286,16 @@ def main() -> None:
         )
     summary["exact samples"] = {"error": stat("exact samples", "error"), "rms": stat("exact samples", "rms")}
     floor = summary["exact samples"]["error"]
-    print(f"{'exact':9s} {floor[0]:6.2f} +- {floor[1]:4.2f}  (exact samples, equal weights: the sampling floor of the metric)")
+    print(
+        f"{'exact':9s} {floor[0]:6.2f} +- {floor[1]:4.2f}  "
+        "(exact samples, equal weights: the sampling floor of the metric)"
+    )
     print(f"exact log Z = {target.log_Z:.4f}; paper: RNVP 1.44+-0.53 / 1.15+-0.41, RNVP+MC 1.51+-0.19 / 0.63+-0.11")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    args.out.write_text(json.dumps({"config": config, "exact_log_Z": target.log_Z, "summary": summary, "runs": runs}, indent=2))
+    args.out.write_text(
+        json.dumps({"config": config, "exact_log_Z": target.log_Z, "summary": summary, "runs": runs}, indent=2)
+    )
     print(f"wrote {args.out}")
 
 

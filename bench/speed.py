@@ -58,8 +58,9 @@ def build(library: str, kind: str, features: int, layers: int, bins: int, bound:
             features, transforms=layers, bins=bins, hidden=(hidden, hidden), coupling=coupling, bound=bound
         )
         return flow, flow.log_prob, lambda n: flow.sample((n,))
-    model = peers.nsf(library, features, transforms=layers, bins=bins, hidden=(hidden, hidden), bound=bound,
-                      coupling=coupling)
+    model = peers.nsf(
+        library, features, transforms=layers, bins=bins, hidden=(hidden, hidden), bound=bound, coupling=coupling
+    )
     return (model, *peers.interface(library, model))
 
 
@@ -125,8 +126,12 @@ def peak_memory(library, kind, features, args) -> float:
 
 def _forward_args(args) -> list[str]:
     return [
-        f"--layers={args.layers}", f"--bins={args.bins}", f"--bound={args.bound}", f"--hidden={args.hidden}",
-        f"--batch={args.batch}", f"--threads={args.threads}",
+        f"--layers={args.layers}",
+        f"--bins={args.bins}",
+        f"--bound={args.bound}",
+        f"--hidden={args.hidden}",
+        f"--batch={args.batch}",
+        f"--threads={args.threads}",
     ]
 
 
@@ -149,7 +154,7 @@ def time_config(kind: str, features: int, args) -> dict:
         repeats = args.repeats if slowest < 1.0 else min(args.repeats, 3)
         times: dict[str, list[float]] = {lib: [] for lib in libraries}
         for r in range(repeats):
-            order = libraries[r % len(libraries):] + libraries[: r % len(libraries)]
+            order = libraries[r % len(libraries) :] + libraries[: r % len(libraries)]
             for lib in order:
                 start = time.perf_counter()
                 for _ in range(iters):
@@ -181,8 +186,11 @@ def main() -> None:
         return
     torch.set_num_threads(args.threads)
 
-    report = {"settings": {k: v for k, v in vars(args).items() if k not in ("child", "out")},
-              "torch": torch.__version__, "configs": []}
+    report = {
+        "settings": {k: v for k, v in vars(args).items() if k not in ("child", "out")},
+        "torch": torch.__version__,
+        "configs": [],
+    }
     header = f"{'config':<20}{'op':<10}" + "".join(f"{lib:>12}" for lib in args.libraries) + f"{'best peer/fk':>14}"
     print(f"times in ms (median of {args.repeats} repeats), ratio = fastest peer time / flowkit time")
     print(header)
@@ -192,8 +200,12 @@ def main() -> None:
             memory = {} if args.no_memory else {lib: peak_memory(lib, kind, features, args) for lib in args.libraries}
             saved = {lib: saved_for_backward_mib(lib, kind, features, args) for lib in args.libraries}
             entry = {
-                "kind": kind, "features": features, "ms": res, "peak_train_mib": memory,
-                "saved_for_backward_mib": saved, "ratio": {},
+                "kind": kind,
+                "features": features,
+                "ms": res,
+                "peak_train_mib": memory,
+                "saved_for_backward_mib": saved,
+                "ratio": {},
             }
             rows = list(res.items()) + ([("mem MiB", memory)] if memory else []) + [("saved MiB", saved)]
             for op, row in rows:
@@ -203,7 +215,9 @@ def main() -> None:
                 if op not in ("mem MiB", "saved MiB"):
                     entry["ratio"][op] = {lib: t / row["flowkit"] for lib, t in peers.items()}
                 name = f"{kind[:4]} D={features}"
-                print(f"{name:<20}{op:<10}" + "".join(f"{row[lib]:>12.2f}" for lib in args.libraries) + f"{ratio:>14.2f}")
+                print(
+                    f"{name:<20}{op:<10}" + "".join(f"{row[lib]:>12.2f}" for lib in args.libraries) + f"{ratio:>14.2f}"
+                )
             report["configs"].append(entry)
             sys.stdout.flush()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -27,6 +27,7 @@ TARGETS = ("double-well", "many-well", "gmm", "phi4")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register the `flowkit boltzmann` subcommand."""
     parser = subparsers.add_parser(
         "boltzmann",
         help="train a Boltzmann generator on a target energy",
@@ -34,23 +35,35 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "write the model, metrics.json (ESS, log Z, IMH acceptance), history and plots.",
     )
     parser.add_argument("target", metavar="TARGET", choices=TARGETS, help=", ".join(TARGETS))
-    parser.add_argument("--estimator", default="fast", choices=["fast", "standard", "reparam"],
-                        help="reverse-KL gradient estimator (default fast)")
+    parser.add_argument(
+        "--estimator",
+        default="fast",
+        choices=["fast", "standard", "reparam"],
+        help="reverse-KL gradient estimator (default fast)",
+    )
     parser.add_argument("--steps", type=int, default=2000, help="optimisation steps (default 2000)")
     parser.add_argument("--batch-size", type=int, default=256, help="batch size (default 256)")
     parser.add_argument("--lr", type=float, default=1e-3, help="initial learning rate, cosine-decayed (default 1e-3)")
-    parser.add_argument("--flow", default="realnvp", choices=["realnvp", "nsf"], help="realnvp or nsf (coupling; default realnvp)")
+    parser.add_argument(
+        "--flow", default="realnvp", choices=["realnvp", "nsf"], help="realnvp or nsf (coupling; default realnvp)"
+    )
     parser.add_argument("--transforms", type=int, default=6, help="coupling layers (default 6)")
     parser.add_argument("--hidden", default="64,64", help="hidden sizes (default 64,64)")
-    parser.add_argument("--samples", type=int, default=0,
-                        help="exact target samples for the maximum-likelihood term (default 0: energy only)")
+    parser.add_argument(
+        "--samples",
+        type=int,
+        default=0,
+        help="exact target samples for the maximum-likelihood term (default 0: energy only)",
+    )
     parser.add_argument("--w-ml", type=float, default=1.0, help="weight of the ML term (default 1)")
     parser.add_argument("--w-kl", type=float, default=1.0, help="weight of the reverse-KL term (default 1)")
     parser.add_argument("--dim", type=int, default=32, help="many-well dimension (default 32)")
     parser.add_argument("--L", type=int, default=8, help="phi4 lattice size (default 8)")
     parser.add_argument("--m2", type=float, default=-4.0, help="phi4 mass squared (default -4)")
     parser.add_argument("--lam", type=float, default=8.0, help="phi4 coupling (default 8)")
-    parser.add_argument("--eval-samples", type=int, default=20_000, help="flow samples for ESS and log Z (default 20000)")
+    parser.add_argument(
+        "--eval-samples", type=int, default=20_000, help="flow samples for ESS and log Z (default 20000)"
+    )
     parser.add_argument("--imh-steps", type=int, default=10_000, help="length of the IMH chain (default 10000)")
     parser.add_argument("--seed", type=int, default=0, help="seed (default 0; also the GMM means)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
@@ -127,8 +140,16 @@ def train_boltzmann(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.out or Path("runs") / f"boltzmann-{args.target}")
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    history = fit(flow, objective, steps=args.steps, batch_size=args.batch_size, lr=args.lr, clip=10.0,
-                  progress=not args.no_progress, seed=args.seed)
+    history = fit(
+        flow,
+        objective,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        clip=10.0,
+        progress=not args.no_progress,
+        seed=args.seed,
+    )
     seconds = time.perf_counter() - start
     flow.eval()
     io.save(flow, out / "model")
@@ -195,7 +216,14 @@ def _plots(flow: Any, target: Any, x: Any, log_w: Any, chain: Any, out: Path) ->
         ax = fig.add_subplot()
         weights = torch.softmax(log_w, 0).numpy()
         ax.hist(x.double().mean((-1, -2)).numpy(), bins=50, density=True, alpha=0.5, label="flow")
-        ax.hist(x.double().mean((-1, -2)).numpy(), bins=50, density=True, weights=weights, histtype="step", label="reweighted")
+        ax.hist(
+            x.double().mean((-1, -2)).numpy(),
+            bins=50,
+            density=True,
+            weights=weights,
+            histtype="step",
+            label="reweighted",
+        )
         ax.hist(chain.double().mean((-1, -2)).numpy(), bins=50, density=True, histtype="step", label="IMH chain")
         ax.set(xlabel="magnetisation M", ylabel="density", title="magnetisation")
         ax.legend()
@@ -203,6 +231,7 @@ def _plots(flow: Any, target: Any, x: Any, log_w: Any, chain: Any, out: Path) ->
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run `flowkit boltzmann` for parsed arguments; returns the exit code."""
     metrics = train_boltzmann(args)
     exact = "" if metrics["log_Z_exact"] is None else f" (exact {metrics['log_Z_exact']:.4f})"
     print(

@@ -10,20 +10,27 @@ __all__ = ["add_parser", "run"]
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register the `flowkit check` subcommand."""
     parser = subparsers.add_parser(
         "check",
         help="run the correctness checks on a saved model",
-        description="Run flowkit.testing.check_flow (or check_bijector) on a saved model, in float64; exit code 1 on failure.",
+        description="Run flowkit.testing.check_flow (or check_bijector) on a saved model, in float64; "
+        "exit code 1 on failure.",
     )
     parser.add_argument("model", metavar="MODEL", help="model directory (e.g. runs/moons/model)")
     parser.add_argument("-n", type=int, default=2000, help="samples for the flow checks (default 2000)")
-    parser.add_argument("--atol", type=float, default=1e-6, help="tolerance of the pointwise comparisons (default 1e-6)")
-    parser.add_argument("--mass-tol", type=float, default=1e-2, help="tolerance on the total mass in 1-D/2-D (default 0.01)")
+    parser.add_argument(
+        "--atol", type=float, default=1e-6, help="tolerance of the pointwise comparisons (default 1e-6)"
+    )
+    parser.add_argument(
+        "--mass-tol", type=float, default=1e-2, help="tolerance on the total mass in 1-D/2-D (default 0.01)"
+    )
     parser.set_defaults(func=run)
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run `flowkit check` for parsed arguments; returns the exit code."""
     from .. import io
     from ..bijectors import Bijector
     from ..flows import Flow

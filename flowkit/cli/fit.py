@@ -23,15 +23,22 @@ _SINGLE_THREAD_FEATURES = 16
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register the `flowkit fit` subcommand."""
     parser = subparsers.add_parser(
         "fit",
         help="fit a flow to data (built-in name or CSV/NPY file)",
         description="Fit a flow to a dataset by maximum likelihood; write the model, metrics.json, history and plots.",
     )
-    parser.add_argument("data", metavar="DATA", help="built-in dataset (moons, circles, checkerboard, 8gaussians, "
-                        "pinwheel, spirals, rings, digits, power, gas, hepmass, miniboone, bsds300) or a .csv/.npy file")
+    parser.add_argument(
+        "data",
+        metavar="DATA",
+        help="built-in dataset (moons, circles, checkerboard, 8gaussians, "
+        "pinwheel, spirals, rings, digits, power, gas, hepmass, miniboone, bsds300) or a .csv/.npy file",
+    )
     parser.add_argument("--flow", default="nsf", help="nsf, nsf-coupling, realnvp or maf (default: nsf)")
-    parser.add_argument("--coupling", action="store_true", help="NSF with coupling layers instead of autoregressive ones")
+    parser.add_argument(
+        "--coupling", action="store_true", help="NSF with coupling layers instead of autoregressive ones"
+    )
     parser.add_argument("--transforms", type=int, default=None, help="number of layers (default 5; 8 for realnvp)")
     parser.add_argument("--hidden", default=None, help="hidden sizes, e.g. 128,128 (default 128,128; 64,64 for maf)")
     parser.add_argument("--bins", type=int, default=8, help="spline bins (nsf; default 8)")
@@ -39,11 +46,20 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=256, help="batch size (default 256)")
     parser.add_argument("--lr", type=float, default=1e-3, help="initial learning rate, cosine-decayed (default 1e-3)")
     parser.add_argument("--clip", type=float, default=5.0, help="gradient norm clip (default 5; 0 for none)")
-    parser.add_argument("--patience", type=int, default=None, help="stop after this many validations without improvement")
+    parser.add_argument(
+        "--patience", type=int, default=None, help="stop after this many validations without improvement"
+    )
     parser.add_argument("--no-standardize", action="store_true", help="do not standardise the data inside the model")
-    parser.add_argument("--root", default=None, help="data directory of the tabular benchmarks (default $FLOWKIT_DATA or ./data)")
+    parser.add_argument(
+        "--root", default=None, help="data directory of the tabular benchmarks (default $FLOWKIT_DATA or ./data)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of initialisation, data order and splits (default 0)")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: 1 for data with at most 16 features, else torch's choice)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads (default: 1 for data with at most 16 features, else torch's choice)",
+    )
     parser.add_argument("--out", default=None, help="output directory (default runs/<dataset>)")
     parser.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -161,6 +177,7 @@ def _plots(flow: Any, history: Any, data: Any, out: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run `flowkit fit` for parsed arguments; returns the exit code."""
     import torch
 
     threads = torch.get_num_threads()

@@ -12,6 +12,7 @@ _SUFFIXES = (".npy", ".csv")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register the `flowkit sample` subcommand."""
     parser = subparsers.add_parser(
         "sample",
         help="draw samples from a saved model",
@@ -27,6 +28,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run `flowkit sample` for parsed arguments; returns the exit code."""
     import numpy as np
     import torch
 
@@ -41,7 +43,9 @@ def run(args: argparse.Namespace) -> int:
     if not hasattr(model, "sample"):
         raise ValueError(f"{args.model} holds a {type(model).__name__}, which cannot be sampled (not a flow)")
     if getattr(model, "context_features", 0):
-        raise ValueError(f"{args.model} is a conditional flow ({model.context_features} context features); sample it from Python")
+        raise ValueError(
+            f"{args.model} is a conditional flow ({model.context_features} context features); sample it from Python"
+        )
     if args.seed is not None:
         torch.manual_seed(args.seed)
     model.eval()

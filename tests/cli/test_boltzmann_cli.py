@@ -10,8 +10,27 @@ from flowkit.cli import main
 
 def test_boltzmann_double_well_writes_model_metrics_and_plots(tmp_path):
     out = tmp_path / "dw"
-    code = main(["boltzmann", "double-well", "--steps", "20", "--samples", "500", "--transforms", "2", "--hidden", "16",
-                 "--eval-samples", "500", "--imh-steps", "200", "--out", str(out), "--no-progress"])
+    code = main(
+        [
+            "boltzmann",
+            "double-well",
+            "--steps",
+            "20",
+            "--samples",
+            "500",
+            "--transforms",
+            "2",
+            "--hidden",
+            "16",
+            "--eval-samples",
+            "500",
+            "--imh-steps",
+            "200",
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
+    )
     assert code == 0
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["steps"] == 20 and 0 < metrics["ess"] <= 1 and 0 <= metrics["imh_acceptance"] <= 1
@@ -23,8 +42,31 @@ def test_boltzmann_double_well_writes_model_metrics_and_plots(tmp_path):
 
 def test_boltzmann_phi4_lattice_plots(tmp_path):
     out = tmp_path / "phi4"
-    code = main(["boltzmann", "phi4", "--L", "4", "--m2", "1", "--lam", "0", "--steps", "5", "--transforms", "2",
-                 "--hidden", "8", "--eval-samples", "300", "--imh-steps", "100", "--out", str(out), "--no-progress"])
+    code = main(
+        [
+            "boltzmann",
+            "phi4",
+            "--L",
+            "4",
+            "--m2",
+            "1",
+            "--lam",
+            "0",
+            "--steps",
+            "5",
+            "--transforms",
+            "2",
+            "--hidden",
+            "8",
+            "--eval-samples",
+            "300",
+            "--imh-steps",
+            "100",
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
+    )
     assert code == 0
     assert {"configurations.png", "magnetization.png"} <= {p.name for p in out.iterdir()}
     assert json.loads((out / "metrics.json").read_text())["event_shape"] == [4, 4]

@@ -72,10 +72,29 @@ def test_fit_a_csv_file_and_digits_bits_per_dim(tmp_path):
     x = np.random.default_rng(0).normal(size=(300, 3)) * [1, 10, 100]
     lines = ["a,b,c"] + [",".join(map(str, row)) for row in x]
     (tmp_path / "d.csv").write_text("\n".join(lines))
-    assert main(["fit", str(tmp_path / "d.csv"), "--flow", "maf", "--steps", "5", "--out", str(tmp_path / "r"), "--no-plots", *SMALL]) == 0
+    assert (
+        main(
+            [
+                "fit",
+                str(tmp_path / "d.csv"),
+                "--flow",
+                "maf",
+                "--steps",
+                "5",
+                "--out",
+                str(tmp_path / "r"),
+                "--no-plots",
+                *SMALL,
+            ]
+        )
+        == 0
+    )
     metrics = json.loads((tmp_path / "r" / "metrics.json").read_text())
     assert metrics["features"] == 3 and "test_bits_per_dim" not in metrics
-    assert main(["fit", "digits", "--flow", "realnvp", "--steps", "3", "--out", str(tmp_path / "g"), "--no-plots", *SMALL]) == 0
+    assert (
+        main(["fit", "digits", "--flow", "realnvp", "--steps", "3", "--out", str(tmp_path / "g"), "--no-plots", *SMALL])
+        == 0
+    )
     metrics = json.loads((tmp_path / "g" / "metrics.json").read_text())
     expected = (metrics["test_nll"] + 64 * math.log(17)) / (64 * math.log(2))
     assert metrics["test_bits_per_dim"] == pytest.approx(expected)
@@ -104,27 +123,58 @@ def test_bad_input_gives_one_line_errors_and_exit_code_2(tmp_path, capsys, moons
     assert "hidden sizes must be integers" in _error(capsys, ["fit", "moons", "--hidden", "a,b", *out])
     assert "hidden sizes must be integers" in _error(capsys, ["fit", "moons", "--hidden", "12,x", *out])
     assert "--steps must be a positive integer" in _error(capsys, ["fit", "moons", *out, "--steps", "0"])
-    assert "missing power/data.npy" in _error(capsys, ["fit", "power", "--root", str(tmp_path), *out]).replace(str(tmp_path) + "/", "")
+    assert "missing power/data.npy" in _error(capsys, ["fit", "power", "--root", str(tmp_path), *out]).replace(
+        str(tmp_path) + "/", ""
+    )
     model = str(moons_run / "model")
     assert "--out must end in .npy or .csv" in _error(capsys, ["sample", model, "--out", str(tmp_path / "s.txt")])
-    assert "-n must be a positive integer" in _error(capsys, ["sample", model, "-n", "0", "--out", str(tmp_path / "s.npy")])
-    assert "no such model directory" in _error(capsys, ["sample", str(tmp_path / "nomodel"), "--out", str(tmp_path / "s.npy")])
+    assert "-n must be a positive integer" in _error(
+        capsys, ["sample", model, "-n", "0", "--out", str(tmp_path / "s.npy")]
+    )
+    assert "no such model directory" in _error(
+        capsys, ["sample", str(tmp_path / "nomodel"), "--out", str(tmp_path / "s.npy")]
+    )
     assert "no such model directory" in _error(capsys, ["check", str(tmp_path / "nomodel")])
     assert "unknown model 'torch-nsf'" in _error(capsys, ["bench", "likelihood", "--models", "torch-nsf"])
-    assert "no datasets to run" in _error(capsys, ["bench", "likelihood", "--datasets", "tabular", "--root", str(tmp_path)])
-    assert "unknown dataset 'nosuch'" in _error(capsys, ["bench", "likelihood", "--datasets", "moons,nosuch", "--steps", "1"])
+    assert "no datasets to run" in _error(
+        capsys, ["bench", "likelihood", "--datasets", "tabular", "--root", str(tmp_path)]
+    )
+    assert "unknown dataset 'nosuch'" in _error(
+        capsys, ["bench", "likelihood", "--datasets", "moons,nosuch", "--steps", "1"]
+    )
     assert "--threads must be a positive integer" in _error(capsys, ["bench", "likelihood", "--threads", "-1"])
     assert "--atol must be a positive number" in _error(capsys, ["check", model, "--atol", "-1"])
     assert "--mass-tol must be a positive number" in _error(capsys, ["check", model, "--mass-tol", "nan"])
     (tmp_path / "a_file").write_text("")
-    assert "a_file" in _error(capsys, ["fit", "moons", "--steps", "1", "--no-plots", "--no-progress", "--out", str(tmp_path / "a_file" / "run")])
+    assert "a_file" in _error(
+        capsys,
+        ["fit", "moons", "--steps", "1", "--no-plots", "--no-progress", "--out", str(tmp_path / "a_file" / "run")],
+    )
     assert "a_file" in _error(capsys, ["sample", model, "-n", "2", "--out", str(tmp_path / "a_file" / "s.npy")])
 
 
 def test_bench_likelihood_writes_valid_json_with_one_seed(tmp_path):
     out = tmp_path / "b.json"
-    argv = ["bench", "likelihood", "--datasets", "moons", "--models", "flowkit-maf", "--steps", "2", "--seeds", "1",
-            "--n-train", "200", "--transforms", "1", "--hidden", "4", "--out", str(out)]
+    argv = [
+        "bench",
+        "likelihood",
+        "--datasets",
+        "moons",
+        "--models",
+        "flowkit-maf",
+        "--steps",
+        "2",
+        "--seeds",
+        "1",
+        "--n-train",
+        "200",
+        "--transforms",
+        "1",
+        "--hidden",
+        "4",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     text = out.read_text()
     assert "NaN" not in text
