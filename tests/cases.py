@@ -85,7 +85,10 @@ BIJECTORS: dict[str, Case] = {
     "LULinear": lambda: (randomize(LULinear(4)), torch.randn(5, 4)),
     # normalization
     "ActNorm": lambda: (_initialised(ActNorm(3), torch.randn(64, 3) * 2 + 1), torch.randn(5, 3)),
-    "ActNorm(image)": lambda: (_initialised(ActNorm((2, 3, 3)), torch.randn(16, 2, 3, 3) * 3 - 1), torch.randn(5, 2, 3, 3)),
+    "ActNorm(image)": lambda: (
+        _initialised(ActNorm((2, 3, 3)), torch.randn(16, 2, 3, 3) * 3 - 1),
+        torch.randn(5, 2, 3, 3),
+    ),
     # coupling
     "AffineCoupling": lambda: (randomize(AffineCoupling(5, hidden=(16,))), torch.randn(6, 5)),
     "AffineCoupling(context)": lambda: (
@@ -131,7 +134,9 @@ BIJECTORS: dict[str, Case] = {
         1.5 * torch.randn(6, 4),
     ),
     "MaskedSplineAutoregressive(context, residual)": lambda: (
-        randomize(MaskedSplineAutoregressive(3, bins=4, bound=2.0, hidden=(12, 12), context=2, residual=True), scale=0.2),
+        randomize(
+            MaskedSplineAutoregressive(3, bins=4, bound=2.0, hidden=(12, 12), context=2, residual=True), scale=0.2
+        ),
         1.5 * torch.randn(6, 3),
     ),
     "MaskedAutoregressive(1 feature, context)": lambda: (
@@ -210,7 +215,7 @@ def public_subclasses(base: type) -> set[type]:
 
 
 def missing_cases(base: type, builders: dict[str, Callable[[], object]]) -> list[str]:
-    """Names of the concrete public subclasses of ``base`` of which no builder makes an instance of exactly that type."""
+    """Names of the concrete public subclasses of ``base`` of which no builder makes an instance of that exact type."""
     built = set()
     for build in builders.values():
         with torch.random.fork_rng():

@@ -296,14 +296,18 @@ def test_snf_training_decreases_the_loss(objective):
 
 def test_float32_sampling_with_weights():
     target = DiagNormal(2, loc=1.0, scale=0.5, trainable=False)
-    flow = StochasticFlow([MetropolisBlock(target, 1.0, n_steps=3), LangevinBlock(target, 0.5, n_steps=2)], StandardNormal(2))
+    flow = StochasticFlow(
+        [MetropolisBlock(target, 1.0, n_steps=3), LangevinBlock(target, 0.5, n_steps=2)], StandardNormal(2)
+    )
     x, log_w = flow.sample_with_log_weights(100, target)
     assert x.dtype == torch.float32 and log_w.dtype == torch.float32 and torch.isfinite(log_w).all()
 
 
 def test_save_and_load_round_trip(tmp_path):
     target = DiagNormal(2, loc=1.0, scale=0.5, trainable=False)
-    flow = StochasticFlow([MetropolisBlock(target, 0.7, n_steps=3, step_size=0.4), AffineCoupling(2, hidden=(4,))], StandardNormal(2))
+    flow = StochasticFlow(
+        [MetropolisBlock(target, 0.7, n_steps=3, step_size=0.4), AffineCoupling(2, hidden=(4,))], StandardNormal(2)
+    )
     flowkit.io.save(flow, tmp_path / "snf")
     loaded = flowkit.io.load(tmp_path / "snf")
     block = loaded.layers[0]

@@ -6,9 +6,9 @@ import pytest
 import torch
 from cases import TRANSFORMERS, missing_cases
 
-from flowkit.transformers import CircularSpline, RationalQuadraticSpline, Transformer
 from flowkit.train import score_rules
 from flowkit.train.score_rules import _with_ladj_derivative, forward_and_ladj_derivative
+from flowkit.transformers import CircularSpline, RationalQuadraticSpline, Transformer
 
 
 def test_every_public_transformer_has_a_case():
@@ -34,7 +34,7 @@ def test_ladj_derivative_matches_autograd(name, direction):
     closed_form = getattr(score_rules, f"{direction}_and_ladj_derivative")(transformer, x, params)
     by_autograd = _with_ladj_derivative(getattr(transformer, direction), x, params)
     assert closed_form[2].grad_fn is None
-    for got, expected in zip(closed_form, by_autograd):
+    for got, expected in zip(closed_form, by_autograd, strict=True):
         torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-9)
     if isinstance(transformer, RationalQuadraticSpline):
         assert float(closed_form[2].abs().max()) > 0.1  # the check is not vacuous
