@@ -112,7 +112,7 @@ def test_mixed_precision_model_keeps_each_dtype(tmp_path):
     model.bijector[0].double()
     flowkit.io.save(model, tmp_path / "m")
     loaded = flowkit.io.load(tmp_path / "m")
-    for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items()):
+    for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items(), strict=True):
         assert a.dtype == b.dtype and torch.equal(a, b), name
 
 
