@@ -42,22 +42,12 @@ def _pop(args: dict[str, Any], **defaults: Any) -> list[Any]:
     return [args.pop(name, default) for name, default in defaults.items()]
 
 
-def _coupling(transformer: Callable[[dict[str, Any]], Config]) -> Callable[[Config], Config]:
-    """A coupling factory's config (the old thin subclass) as a `Coupling` with that transformer."""
+def _with_transformer(cls: str, transformer: Callable[[dict[str, Any]], Config]) -> Callable[[Config], Config]:
+    """An old thin subclass's config as `cls` (`Coupling` or `MaskedAutoregressive`) with that transformer."""
 
     def rewrite(config: Config) -> Config:
         args = dict(config["args"])
-        return _node("Coupling", transformer=transformer(args), **args)
-
-    return rewrite
-
-
-def _autoregressive(transformer: Callable[[dict[str, Any]], Config]) -> Callable[[Config], Config]:
-    """An autoregressive factory's config (the old thin subclass) as a `MaskedAutoregressive` with that transformer."""
-
-    def rewrite(config: Config) -> Config:
-        args = dict(config["args"])
-        return _node("MaskedAutoregressive", transformer=transformer(args), **args)
+        return _node(cls, transformer=transformer(args), **args)
 
     return rewrite
 
@@ -100,20 +90,22 @@ def _circular_coupling(config: Config) -> Config:
 
 #: The rewrites, applied to every node of a config (children first).
 RULES: list[Rule] = [
-    Rule("AffineCoupling -> Coupling(Affine)", "AffineCoupling", _coupling(_affine)),
-    Rule("SplineCoupling -> Coupling(RationalQuadraticSpline)", "SplineCoupling", _coupling(_spline)),
+    Rule("AffineCoupling -> Coupling(Affine)", "AffineCoupling", _with_transformer("Coupling", _affine)),
+    Rule(
+        "SplineCoupling -> Coupling(RationalQuadraticSpline)", "SplineCoupling", _with_transformer("Coupling", _spline)
+    ),
     Rule(
         "CircularSplineCoupling -> Coupling(CircularSpline, periodic MLP)", "CircularSplineCoupling", _circular_coupling
     ),
     Rule(
         "MaskedAffineAutoregressive -> MaskedAutoregressive(Affine)",
         "MaskedAffineAutoregressive",
-        _autoregressive(_affine),
+        _with_transformer("MaskedAutoregressive", _affine),
     ),
     Rule(
         "MaskedSplineAutoregressive -> MaskedAutoregressive(RationalQuadraticSpline)",
         "MaskedSplineAutoregressive",
-        _autoregressive(_spline),
+        _with_transformer("MaskedAutoregressive", _spline),
     ),
 ]
 
