@@ -4,7 +4,8 @@
 [`migrate`][flowkit._legacy.migrate] before building it. Each
 [`Rule`][flowkit._legacy.Rule] names what it rewrites and maps one node
 `{"class": name, "args": {...}}` to a node in today's format; the weights
-are untouched, so a rule must lead to a model with the same state-dict keys.
+are untouched, so a rule must lead to a model with the same state-dict keys (or one that renames
+them as it loads).
 """
 
 from __future__ import annotations
@@ -88,6 +89,21 @@ def _circular_coupling(config: Config) -> Config:
     return _node("Coupling", transformer=_node("CircularSpline", bins=bins), **args, conditioner=conditioner)
 
 
+_STOCHASTIC_BLOCKS = ("MetropolisBlock", "LangevinBlock")
+
+
+def _stochastic_flow(config: Config) -> Config:
+    """A `Flow` over a `Chain` holding stochastic blocks (before 2026-12) as a `StochasticFlow` of the chain's layers.
+
+    The weights' keys `bijector.layers.i` are renamed by `StochasticFlow` when they load.
+    """
+    bijector = config["args"].get("bijector")
+    layers = bijector["args"].get("*bijectors") if _is_node(bijector) and bijector["class"] == "Chain" else None
+    if not isinstance(layers, list) or not any(_is_node(v) and v["class"] in _STOCHASTIC_BLOCKS for v in layers):
+        return config
+    return _node("StochasticFlow", layers=layers, base=config["args"].get("base"))
+
+
 #: The rewrites, applied to every node of a config (children first).
 RULES: list[Rule] = [
     Rule("AffineCoupling -> Coupling(Affine)", "AffineCoupling", _with_transformer("Coupling", _affine)),
@@ -107,6 +123,7 @@ RULES: list[Rule] = [
         "MaskedSplineAutoregressive",
         _with_transformer("MaskedAutoregressive", _spline),
     ),
+    Rule("Flow(Chain with stochastic blocks) -> StochasticFlow", "Flow", _stochastic_flow),
 ]
 
 

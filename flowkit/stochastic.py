@@ -328,6 +328,7 @@ class StochasticFlow(Configurable, nn.Module):
         self.layers = nn.ModuleList(layers)
         self.base = base
         self.context_features = contexts.pop() if contexts else 0
+        self.register_load_state_dict_pre_hook(_rename_chain_keys)
 
     @property
     def event_shape(self) -> torch.Size:
@@ -430,3 +431,10 @@ class StochasticFlow(Configurable, nn.Module):
     def auxiliary_loss(self) -> Tensor | None:
         """Regularisers of the layers (`None` when there are none)."""
         return auxiliary_loss(self.layers)
+
+
+def _rename_chain_keys(module: nn.Module, state: dict[str, Tensor], prefix: str, *args: Any) -> None:
+    """Weights saved before 2026-12 held a stochastic flow as a `Flow` over a `Chain`: `bijector.layers.i` is `layers.i`."""
+    old = f"{prefix}bijector.layers."
+    for key in [k for k in state if k.startswith(old)]:
+        state[f"{prefix}layers.{key[len(old):]}"] = state.pop(key)

@@ -112,13 +112,13 @@ class Elementwise(Bijector):
         """First guess of the inverse (default: the middle of the bracket)."""
         return None
 
-    def call(self, x, context=None):
+    def call(self, x: Tensor, context: Tensor | None = None) -> Tensor:
         return self._f(x)
 
-    def forward(self, x, context=None):
+    def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         return self._f(x), sum_event(self._log_df(x), self.event_dims)
 
-    def inverse(self, z, context=None):
+    def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         low, high = self._bracket(z)
         df = lambda t: self._log_df(t).exp()  # noqa: E731
         x = monotone_inverse(self._f, df, z, low, high, self.newton_iterations, self._start(z, low, high))
@@ -252,17 +252,17 @@ class Logit(Bijector):
     def _squeeze(self, x: Tensor) -> Tensor:
         return self.alpha + (1 - 2 * self.alpha) * x
 
-    def call(self, x, context=None):
+    def call(self, x: Tensor, context: Tensor | None = None) -> Tensor:
         p = self._squeeze(x)
         return torch.log(p) - torch.log1p(-p)
 
-    def forward(self, x, context=None):
+    def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         p = self._squeeze(x)
         z = torch.log(p) - torch.log1p(-p)
         ladj = math.log(1 - 2 * self.alpha) - torch.log(p) - torch.log1p(-p)
         return z, sum_event(ladj, self.event_dims)
 
-    def inverse(self, z, context=None):
+    def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         x = (torch.sigmoid(z) - self.alpha) / (1 - 2 * self.alpha)
         # log|dx/dz| = log sigmoid(z) + log sigmoid(-z) - log(1 - 2 alpha)
         ladj = F.logsigmoid(z) + F.logsigmoid(-z) - math.log(1 - 2 * self.alpha)

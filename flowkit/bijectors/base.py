@@ -35,7 +35,7 @@ def _checked(method: Callable, name: str) -> Callable:
     def wrapper(self: Bijector, x: Tensor, context: Tensor | None = None, **kwargs: Any):
         with outermost() as check:
             if check:
-                check_point(self, x, context, direction, f"{type(self).__name__}.{name}")
+                check_point(self, x, context, direction, f"{self._get_name()}.{name}")
             return method(self, x, context, **kwargs)
 
     wrapper._flowkit_checked = True  # type: ignore[attr-defined]
@@ -163,26 +163,26 @@ class Chain(Bijector):
     def _ladj_zero(self, x: Tensor, event_shape: torch.Size) -> Tensor:
         return x.new_zeros(x.shape[: x.dim() - len(event_shape)])
 
-    def forward(self, x, context=None):
+    def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         total = self._ladj_zero(x, self.event_shape)
         for layer in self.layers:
             x, ladj = layer(x, context)
             total = total + ladj
         return x, total
 
-    def inverse(self, z, context=None):
+    def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         total = self._ladj_zero(z, self.latent_shape)
         for layer in reversed(self.layers):
             z, ladj = layer.inverse(z, context)
             total = total + ladj
         return z, total
 
-    def call(self, x, context=None):
+    def call(self, x: Tensor, context: Tensor | None = None) -> Tensor:
         for layer in self.layers:
             x = layer.call(x, context)
         return x
 
-    def inverse_call(self, z, context=None):
+    def inverse_call(self, z: Tensor, context: Tensor | None = None) -> Tensor:
         for layer in reversed(self.layers):
             z = layer.inverse_call(z, context)
         return z
@@ -208,16 +208,16 @@ class Invert(Bijector):
         self.context_features = bijector.context_features
         self.ladj_is_constant = bijector.ladj_is_constant
 
-    def forward(self, x, context=None):
+    def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         return self.bijector.inverse(x, context)
 
-    def inverse(self, z, context=None):
+    def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         return self.bijector(z, context)
 
-    def call(self, x, context=None):
+    def call(self, x: Tensor, context: Tensor | None = None) -> Tensor:
         return self.bijector.inverse_call(x, context)
 
-    def inverse_call(self, z, context=None):
+    def inverse_call(self, z: Tensor, context: Tensor | None = None) -> Tensor:
         return self.bijector.call(z, context)
 
     def extra_repr(self) -> str:
@@ -243,11 +243,11 @@ class Reshape(Bijector):
                 f"Reshape: {tuple(self.event_shape)} and {tuple(self.latent_shape)} hold different numbers of elements"
             )
 
-    def forward(self, x, context=None):
+    def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         batch = x.shape[: x.dim() - len(self.event_shape)]
         return x.reshape(*batch, *self.latent_shape), x.new_zeros(batch)
 
-    def inverse(self, z, context=None):
+    def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         batch = z.shape[: z.dim() - len(self.latent_shape)]
         return z.reshape(*batch, *self.event_shape), z.new_zeros(batch)
 

@@ -49,18 +49,18 @@ class Linear(Bijector):
         """``log|det W|`` (a scalar)."""
         return torch.linalg.slogdet(self.weight)[1]
 
-    def call(self, x, context=None):
+    def call(self, x: Tensor, context: Tensor | None = None) -> Tensor:
         return F.linear(x, self.weight, self.bias)
 
-    def forward(self, x, context=None):
+    def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         return self.call(x), self.log_abs_det().expand(x.shape[:-1])
 
-    def inverse_call(self, z, context=None):
+    def inverse_call(self, z: Tensor, context: Tensor | None = None) -> Tensor:
         if self.bias is not None:
             z = z - self.bias
         return torch.linalg.solve(self.weight, z.unsqueeze(-1)).squeeze(-1)
 
-    def inverse(self, z, context=None):
+    def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         return self.inverse_call(z), -self.log_abs_det().expand(z.shape[:-1])
 
 
@@ -109,13 +109,13 @@ class LULinear(Bijector):
     def log_abs_det(self) -> Tensor:
         return self.log_diag.sum()
 
-    def call(self, x, context=None):
+    def call(self, x: Tensor, context: Tensor | None = None) -> Tensor:
         return F.linear(x, self.weight, self.bias)
 
-    def forward(self, x, context=None):
+    def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         return self.call(x), self.log_abs_det().expand(x.shape[:-1])
 
-    def inverse_call(self, z, context=None):
+    def inverse_call(self, z: Tensor, context: Tensor | None = None) -> Tensor:
         if self.bias is not None:
             z = z - self.bias
         lower, upper = self._factors()
@@ -124,5 +124,5 @@ class LULinear(Bijector):
         x = torch.linalg.solve_triangular(upper, y, upper=True)
         return x.T.reshape(z.shape)
 
-    def inverse(self, z, context=None):
+    def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         return self.inverse_call(z), -self.log_abs_det().expand(z.shape[:-1])

@@ -61,15 +61,15 @@ class ActNorm(Bijector):
     def log_abs_det(self) -> Tensor:
         return -self._positions * self.log_scale.sum()
 
-    def call(self, x, context=None):
+    def call(self, x: Tensor, context: Tensor | None = None) -> Tensor:
         if self.training and not self._initialized:
             self._initialize(x)
         return (x - self.loc) * torch.exp(-self.log_scale)
 
-    def forward(self, x, context=None):
+    def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         z = self.call(x)
         return z, self.log_abs_det().expand(x.shape[: x.dim() - len(self.event_shape)])
 
-    def inverse(self, z, context=None):
+    def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         x = z * torch.exp(self.log_scale) + self.loc
         return x, (-self.log_abs_det()).expand(z.shape[: z.dim() - len(self.event_shape)])

@@ -35,13 +35,13 @@ class Permutation(Bijector):
     def inverse_perm(self) -> Tensor:
         return torch.argsort(self.perm)
 
-    def forward(self, x, context=None):
+    def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         return x[..., self.perm], x.new_zeros(x.shape[:-1])
 
-    def inverse(self, z, context=None):
+    def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         return z[..., self.inverse_perm], z.new_zeros(z.shape[:-1])
 
-    def call(self, x, context=None):
+    def call(self, x: Tensor, context: Tensor | None = None) -> Tensor:
         return x[..., self.perm]
 
 
@@ -56,5 +56,5 @@ class Reverse(Permutation):
         super().__init__(features, seed=0)
 
     @staticmethod
-    def _make(features, generator):
+    def _make(features: int, generator: torch.Generator | None) -> Tensor:
         return torch.arange(features - 1, -1, -1)

@@ -90,10 +90,10 @@ class Standardization(Bijector):
     def _ladj(self, batch: torch.Size) -> Tensor:
         return (-self.scale.log().sum()).expand(batch)
 
-    def forward(self, x, context=None):
+    def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         return (x - self.loc) / self.scale, self._ladj(x.shape[:-1])
 
-    def inverse(self, z, context=None):
+    def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         return z * self.scale + self.loc, -self._ladj(z.shape[:-1])
 
     def extra_repr(self) -> str:

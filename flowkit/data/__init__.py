@@ -15,7 +15,7 @@ Examples:
 from __future__ import annotations
 
 import os
-from pathlib import Path
+import pathlib
 
 from .digits import DIGITS_LEVELS, DequantizedDataset, bits_per_dim, dequantize, digits
 from .evaluation import NLL, evaluate_nll, log_prob_batched
@@ -83,7 +83,7 @@ def load(name_or_path: str | os.PathLike, *, root: str | os.PathLike | None = No
         return digits(seed)
     if key in TABULAR_DATASETS:
         return tabular(key, root)
-    path = Path(text)
+    path = pathlib.Path(text)
     if path.suffix.lower() in FILE_SUFFIXES or path.exists():
         return file_splits(path, seed=seed)
     raise ValueError(f"unknown dataset {text!r}: not a built-in name ({', '.join(names())}) nor a .csv/.npy file")

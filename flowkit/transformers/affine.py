@@ -37,13 +37,13 @@ class Affine(Transformer):
         shift, raw = params.unbind(-1)
         return shift, self.clamp * torch.tanh(raw / self.clamp)
 
-    def forward(self, x, params):
+    def forward(self, x: Tensor, params: Tensor) -> tuple[Tensor, Tensor]:
         shift, log_scale = self._shift_log_scale(params)
         return x * torch.exp(log_scale) + shift, log_scale
 
-    def inverse(self, y, params):
+    def inverse(self, y: Tensor, params: Tensor) -> tuple[Tensor, Tensor]:
         shift, log_scale = self._shift_log_scale(params)
         return (y - shift) * torch.exp(-log_scale), -log_scale
 
-    def identity_params(self):
+    def identity_params(self) -> Tensor:
         return torch.zeros(2)

@@ -103,8 +103,10 @@ def _knots(
         unnormalized_bins: widths and heights stacked, `(..., 2, K)`.
         derivatives: constrained derivatives at all `K + 1` knots, `(..., K + 1)`
             (returned as they are).
-        low, high: the spline's (co)domain `[low, high]` on both axes.
-        min_bin_width, min_bin_height: the minimum bin sizes as fractions of `high - low`.
+        low: lower end of the spline's (co)domain `[low, high]` on both axes.
+        high: upper end of that interval.
+        min_bin_width: the minimum bin width as a fraction of `high - low`.
+        min_bin_height: the minimum bin height, likewise.
 
     With `e = exp(logits)` and `C` its cumulative sum, knot `k >= 1` sits at
     `low + span ((1 - K m) C_k / C_K + k m)`: the cumulative softmax, with the
@@ -173,7 +175,9 @@ def _dlog_dx(terms: tuple[Tensor, ...], dp: Tensor) -> Tensor:
     return (dp / p - 2 * c * (one_m_xi - xi) / den) / w
 
 
-def _bin_vjp(terms: tuple[Tensor, ...], dp: Tensor, d0: Tensor, d1: Tensor, g_y: Tensor, g_log: Tensor) -> tuple[Tensor, ...]:
+def _bin_vjp(
+    terms: tuple[Tensor, ...], dp: Tensor, d0: Tensor, d1: Tensor, g_y: Tensor, g_log: Tensor
+) -> tuple[Tensor, ...]:
     """Pull the cotangents of `(y, log dy/dx)` back to `(x, x0, x1, y0, y1, d0, d1)` (reverse mode by hand)."""
     w, h, s, c, xi, one_m_xi, q, den, n, p = terms
     one_m_2xi = one_m_xi - xi
@@ -373,16 +377,15 @@ def unconstrained_rqs(
     _check_minimums(bins, min_bin_width, min_bin_height, min_derivative)
     if unnormalized_heights.shape[-1] != bins or unnormalized_derivatives.shape[-1] != bins - 1:
         raise ValueError(
-            f"unconstrained_rqs: expected K widths, K heights and K - 1 derivatives, got "
-            f"{unnormalized_widths.shape[-1]}, {unnormalized_heights.shape[-1]} and {unnormalized_derivatives.shape[-1]}"
+            "unconstrained_rqs: expected K widths, K heights and K - 1 derivatives, got "
+            f"{unnormalized_widths.shape[-1]}, {unnormalized_heights.shape[-1]} "
+            f"and {unnormalized_derivatives.shape[-1]}"
         )
     bound = float(bound)
     batch = torch.broadcast_shapes(
         x.shape, unnormalized_widths.shape[:-1], unnormalized_heights.shape[:-1], unnormalized_derivatives.shape[:-1]
     )
-    bins_wh = torch.stack(
-        [unnormalized_widths.expand(*batch, bins), unnormalized_heights.expand(*batch, bins)], dim=-2
-    )
+    bins_wh = torch.stack([unnormalized_widths.expand(*batch, bins), unnormalized_heights.expand(*batch, bins)], dim=-2)
     derivatives = _linear_tail_derivatives(unnormalized_derivatives.expand(*batch, bins - 1), min_derivative)
     knots = _knots(bins_wh, derivatives, -bound, bound, min_bin_width, min_bin_height)
     x = x.expand(batch)
@@ -452,7 +455,7 @@ class RationalQuadraticSpline(Transformer):
     def inverse(self, y: Tensor, params: Tensor) -> tuple[Tensor, Tensor]:
         return self._map(y, params, True, False)[:2]
 
-    def identity_params(self):
+    def identity_params(self) -> Tensor:
         params = torch.zeros(self.params_per_element)
         params[2 * self.bins :] = _identity_derivative(self.min_derivative)
         return params
@@ -504,7 +507,12 @@ class CircularSpline(Transformer):
         derivatives = _softplus(params[..., 2 * k : 3 * k]) + self.min_derivative
         derivatives = torch.cat([derivatives[..., -1:], derivatives], dim=-1)
         knots = _knots(
-            params[..., : 2 * k].unflatten(-1, (2, k)), derivatives, -math.pi, math.pi, self.min_bin_width, self.min_bin_height
+            params[..., : 2 * k].unflatten(-1, (2, k)),
+            derivatives,
+            -math.pi,
+            math.pi,
+            self.min_bin_width,
+            self.min_bin_height,
         )
         return knots, params[..., 3 * k]
 
@@ -521,13 +529,13 @@ class CircularSpline(Transformer):
         out, ladj, _, d = _spline(x, knots, -math.pi, math.pi, False, derivative)
         return self._wrap(out + shift), ladj, d
 
-    def forward(self, x, params):
+    def forward(self, x: Tensor, params: Tensor) -> tuple[Tensor, Tensor]:
         return self._map(x, params, False, False)[:2]
 
-    def inverse(self, y, params):
+    def inverse(self, y: Tensor, params: Tensor) -> tuple[Tensor, Tensor]:
         return self._map(y, params, True, False)[:2]
 
-    def identity_params(self):
+    def identity_params(self) -> Tensor:
         params = torch.zeros(self.params_per_element)
         params[2 * self.bins : 3 * self.bins] = _identity_derivative(self.min_derivative)
         return params
