@@ -1,7 +1,6 @@
 """flowkit: normalizing flows in PyTorch, with the checks that make them trustworthy."""
 
-from . import bijectors, data, distributions, flows, io, testing, transformers
-from . import sampling, stochastic, targets, train
+from . import bijectors, data, distributions, flows, io, sampling, stochastic, targets, testing, train, transformers
 from ._validation import set_validation
 from .flows import Flow
 

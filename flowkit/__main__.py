@@ -1,3 +1,5 @@
+"""`python -m flowkit`: the command line."""
+
 import sys
 
 from .cli import main

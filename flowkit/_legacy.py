@@ -1,8 +1,8 @@
 """Rewrite model configs saved by older flowkit versions into today's format.
 
 [`flowkit.io.load`][flowkit.io.load] passes every config through
-[`migrate`][flowkit._legacy.migrate] before building it. Each
-[`Rule`][flowkit._legacy.Rule] names what it rewrites and maps one node
+`migrate` before building it. Each
+`Rule` names what it rewrites and maps one node
 `{"class": name, "args": {...}}` to a node in today's format; the weights
 are untouched, so a rule must lead to a model with the same state-dict keys (or one that renames
 them as it loads).

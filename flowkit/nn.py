@@ -160,7 +160,7 @@ class MLP(Conditioner, nn.Sequential):
         context: number of context features, concatenated to the (embedded) input.
         periodic: embed the inputs as $(\cos x, \sin x)$.
 
-    Example:
+    Examples:
         >>> import torch
         >>> net = MLP(3, 4, hidden=(8,), context=2)
         >>> net(torch.randn(5, 3), torch.randn(2)).shape

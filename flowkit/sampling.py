@@ -62,7 +62,7 @@ def importance_sample(flow: Any, target: Target, n: int, batch_size: int = 10_00
     [`StochasticFlow`][flowkit.stochastic.StochasticFlow] (the same estimator of Z).
 
     Arguments:
-        flow: a [`Flow`][flowkit.Flow] with the target's event shape.
+        flow: a [`Flow`][flowkit.flows.Flow] with the target's event shape.
         target: the [`Target`][flowkit.targets.Target].
         n: number of samples.
         batch_size: samples drawn per pass (bounds memory).

@@ -4,37 +4,43 @@ A stochastic normalizing flow (Wu, Köhler & Noé 2020) chains deterministic
 bijectors with *stochastic* blocks: a few steps of a Markov chain that targets
 the interpolated energy
 
-.. math:: u_\lambda(y) = (1 - \lambda)\, u_Z(y) + \lambda\, u_X(y),
+$$
+u_\lambda(y) = (1 - \lambda)\, u_Z(y) + \lambda\, u_X(y),
+$$
 
-where :math:`u_Z` is the prior's energy (``base``) and :math:`u_X` the
+where $u_Z$ is the prior's energy (`base`) and $u_X$ the
 target's. Such a block has no density to push forward; instead it returns the
 *path-weight increment*
 
-.. math:: \Delta S = \log \tilde q(y' \to y) - \log q(y \to y'),
+$$
+\Delta S = \log \tilde q(y' \to y) - \log q(y \to y'),
+$$
 
 the log ratio of the backward to the forward transition density of the move
-``y -> y'`` it just made. :math:`\Delta S` plays the role of a
-log-determinant: along the sampling path ``z = y_0 -> ... -> y_T = x``
-(flowkit's ``inverse`` direction) the importance weight of a path is
+`y -> y'` it just made. $\Delta S$ plays the role of a
+log-determinant: along the sampling path `z = y_0 -> ... -> y_T = x`
+(flowkit's `inverse` direction) the importance weight of a path is
 
-.. math:: \log w = -u_X(x) - \log p_Z(z) + \sum_t \Delta S_t,
+$$
+\log w = -u_X(x) - \log p_Z(z) + \sum_t \Delta S_t,
+$$
 
-with :math:`\Delta S_t = \log|\det \partial y_t/\partial y_{t-1}|` for a
-bijection, and :math:`\mathbb E[w] = Z_X` exactly, whatever the step sizes.
-Run from data towards the latent (``forward``), a block makes the same kind of
+with $\Delta S_t = \log|\det \partial y_t/\partial y_{t-1}|$ for a
+bijection, and $\mathbb E[w] = Z_X$ exactly, whatever the step sizes.
+Run from data towards the latent (`forward`), a block makes the same kind of
 moves and returns the increment of that direction, so that
-:meth:`flowkit.flows.Flow.path_log_likelihood` is the path-space maximum
+[`flowkit.flows.Flow.path_log_likelihood`][flowkit.flows.Flow.path_log_likelihood] is the path-space maximum
 likelihood.
 
 Both blocks use the same kernel in both directions: Metropolis kernels are
-reversible with respect to :math:`u_\lambda`, so :math:`\Delta S = u_\lambda(y')
-- u_\lambda(y)` by detailed balance; for overdamped Langevin the backward kernel
-is a Langevin step from ``y'`` and :math:`\Delta S = \tfrac12(|\eta|^2 -
-|\tilde\eta|^2)` with the forward and the reconstructed backward noise.
+reversible with respect to $u_\lambda$, so $\Delta S = u_\lambda(y')
+- u_\lambda(y)$ by detailed balance; for overdamped Langevin the backward kernel
+is a Langevin step from `y'` and $\Delta S = \tfrac12(|\eta|^2 -
+|\tilde\eta|^2)$ with the forward and the reconstructed backward noise.
 
 Samples are reparameterised: gradients flow through the proposals (the
 Metropolis accept indicator is a constant) and through the Langevin forces,
-computed by autograd with ``create_graph`` while gradients are being recorded.
+computed by autograd with `create_graph` while gradients are being recorded.
 
 References:
     Wu, Köhler & Noé, *Stochastic Normalizing Flows*, NeurIPS 2020 (arXiv:2002.06707).
@@ -43,14 +49,11 @@ References:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch import Tensor
-
-from collections.abc import Sequence
-
-from torch import nn
+from torch import Tensor, nn
 
 from ._config import Configurable
 from ._validation import check_point, check_tensor, outermost
@@ -64,20 +67,20 @@ __all__ = ["StochasticBlock", "MetropolisBlock", "LangevinBlock", "StochasticFlo
 
 
 class StochasticBlock(Configurable, nn.Module):
-    r"""Base of the stochastic blocks: a Markov kernel that targets :math:`u_\lambda`.
+    r"""Base of the stochastic blocks: a Markov kernel that targets $u_\lambda$.
 
-    Subclasses implement :meth:`_run`, which makes ``n_steps`` moves from
-    ``y`` and returns ``(y', dS)``. The kernel is the same in both directions,
-    so ``forward`` and ``inverse`` both call it.
+    Subclasses implement `_run`, which makes `n_steps` moves from
+    `y` and returns `(y', dS)`. The kernel is the same in both directions,
+    so `forward` and `inverse` both call it.
 
     Arguments:
-        target: the target, anything with ``energy(x)`` (or a flowkit Distribution).
-            Its ``event_shape`` gives the block's event shape.
-        lam: interpolation parameter :math:`\lambda \in [0, 1]`; 0 samples the prior, 1 the target.
+        target: the target, anything with `energy(x)` (or a flowkit Distribution).
+            Its `event_shape` gives the block's event shape.
+        lam: interpolation parameter $\lambda \in [0, 1]$; 0 samples the prior, 1 the target.
         n_steps: number of Markov-chain steps per pass.
         step_size: proposal scale (Metropolis) or time step (Langevin).
         base: the prior's energy (standard normal when None), anything with
-            ``energy(x)`` or a flowkit Distribution.
+            `energy(x)` or a flowkit Distribution.
     """
 
     _flowkit_register = False
@@ -89,12 +92,19 @@ class StochasticBlock(Configurable, nn.Module):
         if not (hasattr(target, "energy") or isinstance(target, Distribution)):
             raise ValueError(f"{name}: target must have an energy(x) method, got {type(target).__name__}")
         if base is not None and not (hasattr(base, "energy") or isinstance(base, Distribution)):
-            raise ValueError(f"{name}: base must have an energy(x) method or be a flowkit Distribution, got {type(base).__name__}")
+            raise ValueError(
+                f"{name}: base must have an energy(x) method or be a flowkit Distribution, got {type(base).__name__}"
+            )
         if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not 0.0 <= float(lam) <= 1.0:
             raise ValueError(f"{name}: lam must be a number in [0, 1], got {lam!r}")
         if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < 1:
             raise ValueError(f"{name}: n_steps must be a positive integer, got {n_steps!r}")
-        if isinstance(step_size, bool) or not isinstance(step_size, (int, float)) or not float(step_size) > 0 or not math.isfinite(step_size):
+        if (
+            isinstance(step_size, bool)
+            or not isinstance(step_size, (int, float))
+            or not float(step_size) > 0
+            or not math.isfinite(step_size)
+        ):
             raise ValueError(f"{name}: step_size must be a positive finite number, got {step_size!r}")
         shape = getattr(target, "event_shape", None)
         if shape is None and base is not None:
@@ -105,7 +115,8 @@ class StochasticBlock(Configurable, nn.Module):
         base_shape = getattr(base, "event_shape", None)
         if base_shape is not None and tuple(base_shape) != tuple(self.event_shape):
             raise ValueError(
-                f"{name}: the base's event shape {tuple(base_shape)} differs from the target's {tuple(self.event_shape)}"
+                f"{name}: the base's event shape {tuple(base_shape)} differs from the target's "
+                f"{tuple(self.event_shape)}"
             )
         self.target = target
         self.base = base
@@ -114,7 +125,7 @@ class StochasticBlock(Configurable, nn.Module):
         self.step_size = float(step_size)
 
     def energy(self, y: Tensor) -> Tensor:
-        r"""The interpolated energy :math:`u_\lambda(y) = (1-\lambda) u_Z(y) + \lambda u_X(y)`, batch shape."""
+        r"""The interpolated energy $u_\lambda(y) = (1-\lambda) u_Z(y) + \lambda u_X(y)$, batch shape."""
         where = f"{type(self).__name__}.energy"
         u = y.new_zeros(y.shape[: y.dim() - self.event_dims])
         if self.lam < 1.0:
@@ -161,28 +172,32 @@ class StochasticBlock(Configurable, nn.Module):
         return self._checked_run(z, context, "inverse")
 
     def extra_repr(self) -> str:
-        return f"event_shape={tuple(self.event_shape)}, lam={self.lam}, n_steps={self.n_steps}, step_size={self.step_size}"
+        return (
+            f"event_shape={tuple(self.event_shape)}, lam={self.lam}, n_steps={self.n_steps}, step_size={self.step_size}"
+        )
 
 
 class MetropolisBlock(StochasticBlock):
-    r"""Random-walk Metropolis steps on :math:`u_\lambda`, with exact path weights.
+    r"""Random-walk Metropolis steps on $u_\lambda$, with exact path weights.
 
-    Each step proposes :math:`y^* = y + \sigma\xi`, :math:`\xi \sim \mathcal N(0, I)`,
-    and accepts with probability :math:`\min(1, e^{-(u_\lambda(y^*) - u_\lambda(y))})`.
-    The kernel satisfies detailed balance with respect to :math:`e^{-u_\lambda}`,
+    Each step proposes $y^* = y + \sigma\xi$, $\xi \sim \mathcal N(0, I)$,
+    and accepts with probability $\min(1, e^{-(u_\lambda(y^*) - u_\lambda(y))})$.
+    The kernel satisfies detailed balance with respect to $e^{-u_\lambda}$,
     so the path-weight increment of a block is
 
-    .. math:: \Delta S = u_\lambda(y_{\text{end}}) - u_\lambda(y_{\text{start}})
+    $$
+    \Delta S = u_\lambda(y_{\text{end}}) - u_\lambda(y_{\text{start}})
+    $$
 
-    in either direction (with the same :math:`\lambda` for both states). When
-    :math:`u_Z = u_X` these increments telescope and all path weights are equal.
+    in either direction (with the same $\lambda$ for both states). When
+    $u_Z = u_X$ these increments telescope and all path weights are equal.
     The accept indicator is treated as a constant in the gradient.
 
     Arguments:
-        target: the target, anything with ``energy(x)`` and ``event_shape`` (or a flowkit Distribution).
-        lam: interpolation parameter :math:`\lambda \in [0, 1]` of this block.
+        target: the target, anything with `energy(x)` and `event_shape` (or a flowkit Distribution).
+        lam: interpolation parameter $\lambda \in [0, 1]$ of this block.
         n_steps: number of Metropolis steps per pass.
-        step_size: standard deviation :math:`\sigma` of the Gaussian proposal.
+        step_size: standard deviation $\sigma$ of the Gaussian proposal.
         base: the prior's energy (standard normal when None).
 
     References:
@@ -205,28 +220,32 @@ class MetropolisBlock(StochasticBlock):
 
 
 class LangevinBlock(StochasticBlock):
-    r"""Overdamped (unadjusted) Langevin steps on :math:`u_\lambda`, with exact path weights.
+    r"""Overdamped (unadjusted) Langevin steps on $u_\lambda$, with exact path weights.
 
     Each step moves
 
-    .. math:: y' = y - \epsilon \nabla u_\lambda(y) + \sqrt{2\epsilon}\,\eta, \qquad \eta \sim \mathcal N(0, I),
+    $$
+    y' = y - \epsilon \nabla u_\lambda(y) + \sqrt{2\epsilon}\,\eta, \qquad \eta \sim \mathcal N(0, I),
+    $$
 
-    and the backward move from :math:`y'` would need the noise
-    :math:`\tilde\eta = (y - y' + \epsilon\nabla u_\lambda(y'))/\sqrt{2\epsilon}`,
+    and the backward move from $y'$ would need the noise
+    $\tilde\eta = (y - y' + \epsilon\nabla u_\lambda(y'))/\sqrt{2\epsilon}$,
     so each step adds
 
-    .. math:: \Delta S = \tfrac12 \left(|\eta|^2 - |\tilde\eta|^2\right).
+    $$
+    \Delta S = \tfrac12 \left(|\eta|^2 - |\tilde\eta|^2\right).
+    $$
 
     No Metropolis correction is needed: the path weights make the estimates
     exact for any step size. Forces come from autograd on the energy, with
-    ``create_graph`` while gradients are recorded, so that training
+    `create_graph` while gradients are recorded, so that training
     differentiates through the steps (double backward).
 
     Arguments:
-        target: the target, anything with ``energy(x)`` and ``event_shape`` (or a flowkit Distribution).
-        lam: interpolation parameter :math:`\lambda \in [0, 1]` of this block.
+        target: the target, anything with `energy(x)` and `event_shape` (or a flowkit Distribution).
+        lam: interpolation parameter $\lambda \in [0, 1]$ of this block.
         n_steps: number of Langevin steps per pass.
-        step_size: time step :math:`\epsilon`.
+        step_size: time step $\epsilon$.
         base: the prior's energy (standard normal when None).
 
     References:
@@ -237,7 +256,7 @@ class LangevinBlock(StochasticBlock):
         super().__init__(target, lam, n_steps, step_size, base)
 
     def energy_gradient(self, y: Tensor) -> Tensor:
-        r""":math:`\nabla u_\lambda(y)` by autograd; differentiable when gradients are being recorded."""
+        r"""$\nabla u_\lambda(y)$ by autograd; differentiable when gradients are being recorded."""
         differentiable = torch.is_grad_enabled() and y.requires_grad
         with torch.enable_grad():
             y_in = y if y.requires_grad else y.detach().requires_grad_(True)
@@ -285,7 +304,7 @@ class StochasticFlow(Configurable, nn.Module):
         layers: bijectors and stochastic blocks, data side first.
         base: the latent distribution; its event shape must be the last layer's latent shape.
 
-    Example:
+    Examples:
         >>> import torch, flowkit
         >>> from flowkit.stochastic import MetropolisBlock, StochasticFlow
         >>> target = flowkit.targets.DoubleWell()
@@ -309,7 +328,7 @@ class StochasticFlow(Configurable, nn.Module):
                 raise ValueError(
                     f"StochasticFlow: layer {i} is a {type(layer).__name__}, not a flowkit Bijector or StochasticBlock"
                 )
-        for i, (a, b) in enumerate(zip(layers[:-1], layers[1:])):
+        for i, (a, b) in enumerate(zip(layers[:-1], layers[1:], strict=True)):
             if tuple(a.latent_shape) != tuple(b.event_shape):
                 raise ValueError(
                     f"StochasticFlow: layer {i} outputs events of shape {tuple(a.latent_shape)} but layer {i + 1} "
@@ -373,7 +392,7 @@ class StochasticFlow(Configurable, nn.Module):
         return z, total
 
     def log_weights_at(self, z: Tensor, target: Any, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """[`sample_with_log_weights`][flowkit.stochastic.StochasticFlow.sample_with_log_weights] from given latent points `z`."""
+        """Samples and log path weights (as `sample_with_log_weights`) from given latent points `z`."""
         check_tensor(z, self.latent_shape, name="z", where="StochasticFlow.log_weights_at")
         x, path_sum = self._sampling_path(z, context)
         u = energy_of(target, x, len(self.event_shape), "StochasticFlow.sample_with_log_weights")
@@ -419,11 +438,15 @@ class StochasticFlow(Configurable, nn.Module):
         """Same as [`log_prob`][flowkit.stochastic.StochasticFlow.log_prob]: raises."""
         raise self._no_exact_density("forward")
 
-    def rsample_and_log_prob(self, shape: int | Sequence[int] = (), context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def rsample_and_log_prob(
+        self, shape: int | Sequence[int] = (), context: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
         """Not available: raises (no exact density)."""
         raise self._no_exact_density("rsample_and_log_prob")
 
-    def sample_and_log_prob(self, shape: int | Sequence[int] = (), context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def sample_and_log_prob(
+        self, shape: int | Sequence[int] = (), context: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
         """Not available: raises (no exact density)."""
         raise self._no_exact_density("sample_and_log_prob")
 
@@ -434,7 +457,7 @@ class StochasticFlow(Configurable, nn.Module):
 
 
 def _rename_chain_keys(module: nn.Module, state: dict[str, Tensor], prefix: str, *args: Any) -> None:
-    """Weights saved before 2026-12 held a stochastic flow as a `Flow` over a `Chain`: `bijector.layers.i` is `layers.i`."""
+    """Rename weights saved before 2026-12, as a `Flow` over a `Chain`: `bijector.layers.i` is `layers.i`."""
     old = f"{prefix}bijector.layers."
     for key in [k for k in state if k.startswith(old)]:
-        state[f"{prefix}layers.{key[len(old):]}"] = state.pop(key)
+        state[f"{prefix}layers.{key[len(old) :]}"] = state.pop(key)

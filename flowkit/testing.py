@@ -10,7 +10,7 @@ in one or two dimensions, that the density integrates to one by quadrature.
 The test suite runs `check_bijector` over one table of cases, at least one
 per public bijector, in `tests/cases.py`.
 
-Example:
+Examples:
     >>> import flowkit
     >>> report = flowkit.testing.check_bijector(flowkit.bijectors.LULinear(3))
     >>> report.passed
@@ -34,7 +34,10 @@ __all__ = ["CheckReport", "check_bijector", "check_flow", "randomize"]
 
 @dataclass
 class CheckReport:
-    """Outcome of :func:`check_bijector` or :func:`check_flow`: one line per check."""
+    """Outcome of [`check_bijector`][flowkit.testing.check_bijector] or [`check_flow`][flowkit.testing.check_flow].
+
+    One line per check.
+    """
 
     name: str
     results: list[tuple[str, bool, str]] = field(default_factory=list)
@@ -52,7 +55,10 @@ class CheckReport:
 
     def __str__(self) -> str:
         lines = [f"{self.name}: {'PASS' if self.passed else 'FAIL'}"]
-        lines += [f"  [{'ok' if ok else 'FAIL'}] {check}" + (f" ({detail})" if detail else "") for check, ok, detail in self.results]
+        lines += [
+            f"  [{'ok' if ok else 'FAIL'}] {check}" + (f" ({detail})" if detail else "")
+            for check, ok, detail in self.results
+        ]
         return "\n".join(lines)
 
 
@@ -70,7 +76,7 @@ def _flat(x: Tensor, event_dims: int) -> Tensor:
 
 
 def _jacobian_ladj(b: Bijector, x: Tensor, context: Tensor | None) -> Tensor:
-    """log|det| of the autograd Jacobian of ``b.forward`` at each point of a batch (tangent space on manifolds)."""
+    """log|det| of the autograd Jacobian of `b.forward` at each point of a batch (tangent space on manifolds)."""
     out = []
     event_dims = len(b.event_shape)
     codomain = getattr(b, "codomain", b.domain)
@@ -78,7 +84,7 @@ def _jacobian_ladj(b: Bijector, x: Tensor, context: Tensor | None) -> Tensor:
         xi = x[i : i + 1]
         ci = None if context is None else context[i : i + 1]
 
-        def f(v: Tensor) -> Tensor:
+        def f(v: Tensor, xi: Tensor = xi, ci: Tensor | None = ci) -> Tensor:
             return _flat(b(v.reshape(xi.shape), ci)[0], len(b.latent_shape))[0]
 
         jac = torch.autograd.functional.jacobian(f, _flat(xi, event_dims)[0])
@@ -104,26 +110,26 @@ def check_bijector(
 
     The bijector is copied to the CPU and converted to float64; the original is not touched.
 
-    Checks: output shapes; round trip ``inverse(forward(x)) = x``; ``forward``'s
-    log-determinant against ``log|det|`` of the autograd Jacobian (tangent
+    Checks: output shapes; round trip `inverse(forward(x)) = x`; `forward`'s
+    log-determinant against `log|det|` of the autograd Jacobian (tangent
     space on manifolds, skipped above 256 elements per event); inverse
-    log-determinant equals minus the forward one; ``call`` agrees with
-    ``forward``; finite gradients with respect to inputs and parameters, also
-    at points ``far`` times further out for unbounded domains (spline tails);
+    log-determinant equals minus the forward one; `call` agrees with
+    `forward`; finite gradients with respect to inputs and parameters, also
+    at points `far` times further out for unbounded domains (spline tails);
     batch independence (a batch gives what each point gives alone).
 
     Arguments:
         bijector: the bijector to check.
-        x: input points of shape ``(N, *event_shape)``; drawn from the
+        x: input points of shape `(N, *event_shape)`; drawn from the
             bijector's domain when None.
-        context: context of shape ``(N, context_features)`` for conditional
+        context: context of shape `(N, context_features)` for conditional
             bijectors; random when None.
         atol: absolute tolerance of the comparisons.
         far: scale of the far-out points in the gradient check.
-        raise_on_failure: raise :class:`AssertionError` listing the failures.
+        raise_on_failure: raise `AssertionError` listing the failures.
 
     Returns:
-        A :class:`CheckReport`.
+        A [`CheckReport`][flowkit.testing.CheckReport].
     """
     name = type(bijector).__name__
     if not isinstance(bijector, Bijector):
@@ -189,9 +195,9 @@ def _finish(report: CheckReport, raise_on_failure: bool) -> CheckReport:
 
 
 def _quadrature_mass(flow: Flow, samples: Tensor, points: int) -> float:
-    """Total mass by the midpoint rule after the map ``x = c + s tan(pi u / 2)``, ``u`` in (-1, 1)^d.
+    """Total mass by the midpoint rule after the map `x = c + s tan(pi u / 2)`, `u` in (-1, 1)^d.
 
-    The tangent map spreads the grid over heavy tails; ``c`` and ``s`` are the
+    The tangent map spreads the grid over heavy tails; `c` and `s` are the
     samples' median and half inter-quartile range per dimension.
     """
     q = torch.quantile(samples, torch.tensor([0.25, 0.5, 0.75], dtype=samples.dtype), dim=0)
@@ -214,12 +220,12 @@ def check_flow(
     mass_tol: float = 1e-2,
     raise_on_failure: bool = True,
 ) -> CheckReport:
-    """Check a flow: its bijector (see :func:`check_bijector`), sampling, and normalisation.
+    """Check a flow: its bijector (see [`check_bijector`][flowkit.testing.check_bijector]), sampling, and normalisation.
 
     On a CPU float64 copy: samples have the event shape and finite log density;
-    ``rsample_and_log_prob`` agrees with ``log_prob`` on the same points; for
+    `rsample_and_log_prob` agrees with `log_prob` on the same points; for
     unconditional flows with one- or two-dimensional events, the density
-    integrates to 1 within ``mass_tol`` by grid quadrature.
+    integrates to 1 within `mass_tol` by grid quadrature.
 
     Arguments:
         flow: the flow.
@@ -227,7 +233,7 @@ def check_flow(
         n: number of samples.
         atol: tolerance of the pointwise comparisons.
         mass_tol: tolerance on the total probability mass.
-        raise_on_failure: raise :class:`AssertionError` listing the failures.
+        raise_on_failure: raise `AssertionError` listing the failures.
     """
     report = CheckReport(type(flow).__name__)
     if not isinstance(flow, Flow):
@@ -238,7 +244,9 @@ def check_flow(
         context = torch.randn(f.context_features, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     if context is not None:
         context = context.to(device="cpu", dtype=torch.float64)
-    sub = check_bijector(f.bijector, context=None if context is None else context.expand(4, -1), atol=atol, raise_on_failure=False)
+    sub = check_bijector(
+        f.bijector, context=None if context is None else context.expand(4, -1), atol=atol, raise_on_failure=False
+    )
     report.results += [(f"bijector: {c}", ok, d) for c, ok, d in sub.results]
     with torch.no_grad():
         x, log_q = f.sample_and_log_prob((n,), context)

@@ -11,14 +11,14 @@ __all__ = ["sum_event", "TensorAnchor", "auxiliary_loss", "aggregates_auxiliary_
 
 
 def sum_event(t: Tensor, event_dims: int) -> Tensor:
-    """Sum the last ``event_dims`` dimensions (an elementwise log-density or log-determinant)."""
+    """Sum the last `event_dims` dimensions (an elementwise log-density or log-determinant)."""
     return t.sum(dim=tuple(range(-event_dims, 0))) if event_dims else t
 
 
 class TensorAnchor(nn.Module):
     """Module with a zero-size buffer, so that even a parameter-free module knows its dtype and device.
 
-    The buffer follows ``.to()``, ``.double()`` and ``.cuda()`` like any other.
+    The buffer follows `.to()`, `.double()` and `.cuda()` like any other.
     """
 
     def __init__(self) -> None:
@@ -35,12 +35,12 @@ class TensorAnchor(nn.Module):
 
 
 def auxiliary_loss(module: nn.Module) -> Tensor | None:
-    """Sum of ``auxiliary_loss()`` over ``module`` and its submodules that define one (``None`` when none does).
+    """Sum of `auxiliary_loss()` over `module` and its submodules that define one (`None` when none does).
 
     A layer with a regulariser (such as EIW's channel-weight penalty) defines a
-    method ``auxiliary_loss() -> Tensor | None``; the fit loop adds this sum to
+    method `auxiliary_loss() -> Tensor | None`; the fit loop adds this sum to
     the objective, so neither the loop nor the containers need to know which
-    layers have one. Methods marked with [`aggregates_auxiliary_loss`][flowkit.utils.aggregates_auxiliary_loss]
+    layers have one. Methods marked with `aggregates_auxiliary_loss`
     (a flow's, which calls this function) are skipped, so nothing counts twice.
     """
     total: Tensor | None = None
@@ -55,6 +55,6 @@ def auxiliary_loss(module: nn.Module) -> Tensor | None:
 
 
 def aggregates_auxiliary_loss(method: Callable) -> Callable:
-    """Mark an ``auxiliary_loss`` method that sums its submodules' (so that [`auxiliary_loss`][flowkit.utils.auxiliary_loss] skips it)."""
+    """Mark an `auxiliary_loss` method that sums its submodules' (so that `auxiliary_loss` skips it)."""
     method._aggregates = True  # type: ignore[attr-defined]
     return method

@@ -1,6 +1,7 @@
 """The package's layering: no import cycles at module level, and the low layers know nothing of the high ones."""
 
 import __future__
+
 import ast
 import importlib
 import pkgutil
@@ -112,8 +113,6 @@ def test_packages_expose_only_their_public_names(package):
     extra = [
         n
         for n, value in vars(mod).items()
-        if not n.startswith("_")
-        and n not in names
-        and not isinstance(value, (types.ModuleType, __future__._Feature))
+        if not n.startswith("_") and n not in names and not isinstance(value, (types.ModuleType, __future__._Feature))
     ]
     assert not extra, f"{package} exposes {extra} outside its __all__"

@@ -1,6 +1,5 @@
 """Every notebook in notebooks/ runs top to bottom (with a small budget, FLOWKIT_SMALL=1)."""
 
-import os
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,9 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
     monkeypatch.setenv("FLOWKIT_SMALL", "1")
     monkeypatch.delenv("MPLBACKEND", raising=False)  # the kernel's inline backend renders figures headless
     nb = nbformat.read(path, as_version=4)
-    client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
+    client = nbclient.NotebookClient(
+        nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    )
     client.execute()
     code = [c for c in nb.cells if c.cell_type == "code"]
     errors = [o for c in code for o in c.get("outputs", []) if o.get("output_type") == "error"]

@@ -47,7 +47,12 @@ def test_samples_vs_data_and_pairwise():
 
 
 def test_training_curves_from_a_mapping():
-    history = {"step": [1, 2, 3, 4], "loss": [3.0, 2.0, float("nan"), 1.0], "val_loss": [None, 2.5, None, 1.5], "lr": [1e-3] * 4}
+    history = {
+        "step": [1, 2, 3, 4],
+        "loss": [3.0, 2.0, float("nan"), 1.0],
+        "val_loss": [None, 2.5, None, 1.5],
+        "lr": [1e-3] * 4,
+    }
     fig = fplot.training_curves(history, smooth=2)
     loss_ax, lr_ax = fig.axes
     train_line = loss_ax.get_lines()[0]

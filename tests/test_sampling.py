@@ -140,7 +140,9 @@ def test_nan_energies_are_an_error_not_a_frozen_chain():
 
 def test_imh_starts_at_the_first_proposal_of_non_zero_weight():
     flow = flowkit.flows.RealNVP(2, transforms=1, hidden=(4,))
-    wall = Energy(lambda x: torch.where(x[..., 0] > 0, 0.5 * x.square().sum(-1), math.inf), 2)  # zero density for x0 <= 0
+    wall = Energy(
+        lambda x: torch.where(x[..., 0] > 0, 0.5 * x.square().sum(-1), math.inf), 2
+    )  # zero density for x0 <= 0
     torch.manual_seed(0)
     chain, acceptance = imh(flow, wall, 400)
     assert bool((chain[:, 0] > 0).all())  # no state of zero density, the first included

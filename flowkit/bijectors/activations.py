@@ -1,11 +1,11 @@
-r"""Smooth elementwise activations and the logit preprocessing, as invertible bijectors.
+"""Smooth elementwise activations and the logit preprocessing, as invertible bijectors.
 
-An elementwise bijector ``z_i = f(x_i)`` with a strictly increasing, smooth
-``f`` has a diagonal Jacobian, ``log|det dz/dx| = sum_i log f'(x_i)``. Its
-log-determinant depends on ``x``, so EBFlow's score matching keeps it in the
-energy, but it costs :math:`O(D)`.
+An elementwise bijector `z_i = f(x_i)` with a strictly increasing, smooth
+`f` has a diagonal Jacobian, `log|det dz/dx| = sum_i log f'(x_i)`. Its
+log-determinant depends on `x`, so EBFlow's score matching keeps it in the
+energy, but it costs $O(D)$.
 
-The activations here have no closed-form inverse; :func:`monotone_inverse`
+The activations here have no closed-form inverse; [`monotone_inverse`][flowkit.bijectors.activations.monotone_inverse]
 inverts them with a safeguarded Newton iteration inside a bracket that is
 known in closed form, with a fixed number of steps (no host synchronisation).
 """
@@ -20,9 +20,9 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from ..distributions.base import as_shape
+from ..domains import Interval
 from ..utils import sum_event
 from .base import Bijector
-from ..domains import Interval
 
 __all__ = ["Elementwise", "SmoothLeakyReLU", "SmoothTanh", "Logit", "monotone_inverse"]
 
@@ -36,30 +36,30 @@ def monotone_inverse(
     iterations: int,
     start: Tensor | None = None,
 ) -> Tensor:
-    r"""Solve ``f(x) = y`` elementwise for a strictly increasing ``f`` with ``low < x < high``.
+    """Solve `f(x) = y` elementwise for a strictly increasing `f` with `low < x < high`.
 
-    Safeguarded Newton (Numerical Recipes' ``rtsafe``): each step keeps a
-    bracket ``[low, high]`` that contains the root, takes the Newton step
+    Safeguarded Newton (Numerical Recipes' `rtsafe`): each step keeps a
+    bracket `[low, high]` that contains the root, takes the Newton step
     when it lands inside the bracket and shrinks the step at least twice as
     fast as bisection, and bisects otherwise, so it converges for any
-    increasing ``f`` (at least one bit per two steps) and quadratically near the root. The loop runs a
+    increasing `f` (at least one bit per two steps) and quadratically near the root. The loop runs a
     fixed number of steps on the whole tensor (no data-dependent branching).
 
     The solve runs without autograd; one final Newton step is taken with
     autograd on, which at the root gives the exact implicit derivative
-    ``dx/dy = 1 / f'(x)`` (and the right derivatives for the parameters of ``f``).
+    `dx/dy = 1 / f'(x)` (and the right derivatives for the parameters of `f`).
 
     Arguments:
         f: the increasing map, elementwise.
-        df: its derivative ``f'`` (positive).
+        df: its derivative `f'` (positive).
         y: targets.
-        low: lower bounds of the roots (broadcastable to ``y``).
+        low: lower bounds of the roots (broadcastable to `y`).
         high: upper bounds of the roots.
         iterations: number of safeguarded Newton steps.
         start: first guess (default: the middle of the bracket).
 
     Returns:
-        ``x`` with ``f(x) = y`` to the precision of the dtype after enough steps.
+        `x` with `f(x) = y` to the precision of the dtype after enough steps.
     """
     with torch.no_grad():
         yd = y.detach()
@@ -81,14 +81,14 @@ def monotone_inverse(
 
 
 class Elementwise(Bijector):
-    r"""Base of elementwise bijectors ``z_i = f(x_i)`` with ``f`` smooth and strictly increasing.
+    """Base of elementwise bijectors `z_i = f(x_i)` with `f` smooth and strictly increasing.
 
-    Subclasses implement :meth:`_f`, :meth:`_log_df` (``log f'``) and
-    :meth:`_bracket` (bounds on ``f^{-1}(y)``); the inverse is
-    :func:`monotone_inverse`.
+    Subclasses implement `_f`, `_log_df` (`log f'`) and
+    `_bracket` (bounds on `f^{-1}(y)`); the inverse is
+    [`monotone_inverse`][flowkit.bijectors.activations.monotone_inverse].
 
     Arguments:
-        event_shape: ``D`` or a shape such as ``(C, H, W)``.
+        event_shape: `D` or a shape such as `(C, H, W)`.
     """
 
     _flowkit_register = False
@@ -126,21 +126,21 @@ class Elementwise(Bijector):
 
 
 class SmoothLeakyReLU(Elementwise):
-    r"""Smooth leaky ReLU ``f(x) = alpha x + (1 - alpha) softplus(x)``.
+    """Smooth leaky ReLU `f(x) = alpha x + (1 - alpha) softplus(x)`.
 
-    A smooth version of the leaky ReLU with slope ``alpha`` on the left and 1
-    on the right: ``f'(x) = alpha + (1 - alpha) sigmoid(x)`` lies in
-    ``(alpha, 1)``, so ``f`` is strictly increasing, convex and bi-Lipschitz.
-    The inverse has no closed form. With ``m(x) = max(x, alpha x)``,
-    ``m(x) < f(x) < m(x) + (1 - alpha) log 2``, so the root of ``f(x) = y``
-    lies between ``m^{-1}(y - (1 - alpha) log 2)`` and ``m^{-1}(y)``, where
-    ``m^{-1}(y) = min(y, y / alpha)``; :func:`monotone_inverse` finds it to
-    machine precision (round trip error below ``1e-12`` in float64 for
-    ``|y| <= 1e4``, checked in the tests).
+    A smooth version of the leaky ReLU with slope `alpha` on the left and 1
+    on the right: `f'(x) = alpha + (1 - alpha) sigmoid(x)` lies in
+    `(alpha, 1)`, so `f` is strictly increasing, convex and bi-Lipschitz.
+    The inverse has no closed form. With `m(x) = max(x, alpha x)`,
+    `m(x) < f(x) < m(x) + (1 - alpha) log 2`, so the root of `f(x) = y`
+    lies between `m^{-1}(y - (1 - alpha) log 2)` and `m^{-1}(y)`, where
+    `m^{-1}(y) = min(y, y / alpha)`; [`monotone_inverse`][flowkit.bijectors.activations.monotone_inverse] finds it to
+    machine precision (round trip error below `1e-12` in float64 for
+    `|y| <= 1e4`, checked in the tests).
 
     Arguments:
-        event_shape: ``D`` or a shape such as ``(C, H, W)``.
-        alpha: slope for ``x -> -inf``, in ``(0, 1]``.
+        event_shape: `D` or a shape such as `(C, H, W)`.
+        alpha: slope for `x -> -inf`, in `(0, 1]`.
 
     References:
         Chao et al., *Training Energy-Based Normalizing Flow with
@@ -153,23 +153,23 @@ class SmoothLeakyReLU(Elementwise):
             raise ValueError(f"SmoothLeakyReLU: alpha must be in (0, 1], got {alpha}")
         self.alpha = float(alpha)
 
-    def _f(self, x):
+    def _f(self, x: Tensor) -> Tensor:
         # softplus(x) = log(e^x + 1), exact everywhere (F.softplus switches to x above 20)
         return self.alpha * x + (1 - self.alpha) * torch.logaddexp(x, torch.zeros_like(x))
 
-    def _log_df(self, x):
+    def _log_df(self, x: Tensor) -> Tensor:
         # log(alpha + (1 - alpha) sigmoid(x)), stable for large |x|.
         if self.alpha == 1:
             return torch.zeros_like(x)
         return torch.logaddexp(torch.full_like(x, math.log(self.alpha)), math.log1p(-self.alpha) + F.logsigmoid(x))
 
-    def _bracket(self, y):
+    def _bracket(self, y: Tensor) -> tuple[Tensor, Tensor]:
         # With m(x) = max(x, alpha x): m(x) < f(x) < m(x) + (1 - alpha) log 2, and m^{-1}(y) = min(y, y / alpha).
         high = torch.minimum(y, y / self.alpha)
         low = torch.minimum(y - (1 - self.alpha) * math.log(2), (y - (1 - self.alpha) * math.log(2)) / self.alpha)
         return low - 1e-3 * (1 + low.abs()), high + 1e-3 * (1 + high.abs())
 
-    def _start(self, y, low, high):
+    def _start(self, y: Tensor, low: Tensor, high: Tensor) -> Tensor:
         # f is convex: Newton from the right of the root decreases monotonically onto it.
         return high
 
@@ -178,16 +178,16 @@ class SmoothLeakyReLU(Elementwise):
 
 
 class SmoothTanh(Elementwise):
-    r"""Tanh with a linear leak, ``f(x) = tanh(a x) + b x``.
+    """Tanh with a linear leak, `f(x) = tanh(a x) + b x`.
 
-    ``f'(x) = b + a / cosh^2(a x)`` lies in ``(b, a + b]``; since ``|tanh| < 1``
-    the inverse lies in ``[(y - 1) / b, (y + 1) / b]`` and is found by
-    :func:`monotone_inverse`.
+    `f'(x) = b + a / cosh^2(a x)` lies in `(b, a + b]`; since `|tanh| < 1`
+    the inverse lies in `[(y - 1) / b, (y + 1) / b]` and is found by
+    [`monotone_inverse`][flowkit.bijectors.activations.monotone_inverse].
 
     Arguments:
-        event_shape: ``D`` or a shape such as ``(C, H, W)``.
-        scale: ``a > 0``, the slope of the tanh at 0.
-        leak: ``b > 0``, the slope far from 0.
+        event_shape: `D` or a shape such as `(C, H, W)`.
+        scale: `a > 0`, the slope of the tanh at 0.
+        leak: `b > 0`, the slope far from 0.
 
     References:
         Chao et al., *Training Energy-Based Normalizing Flow with
@@ -201,16 +201,16 @@ class SmoothTanh(Elementwise):
         self.scale = float(scale)
         self.leak = float(leak)
 
-    def _f(self, x):
+    def _f(self, x: Tensor) -> Tensor:
         return torch.tanh(self.scale * x) + self.leak * x
 
-    def _log_df(self, x):
+    def _log_df(self, x: Tensor) -> Tensor:
         # log(b + a sech^2(a x)) = log(b) + log1p((a / b) sech^2(a x)); sech^2(u) = 4 e^{-2|u|} / (1 + e^{-2|u|})^2.
         u = (self.scale * x).abs()
         sech2 = 4 * torch.exp(-2 * u) / (1 + torch.exp(-2 * u)).square()
         return math.log(self.leak) + torch.log1p(self.scale / self.leak * sech2)
 
-    def _bracket(self, y):
+    def _bracket(self, y: Tensor) -> tuple[Tensor, Tensor]:
         return (y - 1) / self.leak - 1e-3, (y + 1) / self.leak + 1e-3
 
     def extra_repr(self) -> str:
@@ -218,22 +218,22 @@ class SmoothTanh(Elementwise):
 
 
 class Logit(Bijector):
-    r"""Logit preprocessing of data in ``[0, 1]``: ``z = logit(alpha + (1 - 2 alpha) x)``.
+    """Logit preprocessing of data in `[0, 1]`: `z = logit(alpha + (1 - 2 alpha) x)`.
 
     The usual preprocessing of dequantised images (RealNVP, Glow, EBFlow):
-    squeeze ``[0, 1]`` into ``[alpha, 1 - alpha]`` so that the logit stays
+    squeeze `[0, 1]` into `[alpha, 1 - alpha]` so that the logit stays
     finite, then map to the real line. Per element,
-    ``log|dz/dx| = log(1 - 2 alpha) - log p - log(1 - p)`` with
-    ``p = alpha + (1 - 2 alpha) x``.
+    `log|dz/dx| = log(1 - 2 alpha) - log p - log(1 - p)` with
+    `p = alpha + (1 - 2 alpha) x`.
 
     EBFlow keeps this map *outside* the model that is trained by score matching
     ("match after preprocessing", MaP) and adds its log-determinant back when
     reporting likelihoods; see
-    :func:`flowkit.train.score_matching.log_prob_with_preprocessing`.
+    `flowkit.train.score_matching.log_prob_with_preprocessing`.
 
     Arguments:
-        event_shape: ``D`` or a shape such as ``(C, H, W)``.
-        alpha: the squeeze, in ``[0, 0.5)``; ``0`` gives the plain logit on ``(0, 1)``.
+        event_shape: `D` or a shape such as `(C, H, W)`.
+        alpha: the squeeze, in `[0, 0.5)`; `0` gives the plain logit on `(0, 1)`.
 
     References:
         Dinh, Sohl-Dickstein & Bengio, *Density estimation using Real NVP*,

@@ -37,7 +37,7 @@ __all__ = ["MaskedAutoregressive", "MaskedAffineAutoregressive", "MaskedSplineAu
 
 
 class MaskedAutoregressive(Bijector):
-    r"""Masked autoregressive layer: an autoregressive conditioner emits the transformer's parameters.
+    """Masked autoregressive layer: an autoregressive conditioner emits the transformer's parameters.
 
     Arguments:
         transformer: the elementwise map (e.g. [`Affine`][flowkit.transformers.Affine],
@@ -55,7 +55,7 @@ class MaskedAutoregressive(Bijector):
     The conditioner's last layer starts at zero weights and the transformer's
     identity parameters, so the layer starts as the identity.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from flowkit.nn import MADE
         >>> from flowkit.transformers import Affine

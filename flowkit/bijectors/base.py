@@ -1,18 +1,18 @@
-"""The :class:`Bijector` base class and the ways to combine bijectors.
+"""The [`Bijector`][flowkit.bijectors.Bijector] base class and the ways to combine bijectors.
 
-Direction convention (as in nflows and zuko): ``forward`` maps data ``x`` to
-latent ``z`` and returns ``log|det dz/dx|`` summed over the event dimensions;
-``inverse`` maps ``z`` back to ``x`` and returns ``log|det dx/dz|``, which is
+Direction convention (as in nflows and zuko): `forward` maps data `x` to
+latent `z` and returns `log|det dz/dx|` summed over the event dimensions;
+`inverse` maps `z` back to `x` and returns `log|det dx/dz|`, which is
 minus the forward value at the matching point. A flow's density is
-``log p(x) = log p_Z(f(x)) + log|det J_f(x)|``.
+`log p(x) = log p_Z(f(x)) + log|det J_f(x)|`.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterator, Sequence
-from typing import Any, Callable
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -50,11 +50,11 @@ def _wrap_entry_points(cls: type) -> None:
 
 
 class Bijector(Configurable, nn.Module):
-    r"""Invertible map between data `x` and latent `z` with its log-determinant.
+    """Invertible map between data `x` and latent `z` with its log-determinant.
 
     Subclasses set `event_shape` (and `latent_shape` when it differs) and
-    implement [`forward`][flowkit.bijectors.Bijector.forward] and
-    [`inverse`][flowkit.bijectors.Bijector.inverse]. A bijector knows its maps
+    implement [`forward`][flowkit.bijectors.base.Bijector.forward] and
+    [`inverse`][flowkit.bijectors.base.Bijector.inverse]. A bijector knows its maps
     and nothing about training: objective-specific rules (the path-gradient
     score rules, for instance) are registered with the objectives, keyed by
     bijector type. Inputs are checked at the outermost call (shape, dtype,
@@ -106,7 +106,7 @@ class Bijector(Configurable, nn.Module):
         return self.forward(x, context)[0]
 
     def inverse_call(self, z: Tensor, context: Tensor | None = None) -> Tensor:
-        """Return `x` alone (the inverse without its log-determinant); see [`call`][flowkit.bijectors.Bijector.call]."""
+        """Return `x` alone: the inverse without its log-determinant."""
         return self.inverse(z, context)[0]
 
     def extra_repr(self) -> str:
@@ -117,10 +117,10 @@ _wrap_entry_points(Bijector)
 
 
 class Chain(Bijector):
-    r"""Composition of bijectors, applied in order in the forward direction.
+    """Composition of bijectors, applied in order in the forward direction.
 
-    ``Chain(f1, f2, f3).forward(x)`` computes ``f3(f2(f1(x)))`` and adds the
-    log-determinants; ``inverse`` runs the layers backwards. The layers are
+    `Chain(f1, f2, f3).forward(x)` computes `f3(f2(f1(x)))` and adds the
+    log-determinants; `inverse` runs the layers backwards. The layers are
     exposed in order through iteration and indexing, so that path-gradient
     estimators and stochastic flows can walk them one by one.
 
@@ -135,7 +135,7 @@ class Chain(Bijector):
         for i, b in enumerate(bijectors):
             if not isinstance(b, Bijector):
                 raise ValueError(f"Chain: layer {i} is a {type(b).__name__}, not a flowkit Bijector")
-        for i, (a, b) in enumerate(zip(bijectors[:-1], bijectors[1:])):
+        for i, (a, b) in enumerate(zip(bijectors[:-1], bijectors[1:], strict=True)):
             if tuple(a.latent_shape) != tuple(b.event_shape):
                 raise ValueError(
                     f"Chain: layer {i} outputs events of shape {tuple(a.latent_shape)} but layer {i + 1} "
@@ -192,7 +192,7 @@ class Chain(Bijector):
 
 
 class Invert(Bijector):
-    """Swap the directions of a bijector: ``Invert(b).forward = b.inverse``.
+    """Swap the directions of a bijector: `Invert(b).forward = b.inverse`.
 
     Arguments:
         bijector: the bijector to invert.

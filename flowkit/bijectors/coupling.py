@@ -61,7 +61,7 @@ class Coupling(Bijector):
         activation: activation of the default conditioner MLP.
         conditioner: the conditioner module; `hidden` and `activation` are unused when it is given.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from flowkit.nn import MLP
         >>> from flowkit.transformers import Affine

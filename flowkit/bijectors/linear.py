@@ -1,7 +1,7 @@
-r"""Invertible linear layers ``z = W x + b``.
+"""Invertible linear layers `z = W x + b`.
 
-Both have a log-determinant that does not depend on ``x``
-(``ladj_is_constant``), which EBFlow's score matching exploits by never
+Both have a log-determinant that does not depend on `x`
+(`ladj_is_constant`), which EBFlow's score matching exploits by never
 computing it during training.
 """
 
@@ -22,15 +22,15 @@ def _random_orthogonal(features: int) -> Tensor:
 
 
 class Linear(Bijector):
-    r"""Dense invertible linear layer ``z = W x + b`` with a general matrix ``W``.
+    """Dense invertible linear layer `z = W x + b` with a general matrix `W`.
 
-    ``log|det dz/dx| = log|det W|`` costs :math:`O(D^3)` (an LU factorisation);
-    ``call`` and score matching skip it and cost :math:`O(D^2)` per point. The
-    inverse solves a linear system. ``W`` starts as a random rotation.
+    `log|det dz/dx| = log|det W|` costs $O(D^3)$ (an LU factorisation);
+    `call` and score matching skip it and cost $O(D^2)$ per point. The
+    inverse solves a linear system. `W` starts as a random rotation.
 
     Arguments:
-        features: number of features ``D``.
-        bias: whether to learn ``b``.
+        features: number of features `D`.
+        bias: whether to learn `b`.
 
     References:
         Chao et al., *Training Energy-Based Normalizing Flow with Score-Matching
@@ -46,7 +46,7 @@ class Linear(Bijector):
         self.bias = nn.Parameter(torch.zeros(features)) if bias else None
 
     def log_abs_det(self) -> Tensor:
-        """``log|det W|`` (a scalar)."""
+        """`log|det W|` (a scalar)."""
         return torch.linalg.slogdet(self.weight)[1]
 
     def call(self, x: Tensor, context: Tensor | None = None) -> Tensor:
@@ -65,16 +65,16 @@ class Linear(Bijector):
 
 
 class LULinear(Bijector):
-    r"""Linear layer with an LU-factorised matrix ``W = P L U``.
+    """Linear layer with an LU-factorised matrix `W = P L U`.
 
-    ``P`` is a fixed permutation, ``L`` unit lower triangular and ``U`` upper
-    triangular with a positive diagonal ``exp(s)``, so
-    ``log|det W| = sum(s)`` costs :math:`O(D)` and the inverse is two triangular
+    `P` is a fixed permutation, `L` unit lower triangular and `U` upper
+    triangular with a positive diagonal `exp(s)`, so
+    `log|det W| = sum(s)` costs $O(D)$ and the inverse is two triangular
     solves. Starts at the LU factors of a random rotation.
 
     Arguments:
-        features: number of features ``D``.
-        bias: whether to learn ``b``.
+        features: number of features `D`.
+        bias: whether to learn `b`.
 
     References:
         Kingma & Dhariwal, *Glow: Generative Flow with Invertible 1x1
@@ -86,11 +86,11 @@ class LULinear(Bijector):
     def __init__(self, features: int, bias: bool = True) -> None:
         super().__init__()
         self.event_shape = torch.Size([features])
-        p, l, u = torch.linalg.lu(_random_orthogonal(features))
+        p, lower, u = torch.linalg.lu(_random_orthogonal(features))
         diag = torch.diagonal(u)
         # Fold the signs of U's diagonal into P so that the diagonal can be exp(s).
         self.register_buffer("permutation", p * torch.sign(diag).unsqueeze(0))
-        self.lower = nn.Parameter(torch.tril(l, -1))
+        self.lower = nn.Parameter(torch.tril(lower, -1))
         self.upper = nn.Parameter(torch.triu(u, 1) * torch.sign(diag).unsqueeze(1))
         self.log_diag = nn.Parameter(diag.abs().log())
         self.bias = nn.Parameter(torch.zeros(features)) if bias else None

@@ -13,15 +13,15 @@ __all__ = ["ActNorm"]
 
 
 class ActNorm(Bijector):
-    r"""Per-channel affine normalisation ``z = (x - m) e^{-s}`` with data-dependent init.
+    """Per-channel affine normalisation `z = (x - m) e^{-s}` with data-dependent init.
 
-    On the first forward call in training mode, ``m`` and ``s`` are set to the
-    batch mean and log standard deviation, so that ``z`` starts standardised.
-    ``log|det dz/dx| = -n sum_c s_c`` where ``n`` is the number of positions per
-    channel (1 for vectors, ``H W`` for images).
+    On the first forward call in training mode, `m` and `s` are set to the
+    batch mean and log standard deviation, so that `z` starts standardised.
+    `log|det dz/dx| = -n sum_c s_c` where `n` is the number of positions per
+    channel (1 for vectors, `H W` for images).
 
     Arguments:
-        event_shape: ``D`` or ``(D,)`` for vectors, ``(C, H, W)`` for images
+        event_shape: `D` or `(D,)` for vectors, `(C, H, W)` for images
             (then one scale per channel).
 
     References:
@@ -44,7 +44,7 @@ class ActNorm(Bijector):
         self.register_load_state_dict_post_hook(ActNorm._after_load)
 
     @staticmethod
-    def _after_load(module: "ActNorm", incompatible: object) -> None:
+    def _after_load(module: ActNorm, incompatible: object) -> None:
         module._initialized = bool(module.initialized)
 
     @torch.no_grad()

@@ -11,10 +11,10 @@ __all__ = ["Permutation", "Reverse"]
 
 
 class Permutation(Bijector):
-    """A fixed permutation of the last dimension, ``z_i = x_{perm[i]}``; ``log|det| = 0``.
+    """A fixed permutation of the last dimension, `z_i = x_{perm[i]}`; `log|det| = 0`.
 
     Arguments:
-        features: number of features ``D``.
+        features: number of features `D`.
         seed: seed of the random permutation (the global torch RNG when None).
             The permutation is a buffer, so it is saved and restored with the weights.
     """
@@ -49,7 +49,7 @@ class Reverse(Permutation):
     """Reverse the order of the features (the MAF/RealNVP default between layers).
 
     Arguments:
-        features: number of features ``D``.
+        features: number of features `D`.
     """
 
     def __init__(self, features: int) -> None:

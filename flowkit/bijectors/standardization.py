@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -14,23 +14,25 @@ __all__ = ["Standardization"]
 
 
 class Standardization(Bijector):
-    r"""Fixed affine map ``z = (x - loc) / scale`` per feature, with its constant log-determinant.
+    r"""Fixed affine map `z = (x - loc) / scale` per feature, with its constant log-determinant.
 
     Put it first in a flow's chain (data side) so that the rest of the flow
-    sees standardised data while ``log_prob`` is reported in the original
+    sees standardised data while `log_prob` is reported in the original
     units:
 
-    .. math:: \log|\det \partial z / \partial x| = -\sum_i \log s_i .
+    $$
+    \log|\det \partial z / \partial x| = -\sum_i \log s_i .
+    $$
 
-    ``loc`` and ``scale`` are buffers (not trained); they travel with the
-    model through :mod:`flowkit.io`. Build one from training data with
-    :meth:`from_data`.
+    `loc` and `scale` are buffers (not trained); they travel with the
+    model through [`flowkit.io`][flowkit.io]. Build one from training data with
+    [`from_data`][flowkit.bijectors.standardization.Standardization.from_data].
 
     Arguments:
-        loc: per-feature location ``m`` (a list of ``D`` numbers).
-        scale: per-feature scale ``s > 0`` (a list of ``D`` numbers).
+        loc: per-feature location `m` (a list of `D` numbers).
+        scale: per-feature scale `s > 0` (a list of `D` numbers).
 
-    Example:
+    Examples:
         >>> import torch, flowkit
         >>> x = torch.randn(100, 3) * 5 + 2
         >>> b = flowkit.bijectors.Standardization.from_data(x)
@@ -53,11 +55,13 @@ class Standardization(Bijector):
         if not bool((scale_t > 0).all()):
             raise ValueError(f"Standardization: scale must be positive, got minimum {float(scale_t.min())}")
         self.event_shape = torch.Size([loc_t.shape[0]])
-        self._exact = torch.stack([torch.as_tensor(loc, dtype=torch.float64), torch.as_tensor(scale, dtype=torch.float64)])
+        self._exact = torch.stack(
+            [torch.as_tensor(loc, dtype=torch.float64), torch.as_tensor(scale, dtype=torch.float64)]
+        )
         self.register_buffer("loc", loc_t)
         self.register_buffer("scale", scale_t)
 
-    def _apply(self, fn, recurse=True):
+    def _apply(self, fn: Callable, recurse: bool = True) -> Standardization:
         # A dtype change re-reads the exact statistics: converting float32 buffers
         # to float64 would keep their float32 rounding.
         super()._apply(fn, recurse)
@@ -66,8 +70,8 @@ class Standardization(Bijector):
         return self
 
     @classmethod
-    def from_data(cls, x: Tensor, min_scale: float = 1e-6) -> "Standardization":
-        """Standardisation with the mean and standard deviation of ``x`` (shape ``(N, D)``).
+    def from_data(cls, x: Tensor, min_scale: float = 1e-6) -> Standardization:
+        """Standardisation with the mean and standard deviation of `x` (shape `(N, D)`).
 
         Arguments:
             x: training data.

@@ -1,8 +1,8 @@
-"""The ``flowkit`` command (also ``python -m flowkit``).
+"""The `flowkit` command (also `python -m flowkit`).
 
 Each subcommand lives in its own module of this package and defines
-``add_parser(subparsers)``, which registers the subcommand and sets
-``func`` (a callable taking the parsed arguments and returning an exit code).
+`add_parser(subparsers)`, which registers the subcommand and sets
+`func` (a callable taking the parsed arguments and returning an exit code).
 Errors a user can fix (missing file, bad CSV, unknown flow) are printed as one
 line and give exit code 2.
 """
@@ -13,13 +13,14 @@ import argparse
 import importlib
 import sys
 
-__all__ = ["main", "COMMANDS"]
+__all__ = ["main", "build_parser", "COMMANDS"]
 
 #: Subcommand modules, in the order ``flowkit --help`` lists them.
 COMMANDS = ["fit", "sample", "check", "bench", "boltzmann"]
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `flowkit` argument parser, with every subcommand that imports."""
     from .. import __version__
 
     parser = argparse.ArgumentParser(prog="flowkit", description="Normalizing flows: fit, sample, check, benchmark.")

@@ -1,12 +1,12 @@
-"""``flowkit boltzmann TARGET``: train a Boltzmann generator on a built-in target and write model, metrics and plots.
+"""`flowkit boltzmann TARGET`: train a Boltzmann generator on a built-in target and write model, metrics and plots.
 
-TARGET is ``double-well``, ``many-well``, ``gmm`` or ``phi4``. The flow is
-trained by :class:`~flowkit.train.BoltzmannGenerator` (reverse KL with the
-chosen gradient estimator, plus maximum likelihood on ``--samples`` exact
+TARGET is `double-well`, `many-well`, `gmm` or `phi4`. The flow is
+trained by [`BoltzmannGenerator`][flowkit.train.BoltzmannGenerator] (reverse KL with the
+chosen gradient estimator, plus maximum likelihood on `--samples` exact
 samples when the target can draw them). The output directory receives
-``model/`` (:func:`flowkit.io.save`), ``metrics.json`` (ESS, log Z estimate
+`model/` ([`flowkit.io.save`][flowkit.io.save]), `metrics.json` (ESS, log Z estimate
 with its standard error and the exact value when known, IMH acceptance),
-``history.csv`` and PNG plots (2-D: flow density next to the target density;
+`history.csv` and PNG plots (2-D: flow density next to the target density;
 lattice: sample configurations and the magnetisation histogram; none for
 many-well).
 """
@@ -109,7 +109,7 @@ def build_flow(args: argparse.Namespace, target: Any, samples: Any) -> Any:
 
 
 def train_boltzmann(args: argparse.Namespace) -> dict[str, Any]:
-    """Do the work of ``flowkit boltzmann`` for parsed arguments; returns the metrics written to metrics.json."""
+    """Do the work of `flowkit boltzmann` for parsed arguments; returns the metrics written to metrics.json."""
     import torch
 
     from .. import io, sampling

@@ -1,4 +1,4 @@
-"""``flowkit check MODEL``: run flowkit's correctness checks on a saved model and print the report."""
+"""`flowkit check MODEL`: run flowkit's correctness checks on a saved model and print the report."""
 
 from __future__ import annotations
 

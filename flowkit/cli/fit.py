@@ -1,10 +1,10 @@
-"""``flowkit fit DATA``: fit a flow to a dataset by maximum likelihood and write the model, metrics and plots.
+"""`flowkit fit DATA`: fit a flow to a dataset by maximum likelihood and write the model, metrics and plots.
 
-DATA is a built-in name (``moons``, ``digits``, ``power``, ...) or a CSV/NPY
-file. The output directory receives ``model/`` (:func:`flowkit.io.save`),
-``metrics.json`` (train/val/test NLL in nats with two standard errors, and
-bits/dim for dequantised image data), ``history.csv``/``history.json``,
-the training checkpoint (``--resume`` continues from it), and PNG plots.
+DATA is a built-in name (`moons`, `digits`, `power`, ...) or a CSV/NPY
+file. The output directory receives `model/` ([`flowkit.io.save`][flowkit.io.save]),
+`metrics.json` (train/val/test NLL in nats with two standard errors, and
+bits/dim for dequantised image data), `history.csv`/`history.json`,
+the training checkpoint (`--resume` continues from it), and PNG plots.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def _preset_name(flow: str, coupling: bool) -> str:
 
 
 def fit_dataset(args: argparse.Namespace) -> dict[str, Any]:
-    """Do the work of ``flowkit fit`` for parsed arguments; returns the metrics written to metrics.json."""
+    """Do the work of `flowkit fit` for parsed arguments; returns the metrics written to metrics.json."""
     import torch
 
     from .. import io

@@ -1,4 +1,4 @@
-"""``flowkit sample MODEL -n N --out FILE``: draw samples from a saved flow into a .npy or .csv file."""
+"""`flowkit sample MODEL -n N --out FILE`: draw samples from a saved flow into a .npy or .csv file."""
 
 from __future__ import annotations
 

@@ -1,8 +1,10 @@
-"""The flow: a bijector over a base distribution.
+r"""The flow: a bijector over a base distribution.
 
-``Flow(bijector, base)`` models ``x = f^{-1}(z)``, ``z ~ base``, with density
+`Flow(bijector, base)` models `x = f^{-1}(z)`, `z ~ base`, with density
 
-.. math:: \\log p(x) = \\log p_Z(f(x)) + \\log |\\det J_f(x)|.
+$$
+\log p(x) = \log p_Z(f(x)) + \log |\det J_f(x)|.
+$$
 """
 
 from __future__ import annotations
@@ -26,13 +28,13 @@ __all__ = ["Flow", "FlowDistribution"]
 
 
 class Flow(Configurable, nn.Module):
-    """Normalizing flow: a :class:`~flowkit.bijectors.Bijector` (data -> latent) over a base distribution.
+    """Normalizing flow: a [`Bijector`][flowkit.bijectors.Bijector] (data -> latent) over a base distribution.
 
     Arguments:
         bijector: the transform, data to latent in its forward direction.
         base: the latent distribution; its event shape must be the bijector's latent shape.
 
-    Example:
+    Examples:
         >>> import torch, flowkit
         >>> flow = flowkit.flows.RealNVP(features=2, transforms=2)
         >>> flow.log_prob(torch.randn(5, 2)).shape
@@ -62,7 +64,7 @@ class Flow(Configurable, nn.Module):
         return self.bijector.context_features
 
     def log_prob(self, x: Tensor, context: Tensor | None = None) -> Tensor:
-        """Log density ``log p(x)`` of events ``x`` of shape ``(..., *event_shape)``; returns the batch shape."""
+        """Log density `log p(x)` of events `x` of shape `(..., *event_shape)`; returns the batch shape."""
         return self._log_density(x, context, "Flow.log_prob")
 
     def _log_density(self, x: Tensor, context: Tensor | None, where: str) -> Tensor:
@@ -82,7 +84,7 @@ class Flow(Configurable, nn.Module):
         return self._log_density(x, context, "Flow.path_log_likelihood")
 
     def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
-        """Same as :meth:`log_prob`."""
+        """Same as [`log_prob`][flowkit.flows.Flow.log_prob]."""
         return self.log_prob(x, context)
 
     def rsample_and_log_prob(
@@ -97,7 +99,7 @@ class Flow(Configurable, nn.Module):
         return x, log_pz - ladj
 
     def rsample(self, shape: int | Sequence[int] = (), context: Tensor | None = None) -> Tensor:
-        """Reparameterised samples of shape ``(*shape, *context_batch, *event_shape)``."""
+        """Reparameterised samples of shape `(*shape, *context_batch, *event_shape)`."""
         z = draw_latent(self, shape, context, "Flow.rsample")
         context = expand_context(context, z, len(self.bijector.latent_shape))
         with outermost():
@@ -105,7 +107,7 @@ class Flow(Configurable, nn.Module):
 
     @torch.no_grad()
     def sample(self, shape: int | Sequence[int] = (), context: Tensor | None = None) -> Tensor:
-        """Samples without gradients (see :meth:`rsample`)."""
+        """Samples without gradients (see [`rsample`][flowkit.flows.Flow.rsample])."""
         return self.rsample(shape, context)
 
     @torch.no_grad()
@@ -118,28 +120,30 @@ class Flow(Configurable, nn.Module):
     def sample_with_log_weights(
         self, n: int | Sequence[int], target: Any, context: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
-        r"""Reparameterised samples with their log importance weights for ``target``.
+        r"""Reparameterised samples with their log importance weights for `target`.
 
-        Draws ``z`` from the base, runs the sampling path ``z -> x`` through
-        ``bijector.inverse`` and returns ``x`` with
+        Draws `z` from the base, runs the sampling path `z -> x` through
+        `bijector.inverse` and returns `x` with
 
-        .. math:: \log w = -u_X(x) - \log p_Z(z) + \sum_t \Delta S_t,
+        $$
+        \log w = -u_X(x) - \log p_Z(z) + \sum_t \Delta S_t,
+        $$
 
-        where the layers' second outputs :math:`\Delta S_t` are ``log|det dx/dz|`` for
+        where the layers' second outputs $\Delta S_t$ are `log|det dx/dz|` for
         bijections and the path-weight increments of stochastic blocks. Then
-        ``logsumexp(log_w) - log n`` estimates ``log Z_X`` and ``-mean(log_w)`` is the
-        reverse KL divergence on path space up to ``log Z_X``. For a deterministic flow
-        ``log w = -u_X(x) - log q(x)``. Works with gradients (reparameterised): minimise
-        ``-log_w.mean()`` to train by reverse KL.
+        `logsumexp(log_w) - log n` estimates `log Z_X` and `-mean(log_w)` is the
+        reverse KL divergence on path space up to `log Z_X`. For a deterministic flow
+        `log w = -u_X(x) - log q(x)`. Works with gradients (reparameterised): minimise
+        `-log_w.mean()` to train by reverse KL.
 
         Arguments:
             n: number of samples (or a sample shape).
-            target: anything with ``energy(x)`` (negative unnormalised log density), or a
+            target: anything with `energy(x)` (negative unnormalised log density), or a
                 flowkit Distribution.
             context: context for conditional flows.
 
         Returns:
-            ``(x, log_w)`` of shapes ``(*n, *event_shape)`` and ``(*n,)`` (times the context batch).
+            `(x, log_w)` of shapes `(*n, *event_shape)` and `(*n,)` (times the context batch).
         """
         z = draw_latent(self, n, context, "Flow.sample_with_log_weights")
         return self.log_weights_at(z, target, context)
@@ -158,13 +162,13 @@ class Flow(Configurable, nn.Module):
         """Regularisers of the bijector's layers (`None` when there are none)."""
         return auxiliary_loss(self.bijector)
 
-    def to_distribution(self, context: Tensor | None = None) -> "FlowDistribution":
-        """Wrap the flow (at a fixed context) as a :class:`torch.distributions.Distribution`."""
+    def to_distribution(self, context: Tensor | None = None) -> FlowDistribution:
+        """Wrap the flow (at a fixed context) as a `torch.distributions.Distribution`."""
         return FlowDistribution(self, context)
 
 
 class FlowDistribution(torch.distributions.Distribution):
-    """A :class:`Flow` seen as a :class:`torch.distributions.Distribution` (for Pyro or torch code).
+    """A [`Flow`][flowkit.flows.Flow] seen as a `torch.distributions.Distribution` (for Pyro or torch code).
 
     Arguments:
         flow: the flow.

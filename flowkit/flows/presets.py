@@ -235,7 +235,7 @@ class NSF(Flow):
             and `activation` are then unused).
         base: the latent distribution (a standard normal by default).
 
-    Example:
+    Examples:
         >>> import torch, flowkit
         >>> flow = flowkit.flows.NSF(features=3, transforms=2, hidden=(16,))
         >>> flow.log_prob(torch.randn(4, 3)).shape

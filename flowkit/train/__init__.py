@@ -9,4 +9,17 @@ from .objective import Objective
 from .pathgrad import PathGradientVI
 from .score_matching import ScoreMatching, exact_log_prob
 
-__all__ = ["fit", "History", "MaximumLikelihood", "split_batch", "Objective", "PathGradientVI", "ForwardKLPathGradient", "BoltzmannGenerator", "ScoreMatching", "EMA", "Callback", "exact_log_prob"]
+__all__ = [
+    "fit",
+    "History",
+    "MaximumLikelihood",
+    "split_batch",
+    "Objective",
+    "PathGradientVI",
+    "ForwardKLPathGradient",
+    "BoltzmannGenerator",
+    "ScoreMatching",
+    "EMA",
+    "Callback",
+    "exact_log_prob",
+]

@@ -77,7 +77,7 @@ class ShardedBatchSampler(Sampler[list[int]]):
 
     def __init__(
         self, n: int, batch_size: int, world_size: int = 1, rank: int = 0, seed: int = 0, shuffle: bool = True
-    ):
+    ) -> None:
         self.n, self.batch_size, self.world_size, self.rank = n, batch_size, world_size, rank
         self.seed, self.shuffle = seed, shuffle
         self.epoch, self.skip = 0, 0
@@ -122,7 +122,9 @@ class _Source:
 
 
 class _TensorSource(_Source):
-    def __init__(self, tensors: Sequence[Tensor], sampler: ShardedBatchSampler, device, dtype) -> None:
+    def __init__(
+        self, tensors: Sequence[Tensor], sampler: ShardedBatchSampler, device: torch.device, dtype: torch.dtype | None
+    ) -> None:
         self.tensors, self.sampler, self.device, self.dtype = tensors, sampler, device, dtype
         self.steps_per_epoch = len(sampler)
 
@@ -140,7 +142,7 @@ class _LoaderSource(_Source):
     around the call (the order a shuffling loader draws is the same).
     """
 
-    def __init__(self, loader: DataLoader, device, dtype) -> None:
+    def __init__(self, loader: DataLoader, device: torch.device, dtype: torch.dtype | None) -> None:
         self.loader, self.device, self.dtype = loader, device, dtype
         try:
             self.steps_per_epoch = len(loader)

@@ -1,10 +1,12 @@
 r"""Boltzmann-generator training: reverse KL to the target energy mixed with maximum likelihood on samples.
 
-.. math:: \mathcal L = w_{KL}\, E_{z}[u(T(z)) + \log q(T(z))] + w_{ML}\, E_{x \sim \text{samples}}[-\log q(x)]
+$$
+\mathcal L = w_{KL}\, E_{z}[u(T(z)) + \log q(T(z))] + w_{ML}\, E_{x \sim \text{samples}}[-\log q(x)]
+$$
 
 (Noé et al. 2019). The KL term is mode-seeking and needs only the energy; the
 ML term, on samples from MD or MCMC, is mass-covering and keeps the flow from
-dropping modes. Stochastic normalizing flows (:class:`~flowkit.stochastic.StochasticFlow`,
+dropping modes. Stochastic normalizing flows ([`StochasticFlow`][flowkit.stochastic.StochasticFlow],
 Wu et al. 2020) use their path weights for the KL term and their path
 likelihood for the ML term.
 """
@@ -30,27 +32,27 @@ _ML_ESTIMATORS = ("nll", "path")
 class BoltzmannGenerator(Objective):
     """Weighted reverse KL to a target plus maximum likelihood on (optional) target samples.
 
-    ``loss(flow, z)`` takes the latent batch ``z`` the fit loop draws from the
-    base (``needs_data`` is False); when samples are given, the objective
+    `loss(flow, z)` takes the latent batch `z` the fit loop draws from the
+    base (`needs_data` is False); when samples are given, the objective
     draws its own batch of them, of the same size, at each call.
 
     Arguments:
-        target: the :class:`~flowkit.targets.Target`.
-        samples: configurations ``(N, *event_shape)`` from the target (MD, MCMC or
+        target: the [`Target`][flowkit.targets.Target].
+        samples: configurations `(N, *event_shape)` from the target (MD, MCMC or
             exact), or None for energy-only training.
         w_ml: weight of the maximum-likelihood term (ignored without samples).
         w_kl: weight of the reverse-KL term.
-        estimator: gradient estimator of the KL term: ``"fast"``, ``"standard"``
-            or ``"reparam"`` (see :class:`~flowkit.train.PathGradientVI`); a
-            :class:`~flowkit.stochastic.StochasticFlow` always trains by its
+        estimator: gradient estimator of the KL term: `"fast"`, `"standard"`
+            or `"reparam"` (see [`PathGradientVI`][flowkit.train.PathGradientVI]); a
+            [`StochasticFlow`][flowkit.stochastic.StochasticFlow] always trains by its
             reparameterised path weights.
-        ml_estimator: ``"nll"`` (plain maximum likelihood) or ``"path"`` (the
+        ml_estimator: `"nll"` (plain maximum likelihood) or `"path"` (the
             forward-KL path gradient, which also uses the target's forces at the samples).
 
     Attributes:
         needs_data: False; samples are held by the objective, not fed by the loop.
 
-    After each call, :meth:`metrics` gives ``kl`` and ``nll`` of the batch and
+    After each call, `metrics` gives `kl` and `nll` of the batch and
     the ESS and log Z estimate of the KL batch.
 
     References:
@@ -71,7 +73,9 @@ class BoltzmannGenerator(Objective):
         ml_estimator: str = "nll",
     ) -> None:
         if not isinstance(target, Target):
-            raise ValueError(f"BoltzmannGenerator: target must be a flowkit.targets.Target, got {type(target).__name__}")
+            raise ValueError(
+                f"BoltzmannGenerator: target must be a flowkit.targets.Target, got {type(target).__name__}"
+            )
         if estimator not in ESTIMATORS:
             raise ValueError(f"BoltzmannGenerator: unknown estimator {estimator!r}; choose one of {ESTIMATORS}")
         if ml_estimator not in _ML_ESTIMATORS:

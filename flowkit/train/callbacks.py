@@ -48,7 +48,7 @@ CHECKPOINT_FILE = "checkpoint.safetensors"
 class Callback:
     """Base of the callbacks of [`fit`][flowkit.train.fit]: every hook does nothing by default.
 
-    Example:
+    Examples:
         >>> class PrintLoss(Callback):
         ...     def on_validation(self, state):
         ...         print(state.step, round(state.val_loss, 2))
@@ -98,7 +98,7 @@ class CallbackList:
 
 
 class EMA(Callback):
-    r"""Exponential moving average of a module's weights, used for evaluation.
+    """Exponential moving average of a module's weights, used for evaluation.
 
     After each optimiser step, [`update`][flowkit.train.callbacks.EMA.update] sets
     `avg <- d avg + (1 - d) w` for every floating parameter and buffer, with
@@ -115,7 +115,7 @@ class EMA(Callback):
         module: the model whose weights are averaged.
         decay: the decay `d` (EBFlow uses 0.999).
 
-    Example:
+    Examples:
         >>> import torch
         >>> model = torch.nn.Linear(2, 2)
         >>> ema = EMA(model, decay=0.99)
@@ -210,7 +210,8 @@ class Validation(Callback):
         patience: stop after this many validations without improvement (None: never).
         restore_best: put the weights of the best validation back into the flow at the end.
         plateau: a `ReduceLROnPlateau` stepped with each validation loss.
-        weights: a factory of the context in which to validate (e.g. [`EMA.average`][flowkit.train.callbacks.EMA.average]).
+        weights: a factory of the context in which to validate
+            (e.g. [`EMA.average`][flowkit.train.callbacks.EMA.average]).
     """
 
     def __init__(

@@ -19,22 +19,24 @@ __all__ = ["MaximumLikelihood", "ForwardKLPathGradient"]
 class MaximumLikelihood(Objective):
     r"""Maximum likelihood (forward KL from the data distribution to the flow).
 
-    For a batch :math:`x_1, \dots, x_B` (with contexts :math:`c_i` for a conditional flow)
+    For a batch $x_1, \dots, x_B$ (with contexts $c_i$ for a conditional flow)
 
-    .. math:: L(\theta) = -\frac{1}{B} \sum_{i=1}^B \log q_\theta(x_i \mid c_i),
+    $$
+    L(\theta) = -\frac{1}{B} \sum_{i=1}^B \log q_\theta(x_i \mid c_i),
+    $$
 
-    an unbiased estimate of :math:`\mathrm{KL}(p \,\|\, q_\theta) + H(p)`. The loss
-    is minus the mean of ``flow.path_log_likelihood(x, context)``: ``log_prob`` for a
-    :class:`~flowkit.flows.Flow`, the log path weight for a
-    :class:`~flowkit.stochastic.StochasticFlow`, whose exact density is intractable
+    an unbiased estimate of $\mathrm{KL}(p \,\|\, q_\theta) + H(p)$. The loss
+    is minus the mean of `flow.path_log_likelihood(x, context)`: `log_prob` for a
+    [`Flow`][flowkit.flows.Flow], the log path weight for a
+    [`StochasticFlow`][flowkit.stochastic.StochasticFlow], whose exact density is intractable
     (Wu, Köhler & Noé 2020).
 
     Arguments:
-        target: optional :class:`~flowkit.targets.Target`; when given, the loss
+        target: optional [`Target`][flowkit.targets.Target]; when given, the loss
             uses the forward-KL *path gradient* estimator (Vaitl et al. 2024),
-            provided by :meth:`path_gradient_loss`.
+            provided by [`path_gradient_loss`][flowkit.train.likelihood.MaximumLikelihood.path_gradient_loss].
 
-    Example:
+    Examples:
         >>> import torch, flowkit
         >>> from flowkit.train import MaximumLikelihood, fit
         >>> flow = flowkit.flows.RealNVP(2, transforms=2, hidden=(16,))

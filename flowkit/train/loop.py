@@ -413,7 +413,7 @@ def fit(
     `History.skipped` and warned about.
 
     Arguments:
-        flow: the model (a [`Flow`][flowkit.Flow], or any module the objective understands).
+        flow: the model (a [`Flow`][flowkit.flows.Flow], or any module the objective understands).
         objective: an [`Objective`][flowkit.train.Objective] (or any object with a `loss(flow, batch)` method).
         data: a tensor `x` (or array), a pair `(x, context)`, a `Dataset` yielding either, or a
             `DataLoader` (used as given). Floating tensors are cast to the flow's dtype and moved to
@@ -456,7 +456,7 @@ def fit(
     Raises:
         ValueError: for bad or inconsistent arguments (`patience` without `val_data`, ...).
 
-    Example:
+    Examples:
         >>> import torch, flowkit
         >>> from flowkit.train import MaximumLikelihood, fit
         >>> flow = flowkit.flows.RealNVP(2, transforms=2, hidden=(16,))

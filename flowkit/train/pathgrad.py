@@ -1,23 +1,25 @@
 r"""Reverse- and forward-KL training against a target energy, with path-gradient estimators.
 
-For a flow :math:`x = T_\theta(z)`, :math:`z \sim q_0`, and a target
-:math:`p \propto e^{-u}`, the reverse KL is
-:math:`E_z[\log q_\theta(T_\theta(z)) + u(T_\theta(z))] + \log Z`. Its
+For a flow $x = T_\theta(z)$, $z \sim q_0$, and a target
+$p \propto e^{-u}$, the reverse KL is
+$E_z[\log q_\theta(T_\theta(z)) + u(T_\theta(z))] + \log Z$. Its
 *path gradient* (sticking the landing) keeps only the dependence through the sample,
 
-.. math:: \nabla_\theta \approx E_z\big[(\nabla_x \log q_\theta(x) + \nabla_x u(x))\big|_{x = T_\theta(z)}
-          \cdot \partial_\theta T_\theta(z)\big],
+$$
+\nabla_\theta \approx E_z\big[(\nabla_x \log q_\theta(x) + \nabla_x u(x))\big|_{x = T_\theta(z)}
+\cdot \partial_\theta T_\theta(z)\big],
+$$
 
-which has zero variance when :math:`q = p`. It is computed as the surrogate
-``mean(-log w).detach() + t - t.detach()`` with :math:`t = \frac1B \sum_b x_b \cdot \mathrm{sg}(g_b)`
-and :math:`g = \nabla_x \log q + \nabla_x u`. Three estimators share the loss value:
+which has zero variance when $q = p$. It is computed as the surrogate
+`mean(-log w).detach() + t - t.detach()` with $t = \frac1B \sum_b x_b \cdot \mathrm{sg}(g_b)$
+and $g = \nabla_x \log q + \nabla_x u$. Three estimators share the loss value:
 
-- ``"fast"`` (Vaitl et al. 2024, Alg. 1): :math:`\nabla_x \log q` is carried
+- `"fast"` (Vaitl et al. 2024, Alg. 1): $\nabla_x \log q$ is carried
   along the sampling pass, layer by layer, by the score rules of
-  :mod:`flowkit.train.score_rules`, with no second pass through the flow;
-- ``"standard"``: samples, then :math:`\nabla_x \log q` by autograd through ``log_prob``
+  [`flowkit.train.score_rules`][flowkit.train.score_rules], with no second pass through the flow;
+- `"standard"`: samples, then $\nabla_x \log q$ by autograd through `log_prob`
   at the detached sample (a second pass);
-- ``"reparam"``: the plain reparameterised gradient of the reverse KL.
+- `"reparam"`: the plain reparameterised gradient of the reverse KL.
 
 References:
     Roeder, Wu & Duvenaud, *Sticking the landing*, NeurIPS 2017 (arXiv:1703.09194);
@@ -69,7 +71,7 @@ def _check_flow(flow: Any, target: Target, where: str, exact: bool = True) -> No
 
 
 def _base_log_prob_and_score(base: Any, z: Tensor) -> tuple[Tensor, Tensor]:
-    """``log q0(z)`` and its gradient in ``z``, both without a graph."""
+    """`log q0(z)` and its gradient in `z`, both without a graph."""
     with torch.enable_grad():
         leaf = z.detach().requires_grad_(True)
         log_q0 = base.log_prob(leaf)
@@ -87,17 +89,17 @@ def _latent(flow: Any, z: Tensor | int, where: str) -> Tensor:
 def sample_with_score(flow: Any, z: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     r"""Push latent points through the flow carrying the score: the fast recursion.
 
-    Starting from :math:`g_0 = \nabla_z \log q_0(z)`, every layer on the
-    sampling path maps :math:`g \leftarrow (g - \nabla \log|\det J|) J^{-1}`
+    Starting from $g_0 = \nabla_z \log q_0(z)$, every layer on the
+    sampling path maps $g \leftarrow (g - \nabla \log|\det J|) J^{-1}$
     ([`inverse_with_score`][flowkit.train.score_rules.inverse_with_score]).
 
     Arguments:
         flow: a [`Flow`][flowkit.flows.Flow].
-        z: latent points ``(B, *latent_shape)``.
+        z: latent points `(B, *latent_shape)`.
 
     Returns:
-        ``(x, log_q, score)``: samples ``x = T(z)`` and ``log q(x)`` with their
-        graphs, and :math:`\nabla_x \log q(x)` without one.
+        `(x, log_q, score)`: samples `x = T(z)` and `log q(x)` with their
+        graphs, and $\nabla_x \log q(x)$ without one.
     """
     log_q0, score = _base_log_prob_and_score(flow.base, z)
     with outermost():
@@ -106,20 +108,20 @@ def sample_with_score(flow: Any, z: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def _path_surrogate(log_w: Tensor, point: Tensor, direction: Tensor) -> Tensor:
-    """``mean(-log w)`` in value, ``mean_b point_b . direction_b`` in gradient."""
+    """`mean(-log w)` in value, `mean_b point_b . direction_b` in gradient."""
     n = log_w.numel()
     t = (point * direction.detach()).sum() / n
     return -log_w.detach().mean() + (t - t.detach())
 
 
 def reverse_kl_loss(flow: Any, target: Target, z: Tensor, estimator: str = "fast") -> tuple[Tensor, Tensor]:
-    """Reverse-KL loss on the latent batch ``z`` with the chosen gradient estimator.
+    """Reverse-KL loss on the latent batch `z` with the chosen gradient estimator.
 
-    The value is ``mean(u(x) + log q(x))`` (the reverse KL minus ``log Z``) for
+    The value is `mean(u(x) + log q(x))` (the reverse KL minus `log Z`) for
     every estimator; only the gradient differs (see the module docstring).
 
     Returns:
-        ``(loss, log_w)`` with the detached log weights ``-u(x) - log q(x)`` of the batch.
+        `(loss, log_w)` with the detached log weights `-u(x) - log q(x)` of the batch.
     """
     if estimator not in ESTIMATORS:
         raise ValueError(f"unknown estimator {estimator!r}; choose one of {ESTIMATORS}")
@@ -144,22 +146,22 @@ def reverse_kl_loss(flow: Any, target: Target, z: Tensor, estimator: str = "fast
 
 
 class PathGradientVI(Objective):
-    r"""Reverse KL :math:`KL(q_\theta \| p)` to a target energy, trained without data.
+    r"""Reverse KL $KL(q_\theta \| p)$ to a target energy, trained without data.
 
-    ``loss(flow, z)`` takes a latent batch ``z`` drawn from the flow's base (the
-    fit loop draws it, so two estimators can be compared on the same ``z``;
-    an int ``B`` draws ``B`` points). The loss value is
-    :math:`\mathrm{mean}(u(x) + \log q(x)) = KL - \log Z`, for every estimator.
+    `loss(flow, z)` takes a latent batch `z` drawn from the flow's base (the
+    fit loop draws it, so two estimators can be compared on the same `z`;
+    an int `B` draws `B` points). The loss value is
+    $\mathrm{mean}(u(x) + \log q(x)) = KL - \log Z$, for every estimator.
 
     Arguments:
-        target: the :class:`~flowkit.targets.Target`.
-        estimator: ``"fast"`` (recursive path gradient, Vaitl et al. 2024),
-            ``"standard"`` (sticking-the-landing path gradient with a second pass)
-            or ``"reparam"`` (plain reparameterised gradient).
+        target: the [`Target`][flowkit.targets.Target].
+        estimator: `"fast"` (recursive path gradient, Vaitl et al. 2024),
+            `"standard"` (sticking-the-landing path gradient with a second pass)
+            or `"reparam"` (plain reparameterised gradient).
 
-    After each call, :meth:`metrics` gives the batch's ESS and log Z estimate.
+    After each call, `metrics` gives the batch's ESS and log Z estimate.
 
-    Example:
+    Examples:
         >>> import flowkit
         >>> flow = flowkit.flows.RealNVP(2, transforms=2)
         >>> objective = flowkit.train.PathGradientVI(flowkit.targets.DoubleWell())
@@ -198,7 +200,7 @@ def _weight_metrics(log_w: Tensor | None) -> dict[str, float]:
 
 
 def forward_kl_loss(flow: Any, target: Target, x: Tensor) -> Tensor:
-    """Negative log-likelihood of ``x`` in value, forward-KL path gradient in gradient."""
+    """Negative log-likelihood of `x` in value, forward-KL path gradient in gradient."""
     with outermost():
         if not torch.is_grad_enabled():
             z, ladj = flow.bijector(x)

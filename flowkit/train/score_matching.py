@@ -1,26 +1,26 @@
 r"""EBFlow: train a flow by score matching, without the log-determinants of its linear layers.
 
-A flow's log density splits into a part that depends on ``x`` and a part that
+A flow's log density splits into a part that depends on `x` and a part that
 does not:
 
-.. math::
+$$
+\log p(x) = \underbrace{\log p_Z(g(x)) + \sum_{i\,\text{varying}} \log|\det J_i(x)|}_{-E(x)}
+          + \underbrace{\sum_{i\,\text{constant}} \log|\det J_i|}_{-\log Z},
+$$
 
-    \log p(x) = \underbrace{\log p_Z(g(x)) + \sum_{i\,\text{varying}} \log|\det J_i(x)|}_{-E(x)}
-              + \underbrace{\sum_{i\,\text{constant}} \log|\det J_i|}_{-\log Z},
-
-where the second sum runs over the layers with ``ladj_is_constant`` (dense
+where the second sum runs over the layers with `ladj_is_constant` (dense
 and LU linear layers, permutations, ActNorm). Seen as an energy-based model
-with energy ``E`` and normalising constant ``Z``, the flow has the score
-``s(x) = \nabla_x \log p(x) = -\nabla_x E(x)``, which does not involve any
-``det W``. Score matching fits ``s`` to the data, so a flow of dense
-``D x D`` layers trains in :math:`O(D^2)` per point instead of the
-:math:`O(D^3)` of the determinants that maximum likelihood needs.
+with energy `E` and normalising constant `Z`, the flow has the score
+`s(x) = \nabla_x \log p(x) = -\nabla_x E(x)`, which does not involve any
+`det W`. Score matching fits `s` to the data, so a flow of dense
+`D x D` layers trains in $O(D^2)$ per point instead of the
+$O(D^3)$ of the determinants that maximum likelihood needs.
 
-:func:`energy` walks the flow's layers (nested :class:`~flowkit.bijectors.Chain`
+[`energy`][flowkit.train.score_matching.energy] walks the flow's layers (nested [`Chain`][flowkit.bijectors.Chain]
 s recursively): a layer with a constant log-determinant runs through its cheap
-``call()`` and its determinant is never computed; every other layer runs its
-``forward`` and its log-determinant enters ``E``. :class:`ScoreMatching` is the
-training objective; :func:`exact_log_prob` evaluates the exact likelihood of a
+`call()` and its determinant is never computed; every other layer runs its
+`forward` and its log-determinant enters `E`. [`ScoreMatching`][flowkit.train.ScoreMatching] is the
+training objective; [`exact_log_prob`][flowkit.train.exact_log_prob] evaluates the exact likelihood of a
 score-matched flow with the constant log-determinants computed once. The moving
 average of the weights used for evaluation is [`EMA`][flowkit.train.EMA] (or `fit(..., ema=0.999)`).
 
@@ -50,7 +50,7 @@ _METHODS = ("ssm", "dsm", "fdsm")
 
 
 def _walk(bijector: Bijector, x: Tensor, context: Tensor | None, constants: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """Run ``bijector`` on ``x``: ``(z, sum of the varying ladjs, sum of the constant ladjs or 0)``."""
+    """Run `bijector` on `x`: `(z, sum of the varying ladjs, sum of the constant ladjs or 0)`."""
     batch = x.shape[: x.dim() - len(bijector.event_shape)]
     zero = x.new_zeros(batch)
     if bijector.ladj_is_constant:
@@ -88,33 +88,33 @@ def _energy_and_constant(
 
 
 def energy(flow: Any, x: Tensor, context: Tensor | None = None) -> Tensor:
-    r"""EBFlow energy ``E(x) = -log p_Z(g(x)) - sum of the input-dependent log-determinants``.
+    """EBFlow energy `E(x) = -log p_Z(g(x)) - sum of the input-dependent log-determinants`.
 
-    ``log p(x) = -E(x) + sum of the constant log-determinants``; no
-    determinant of a layer with ``ladj_is_constant`` is computed.
+    `log p(x) = -E(x) + sum of the constant log-determinants`; no
+    determinant of a layer with `ladj_is_constant` is computed.
 
     Arguments:
-        flow: a :class:`~flowkit.Flow` (any bijector, any base).
-        x: data of shape ``(..., *event_shape)``.
-        context: context of shape ``(..., context_features)`` for conditional flows.
+        flow: a [`Flow`][flowkit.flows.Flow] (any bijector, any base).
+        x: data of shape `(..., *event_shape)`.
+        context: context of shape `(..., context_features)` for conditional flows.
 
     Returns:
-        ``E(x)`` with the batch shape.
+        `E(x)` with the batch shape.
     """
     return _energy_and_constant(flow, x, context, False, "energy")[0]
 
 
 def score(flow: Any, x: Tensor, context: Tensor | None = None, *, create_graph: bool = False) -> Tensor:
-    r"""Score ``s(x) = -\nabla_x E(x) = \nabla_x \log p(x)``, computed without any constant log-determinant.
+    r"""Score `s(x) = -\nabla_x E(x) = \nabla_x \log p(x)`, computed without any constant log-determinant.
 
     Arguments:
-        flow: a :class:`~flowkit.Flow`.
-        x: data of shape ``(..., *event_shape)``.
+        flow: a [`Flow`][flowkit.flows.Flow].
+        x: data of shape `(..., *event_shape)`.
         context: context for conditional flows.
         create_graph: keep the graph, to differentiate the score again.
 
     Returns:
-        The score, with the shape of ``x``.
+        The score, with the shape of `x`.
     """
     with torch.enable_grad():
         x = x.detach().requires_grad_(True)
@@ -130,26 +130,26 @@ def exact_log_prob(
     preprocessing: Bijector | None = None,
     batch_size: int = 4096,
 ) -> Tensor:
-    r"""Exact ``log p(x)``, with the constant log-determinants computed once for all of ``x``.
+    """Exact `log p(x)`, with the constant log-determinants computed once for all of `x`.
 
-    ``log p(x) = -E(x) + sum_constant log|det J_i|``: the energy runs on
-    batches of ``batch_size`` points, the determinants of the layers with
-    ``ladj_is_constant`` once (on the first point). With ``preprocessing``
-    (e.g. :class:`~flowkit.bijectors.Logit`), the flow models the
-    preprocessed data ``y = h(x)`` ("match after preprocessing") and the
-    density of the raw data is ``log p(x) = log p_flow(h(x)) + log|det J_h(x)|``.
+    `log p(x) = -E(x) + sum_constant log|det J_i|`: the energy runs on
+    batches of `batch_size` points, the determinants of the layers with
+    `ladj_is_constant` once (on the first point). With `preprocessing`
+    (e.g. [`Logit`][flowkit.bijectors.Logit]), the flow models the
+    preprocessed data `y = h(x)` ("match after preprocessing") and the
+    density of the raw data is `log p(x) = log p_flow(h(x)) + log|det J_h(x)|`.
 
     Runs without gradients.
 
     Arguments:
-        flow: a :class:`~flowkit.Flow`.
-        x: raw data of shape ``(N, *event_shape)``.
-        context: context of shape ``(N, context_features)`` for conditional flows.
-        preprocessing: a bijector applied to ``x`` before the flow, outside the model.
+        flow: a [`Flow`][flowkit.flows.Flow].
+        x: raw data of shape `(N, *event_shape)`.
+        context: context of shape `(N, context_features)` for conditional flows.
+        preprocessing: a bijector applied to `x` before the flow, outside the model.
         batch_size: points per pass.
 
     Returns:
-        ``log p(x)``, of shape ``(N,)``.
+        `log p(x)`, of shape `(N,)`.
     """
     if batch_size < 1:
         raise ValueError(f"exact_log_prob: batch_size must be positive, got {batch_size}")
@@ -163,7 +163,9 @@ def exact_log_prob(
             if preprocessing is not None:
                 xb, ladj_pre = preprocessing(xb, cb)
             if constant is None:
-                e_first, c_first = _energy_and_constant(flow, xb[:1], None if cb is None else cb[:1], True, "exact_log_prob")
+                e_first, c_first = _energy_and_constant(
+                    flow, xb[:1], None if cb is None else cb[:1], True, "exact_log_prob"
+                )
                 constant = c_first.reshape(-1)[0]
             e = energy(flow, xb, cb)
             out.append(-e + constant + ladj_pre)
@@ -181,45 +183,46 @@ def _repeat(t: Tensor | None, times: int) -> Tensor | None:
 class ScoreMatching(Objective):
     r"""Score-matching objective of EBFlow: fit the flow's score, never its constant log-determinants.
 
-    The flow is an energy model with ``E(x)`` from :func:`energy`; the score
-    ``s = -\nabla_x E`` is matched to the data by one of three estimators of
+    The flow is an energy model with `E(x)` from [`energy`][flowkit.train.score_matching.energy]; the score
+    `s = -\nabla_x E` is matched to the data by one of three estimators of
     the Fisher divergence (up to a constant), each divided by the number of
-    dimensions ``D`` of an event:
+    dimensions `D` of an event:
 
-    - ``"ssm"``, sliced score matching with variance reduction:
-      :math:`\frac1D\,\mathbb E\big[v^\top \nabla_x (v^\top s(x)) + \tfrac12 |s(x)|^2\big]`
-      with Rademacher slices ``v`` (``slices`` of them per point); the
+    - `"ssm"`, sliced score matching with variance reduction:
+      $\frac1D\,\mathbb E\big[v^\top \nabla_x (v^\top s(x)) + \tfrac12 |s(x)|^2\big]$
+      with Rademacher slices `v` (`slices` of them per point); the
       Hessian-vector product costs one more backward pass.
-    - ``"dsm"``, denoising score matching with noise level ``sigma``:
-      :math:`\frac1D\,\mathbb E\,\tfrac12\,|s(x + \sigma n) + n / \sigma|^2`, ``n ~ N(0, I)``;
-      it matches the score of the data smoothed by ``N(0, sigma^2 I)``, so
-      ``sigma`` sets a bias.
-    - ``"fdsm"``, finite-difference sliced score matching with step ``epsilon``:
-      ``v`` uniform on the sphere of radius ``epsilon``,
-      :math:`\mathbb E\big[(E(x+v) - E(x-v))^2/8 + 2E(x) - E(x+v) - E(x-v)\big] / \epsilon^2`;
-      no second derivative at all. Because ``E|v^T a|^2 = epsilon^2 |a|^2 / D``,
-      this already estimates the SSM objective divided by ``D``.
+    - `"dsm"`, denoising score matching with noise level `sigma`:
+      $\frac1D\,\mathbb E\,\tfrac12\,|s(x + \sigma n) + n / \sigma|^2$, `n ~ N(0, I)`;
+      it matches the score of the data smoothed by `N(0, sigma^2 I)`, so
+      `sigma` sets a bias.
+    - `"fdsm"`, finite-difference sliced score matching with step `epsilon`:
+      `v` uniform on the sphere of radius `epsilon`,
+      $\mathbb E\big[(E(x+v) - E(x-v))^2/8 + 2E(x) - E(x+v) - E(x-v)\big] / \epsilon^2$;
+      no second derivative at all. Because `E|v^T a|^2 = epsilon^2 |a|^2 / D`,
+      this already estimates the SSM objective divided by `D`.
 
     For the SSM objective the expectation is exactly
-    ``(1/D) E_data[1/2 |s|^2 + tr(grad s)]``; for a Gaussian model with
-    covariance ``S_m`` and centred data with covariance ``S_d`` it is
-    ``(1/D) (1/2 tr(S_m^-1 S_d S_m^-1) - tr S_m^-1)``, minimised at ``S_m = S_d``.
+    `(1/D) E_data[1/2 |s|^2 + tr(grad s)]`; for a Gaussian model with
+    covariance `S_m` and centred data with covariance `S_d` it is
+    `(1/D) (1/2 tr(S_m^-1 S_d S_m^-1) - tr S_m^-1)`, minimised at `S_m = S_d`.
 
-    Optionally ``energy_weight * mean(E)`` is added to keep energies low
-    (EBFlow's lambda). With ``preprocessing`` (e.g. :class:`~flowkit.bijectors.Logit`)
+    Optionally `energy_weight * mean(E)` is added to keep energies low
+    (EBFlow's lambda). With `preprocessing` (e.g. [`Logit`][flowkit.bijectors.Logit])
     the batch is raw data: it is preprocessed without gradients before matching
-    ("match after preprocessing", MaP), and :meth:`validation_loss` reports the
+    ("match after preprocessing", MaP), and
+    [`validation_loss`][flowkit.train.score_matching.ScoreMatching.validation_loss] reports the
     exact NLL of the raw data, the preprocessing's log-determinant added back.
 
     Arguments:
-        method: ``"ssm"``, ``"dsm"`` or ``"fdsm"``.
+        method: `"ssm"`, `"dsm"` or `"fdsm"`.
         sigma: noise level of DSM.
         epsilon: step of FDSM.
         slices: Rademacher slices per point for SSM.
-        energy_weight: weight of the ``mean(E)`` regulariser (0 for none).
+        energy_weight: weight of the `mean(E)` regulariser (0 for none).
         preprocessing: a bijector applied to the data outside the model, or None.
 
-    Example:
+    Examples:
         >>> import torch, flowkit
         >>> from flowkit.bijectors import Chain, Linear, SmoothLeakyReLU
         >>> flow = flowkit.Flow(Chain(Linear(4), SmoothLeakyReLU(4), Linear(4)),
@@ -257,7 +260,9 @@ class ScoreMatching(Objective):
         if energy_weight < 0:
             raise ValueError(f"ScoreMatching: energy_weight must be non-negative, got {energy_weight}")
         if preprocessing is not None and not isinstance(preprocessing, Bijector):
-            raise ValueError(f"ScoreMatching: preprocessing must be a flowkit Bijector, got {type(preprocessing).__name__}")
+            raise ValueError(
+                f"ScoreMatching: preprocessing must be a flowkit Bijector, got {type(preprocessing).__name__}"
+            )
         self.method = method
         self.sigma = float(sigma)
         self.epsilon = float(epsilon)
@@ -274,7 +279,7 @@ class ScoreMatching(Objective):
         return x.detach(), context
 
     def loss(self, flow: Any, batch: Any) -> Tensor:
-        """The score-matching loss of ``flow`` on ``batch`` (``x`` or ``(x, context)``), divided by ``D``."""
+        """The score-matching loss of `flow` on `batch` (`x` or `(x, context)`), divided by `D`."""
         x, context = self._prepare(batch, "ScoreMatching.loss")
         _check_flow(flow, "ScoreMatching.loss")
         dims = len(flow.event_shape)
@@ -309,7 +314,7 @@ class ScoreMatching(Objective):
         return loss
 
     def validation_loss(self, flow: Any, batch: Any) -> Tensor:
-        """Exact negative log-likelihood per point of the raw ``batch`` (the preprocessing's log-det added back)."""
+        """Exact negative log-likelihood per point of the raw `batch` (the preprocessing's log-det added back)."""
         x, context = split_batch(batch, "ScoreMatching.validation_loss")
         return -exact_log_prob(flow, x, context, preprocessing=self.preprocessing).mean()
 

@@ -15,7 +15,7 @@ sampling direction. Each returns the mapped point and its log-determinant with
 their graphs, and the carried score without one.
 
 The rules are looked up by the bijector's type (along its method resolution
-order, as [`functools.singledispatch`][functools.singledispatch] does). Every
+order, as `functools.singledispatch` does). Every
 bijector has the generic rule (one vector-Jacobian product through the opposite
 direction); [`Chain`][flowkit.bijectors.Chain], [`Invert`][flowkit.bijectors.Invert],
 [`Reshape`][flowkit.bijectors.Reshape], the linear layers, permutations and
@@ -66,7 +66,7 @@ ScoreRule = Callable[[Bijector, Tensor, Tensor, "Tensor | None"], tuple[Tensor, 
 
 
 def _pulled_score(back: Callable, y: Tensor, score: Tensor, context: Tensor | None) -> Tensor:
-    """``J_back(y)^T score + grad_y ladj_back(y)`` by one autograd call, without a graph on the result."""
+    """`J_back(y)^T score + grad_y ladj_back(y)` by one autograd call, without a graph on the result."""
     with torch.enable_grad():
         leaf = y.detach().requires_grad_(True)
         y_back, ladj_back = back(leaf, context)
@@ -144,7 +144,7 @@ def forward_with_score(
     `z` and `ladj` keep their graphs; `score_z` has none. The point, the score
     and the context are checked (shape, dtype, finiteness).
 
-    Example:
+    Examples:
         >>> import torch, flowkit
         >>> from flowkit.train.score_rules import forward_with_score
         >>> z, ladj, score_z = forward_with_score(flowkit.bijectors.LULinear(3), torch.randn(4, 3), torch.randn(4, 3))

@@ -90,7 +90,7 @@ class History:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> History:
-        """Rebuild from [`to_dict`][flowkit.train.state.History.to_dict] or a [`to_json`][flowkit.train.state.History.to_json] file.
+        """Rebuild from [`to_dict`][flowkit.train.state.History.to_dict] or a `to_json` file.
 
         In a JSON file nulls stand for non-finite numbers.
         """

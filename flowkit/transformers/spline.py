@@ -42,6 +42,7 @@ References:
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -233,7 +234,17 @@ class _RationalQuadraticBin(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(v, x0, x1, y0, y1, d0, d1, inverse: bool, derivative: bool):  # type: ignore[override]
+    def forward(  # type: ignore[override]
+        v: Tensor,
+        x0: Tensor,
+        x1: Tensor,
+        y0: Tensor,
+        y1: Tensor,
+        d0: Tensor,
+        d1: Tensor,
+        inverse: bool,
+        derivative: bool,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
         shape = _bin_shape(x0, x1, y0, y1, d0, d1)
         if inverse:
             w, h, s, c = shape
@@ -258,7 +269,7 @@ class _RationalQuadraticBin(torch.autograd.Function):
         return y0 + h * n / den, log_derivative, dlog
 
     @staticmethod
-    def setup_context(ctx, inputs, output):  # type: ignore[override]
+    def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:  # type: ignore[override]
         v, *knots, inverse, _ = inputs
         out, _, dlog = output
         if dlog is not None:
@@ -270,12 +281,12 @@ class _RationalQuadraticBin(torch.autograd.Function):
         ctx.save_for_forward(point, *knots)
 
     @staticmethod
-    def backward(ctx, g_out, g_ladj, _):  # type: ignore[override]
+    def backward(ctx: Any, g_out: Tensor, g_ladj: Tensor, _: Any) -> tuple:  # type: ignore[override]
         point, *knots = ctx.saved_tensors
         return (*_bin_pullback(point, tuple(knots), ctx.inverse, g_out, g_ladj), None, None)
 
     @staticmethod
-    def jvp(ctx, *tangents):  # type: ignore[override]
+    def jvp(ctx: Any, *tangents: Tensor) -> tuple:  # type: ignore[override]
         point, *knots = ctx.saved_tensors
         ones, zeros = torch.ones_like(point), torch.zeros_like(point)
         # Everything is elementwise, so unit cotangents give every partial derivative at once.

@@ -15,7 +15,9 @@ def test_log_prob_is_in_original_units():
     expected = norm.logpdf(x.numpy(), loc=b.loc.numpy(), scale=b.scale.numpy()).sum(1)
     torch.testing.assert_close(flow.log_prob(x), torch.as_tensor(expected))
     z, _ = b(x)
-    torch.testing.assert_close(z.mean(0), torch.zeros(3, dtype=torch.float64), atol=1e-5, rtol=0)  # loc is stored in float32
+    torch.testing.assert_close(
+        z.mean(0), torch.zeros(3, dtype=torch.float64), atol=1e-5, rtol=0
+    )  # loc is stored in float32
     torch.testing.assert_close(z.std(0), torch.ones(3, dtype=torch.float64), atol=1e-5, rtol=0)
 
 

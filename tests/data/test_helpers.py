@@ -283,7 +283,9 @@ def test_evaluate_nll_of_one_point_has_no_error_bar():
 
 
 # Bad input to the data helpers: each gives a ValueError naming the problem.
-@pytest.mark.parametrize("val,test", [(-0.1, 0.1), (0.0, 0.1), (1.5, 0.1), (0.6, 0.6), (float("nan"), 0.1), (float("inf"), 0.1)])
+@pytest.mark.parametrize(
+    "val,test", [(-0.1, 0.1), (0.0, 0.1), (1.5, 0.1), (0.6, 0.6), (float("nan"), 0.1), (float("inf"), 0.1)]
+)
 def test_split_array_refuses_bad_fractions(val, test):
     with pytest.raises(ValueError, match="fraction|leaves no training data"):
         split_array(np.zeros((50, 2)), "d", val=val, test=test)

@@ -1,4 +1,7 @@
-"""The MAF tabular loaders on small synthetic files of the real files' shapes (the real data can't be downloaded here)."""
+"""The MAF tabular loaders on small synthetic files of the real files' shapes.
+
+The real data can't be downloaded here.
+"""
 
 import numpy as np
 import pytest

@@ -91,7 +91,12 @@ def _phi4_reference_action(phi, m2, lam):
         for j in range(L):
             p = phi[:, i, j]
             neighbours = (
-                2 * p - phi[:, (i + 1) % L, j] - phi[:, (i - 1) % L, j] + 2 * p - phi[:, i, (j + 1) % L] - phi[:, i, (j - 1) % L]
+                2 * p
+                - phi[:, (i + 1) % L, j]
+                - phi[:, (i - 1) % L, j]
+                + 2 * p
+                - phi[:, i, (j + 1) % L]
+                - phi[:, i, (j - 1) % L]
             )
             total = total + p * neighbours + m2 * p**2 + lam * p**4
     return total
@@ -107,7 +112,9 @@ def test_phi4_energy_matches_the_site_by_site_action():
 def test_phi4_free_field_log_Z_and_samples_match_dense_gaussian_algebra():
     L, m2 = 4, 0.7
     target = Phi4(L, m2, 0.0).double()
-    hessian = torch.autograd.functional.hessian(lambda f: target.energy(f.reshape(1, L, L)).sum(), torch.zeros(L * L, dtype=torch.float64))
+    hessian = torch.autograd.functional.hessian(
+        lambda f: target.energy(f.reshape(1, L, L)).sum(), torch.zeros(L * L, dtype=torch.float64)
+    )
     precision = hessian  # S is quadratic: exp(-S) = exp(-phi^T H phi / 2)
     log_Z = 0.5 * L * L * math.log(2 * math.pi) - 0.5 * float(torch.logdet(precision))
     assert target.log_Z == pytest.approx(log_Z, abs=1e-10)

@@ -79,7 +79,9 @@ def test_stochastic_flow_uses_the_loops_latent_batch():
     from flowkit.stochastic import LangevinBlock, StochasticFlow
 
     target = DoubleWell()
-    flow = StochasticFlow([AffineCoupling(2, hidden=(8,)), LangevinBlock(target, lam=0.5, n_steps=2)], StandardNormal(2))
+    flow = StochasticFlow(
+        [AffineCoupling(2, hidden=(8,)), LangevinBlock(target, lam=0.5, n_steps=2)], StandardNormal(2)
+    )
     z = flow.base.sample((16,))
     torch.manual_seed(1)
     loss = BoltzmannGenerator(target).loss(flow, z)

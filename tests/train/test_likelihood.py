@@ -58,10 +58,12 @@ def test_target_selects_the_forward_kl_path_gradient():
     loss, g = grads(MaximumLikelihood(target))
     reference_loss, reference = grads(ForwardKLPathGradient(target))
     assert torch.equal(loss, reference_loss)
-    for a, b in zip(g, reference):
+    for a, b in zip(g, reference, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     _, plain = grads(MaximumLikelihood())
-    assert not all(torch.allclose(a, b) for a, b in zip(g, plain))  # a different estimator of the same gradient
+    assert not all(
+        torch.allclose(a, b) for a, b in zip(g, plain, strict=True)
+    )  # a different estimator of the same gradient
 
 
 def test_target_path_gradient_checks_target_flow_and_batch():
@@ -90,8 +92,18 @@ def test_fit_recovers_a_correlated_gaussian():
     true = torch.distributions.MultivariateNormal(torch.tensor([1.0, -2.0]), scale_tril=scale_tril)
     train, test = true.sample((4096,)), true.sample((4096,))
     flow = flowkit.flows.RealNVP(2, transforms=2, hidden=(16,))
-    history = fit(flow, MaximumLikelihood(), train, steps=200, batch_size=256, lr=1e-2, val_data=test, val_every=100,
-                  progress=False, seed=0)
+    history = fit(
+        flow,
+        MaximumLikelihood(),
+        train,
+        steps=200,
+        batch_size=256,
+        lr=1e-2,
+        val_data=test,
+        val_every=100,
+        progress=False,
+        seed=0,
+    )
     with torch.no_grad():
         nll = float(-flow.log_prob(test).mean())
         true_nll = float(-true.log_prob(test).mean())

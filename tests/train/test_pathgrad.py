@@ -1,14 +1,13 @@
 """Path-gradient estimators: the fast recursion against autograd, and the exact identities of Vaitl et al."""
 
 import copy
-import math
 
 import pytest
 import torch
 from cases import BIJECTORS
 
 import flowkit
-from flowkit.bijectors import ActNorm, Bijector, Chain, LULinear, Permutation, Reshape
+from flowkit.bijectors import ActNorm, Chain, LULinear, Permutation, Reshape
 from flowkit.distributions import DiagNormal, StandardNormal
 from flowkit.targets import Energy, ManyWell, Phi4
 from flowkit.testing import randomize
@@ -80,7 +79,9 @@ def test_recursion_score_equals_autograd_through_log_prob(make):
 def test_recursion_on_a_lattice_flow_with_reshapes():
     L = 3
     inner = randomize(flowkit.flows.RealNVP(L * L, transforms=3, hidden=(8,)), scale=0.2).bijector
-    flow = flowkit.Flow(Chain(Reshape((L, L), (L * L,)), inner, Reshape((L * L,), (L, L))), StandardNormal((L, L))).double()
+    flow = flowkit.Flow(
+        Chain(Reshape((L, L), (L * L,)), inner, Reshape((L * L,), (L, L))), StandardNormal((L, L))
+    ).double()
     z = flow.base.sample((5,))
     x, _, score = sample_with_score(flow, z)
     leaf = x.detach().requires_grad_(True)
@@ -125,7 +126,9 @@ def test_specialised_score_rules_broadcast_a_point_against_its_context(name, bij
     assert z.shape == score_z.shape == score_x.shape
     torch.testing.assert_close(score_z, generic_forward_with_score(b, x, score_x, context)[2])
     z1 = z[:1]
-    torch.testing.assert_close(inverse_with_score(b, z1, score_z, context)[2], generic_inverse_with_score(b, z1, score_z, context)[2])
+    torch.testing.assert_close(
+        inverse_with_score(b, z1, score_z, context)[2], generic_inverse_with_score(b, z1, score_z, context)[2]
+    )
 
 
 def test_score_entry_points_check_their_inputs():

@@ -49,7 +49,7 @@ def mixed_flow(features=4, context=0):
 
 
 def gaussian_flow(weight, bias=None):
-    """x -> z = W x + b over N(0, I): a Gaussian with precision W^T W and mean -W^{-1} b."""
+    """X -> z = W x + b over N(0, I): a Gaussian with precision W^T W and mean -W^{-1} b."""
     d = weight.shape[0]
     layer = Linear(d, bias=bias is not None).double()
     with torch.no_grad():
@@ -149,7 +149,11 @@ def test_ssm_is_minimised_at_the_data_covariance():
     # its closed-form value: -tr(S_d^-1) / (2 D)
     assert abs(ssm_closed_form(w_star, DATA_COV) + float(torch.trace(torch.linalg.inv(DATA_COV))) / 6) < 1e-12
     gen = torch.Generator().manual_seed(3)
-    perturbations = [1.15 * w_star, 0.87 * w_star, w_star + 0.15 * torch.randn(3, 3, dtype=torch.float64, generator=gen)]
+    perturbations = [
+        1.15 * w_star,
+        0.87 * w_star,
+        w_star + 0.15 * torch.randn(3, 3, dtype=torch.float64, generator=gen),
+    ]
     for w in perturbations:
         value, err = expected_ssm(gaussian_flow(w), seed=1)
         assert value - at_optimum > 4 * math.hypot(err, err0), (value, at_optimum)
@@ -168,8 +172,16 @@ def test_training_a_2d_linear_flow_recovers_the_covariance(method):
     sigma = 0.5
     objective = ScoreMatching(method, sigma=sigma, epsilon=0.1)
     history = fit(
-        flow, objective, data, steps=450, batch_size=len(data), lr=0.05, schedule="step",
-        val_data=data[:500], progress=False, seed=0,
+        flow,
+        objective,
+        data,
+        steps=450,
+        batch_size=len(data),
+        lr=0.05,
+        schedule="step",
+        val_data=data[:500],
+        progress=False,
+        seed=0,
     )
     # the validation loss the loop reports is the exact NLL
     torch.testing.assert_close(history.val_loss[-1], -flow.log_prob(data[:500]).mean().item(), rtol=1e-6, atol=1e-6)

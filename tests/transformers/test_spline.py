@@ -33,7 +33,7 @@ def test_matches_nflows(inverse):
     expected = unconstrained_rational_quadratic_spline(x, w, h, d, inverse=inverse, tail_bound=B)
     got = unconstrained_rqs(x, w, h, d, B, inverse=inverse)
     assert (x.abs() > B).sum() > 300
-    for e, g in zip(expected, got):
+    for e, g in zip(expected, got, strict=True):
         torch.testing.assert_close(g, e, atol=1e-9, rtol=1e-9)
 
 
@@ -122,7 +122,10 @@ def test_finite_values_and_gradients_at_bounds_knots_and_far_out(dtype, inverse)
     table = knots_of(w, h, d)
     axis = 1 if inverse else 0
     special = torch.cat(
-        [table[:, axis, :], torch.tensor([[B, -B, 1e4, -1e4, B + 1e-6, -B - 1e-6, 0.0, 50.0, -50.0]], dtype=dtype).expand(6, -1)],
+        [
+            table[:, axis, :],
+            torch.tensor([[B, -B, 1e4, -1e4, B + 1e-6, -B - 1e-6, 0.0, 50.0, -50.0]], dtype=dtype).expand(6, -1),
+        ],
         dim=1,
     )
     n = special.shape[1]
@@ -170,7 +173,9 @@ def test_bad_arguments_raise():
     with pytest.raises(ValueError, match="min_bin_height"):
         RationalQuadraticSpline(bins=8, min_bin_height=0.0)
     with pytest.raises(ValueError, match="min_bin_width"):
-        unconstrained_rqs(torch.zeros(1), torch.zeros(1, 4), torch.zeros(1, 4), torch.zeros(1, 3), 2.0, min_bin_width=0.0)
+        unconstrained_rqs(
+            torch.zeros(1), torch.zeros(1, 4), torch.zeros(1, 4), torch.zeros(1, 3), 2.0, min_bin_width=0.0
+        )
     with pytest.raises(ValueError, match="bound"):
         RationalQuadraticSpline(bound=0.0)
     with pytest.raises(ValueError, match="min_derivative"):
@@ -241,7 +246,7 @@ def test_torch_func_transforms_agree_with_autograd(inverse):
 
     expected = torch.autograd.functional.jacobian(both, (x, params))
     for jacobian in (jacrev, jacfwd):
-        for got, want in zip(jacobian(both, argnums=(0, 1))(x, params), expected):
+        for got, want in zip(jacobian(both, argnums=(0, 1))(x, params), expected, strict=True):
             torch.testing.assert_close(got, want)
     batched = vmap(lambda xi, pi: torch.stack(transform(xi, pi)))(x[:, None], params[:, None])
     torch.testing.assert_close(batched.squeeze(-1), torch.stack(transform(x, params), dim=1))
@@ -254,5 +259,5 @@ def test_matches_nflows_with_unequal_minimum_bin_sizes(inverse):
     sizes = dict(min_bin_width=1e-2, min_bin_height=3e-3, min_derivative=1e-2)
     expected = unconstrained_rational_quadratic_spline(x, w, h, d, inverse=inverse, tail_bound=B, **sizes)
     got = unconstrained_rqs(x, w, h, d, B, inverse=inverse, **sizes)
-    for e, g in zip(expected, got):
+    for e, g in zip(expected, got, strict=True):
         torch.testing.assert_close(g, e, atol=1e-9, rtol=1e-9)
