@@ -7,24 +7,25 @@ that holds `power/`, `gas/`, `hepmass/`, `miniboone/` and `BSDS300/`.
 The loaders reproduce MAF's preprocessing and splits, so that numbers are
 comparable with the literature (MAF, NSF papers):
 
-========== ===================================================== ===== ===========================================
-name       files                                                 D     preprocessing
-========== ===================================================== ===== ===========================================
-power      `power/data.npy` (N x 8)                            6     shuffle (seed 42), drop 2 columns, add the
-                                                                       MAF jitter, standardise on train+val
-gas        `gas/ethylene_CO.pickle` or `.csv` (with header)  8     drop Meth/Eth/Time, drop columns correlated
-                                                                       above 0.98, standardise
-hepmass    `hepmass/1000_train.csv`, `1000_test.csv`         21    positive class only, standardise on train,
-                                                                       drop discrete features
-miniboone  `miniboone/data.npy` (N x 43)                       43    standardise on train+val
-bsds300    `BSDS300/BSDS300.hdf5` or `{train,validation,      63    none (already split)
-           test}.npy`
-========== ===================================================== ===== ===========================================
+| name | files | D | preprocessing |
+|---|---|---|---|
+| `power` | `power/data.npy` (N x 8) | 6 | shuffle (seed 42), drop 2 columns, MAF's jitter, standardise |
+| `gas` | `gas/ethylene_CO.csv` (with header; see below) | 8 | drop Meth/Eth/Time and correlated columns |
+| `hepmass` | `hepmass/1000_train.csv`, `1000_test.csv` | 21 | signal only, standardise, drop discrete features |
+| `miniboone` | `miniboone/data.npy` (N x 43) | 43 | standardise on train+val |
+| `bsds300` | `BSDS300/BSDS300.hdf5` or `{train,validation,test}.npy` | 63 | none (already split) |
 
 Test sets are the last 10% of rows and validation sets the last 10% of the
-rest, as in MAF. `gas/ethylene_CO.pickle` needs pandas and
-`BSDS300.hdf5` needs h5py (neither is a flowkit dependency); the `.csv`
-and `.npy` alternatives need neither.
+rest, as in MAF. `BSDS300.hdf5` needs h5py (not a flowkit dependency);
+the `.npy` alternative does not.
+
+flowkit never unpickles: a pickle can run any code when it is read, so the
+archive's `gas/ethylene_CO.pickle` (a pickled pandas DataFrame) is refused.
+Convert it once, from the data directory, with pandas, *if you trust the file*:
+
+```bash
+python -c "import pandas; pandas.read_pickle('gas/ethylene_CO.pickle').to_csv('gas/ethylene_CO.csv', index=False)"
+```
 
 References:
     Papamakarios, Pavlakou & Murray, *Masked Autoregressive Flow for Density
@@ -99,22 +100,26 @@ def _power(root: Path) -> _Arrays:
     return _standardise_on_train_val(*_tail_splits(data))
 
 
+#: The one-line conversion of MAF's pickled GAS table into the CSV file flowkit reads (run from the data directory).
+_GAS_CONVERSION = (
+    "python -c \"import pandas; pandas.read_pickle('gas/ethylene_CO.pickle')"
+    ".to_csv('gas/ethylene_CO.csv', index=False)\""
+)
+
+
 def _read_gas_table(root: Path) -> tuple[list[str], np.ndarray]:
+    """The GAS table's header and values, from `gas/ethylene_CO.csv`; the pickled original is never read."""
     pickle_path, csv_path = root / "gas" / "ethylene_CO.pickle", root / "gas" / "ethylene_CO.csv"
     if csv_path.exists():
         with open(csv_path) as handle:
             header = [h.strip() for h in handle.readline().replace(";", ",").split(",")]
         return header, read_array(csv_path)
     if pickle_path.exists():
-        try:
-            import pandas
-        except ImportError:
-            raise ValueError(
-                f"gas: reading {pickle_path} needs pandas; install it or convert the file to gas/ethylene_CO.csv"
-            ) from None
-        frame = pandas.read_pickle(pickle_path)  # the official MAF file is a pickled DataFrame
-        return [str(c) for c in frame.columns], frame.to_numpy(dtype=np.float64)
-    raise FileNotFoundError(f"gas: missing {pickle_path} (or {csv_path.name}); unpack the MAF data archive there")
+        raise ValueError(
+            f"gas: refusing to unpickle {pickle_path} (a pickle can run code when read); if you trust it, convert it "
+            f"once to {csv_path.name} with pandas, in {root}: {_GAS_CONVERSION}"
+        )
+    raise FileNotFoundError(f"gas: missing {csv_path} (convert MAF's {pickle_path.name} to it: {_GAS_CONVERSION})")
 
 
 def _gas(root: Path) -> _Arrays:

@@ -3,6 +3,8 @@
 The real data can't be downloaded here.
 """
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -98,3 +100,32 @@ def test_missing_and_malformed_tabular_files(tmp_path):
     (tmp_path / "gas" / "ethylene_CO.csv").write_text("A,B\n1,2\n3,4\n")
     with pytest.raises(ValueError, match="lacks the column"):
         tabular("gas", tmp_path)
+
+
+class _Payload:
+    """Unpickling this writes a marker file: proof that a loader unpickled."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_the_gas_pickle_is_never_unpickled(tmp_path, monkeypatch):
+    import pickle
+    import sys
+    import types
+
+    # pandas is no flowkit dependency: a stand-in whose read_pickle unpickles, as pandas' does.
+    fake_pandas = types.SimpleNamespace(read_pickle=lambda path: pickle.loads(Path(path).read_bytes()))
+    monkeypatch.setitem(sys.modules, "pandas", fake_pandas)
+    marker = tmp_path / "unpickled"
+    (tmp_path / "gas").mkdir()
+    (tmp_path / "gas" / "ethylene_CO.pickle").write_bytes(pickle.dumps(_Payload(marker)))
+    monkeypatch.setenv("FLOWKIT_DATA", str(tmp_path))
+    assert available_tabular() == ["gas"]  # present, so that the error below tells what to do
+    for read in (lambda: tabular("gas"), lambda: load("gas")):
+        with pytest.raises(ValueError, match=r"refusing to unpickle .*ethylene_CO.pickle.*to_csv\('gas/ethylene_CO"):
+            read()
+    assert not marker.exists()
