@@ -10,7 +10,7 @@ comparable with the literature (MAF, NSF papers):
 | name | files | D | preprocessing |
 |---|---|---|---|
 | `power` | `power/data.npy` (N x 8) | 6 | shuffle (seed 42), drop 2 columns, MAF's jitter, standardise |
-| `gas` | `gas/ethylene_CO.csv` (with header; see below) | 8 | drop Meth/Eth/Time and correlated columns |
+| `gas` | `gas/ethylene_CO.csv` (header; see below) | 8 | drop Meth/Eth/Time, columns correlated > 0.98; standardise |
 | `hepmass` | `hepmass/1000_train.csv`, `1000_test.csv` | 21 | signal only, standardise, drop discrete features |
 | `miniboone` | `miniboone/data.npy` (N x 43) | 43 | standardise on train+val |
 | `bsds300` | `BSDS300/BSDS300.hdf5` or `{train,validation,test}.npy` | 63 | none (already split) |
