@@ -58,6 +58,7 @@ from torch import Tensor, nn
 from ._config import Configurable
 from ._validation import check_point, check_tensor, outermost
 from .bijectors import Bijector
+from .bijectors.base import context_for
 from .distributions import Distribution
 from .flows.flow import draw_latent, expand_context
 from .targets.evaluate import energy_of
@@ -378,7 +379,7 @@ class StochasticFlow(Configurable, nn.Module):
                 self._check_x(x, context, "StochasticFlow.path_log_likelihood")
             total = x.new_zeros(x.shape[: x.dim() - len(self.event_shape)])
             for layer in self.layers:
-                x, second = layer(x, context)
+                x, second = layer(x, context_for(layer, context))
                 total = total + second
             return self.base.log_prob(x) + total
 
@@ -387,7 +388,7 @@ class StochasticFlow(Configurable, nn.Module):
         total = z.new_zeros(z.shape[: z.dim() - len(self.latent_shape)])
         with outermost():
             for layer in reversed(self.layers):
-                z, second = layer.inverse(z, context)
+                z, second = layer.inverse(z, context_for(layer, context))
                 total = total + second
         return z, total
 

@@ -124,3 +124,24 @@ def test_base_shape_mismatch_is_refused():
 
 def test_flowkit_namespace():
     assert flowkit.Flow is Flow
+
+
+def test_a_chain_gives_the_context_only_to_its_conditional_layers():
+    from flowkit.bijectors import AffineCoupling, Chain, CircularSplineCoupling, LULinear
+    from flowkit.testing import check_bijector, randomize
+    from flowkit.train.score_rules import forward_with_score, generic_forward_with_score
+
+    torch.manual_seed(0)
+    chain = Chain(
+        randomize(AffineCoupling(3, hidden=(8,), context=2)), LULinear(3), randomize(AffineCoupling(3, hidden=(8,)))
+    )
+    x, context = torch.randn(5, 3), torch.randn(5, 2)
+    z, ladj = chain(x, context)  # the unconditional coupling used to receive the context and fail
+    torch.testing.assert_close(chain.inverse(z, context)[0], x, atol=1e-5, rtol=1e-5)
+    check_bijector(chain, x.double(), context.double())
+    score = torch.randn(5, 3)
+    torch.testing.assert_close(
+        forward_with_score(chain, x, score, context)[2], generic_forward_with_score(chain, x, score, context)[2]
+    )
+    circle = Chain(CircularSplineCoupling(3, hidden=(6,), context=2), CircularSplineCoupling(3, parity=1, hidden=(6,)))
+    assert circle(torch.rand(4, 3), torch.randn(4, 2))[0].shape == (4, 3)

@@ -21,7 +21,7 @@ from .._config import Configurable
 from .._validation import check_point, outermost
 from ..domains import Domain, Real
 
-__all__ = ["Bijector", "Chain", "Invert", "Reshape"]
+__all__ = ["Bijector", "Chain", "Invert", "Reshape", "context_for"]
 
 
 #: Entry points whose input is checked at the outermost call, and the side of the bijector it lives on.
@@ -116,6 +116,15 @@ class Bijector(Configurable, nn.Module):
 _wrap_entry_points(Bijector)
 
 
+def context_for(layer: Bijector, context: Tensor | None) -> Tensor | None:
+    """The context a layer of a composition receives: the composition's, or `None` for an unconditional layer.
+
+    A chain may mix conditional layers with unconditional ones (permutations, linear
+    layers, couplings built without context); these must not see the context.
+    """
+    return context if layer.context_features else None
+
+
 class Chain(Bijector):
     """Composition of bijectors, applied in order in the forward direction.
 
@@ -166,25 +175,25 @@ class Chain(Bijector):
     def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         total = self._ladj_zero(x, self.event_shape)
         for layer in self.layers:
-            x, ladj = layer(x, context)
+            x, ladj = layer(x, context_for(layer, context))
             total = total + ladj
         return x, total
 
     def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         total = self._ladj_zero(z, self.latent_shape)
         for layer in reversed(self.layers):
-            z, ladj = layer.inverse(z, context)
+            z, ladj = layer.inverse(z, context_for(layer, context))
             total = total + ladj
         return z, total
 
     def call(self, x: Tensor, context: Tensor | None = None) -> Tensor:
         for layer in self.layers:
-            x = layer.call(x, context)
+            x = layer.call(x, context_for(layer, context))
         return x
 
     def inverse_call(self, z: Tensor, context: Tensor | None = None) -> Tensor:
         for layer in reversed(self.layers):
-            z = layer.inverse_call(z, context)
+            z = layer.inverse_call(z, context_for(layer, context))
         return z
 
     def extra_repr(self) -> str:

@@ -39,6 +39,7 @@ from torch import Tensor
 
 from .._validation import check_point, outermost
 from ..bijectors import Bijector, Chain
+from ..bijectors.base import context_for
 from ..flows import Flow
 from ..utils import sum_event
 from .batches import split_batch
@@ -61,7 +62,7 @@ def _walk(bijector: Bijector, x: Tensor, context: Tensor | None, constants: bool
     if isinstance(bijector, Chain):
         varying, constant = zero, zero
         for layer in bijector:
-            x, v, c = _walk(layer, x, context, constants)
+            x, v, c = _walk(layer, x, context_for(layer, context), constants)
             varying, constant = varying + v, constant + c
         return x, varying, constant
     z, ladj = bijector(x, context)

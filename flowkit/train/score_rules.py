@@ -46,7 +46,7 @@ from torch import Tensor
 
 from .._validation import check_point, check_tensor, outermost
 from ..bijectors import Chain, Coupling, Invert, Linear, LULinear, Permutation, Reshape
-from ..bijectors.base import Bijector
+from ..bijectors.base import Bijector, context_for
 from ..transformers import Affine, CircularSpline, RationalQuadraticSpline, Transformer
 
 __all__ = [
@@ -177,7 +177,7 @@ def inverse_with_score(
 def _chain_forward(chain: Chain, x: Tensor, score: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
     total = x.new_zeros(x.shape[: x.dim() - len(chain.event_shape)])
     for layer in chain:
-        x, ladj, score = _forward_rule(layer, x, score, context)
+        x, ladj, score = _forward_rule(layer, x, score, context_for(layer, context))
         total = total + ladj
     return x, total, score
 
@@ -185,7 +185,7 @@ def _chain_forward(chain: Chain, x: Tensor, score: Tensor, context: Tensor | Non
 def _chain_inverse(chain: Chain, z: Tensor, score: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
     total = z.new_zeros(z.shape[: z.dim() - len(chain.latent_shape)])
     for layer in reversed(chain.layers):
-        z, ladj, score = _inverse_rule(layer, z, score, context)
+        z, ladj, score = _inverse_rule(layer, z, score, context_for(layer, context))
         total = total + ladj
     return z, total, score
 
