@@ -9,6 +9,9 @@ The finiteness check synchronises with the device; turn all checks off with
 from __future__ import annotations
 
 import contextlib
+import math
+import numbers
+import operator
 import threading
 from collections.abc import Iterator, Sequence
 
@@ -21,6 +24,7 @@ __all__ = [
     "check_tensor",
     "check_context",
     "check_point",
+    "check_number",
     "module_dtype",
     "outermost",
 ]
@@ -51,6 +55,70 @@ def outermost() -> Iterator[bool]:
         yield depth == 0 and validation_enabled()
     finally:
         _state.depth = depth
+
+
+def _interval(low: float | None, high: float | None, positive: bool, below: float | None) -> str:
+    """The range of `check_number` in words, e.g. `"in (0, 1]"` or `"positive"`."""
+    left = "(0" if positive else f"[{low:g}" if low is not None else ""
+    right = f"{below:g})" if below is not None else f"{high:g}]" if high is not None else ""
+    if left and right:
+        return f" in {left}, {right}"
+    if left:
+        return " positive" if positive else f" of at least {low:g}"
+    return f" below {below:g}" if below is not None else f" of at most {high:g}" if high is not None else ""
+
+
+def check_number(
+    value: object,
+    name: str,
+    *,
+    where: str,
+    positive: bool = False,
+    integer: bool = False,
+    low: float | None = None,
+    high: float | None = None,
+    below: float | None = None,
+) -> float:
+    """Check a constructor's number and return it as a Python `float` (an `int` when `integer`).
+
+    Every check refuses booleans, non-numbers and non-finite values (NaN, inf).
+
+    Arguments:
+        value: the number to check.
+        name: the argument's name, for the error.
+        where: the class or function, for the error.
+        positive: require `value > 0`.
+        integer: require an integer (anything with `__index__`, e.g. `int` or a NumPy integer).
+        low: require `value >= low`.
+        high: require `value <= high`.
+        below: require `value < below`.
+
+    Raises:
+        ValueError: naming `where`, `name`, the range and the value.
+    """
+    kind = "an integer" if integer else "a finite number"
+    rule = f"{where}: {name} must be {kind}{_interval(low, high, positive, below)}, got {value!r}"
+    if isinstance(value, bool):
+        raise ValueError(rule)
+    if integer:
+        try:
+            number: float = operator.index(value)  # type: ignore[arg-type]
+        except TypeError:
+            raise ValueError(rule) from None
+    elif isinstance(value, numbers.Real) or (isinstance(value, Tensor) and value.numel() == 1):
+        number = float(value)  # type: ignore[arg-type]
+        if not math.isfinite(number):
+            raise ValueError(rule)
+    else:
+        raise ValueError(rule)
+    if (
+        (positive and not number > 0)
+        or (low is not None and number < low)
+        or (high is not None and number > high)
+        or (below is not None and not number < below)
+    ):
+        raise ValueError(rule)
+    return number
 
 
 def _shape_str(shape: Sequence[int]) -> str:
@@ -133,5 +201,13 @@ def check_point(bijector: nn.Module, x: object, context: object, direction: str,
     dtype = module_dtype(bijector)
     check_tensor(x, shape, name="x" if direction == "forward" else "z", dtype=dtype, where=where)
     assert isinstance(x, Tensor)
+    if direction == "forward":
+        # A flow checks for its bijector, so look through a wrapper that has none of its own.
+        domain = getattr(bijector, "domain", None) or getattr(getattr(bijector, "bijector", None), "domain", None)
+        inside = None if domain is None else domain.admits(x)
+        if inside is not None and not bool(inside.all()):
+            raise ValueError(
+                f"{where}: x has {int((~inside).sum())} value(s) outside {domain!r}, the domain of the bijector"
+            )
     batch = x.shape[: x.dim() - len(shape)]
     check_context(context, bijector.context_features, batch, dtype=dtype, where=where)

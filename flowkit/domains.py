@@ -31,6 +31,15 @@ class Domain:
         """Elementwise membership (boolean tensor with the shape of `x`)."""
         return torch.isfinite(x)
 
+    def admits(self, x: Tensor) -> Tensor | None:
+        """Elementwise membership of the closure, which the input checks of bijectors test (None: no test).
+
+        Unbounded domains and manifolds leave it to the finiteness check (None); an
+        interval admits its end points, so data at exactly `0` or `1` (or an angle
+        at exactly `pi`) pass.
+        """
+        return None
+
     def tangent_basis(self, x: Tensor) -> Tensor:
         """Orthonormal basis `(..., n, m)` of the tangent space at `x` (identity off manifolds)."""
         n = x.shape[-1]
@@ -58,6 +67,9 @@ class Interval(Domain):
 
     def contains(self, x: Tensor) -> Tensor:
         return (x > self.low) & (x < self.high)
+
+    def admits(self, x: Tensor) -> Tensor:
+        return (x >= self.low) & (x <= self.high)
 
     def __repr__(self) -> str:
         return f"Interval({self.low}, {self.high})"

@@ -19,12 +19,16 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
+from .._validation import check_number
 from ..distributions.base import as_shape
 from ..domains import Interval
 from ..utils import sum_event
 from .base import Bijector
 
 __all__ = ["Elementwise", "SmoothLeakyReLU", "SmoothTanh", "Logit", "monotone_inverse"]
+
+#: The largest slope parameter of an activation: `a / b` and `a x` stay well inside float32.
+_MAX_SLOPE = 1e6
 
 
 def monotone_inverse(
@@ -149,9 +153,7 @@ class SmoothLeakyReLU(Elementwise):
 
     def __init__(self, event_shape: int | Sequence[int], alpha: float = 0.3) -> None:
         super().__init__(event_shape)
-        if not 0 < alpha <= 1:
-            raise ValueError(f"SmoothLeakyReLU: alpha must be in (0, 1], got {alpha}")
-        self.alpha = float(alpha)
+        self.alpha = check_number(alpha, "alpha", where="SmoothLeakyReLU", positive=True, high=1)
 
     def _f(self, x: Tensor) -> Tensor:
         # softplus(x) = log(e^x + 1), exact everywhere (F.softplus switches to x above 20)
@@ -186,8 +188,8 @@ class SmoothTanh(Elementwise):
 
     Arguments:
         event_shape: `D` or a shape such as `(C, H, W)`.
-        scale: `a > 0`, the slope of the tanh at 0.
-        leak: `b > 0`, the slope far from 0.
+        scale: `a > 0`, the slope of the tanh at 0 (at most `1e6`).
+        leak: `b > 0`, the slope far from 0 (at most `1e6`).
 
     References:
         Chao et al., *Training Energy-Based Normalizing Flow with
@@ -196,10 +198,8 @@ class SmoothTanh(Elementwise):
 
     def __init__(self, event_shape: int | Sequence[int], scale: float = 1.0, leak: float = 0.1) -> None:
         super().__init__(event_shape)
-        if scale <= 0 or leak <= 0:
-            raise ValueError(f"SmoothTanh: scale and leak must be positive, got scale={scale}, leak={leak}")
-        self.scale = float(scale)
-        self.leak = float(leak)
+        self.scale = check_number(scale, "scale", where="SmoothTanh", positive=True, high=_MAX_SLOPE)
+        self.leak = check_number(leak, "leak", where="SmoothTanh", positive=True, high=_MAX_SLOPE)
 
     def _f(self, x: Tensor) -> Tensor:
         return torch.tanh(self.scale * x) + self.leak * x
@@ -235,6 +235,9 @@ class Logit(Bijector):
         event_shape: `D` or a shape such as `(C, H, W)`.
         alpha: the squeeze, in `[0, 0.5)`; `0` gives the plain logit on `(0, 1)`.
 
+    Inputs outside `[0, 1]` (the closure of its [`domain`][flowkit.domains.Interval])
+    raise a `ValueError` at the outermost call while validation is on.
+
     References:
         Dinh, Sohl-Dickstein & Bengio, *Density estimation using Real NVP*,
         ICLR 2017 (arXiv:1605.08803); Chao et al., NeurIPS 2023 (arXiv:2305.15267).
@@ -244,10 +247,8 @@ class Logit(Bijector):
 
     def __init__(self, event_shape: int | Sequence[int], alpha: float = 0.05) -> None:
         super().__init__()
-        if not 0 <= alpha < 0.5:
-            raise ValueError(f"Logit: alpha must be in [0, 0.5), got {alpha}")
+        self.alpha = check_number(alpha, "alpha", where="Logit", low=0, below=0.5)
         self.event_shape = as_shape(event_shape)
-        self.alpha = float(alpha)
 
     def _squeeze(self, x: Tensor) -> Tensor:
         return self.alpha + (1 - 2 * self.alpha) * x

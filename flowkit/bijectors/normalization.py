@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
 
+from ..distributions.base import as_shape
 from .base import Bijector
+
+#: The scale a channel gets when its initialising batch is constant (no spread to normalise).
+_CONSTANT_CHANNEL_SCALE = 1.0
 
 __all__ = ["ActNorm"]
 
@@ -17,6 +22,8 @@ class ActNorm(Bijector):
 
     On the first forward call in training mode, `m` and `s` are set to the
     batch mean and log standard deviation, so that `z` starts standardised.
+    An empty first batch is refused (`ValueError`); a channel that is constant
+    over the first batch keeps scale 1 (`s = 0`) and a `RuntimeWarning` names it.
     `log|det dz/dx| = -n sum_c s_c` where `n` is the number of positions per
     channel (1 for vectors, `H W` for images).
 
@@ -33,7 +40,9 @@ class ActNorm(Bijector):
 
     def __init__(self, event_shape: int | Sequence[int]) -> None:
         super().__init__()
-        shape = (event_shape,) if isinstance(event_shape, int) else tuple(event_shape)
+        shape = tuple(as_shape(event_shape))
+        if not shape or 0 in shape:
+            raise ValueError(f"ActNorm: event_shape must have at least one dimension and no zero size, got {shape}")
         self.event_shape = torch.Size(shape)
         param_shape = (shape[0],) + (1,) * (len(shape) - 1)
         self.loc = nn.Parameter(torch.zeros(param_shape))
@@ -51,10 +60,24 @@ class ActNorm(Bijector):
     def _initialize(self, x: Tensor) -> None:
         # Channels first, everything else (batch and positions) flattened.
         flat = x.movedim(x.dim() - len(self.event_shape), 0).reshape(self.event_shape[0], -1)
+        if flat.shape[1] == 0:
+            raise ValueError("ActNorm: cannot initialise from an empty batch; give the first training call data")
         mean = flat.mean(dim=1)
         std = flat.std(dim=1) if flat.shape[1] > 1 else torch.ones_like(mean)
+        # A constant channel (its spread no more than rounding) has nothing to normalise: keep its scale.
+        info = torch.finfo(flat.dtype)
+        constant = std <= 16 * info.eps * mean.abs() + info.tiny
+        if bool(constant.any()) and flat.shape[1] > 1:
+            channels = torch.nonzero(constant).flatten().tolist()
+            warnings.warn(
+                f"ActNorm: feature(s) {channels} are constant over the initialising batch; "
+                f"their scale is set to {_CONSTANT_CHANNEL_SCALE}",
+                RuntimeWarning,
+                stacklevel=5,  # the caller of forward
+            )
+        std = torch.where(constant, torch.full_like(std, _CONSTANT_CHANNEL_SCALE), std)
         self.loc.copy_(mean.reshape(self.loc.shape))
-        self.log_scale.copy_(std.clamp_min(1e-6).log().reshape(self.log_scale.shape))
+        self.log_scale.copy_(std.log().reshape(self.log_scale.shape))
         self.initialized.fill_(True)
         self._initialized = True
 

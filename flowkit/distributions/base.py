@@ -2,23 +2,53 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from .._config import Configurable
+from .._validation import check_tensor, module_dtype, outermost
 from ..utils import TensorAnchor
 
 __all__ = ["Distribution", "as_shape"]
 
 
 def as_shape(shape: int | Sequence[int] | torch.Size) -> torch.Size:
-    """Turn an int or a sequence into a `torch.Size` (refusing negative sizes)."""
-    size = torch.Size((shape,) if isinstance(shape, int) else tuple(shape))
+    """Turn an int or a sequence of ints into a `torch.Size` (refusing other values and negative sizes).
+
+    Raises:
+        ValueError: when `shape` is not an integer nor a sequence of integers (`2.5`, `True`, `"3"`),
+            or has a negative size.
+    """
+    sizes = tuple(shape) if isinstance(shape, Sequence) and not isinstance(shape, str) else (shape,)
+    try:
+        if any(isinstance(n, bool) for n in sizes):
+            raise TypeError
+        size = torch.Size(operator.index(n) for n in sizes)
+    except TypeError:
+        raise ValueError(f"a shape must be an integer or a sequence of integers, got {shape!r}") from None
     if any(n < 0 for n in size):
         raise ValueError(f"a shape cannot have negative sizes, got {tuple(size)}")
     return size
+
+
+def _checked_log_prob(method: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """Check the input of `log_prob` (shape, dtype, finiteness) at the outermost flowkit call."""
+
+    @functools.wraps(method)
+    def log_prob(self: Distribution, x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        with outermost() as check:
+            if check:
+                where = f"{type(self).__name__}.log_prob"
+                check_tensor(x, self.event_shape, name="x", dtype=module_dtype(self), where=where)
+            return method(self, x, *args, **kwargs)
+
+    log_prob._flowkit_checked = True  # type: ignore[attr-defined]
+    return log_prob
 
 
 class Distribution(Configurable, TensorAnchor):
@@ -28,10 +58,19 @@ class Distribution(Configurable, TensorAnchor):
     dimensions)
     and [`rsample`][flowkit.distributions.base.Distribution.rsample]. Parameters and buffers follow `.to()`: a
     parameter-free distribution keeps a zero-size buffer to know its dtype and device.
+    The input of `log_prob` is checked at the outermost call (its shape ends in
+    `event_shape`, its dtype is the distribution's, its values are finite), as a
+    bijector's is.
     """
 
     _flowkit_register = False
     event_shape: torch.Size
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        method = cls.__dict__.get("log_prob")
+        if method is not None and not getattr(method, "_flowkit_checked", False):
+            cls.log_prob = _checked_log_prob(method)  # type: ignore[method-assign]
 
     def log_prob(self, x: Tensor) -> Tensor:
         """Log density of events `x` of shape `(..., *event_shape)`; returns the batch shape."""

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
+from .._validation import check_number
 from .base import Transformer
+
+#: The largest clamp: `exp(clamp)` stays finite in float32.
+_MAX_CLAMP = math.log(torch.finfo(torch.float32).max)
 
 __all__ = ["Affine"]
 
@@ -20,7 +26,8 @@ class Affine(Transformer):
     training (as in RealNVP's tanh-scaled scales).
 
     Arguments:
-        clamp: the soft bound `c` on `|s|`.
+        clamp: the soft bound `c` on `|s|`, positive and at most `88.7` (so that
+            `e^c` is finite in float32).
 
     References:
         Dinh, Sohl-Dickstein & Bengio, *Density estimation using Real NVP*,
@@ -31,7 +38,7 @@ class Affine(Transformer):
 
     def __init__(self, clamp: float = 5.0) -> None:
         super().__init__()
-        self.clamp = float(clamp)
+        self.clamp = check_number(clamp, "clamp", where="Affine", positive=True, high=_MAX_CLAMP)
 
     def _shift_log_scale(self, params: Tensor) -> tuple[Tensor, Tensor]:
         shift, raw = params.unbind(-1)

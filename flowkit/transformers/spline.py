@@ -48,6 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .._validation import check_number
 from ..domains import Circle
 from .base import Transformer
 
@@ -434,8 +435,7 @@ class RationalQuadraticSpline(Transformer):
     ) -> None:
         super().__init__()
         _check_minimums(int(bins), min_bin_width, min_bin_height, min_derivative)
-        if not bound > 0:
-            raise ValueError(f"RationalQuadraticSpline: bound must be positive, got {bound}")
+        check_number(bound, "bound", where="RationalQuadraticSpline", positive=True, high=1e6)
         self.bins = int(bins)
         self.bound = float(bound)
         self.min_bin_width = float(min_bin_width)
