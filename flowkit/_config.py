@@ -10,9 +10,14 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
+import math
 from typing import Any, ClassVar
 
-__all__ = ["Configurable", "registry", "get_config"]
+__all__ = ["Configurable", "registry", "get_config", "read_json", "json_depth", "MAX_DEPTH"]
+
+#: The deepest nesting of lists and objects a config or checkpoint header may have (real ones have about 20).
+MAX_DEPTH = 100
 
 #: Registered classes, by name. `flowkit.io.load` builds nothing else.
 registry: dict[str, type] = {}
@@ -68,3 +73,54 @@ def get_config(module: Configurable) -> tuple[type, dict[str, Any]]:
         return vars(module)["_flowkit_config"]
     except (KeyError, TypeError):
         raise TypeError(f"{type(module).__name__} was not built through a flowkit constructor") from None
+
+
+class _NonFinite(ValueError):
+    pass
+
+
+def json_depth(value: Any, limit: int = MAX_DEPTH) -> int:
+    """The nesting depth of lists, tuples and dicts in `value` (a scalar is 0), counted without recursion.
+
+    Stops counting past `limit` (returns `limit + 1`), so a hostile value costs little.
+    """
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list, tuple)):
+            deepest = max(deepest, depth)
+            if deepest > limit:
+                return deepest
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def read_json(text: str, what: str, *, allow_nan: bool = False) -> Any:
+    """Parse JSON from a file, raising `ValueError` (naming `what`) for anything but plain, finite, shallow JSON.
+
+    Refuses malformed JSON, nesting deeper than `MAX_DEPTH` levels and, unless
+    `allow_nan`, the non-standard literals `NaN`, `Infinity` and `-Infinity` and numbers that overflow to
+    infinity (`1e400`).
+    """
+
+    def refuse(literal: str) -> float:
+        raise _NonFinite(f"{what} holds {literal}, which is not a finite number (refusing non-standard JSON)")
+
+    def number(literal: str) -> float:
+        value = float(literal)
+        if not math.isfinite(value):
+            refuse(literal)
+        return value
+
+    hooks: dict[str, Any] = {} if allow_nan else {"parse_constant": refuse, "parse_float": number}
+    try:
+        value = json.loads(text, **hooks)
+    except RecursionError:
+        raise ValueError(f"{what} is nested too deeply (more than {MAX_DEPTH} levels)") from None
+    except _NonFinite:
+        raise
+    except ValueError as error:  # a JSONDecodeError, or an integer too long to convert
+        raise ValueError(f"{what} is not valid JSON ({error})") from None
+    if json_depth(value) > MAX_DEPTH:
+        raise ValueError(f"{what} is nested too deeply (more than {MAX_DEPTH} levels)")
+    return value

@@ -12,16 +12,19 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten
 
-from ._config import Configurable, get_config, registry
+from ._config import MAX_DEPTH, Configurable, get_config, json_depth, read_json, registry
 from ._legacy import migrate
 
 __all__ = ["save", "load", "to_config", "from_config"]
@@ -36,6 +39,7 @@ _DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.
 
 def _encode(value: Any, where: str) -> Any:
     if isinstance(value, Configurable):
+        _check_buildable(value, where)
         return to_config(value)
     factory = value.func if isinstance(value, functools.partial) and not value.args else value
     if isinstance(factory, type) and registry.get(factory.__name__) is factory:
@@ -55,9 +59,25 @@ def _encode(value: Any, where: str) -> Any:
     )
 
 
+def _check_buildable(module: Configurable, where: str) -> None:
+    """Refuse to save a flowkit object that [`load`][flowkit.io.load] would refuse to build (a target, say)."""
+    cls = type(module)
+    if registry.get(cls.__name__) is not cls:
+        kind = "a target; targets are not saved with a model" if hasattr(module, "energy") else "not a model class"
+        raise TypeError(
+            f"cannot save {where}: {cls.__name__} is {kind} (a flowkit config builds registered model classes only)"
+        )
+
+
 def to_config(module: Configurable) -> dict[str, Any]:
-    """The nested JSON-ready config of a flowkit object: `{"class": name, "args": {...}}`."""
+    """The nested JSON-ready config of a flowkit object: `{"class": name, "args": {...}}`.
+
+    Raises:
+        TypeError: for an argument a config cannot hold (a function, a tensor, a target such as
+            [`DoubleWell`][flowkit.targets.DoubleWell], which [`load`][flowkit.io.load] would not build).
+    """
     cls, args = get_config(module)
+    _check_buildable(module, cls.__name__)
     return {"class": cls.__name__, "args": {k: _encode(v, f"{cls.__name__}.{k}") for k, v in args.items()}}
 
 
@@ -67,7 +87,7 @@ def _decode(value: Any, where: str) -> Any:
             return {k: _decode(v, f"{where}.{k}") for k, v in value["__dict__"].items()}
         if set(value) == {"__factory__"}:
             return _decode_factory(value["__factory__"], where)
-        return from_config(value, where)
+        return _build(value, where)
     if isinstance(value, list):
         return [_decode(v, f"{where}[{i}]") for i, v in enumerate(value)]
     if value is None or isinstance(value, (bool, int, float, str)):
@@ -103,7 +123,18 @@ def _leading_arguments(cls: type, args: dict[str, Any]) -> list[Any]:
 
 
 def from_config(config: Any, where: str = "config") -> Any:
-    """Build a flowkit object from [`to_config`][flowkit.io.to_config]'s output, using registered classes only."""
+    """Build a flowkit object from [`to_config`][flowkit.io.to_config]'s output, using registered classes only.
+
+    Raises:
+        ValueError: for a malformed config, one nested deeper than 100 levels, a class that is not
+            registered, or arguments its constructor rejects (whatever the constructor raised).
+    """
+    if json_depth(config) > MAX_DEPTH:
+        raise ValueError(f"invalid model config at {where}: nested too deeply (more than {MAX_DEPTH} levels)")
+    return _build(config, where)
+
+
+def _build(config: Any, where: str) -> Any:
     if not isinstance(config, dict) or set(config) != {"class", "args"} or not isinstance(config["args"], dict):
         raise ValueError(f"invalid model config at {where}: expected an object with 'class' and 'args'")
     name = config["class"]
@@ -124,8 +155,111 @@ def from_config(config: Any, where: str = "config") -> Any:
         if positional:
             return cls(*_leading_arguments(cls, args), *positional, **args)
         return cls(**args)
-    except (TypeError, ValueError, RuntimeError) as error:
-        raise ValueError(f"cannot build {name} from the model config at {where}: {error}") from error
+    except _TooMuchWork:
+        raise
+    except Exception as error:  # any failure of a constructor on a file's arguments is a bad config
+        detail = str(error) if isinstance(error, (TypeError, ValueError)) else f"{type(error).__name__}: {error}"
+        raise ValueError(f"cannot build {name} from the model config at {where}: {detail}") from error
+
+
+class _TooMuchWork(ValueError):
+    """Building the model from its config did more work than its weights file accounts for."""
+
+
+class _WorkBudget(TorchFunctionMode):
+    """Stops a model's build once it allocates more than its weights file can account for.
+
+    A config is a few bytes, but `transforms=200000` or `LULinear(30000)` in it would
+    build for minutes or allocate gigabytes. A model built from a config holds the
+    tensors of its weights file, whose header gives their number and total size; the
+    constructors of flowkit's layers allocate about that much (once more for temporaries)
+    in at most about ten torch operations per tensor. Each tensor a factory (`randn`, `empty`,
+    `eye`, ...) would create is first sized on the `meta` device, and the build stops
+    before an allocation past four times the file's elements plus $2^{20}$, or past
+    32 operations per tensor plus 1000.
+    """
+
+    def __init__(self, elements: int, tensors: int) -> None:
+        super().__init__()
+        self.elements, self.tensors = elements, tensors
+        self.elements_left = 4 * elements + 2**20
+        self.operations_left = 32 * (tensors + 1) + 1000
+
+    def _refuse(self, what: str) -> _TooMuchWork:
+        return _TooMuchWork(
+            f"the model config describes a bigger model than its weights file holds ({self.tensors} tensors, "
+            f"{self.elements} numbers): building it stopped at {what}; the config and the weights do not match"
+        )
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        self.operations_left -= 1
+        if self.operations_left < 0:
+            raise self._refuse("too many operations")
+        if not any(isinstance(a, torch.Tensor) for a in tree_flatten((args, kwargs))[0]):  # a factory
+            meta = {k: v for k, v in kwargs.items() if k != "generator"}
+            try:
+                sized = func(*args, **{**meta, "device": torch.device("meta")})
+            except Exception:  # noqa: BLE001 - an operation with no meta form allocates nothing big
+                sized = None
+            for tensor in tree_flatten(sized)[0]:
+                if isinstance(tensor, torch.Tensor):
+                    self.elements_left -= tensor.numel()
+            if self.elements_left < 0:
+                raise self._refuse(
+                    f"a tensor of shape {tuple(sized.shape) if isinstance(sized, torch.Tensor) else '?'}"
+                )
+        return func(*args, **kwargs)
+
+
+def _device(map_location: Any) -> torch.device:
+    """`map_location` as a torch device that exists here, or a `ValueError` that says why not."""
+    if not isinstance(map_location, (str, torch.device)):
+        raise ValueError(f"load: map_location must be a device name such as 'cpu', got {type(map_location).__name__}")
+    try:
+        device = torch.device(map_location)
+        if device.type == "meta":
+            raise ValueError("the meta device holds no values")
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError, NotImplementedError, ValueError) as error:
+        raise ValueError(f"load: cannot load onto map_location={str(map_location)!r}: {error}") from None
+    return device
+
+
+def _weights_header(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
+    """`{key: (shape, dtype name)}` of every tensor in a safetensors file, from its header (no data is read)."""
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            header = {}
+            for key in f.keys():
+                part = f.get_slice(key)
+                header[key] = (tuple(part.get_shape()), str(part.get_dtype()))
+    except (SafetensorError, OSError, ValueError, TypeError) as error:
+        raise ValueError(f"load: {path} is not a valid safetensors file ({error})") from None
+    return header
+
+
+def _dtype_checks(model: nn.Module, weights: Path, mixed: bool) -> list[Any]:
+    """Pre-hooks that refuse, as each module loads, a saved tensor whose dtype differs from the model's.
+
+    A saved tensor must have its model tensor's dtype (the config's dtype, for floats), or, in a
+    mixed-precision model, be floating where the model's is; `load_state_dict` would cast it silently.
+    """
+
+    def check(module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+        persistent = {k: v for k, v in module._buffers.items() if k not in module._non_persistent_buffers_set}
+        for name, tensor in {**module._parameters, **persistent}.items():
+            saved = state_dict.get(prefix + name)
+            if tensor is None or not isinstance(saved, torch.Tensor):
+                continue
+            floating = saved.is_floating_point(), tensor.is_floating_point()
+            if floating[0] != floating[1] or (not mixed and saved.dtype != tensor.dtype):
+                raise ValueError(
+                    f"load: {weights} holds {prefix + name!r} as {str(saved.dtype).removeprefix('torch.')}, "
+                    f"but the model config gives it dtype {str(tensor.dtype).removeprefix('torch.')}"
+                )
+
+    return [m.register_load_state_dict_pre_hook(check) for m in model.modules()]
 
 
 def save(model: nn.Module, path: str | os.PathLike) -> Path:
@@ -152,7 +286,26 @@ def save(model: nn.Module, path: str | os.PathLike) -> Path:
 
 
 def load(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> nn.Module:
-    """Load a model written by [`save`][flowkit.io.save]; raises `ValueError` on a corrupt or foreign file."""
+    """Load a model written by [`save`][flowkit.io.save].
+
+    Nothing is unpickled or imported by name: the config may name registered flowkit classes
+    only, it must agree with the weights file (checked against the file's header while the model
+    is built, so a tiny config cannot make `load` allocate or compute much more than the file
+    holds), and each layer checks the values it loads (a [`Permutation`][flowkit.bijectors.Permutation]
+    must hold a permutation, say).
+
+    Arguments:
+        path: the model directory.
+        map_location: the device to put the model on (`"cpu"`, `"cuda:0"`, ...).
+
+    Raises:
+        FileNotFoundError: the directory or one of its two files is missing.
+        ValueError: a corrupt or foreign file: invalid or non-standard JSON (`NaN`), nesting deeper
+            than 100 levels, a class that is not flowkit's, a config its weights do not fit
+            (keys, shapes, dtypes, size), non-finite or invalid weights; or a `map_location` that is
+            not available here.
+    """
+    device = _device(map_location)
     directory = Path(path)
     if not directory.exists():
         raise FileNotFoundError(f"load: no such model directory: {directory}")
@@ -165,9 +318,10 @@ def load(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> n
         if not p.exists():
             raise FileNotFoundError(f"load: missing {p.name} in {directory}")
     try:
-        header = json.loads(config_path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        text = config_path.read_text()
+    except UnicodeDecodeError as error:
         raise ValueError(f"load: {config_path} is not valid JSON ({error})") from None
+    header = read_json(text, f"load: {config_path}")
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise ValueError(f"load: {config_path} is not a flowkit model config")
     if header.get("version") != VERSION:
@@ -176,11 +330,17 @@ def load(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> n
     dtype = None if mixed else _DTYPES.get(header.get("dtype", "float32"))
     if dtype is None and not mixed:
         raise ValueError(f"load: unknown dtype {header.get('dtype')!r} in {config_path}")
-    model = from_config(migrate(header.get("model")), "model")
+    shapes = _weights_header(weights_path)
+    elements = sum(math.prod(shape) for shape, _ in shapes.values())
+    with _WorkBudget(elements, len(shapes)):
+        try:
+            model = from_config(migrate(header.get("model")), "model")
+        except _TooMuchWork as error:
+            raise ValueError(f"load: {config_path}: {error}") from None
     if not isinstance(model, nn.Module):
         raise ValueError(f"load: {config_path} describes a {type(model).__name__}, which is not a model")
     try:
-        state = load_file(str(weights_path), device=str(map_location))
+        state = load_file(str(weights_path), device="cpu")
     except (SafetensorError, OSError, ValueError) as error:
         raise ValueError(f"load: {weights_path} is not a valid safetensors file ({error})") from None
     for key, tensor in state.items():
@@ -188,9 +348,16 @@ def load(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> n
             raise ValueError(f"load: {weights_path} holds non-finite values (NaN or inf) in {key!r}")
     if not mixed:
         model = model.to(dtype)
+    hooks = _dtype_checks(model, weights_path, mixed)
     try:
         # A mixed-precision model takes each saved tensor as it is (with its dtype).
         model.load_state_dict(state, strict=True, assign=mixed)
     except RuntimeError as error:
         raise ValueError(f"load: the weights in {weights_path} do not fit the model config: {error}") from None
-    return model.to(map_location)
+    except ValueError as error:  # a layer refused the values it was given
+        message = str(error) if str(error).startswith("load:") else f"load: {weights_path}: {error}"
+        raise ValueError(message) from None
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return model.to(device)
