@@ -57,15 +57,23 @@ def outermost() -> Iterator[bool]:
         _state.depth = depth
 
 
-def _interval(low: float | None, high: float | None, positive: bool, below: float | None) -> str:
-    """The range of `check_number` in words, e.g. `"in (0, 1]"` or `"positive"`."""
-    left = "(0" if positive else f"[{low:g}" if low is not None else ""
-    right = f"{below:g})" if below is not None else f"{high:g}]" if high is not None else ""
+def _rule(integer: bool, low: float | None, high: float | None, positive: bool, below: float | None) -> str:
+    """What `check_number` asks for, in words: "a positive integer", "a number in (0, 1]", ..."""
+    kind = "integer" if integer else "number"
+    if high is None and below is None and ((positive and low is None) or (integer and low == 1)):
+        return f"a positive {kind}" if integer else "a positive finite number"
+    if low == 0 and not positive and high is None and below is None:
+        return f"a non-negative {kind}" if integer else "a non-negative finite number"
+    left = "(0" if positive else f"[{low:g}" if low is not None else None
+    right = f"{below:g})" if below is not None else f"{high:g}]" if high is not None else None
     if left and right:
-        return f" in {left}, {right}"
+        return f"a {kind} in {left}, {right}"
+    article = "an" if integer else "a finite"
     if left:
-        return " positive" if positive else f" of at least {low:g}"
-    return f" below {below:g}" if below is not None else f" of at most {high:g}" if high is not None else ""
+        return f"{article} {kind} of at least {low:g}"
+    if right:
+        return f"{article} {kind} below {below:g}" if below is not None else f"{article} {kind} of at most {high:g}"
+    return f"{article} {kind}"
 
 
 def check_number(
@@ -96,8 +104,7 @@ def check_number(
     Raises:
         ValueError: naming `where`, `name`, the range and the value.
     """
-    kind = "an integer" if integer else "a finite number"
-    rule = f"{where}: {name} must be {kind}{_interval(low, high, positive, below)}, got {value!r}"
+    rule = f"{where}: {name} must be {_rule(integer, low, high, positive, below)}, got {value!r}"
     if isinstance(value, bool):
         raise ValueError(rule)
     if integer:

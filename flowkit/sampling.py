@@ -53,6 +53,11 @@ def _check_log_w(log_w: Tensor, where: str) -> Tensor:
     return log_w.detach().double()
 
 
+def _relative(log_w: Tensor) -> Tensor:
+    """Log weights relative to the largest (`<= 0`), so that no sum or square of them overflows."""
+    return log_w - log_w.max()
+
+
 @torch.no_grad()
 def importance_sample(flow: Any, target: Target, n: int, batch_size: int = 10_000) -> tuple[Tensor, Tensor]:
     """Draw `n` flow samples and their log importance weights `-u(x) - log q(x)`.
@@ -99,8 +104,9 @@ def log_weights(flow: Any, target: Target, n: int, batch_size: int = 10_000) -> 
 
 def ess(log_w: Tensor) -> float:
     r"""Normalised Kish effective sample size $(\sum w)^2 / (n \sum w^2)$, in `(0, 1]`."""
-    log_w = _check_log_w(log_w, "ess")
-    return float(torch.exp(2 * torch.logsumexp(log_w, 0) - torch.logsumexp(2 * log_w, 0)) / log_w.numel())
+    log_w = _relative(_check_log_w(log_w, "ess"))
+    value = float(torch.exp(2 * torch.logsumexp(log_w, 0) - torch.logsumexp(2 * log_w, 0)) / log_w.numel())
+    return min(value, 1.0)  # rounding can exceed 1 by an ulp when every weight is equal
 
 
 def log_Z(log_w: Tensor) -> tuple[float, float]:
@@ -117,7 +123,8 @@ def log_Z(log_w: Tensor) -> tuple[float, float]:
     """
     log_w = _check_log_w(log_w, "log_Z")
     n = log_w.numel()
-    estimate = float(torch.logsumexp(log_w, 0) - math.log(n))
+    top = log_w.max()
+    estimate = float(top + (torch.logsumexp(_relative(log_w), 0) - math.log(n)))
     effective = ess(log_w)
     if n * effective < 10:
         warnings.warn(

@@ -56,7 +56,7 @@ import torch
 from torch import Tensor, nn
 
 from ._config import Configurable
-from ._validation import check_point, check_tensor, outermost
+from ._validation import check_number, check_point, check_tensor, outermost
 from .bijectors import Bijector
 from .bijectors.base import context_for
 from .distributions import Distribution
@@ -96,17 +96,9 @@ class StochasticBlock(Configurable, nn.Module):
             raise ValueError(
                 f"{name}: base must have an energy(x) method or be a flowkit Distribution, got {type(base).__name__}"
             )
-        if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not 0.0 <= float(lam) <= 1.0:
-            raise ValueError(f"{name}: lam must be a number in [0, 1], got {lam!r}")
-        if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < 1:
-            raise ValueError(f"{name}: n_steps must be a positive integer, got {n_steps!r}")
-        if (
-            isinstance(step_size, bool)
-            or not isinstance(step_size, (int, float))
-            or not float(step_size) > 0
-            or not math.isfinite(step_size)
-        ):
-            raise ValueError(f"{name}: step_size must be a positive finite number, got {step_size!r}")
+        lam = check_number(lam, "lam", where=name, low=0, high=1)
+        n_steps = check_number(n_steps, "n_steps", where=name, integer=True, low=1)
+        step_size = check_number(step_size, "step_size", where=name, positive=True)
         shape = getattr(target, "event_shape", None)
         if shape is None and base is not None:
             shape = getattr(base, "event_shape", None)
@@ -121,9 +113,7 @@ class StochasticBlock(Configurable, nn.Module):
             )
         self.target = target
         self.base = base
-        self.lam = float(lam)
-        self.n_steps = n_steps
-        self.step_size = float(step_size)
+        self.lam, self.n_steps, self.step_size = lam, n_steps, step_size
 
     def energy(self, y: Tensor) -> Tensor:
         r"""The interpolated energy $u_\lambda(y) = (1-\lambda) u_Z(y) + \lambda u_X(y)$, batch shape."""

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from .._validation import check_number
 from ..nn import MADE, _check_conditioner
 from ..transformers.affine import Affine
 from ..transformers.base import Transformer
@@ -77,8 +78,9 @@ class MaskedAutoregressive(Bijector):
         conditioner: nn.Module | None = None,
     ) -> None:
         super().__init__()
+        features = check_number(features, "features", where="MaskedAutoregressive", integer=True, low=1)
         self.event_shape = torch.Size([features])
-        self.context_features = int(context)
+        self.context_features = check_number(context, "context", where="MaskedAutoregressive", integer=True, low=0)
         self.transformer = transformer
         self.domain = transformer.domain
         self._n_params = transformer.params_per_element

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from .._config import Configurable
 from .._validation import check_point, outermost
+from ..distributions.base import as_shape
 from ..domains import Domain, Real
 
 __all__ = ["Bijector", "Chain", "Invert", "Reshape", "context_for"]
@@ -245,8 +246,7 @@ class Reshape(Bijector):
 
     def __init__(self, event_shape: Sequence[int], latent_shape: Sequence[int]) -> None:
         super().__init__()
-        self.event_shape = torch.Size(event_shape)
-        self.latent_shape = torch.Size(latent_shape)
+        self.event_shape, self.latent_shape = as_shape(event_shape), as_shape(latent_shape)
         if math.prod(self.event_shape) != math.prod(self.latent_shape):
             raise ValueError(
                 f"Reshape: {tuple(self.event_shape)} and {tuple(self.latent_shape)} hold different numbers of elements"

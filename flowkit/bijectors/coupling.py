@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from .._validation import check_number
 from ..nn import MLP, _check_conditioner, broadcast_context
 from ..transformers.affine import Affine
 from ..transformers.base import Transformer
@@ -22,8 +23,7 @@ def _contiguous(index: Tensor) -> bool:
 
 def _coupling_mask(features: int, mask: Sequence[int] | None = None, parity: int = 0) -> Tensor:
     """The mask of a [`Coupling`][flowkit.bijectors.Coupling] (1: transformed, 0: conditioned on), checked."""
-    if features < 2:
-        raise ValueError(f"Coupling needs at least 2 features, got {features}")
+    features = check_number(features, "features", where="Coupling", integer=True, low=2)
     if mask is None:
         mask = [(i + parity + 1) % 2 for i in range(features)]
     mask_t = torch.as_tensor(list(mask), dtype=torch.long)
@@ -89,7 +89,7 @@ class Coupling(Bijector):
         super().__init__()
         mask_t = _coupling_mask(features, mask, parity)
         self.event_shape = torch.Size([features])
-        self.context_features = int(context)
+        self.context_features = check_number(context, "context", where="Coupling", integer=True, low=0)
         self.transformer = transformer
         self.domain = transformer.domain
         identity = torch.nonzero(mask_t == 0).flatten()

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from .._validation import check_number
 from .base import Bijector
 
 __all__ = ["Linear", "LULinear"]
@@ -41,6 +42,7 @@ class Linear(Bijector):
 
     def __init__(self, features: int, bias: bool = True) -> None:
         super().__init__()
+        features = check_number(features, "features", where=type(self).__name__, integer=True, low=1)
         self.event_shape = torch.Size([features])
         self.weight = nn.Parameter(_random_orthogonal(features))
         self.bias = nn.Parameter(torch.zeros(features)) if bias else None
@@ -85,6 +87,7 @@ class LULinear(Bijector):
 
     def __init__(self, features: int, bias: bool = True) -> None:
         super().__init__()
+        features = check_number(features, "features", where=type(self).__name__, integer=True, low=1)
         self.event_shape = torch.Size([features])
         p, lower, u = torch.linalg.lu(_random_orthogonal(features))
         diag = torch.diagonal(u)

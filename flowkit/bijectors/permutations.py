@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .._validation import check_number
 from .base import Bijector
 
 __all__ = ["Permutation", "Reverse"]
@@ -23,6 +24,7 @@ class Permutation(Bijector):
 
     def __init__(self, features: int, seed: int | None = None) -> None:
         super().__init__()
+        features = check_number(features, "features", where=type(self).__name__, integer=True, low=1)
         self.event_shape = torch.Size([features])
         generator = torch.Generator().manual_seed(seed) if seed is not None else None
         self.register_buffer("perm", self._make(features, generator))

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from .._validation import check_number
 from .splits import Splits, _tensor
 
 __all__ = ["DIGITS_LEVELS", "digits", "dequantize", "bits_per_dim", "DequantizedDataset"]
@@ -32,16 +33,23 @@ DIGITS_LEVELS = 17
 _SPLIT = (1257, 180, 360)
 
 
-def dequantize(counts: np.ndarray, levels: int, seed: int) -> np.ndarray:
-    """Uniform dequantisation `(x + u) / levels` of integer data `x` in `{0, ..., levels-1}`."""
-    if isinstance(levels, bool) or not isinstance(levels, (int, np.integer)) or levels < 1:
-        raise ValueError(f"dequantize: levels must be a positive integer, got {levels!r}")
+def _checked_counts(counts: np.ndarray | Tensor, levels: int, where: str) -> tuple[np.ndarray, int]:
+    """`counts` as an array and `levels` as an int; the counts must be integers in `{0, ..., levels-1}`."""
+    levels = check_number(levels, "levels", where=where, integer=True, low=1)
     counts = np.asarray(counts)
+    if not np.issubdtype(counts.dtype, np.number) or np.issubdtype(counts.dtype, np.complexfloating):
+        raise ValueError(f"{where}: counts must be an array of numbers, got dtype {counts.dtype}")
     valid = np.isfinite(counts) & (counts >= 0) & (counts <= levels - 1) & (counts == np.round(counts))
     if not valid.all():
         raise ValueError(
-            f"dequantize: counts must be integers in {{0, ..., {levels - 1}}}; {int((~valid).sum())} value(s) are not"
+            f"{where}: counts must be integers in {{0, ..., {levels - 1}}}; {int((~valid).sum())} value(s) are not"
         )
+    return counts, levels
+
+
+def dequantize(counts: np.ndarray, levels: int, seed: int) -> np.ndarray:
+    """Uniform dequantisation `(x + u) / levels` of integer data `x` in `{0, ..., levels-1}`."""
+    counts, levels = _checked_counts(counts, levels, "dequantize")
     rng = np.random.default_rng(seed)
     return (counts + rng.random(counts.shape)) / levels
 
@@ -52,11 +60,14 @@ class DequantizedDataset(Dataset):
     Arguments:
         counts: integer data of shape `(N, D)` with values in `{0, ..., levels-1}`.
         levels: number of levels `K`.
+
+    Raises:
+        ValueError: when a count is not an integer in `{0, ..., levels-1}` (NaN included).
     """
 
     def __init__(self, counts: np.ndarray | Tensor, levels: int) -> None:
-        self.counts = torch.as_tensor(np.asarray(counts), dtype=torch.float32)
-        self.levels = int(levels)
+        counts, self.levels = _checked_counts(counts, levels, "DequantizedDataset")
+        self.counts = torch.as_tensor(counts, dtype=torch.float32)
 
     def __len__(self) -> int:
         return len(self.counts)
@@ -105,5 +116,10 @@ def bits_per_dim(log_prob: Tensor | float, dims: int, levels: int) -> Tensor | f
         log_prob: log density (or mean log density) in nats.
         dims: number of dimensions `D`.
         levels: quantisation levels `K` (17 for digits, 256 for 8-bit images).
+
+    Raises:
+        ValueError: when `dims` or `levels` is not a positive integer.
     """
+    dims = check_number(dims, "dims", where="bits_per_dim", integer=True, low=1)
+    levels = check_number(levels, "levels", where="bits_per_dim", integer=True, low=1)
     return (-log_prob + dims * math.log(levels)) / (dims * math.log(2))

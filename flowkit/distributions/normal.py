@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from .._validation import check_number
 from ..utils import sum_event
 from .base import Distribution, as_shape
 
@@ -55,11 +56,9 @@ class DiagNormal(Distribution):
     ) -> None:
         super().__init__()
         self.event_shape = as_shape(event_shape)
-        if not (math.isfinite(loc) and math.isfinite(scale) and scale > 0):
-            raise ValueError(
-                f"DiagNormal: loc must be finite and scale positive and finite, got loc={loc}, scale={scale}"
-            )
-        loc_t = torch.full(self.event_shape, float(loc))
+        loc = check_number(loc, "loc", where="DiagNormal")
+        scale = check_number(scale, "scale", where="DiagNormal", positive=True)
+        loc_t = torch.full(self.event_shape, loc)
         log_scale_t = torch.full(self.event_shape, math.log(scale))
         if trainable:
             self.loc = nn.Parameter(loc_t)

@@ -39,6 +39,7 @@ from collections.abc import Callable, Sequence
 
 from torch import nn
 
+from .._validation import check_number
 from ..bijectors import Bijector, Chain, Coupling, MaskedAutoregressive, Permutation, Reverse
 from ..bijectors.coupling import _coupling_mask
 from ..distributions import Distribution, StandardNormal
@@ -62,7 +63,20 @@ def _half_mask(features: int, parity: int) -> list[int]:
     return [parity] * first + [1 - parity] * (features - first)
 
 
-def _checked(where: str, transformer: Transformer | None, conditioner: ConditionerFactory | None) -> None:
+def _checked(
+    where: str,
+    transformer: Transformer | None,
+    conditioner: ConditionerFactory | None,
+    sizes: dict[str, tuple[int, int]],
+    hidden: Sequence[int],
+) -> None:
+    """Check a preset's arguments: its sizes (`{name: (value, minimum)}`), hidden sizes and parts."""
+    for name, (value, minimum) in sizes.items():
+        check_number(value, name, where=where, integer=True, low=minimum)
+    if isinstance(hidden, (str, bytes)) or not isinstance(hidden, Sequence):
+        raise ValueError(f"{where}: hidden must be a sequence of layer sizes, got {hidden!r}")
+    for size in hidden:
+        check_number(size, "every hidden size", where=where, integer=True, low=1)
     if transformer is not None and not isinstance(transformer, Transformer):
         raise ValueError(f"{where}: transformer must be a flowkit Transformer, got {type(transformer).__name__}")
     if conditioner is not None and (isinstance(conditioner, nn.Module) or not callable(conditioner)):
@@ -151,7 +165,8 @@ class RealNVP(Flow):
         conditioner: ConditionerFactory | None = None,
         base: Distribution | None = None,
     ) -> None:
-        _checked("RealNVP", transformer, conditioner)
+        sizes = {"features": (features, 2), "transforms": (transforms, 1), "context": (context, 0)}
+        _checked("RealNVP", transformer, conditioner, sizes, hidden)
         transformer = Affine() if transformer is None else transformer
         layers = [
             _coupling(transformer, features, None, i % 2, hidden, context, activation, conditioner)
@@ -198,7 +213,8 @@ class MAF(Flow):
         conditioner: ConditionerFactory | None = None,
         base: Distribution | None = None,
     ) -> None:
-        _checked("MAF", transformer, conditioner)
+        sizes = {"features": (features, 1), "transforms": (transforms, 1), "context": (context, 0)}
+        _checked("MAF", transformer, conditioner, sizes, hidden)
         transformer = Affine() if transformer is None else transformer
         layers: list[Bijector] = [
             _autoregressive(transformer, features, hidden, context, residual, activation, conditioner)
@@ -263,7 +279,8 @@ class NSF(Flow):
     ) -> None:
         if coupling and residual:
             raise ValueError("NSF: residual applies to autoregressive layers only (coupling=False)")
-        _checked("NSF", transformer, conditioner)
+        sizes = {"features": (features, 2 if coupling else 1), "transforms": (transforms, 1), "context": (context, 0)}
+        _checked("NSF", transformer, conditioner, {**sizes, "bins": (bins, 1)}, hidden)
         transformer = RationalQuadraticSpline(bins, bound) if transformer is None else transformer
         if coupling:
             layers: list[Bijector] = [

@@ -7,6 +7,7 @@ import math
 import torch
 from torch import Tensor
 
+from .._validation import check_number
 from .base import Target
 
 __all__ = ["Phi4"]
@@ -44,10 +45,9 @@ class Phi4(Target):
 
     def __init__(self, L: int = 8, m2: float = -4.0, lam: float = 8.0) -> None:
         super().__init__()
-        if L < 2:
-            raise ValueError(f"Phi4: L must be at least 2, got {L}")
-        if lam < 0:
-            raise ValueError(f"Phi4: lam must be non-negative, got {lam}")
+        L = check_number(L, "L", where="Phi4", integer=True, low=2)
+        m2 = check_number(m2, "m2", where="Phi4")
+        lam = check_number(lam, "lam", where="Phi4", low=0)
         if lam == 0 and m2 <= 0:
             raise ValueError(
                 f"Phi4: with lam = 0 the mass squared must be positive, got m2 = {m2} (no normalisable density)"
@@ -67,11 +67,15 @@ class Phi4(Target):
     def _energy(self, x: Tensor) -> Tensor:
         kinetic = sum((torch.roll(x, -1, dim) - x).square() for dim in (-1, -2))
         x2 = x.square()
-        return (kinetic + self.m2 * x2 + self.lam * x2.square()).sum((-1, -2))
+        # x^2 (m^2 + lam x^2): far out it overflows to +inf, never to inf - inf = NaN.
+        potential = x2 * (self.m2 + self.lam * x2) if self.lam else self.m2 * x2
+        return (kinetic + potential).sum((-1, -2))
 
     def _force(self, x: Tensor) -> Tensor:
-        laplacian = sum(torch.roll(x, 1, dim) + torch.roll(x, -1, dim) for dim in (-1, -2)) - 4 * x
-        return 2 * laplacian - 2 * self.m2 * x - 4 * self.lam * x**3
+        # In float64 for lower precisions, so that no sum of neighbours overflows to inf - inf (then cast back).
+        y = x.to(torch.promote_types(x.dtype, torch.float64))
+        laplacian = sum((torch.roll(y, 1, dim) - y) + (torch.roll(y, -1, dim) - y) for dim in (-1, -2))
+        return (2 * laplacian - y * (2 * self.m2 + 4 * self.lam * y * y)).to(x.dtype)
 
     def _sample(self, n: int, generator: torch.Generator | None) -> Tensor:
         noise = torch.randn(n, self.L, self.L, generator=generator, dtype=torch.float64)

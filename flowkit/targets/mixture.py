@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
+from .._validation import check_number
 from .base import Target
 
 __all__ = ["GaussianMixture"]
@@ -50,13 +51,14 @@ class GaussianMixture(Target):
         scale: float = float(F.softplus(torch.tensor(1.0))),
     ) -> None:
         super().__init__()
-        if n_modes < 1 or dim < 1:
-            raise ValueError(f"GaussianMixture: n_modes and dim must be positive, got {n_modes} and {dim}")
-        if scale <= 0:
-            raise ValueError(f"GaussianMixture: scale must be positive, got {scale}")
+        where = "GaussianMixture"
+        n_modes = check_number(n_modes, "n_modes", where=where, integer=True, low=1)
+        dim = check_number(dim, "dim", where=where, integer=True, low=1)
+        seed = check_number(seed, "seed", where=where, integer=True, low=0)
+        loc_scaling = check_number(loc_scaling, "loc_scaling", where=where, low=0)
         self.event_shape = torch.Size([dim])
-        self.scale = float(scale)
-        generator = torch.Generator().manual_seed(int(seed))
+        self.scale = check_number(scale, "scale", where=where, positive=True)
+        generator = torch.Generator().manual_seed(seed)
         means = (torch.rand(n_modes, dim, generator=generator, dtype=torch.float64) - 0.5) * 2 * loc_scaling
         self.register_buffer("means", means.to(torch.get_default_dtype()))
 
@@ -65,12 +67,25 @@ class GaussianMixture(Target):
         return self.means.shape[0]
 
     def _component_log_probs(self, x: Tensor) -> Tensor:
+        """Log densities of the components at `x`, `(..., n_modes)`, in float64 (or wider) for range."""
         d = self.event_shape[0]
-        sq = (x.unsqueeze(-2) - self.means.to(x)).square().sum(-1) / self.scale**2
+        y = x.to(torch.promote_types(x.dtype, torch.float64))
+        sq = (y.unsqueeze(-2) - self.means.to(y)).square().sum(-1) / self.scale**2
         return -0.5 * sq - d * math.log(self.scale) - 0.5 * d * math.log(2 * math.pi)
 
     def _energy(self, x: Tensor) -> Tensor:
-        return -(torch.logsumexp(self._component_log_probs(x), -1) - math.log(self.n_modes))
+        return -(torch.logsumexp(self._component_log_probs(x), -1) - math.log(self.n_modes)).to(x.dtype)
+
+    def _force(self, x: Tensor) -> Tensor:
+        # -grad u = sum_k w_k (mu_k - x) / sigma^2 with the posterior weights w of the components.
+        log_p = self._component_log_probs(x)
+        w = torch.softmax(log_p, -1)
+        # So far out that every component underflows: the nearest mean (in the max norm, which cannot overflow).
+        y = x.to(log_p.dtype)
+        diff = self.means.to(y) - y.unsqueeze(-2)
+        nearest = torch.nn.functional.one_hot(diff.abs().amax(-1).argmin(-1), self.n_modes).to(w)
+        w = torch.where(torch.isfinite(log_p).any(-1, keepdim=True), w, nearest)
+        return ((w.unsqueeze(-1) * diff).sum(-2) / self.scale**2).to(x.dtype)
 
     def _sample(self, n: int, generator: torch.Generator | None) -> Tensor:
         pick = torch.randint(0, self.n_modes, (n,), generator=generator, device=self.means.device)

@@ -9,11 +9,13 @@ rejection sampling with a two-Gaussian proposal.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from .._validation import check_number
 from .base import Target
 
 __all__ = ["DoubleWell", "ManyWell"]
@@ -21,13 +23,18 @@ __all__ = ["DoubleWell", "ManyWell"]
 _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 
 
+def _quartic(x: Any, a: float, b: float, c: float) -> Any:
+    """`c x^4 + b x^2 + a x` in Horner form: far out it overflows to `+inf`, never to `inf - inf = NaN`."""
+    return x * (x * (c * x * x + b) + a)
+
+
 class _QuarticWell:
     """The 1-D density `exp(-(c x^4 + b x^2 + a x))`: log normaliser and an exact rejection sampler."""
 
     def __init__(self, a: float, b: float, c: float) -> None:
-        if c <= 0:
-            raise ValueError(f"DoubleWell: the quartic coefficient c must be positive, got {c}")
-        self.a, self.b, self.c = a, b, c
+        self.a = check_number(a, "a", where="DoubleWell")
+        self.b = check_number(b, "b", where="DoubleWell")
+        self.c = check_number(c, "the quartic coefficient c", where="DoubleWell", positive=True)
         # The density is negligible beyond |x| = reach (u > 60 above its minimum there).
         grid = np.linspace(-50.0, 50.0, 200_001)
         u = self.energy_np(grid)
@@ -49,7 +56,7 @@ class _QuarticWell:
         self.log_M = float(np.max(-(u - shift) - log_q) - shift) + 0.01
 
     def energy_np(self, x: np.ndarray) -> np.ndarray:
-        return self.c * x**4 + self.b * x**2 + self.a * x
+        return _quartic(x, self.a, self.b, self.c)
 
     def _log_proposal_np(self, x: np.ndarray) -> np.ndarray:
         comps = [-0.5 * ((x - m) / self.scale) ** 2 for m in self.locs]
@@ -93,17 +100,17 @@ class DoubleWell(Target):
     def __init__(self, a: float = -0.5, b: float = -6.0, c: float = 1.0) -> None:
         super().__init__()
         self.event_shape = torch.Size([2])
-        self.a, self.b, self.c = float(a), float(b), float(c)
-        self._well = _QuarticWell(self.a, self.b, self.c)
+        self._well = _QuarticWell(a, b, c)
+        self.a, self.b, self.c = self._well.a, self._well.b, self._well.c
         self.log_Z = self._well.log_Z + _HALF_LOG_2PI
 
     def _energy(self, x: Tensor) -> Tensor:
         x1, x2 = x[..., 0], x[..., 1]
-        return self.c * x1**4 + self.b * x1**2 + self.a * x1 + 0.5 * x2**2
+        return _quartic(x1, self.a, self.b, self.c) + 0.5 * x2**2
 
     def _force(self, x: Tensor) -> Tensor:
         x1, x2 = x[..., 0], x[..., 1]
-        return -torch.stack([4 * self.c * x1**3 + 2 * self.b * x1 + self.a, x2], dim=-1)
+        return -torch.stack([x1 * (4 * self.c * x1 * x1 + 2 * self.b) + self.a, x2], dim=-1)
 
     def _sample(self, n: int, generator: torch.Generator | None) -> Tensor:
         x1 = self._well.sample(n, generator)
@@ -136,7 +143,8 @@ class ManyWell(Target):
 
     def __init__(self, dim: int = 32, a: float = -0.5, b: float = -6.0, c: float = 1.0) -> None:
         super().__init__()
-        if dim < 2 or dim % 2:
+        dim = check_number(dim, "dim", where="ManyWell", integer=True, low=2)
+        if dim % 2:
             raise ValueError(f"ManyWell: dim must be a positive even number, got {dim}")
         self.event_shape = torch.Size([dim])
         self.well = DoubleWell(a, b, c)
