@@ -26,7 +26,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from .bijectors import Bijector
+from ._validation import outermost
+from .bijectors import Bijector, Chain, Invert
+from .domains import Domain
 from .flows import Flow
 
 __all__ = ["CheckReport", "check_bijector", "check_flow", "randomize"]
@@ -36,11 +38,22 @@ __all__ = ["CheckReport", "check_bijector", "check_flow", "randomize"]
 class CheckReport:
     """Outcome of [`check_bijector`][flowkit.testing.check_bijector] or [`check_flow`][flowkit.testing.check_flow].
 
-    One line per check.
+    One line per check. For a [`Chain`][flowkit.bijectors.Chain], a line covers every layer
+    (and the whole chain where that comparison is meaningful) and its detail names the
+    failing layers; `layers` then holds one report per layer, and printing the report lists
+    what each failing layer fails.
+
+    Attributes:
+        name: what was checked (the class name).
+        results: `(check, passed, detail)`, one per check.
+        layers: for a chain, one report per layer in forward order, named by index and class
+            (`layer 17 (LULinear)`, `layer 3.1 (Coupling)` inside a nested chain,
+            `layer 2 (Invert(LULinear))` inside an inverted chain); empty otherwise.
     """
 
     name: str
     results: list[tuple[str, bool, str]] = field(default_factory=list)
+    layers: list[CheckReport] = field(default_factory=list)
 
     def add(self, check: str, passed: bool, detail: str = "") -> None:
         self.results.append((check, bool(passed), detail))
@@ -55,11 +68,16 @@ class CheckReport:
 
     def __str__(self) -> str:
         lines = [f"{self.name}: {'PASS' if self.passed else 'FAIL'}"]
-        lines += [
-            f"  [{'ok' if ok else 'FAIL'}] {check}" + (f" ({detail})" if detail else "")
-            for check, ok, detail in self.results
-        ]
+        lines += [_line(check, ok, detail, "  ") for check, ok, detail in self.results]
+        for layer in self.layers:
+            if not layer.passed:
+                lines.append(f"  {layer.name}: FAIL")
+                lines += [_line(check, ok, detail, "    ") for check, ok, detail in layer.results if not ok]
         return "\n".join(lines)
+
+
+def _line(check: str, ok: bool, detail: str, indent: str) -> str:
+    return f"{indent}[{'ok' if ok else 'FAIL'}] {check}" + (f" ({detail})" if detail else "")
 
 
 def randomize(module: torch.nn.Module, scale: float = 0.3, seed: int = 0) -> torch.nn.Module:
@@ -71,30 +89,196 @@ def randomize(module: torch.nn.Module, scale: float = 0.3, seed: int = 0) -> tor
     return module
 
 
+ROUND_TRIP = "round trip inverse(forward(x)) = x"
+INVERSE_LADJ = "inverse ladj = -forward ladj"
+CALL = "call(x) = forward(x)[0]"
+INVERSE_CALL = "inverse_call(z) = inverse(z)[0]"
+JACOBIAN = "ladj = log|det| of the autograd Jacobian"
+BATCH = "batch independence"
+#: The pointwise checks, run on a bijector, or on every layer of a chain and on the chain as a whole.
+_POINTWISE = (ROUND_TRIP, INVERSE_LADJ, CALL, INVERSE_CALL, JACOBIAN, BATCH)
+COMPOSITION = "chain = its layers in turn (z, and ladj = sum of the layers' ladjs)"
+
+
+@dataclass
+class _Layer:
+    """A leaf of a (nested) chain in forward order, with the domains on either side."""
+
+    name: str
+    bijector: Bijector
+    domain: Domain
+    codomain: Domain
+
+
+def _plain(b: Bijector, cls: type) -> bool:
+    """Whether `b` is a `cls` whose maps are `cls`'s own, so that its layers are what it applies."""
+    methods = ("forward", "inverse", "call", "inverse_call")
+    return isinstance(b, cls) and all(getattr(type(b), m) is getattr(cls, m) for m in methods)
+
+
+def _layers(b: Bijector, path: tuple[int, ...] = (), inverted: bool = False) -> list[tuple[tuple[int, ...], _Layer]]:
+    """The leaves of `b` through nested chains and inverted chains, in the order `b.forward` applies them."""
+    if _plain(b, Invert):
+        return _layers(b.bijector, path, not inverted)
+    if _plain(b, Chain):
+        order = reversed(range(len(b))) if inverted else range(len(b))
+        return [leaf for i in order for leaf in _layers(b[i], (*path, i), inverted)]
+    label = type(b).__name__
+    name = f"layer {'.'.join(map(str, path))} ({f'Invert({label})' if inverted else label})"
+    domain, codomain = b.domain, getattr(b, "codomain", b.domain)
+    if inverted:
+        return [(path, _Layer(name, Invert(b), codomain, domain))]
+    return [(path, _Layer(name, b, domain, codomain))]
+
+
 def _flat(x: Tensor, event_dims: int) -> Tensor:
     return x.reshape(*x.shape[: x.dim() - event_dims], -1)
 
 
-def _jacobian_ladj(b: Bijector, x: Tensor, context: Tensor | None) -> Tensor:
-    """log|det| of the autograd Jacobian of `b.forward` at each point of a batch (tangent space on manifolds)."""
+def _scale(x: Tensor) -> float:
+    """`max(1, max|x|)`: values are compared with a mixed tolerance, `atol * max(1, max|x|)`."""
+    return max(1.0, x.detach().abs().max().item()) if x.numel() else 1.0
+
+
+def _jacobians(layer: _Layer, x: Tensor, context: Tensor | None) -> list[Tensor]:
+    """Autograd Jacobian of `forward` at each point of a flat batch, in tangent space on manifolds.
+
+    Each point is repeated once per output element in one batch, and one backward pass
+    takes row `k` of its Jacobian from copy `k`: exact for a batch-independent bijector
+    (which the batch independence check tests), and much faster than a pass per row.
+    """
+    b = layer.bijector
+    n, d_in, d_out = x.shape[0], math.prod(b.event_shape), math.prod(b.latent_shape)
+    copies = x.unsqueeze(1).expand(n, d_out, *b.event_shape).reshape(n * d_out, *b.event_shape)
+    copies = copies.detach().requires_grad_(True)
+    ctx = None if context is None else context.repeat_interleave(d_out, dim=0)
+    with torch.enable_grad():
+        z = b(copies, ctx)[0].reshape(n, d_out, d_out)
+        eye = torch.eye(d_out, dtype=z.dtype).expand(n, d_out, d_out)
+        grad = torch.autograd.grad(z, copies, eye, allow_unused=True)[0] if z.requires_grad else None
+    jac = torch.zeros(n, d_out, d_in, dtype=x.dtype) if grad is None else grad.reshape(n, d_out, d_in)
+    if layer.domain.is_manifold or layer.codomain.is_manifold:
+        e_in = layer.domain.tangent_basis(x.reshape(n, d_in))
+        e_out = layer.codomain.tangent_basis(z[:, 0].detach())
+        jac = e_out.transpose(-1, -2) @ jac @ e_in
+    return list(jac.detach())
+
+
+@dataclass
+class _Pointwise:
+    """The pointwise checks of one bijector at one batch: outputs, Jacobians, and `(error, tolerance)` per check."""
+
+    z: Tensor
+    ladj: Tensor
+    atol: float
+    jacobians: list[Tensor] | None = None
+    errors: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def report(self, name: str) -> CheckReport:
+        report = CheckReport(name)
+        for check, (err, tol) in self.errors.items():
+            report.add(check, err < tol, _error(err, tol, self.atol))
+        return report
+
+
+def _error(err: float, tol: float, atol: float) -> str:
+    """`max error ...`, and on failure the tolerance where it is scaled by the size of the values."""
+    return f"max error {err:.2e}" + ("" if err < tol or tol in (atol, 10 * atol) else f" > tolerance {tol:.1e}")
+
+
+def _pointwise(layer: _Layer, x: Tensor, context: Tensor | None, atol: float, *, jacobian: bool = True) -> _Pointwise:
+    """Run the pointwise checks of one bijector on a batch `x` (context of matching batch shape, or None)."""
+    b = layer.bijector
+    event = len(b.event_shape)
+    batch = x.shape[: x.dim() - event]
+    z, ladj = b(x, context)
+    out = _Pointwise(z.detach(), ladj.detach(), atol)
+    x_back, ladj_inv = b.inverse(z, context)
+    out.errors[ROUND_TRIP] = ((x_back - x).abs().max().item(), atol * _scale(x))
+    out.errors[INVERSE_LADJ] = ((ladj_inv + ladj).abs().max().item(), atol)
+    out.errors[CALL] = ((b.call(x, context) - z).abs().max().item(), atol * _scale(z))
+    out.errors[INVERSE_CALL] = ((b.inverse_call(z, context) - x_back).abs().max().item(), atol * _scale(x))
+    if jacobian and math.prod(b.event_shape) <= 256 and x.dim() > event:
+        flat = x.reshape(-1, *b.event_shape)
+        ctx = None if context is None else context.expand(*batch, context.shape[-1]).reshape(-1, context.shape[-1])
+        out.jacobians = _jacobians(layer, flat, ctx)
+        expected = torch.stack([torch.linalg.slogdet(j)[1] for j in out.jacobians])
+        out.errors[JACOBIAN] = ((expected - ladj.reshape(-1)).abs().max().item(), atol * 10)
+    if x.dim() > event and x.shape[0] > 1:
+        singles = [b(x[i : i + 1], None if context is None else context[i : i + 1]) for i in range(x.shape[0])]
+        err_z = (torch.cat([s[0] for s in singles]) - z).abs().max().item() / _scale(z)
+        err_l = (torch.cat([s[1] for s in singles]) - ladj).abs().max().item()
+        out.errors[BATCH] = (max(err_z, err_l), atol)
+    return out
+
+
+def _chain_rule(jacobians: list[list[Tensor]]) -> list[Tensor]:
+    """A chain's Jacobian at each point: the product of its layers' Jacobians at the points they see."""
     out = []
-    event_dims = len(b.event_shape)
-    codomain = getattr(b, "codomain", b.domain)
-    for i in range(x.shape[0]):
-        xi = x[i : i + 1]
-        ci = None if context is None else context[i : i + 1]
+    for per_point in zip(*jacobians, strict=True):
+        jac = per_point[0]
+        for j in per_point[1:]:
+            jac = j @ jac
+        out.append(jac)
+    return out
 
-        def f(v: Tensor, xi: Tensor = xi, ci: Tensor | None = ci) -> Tensor:
-            return _flat(b(v.reshape(xi.shape), ci)[0], len(b.latent_shape))[0]
 
-        jac = torch.autograd.functional.jacobian(f, _flat(xi, event_dims)[0])
-        if b.domain.is_manifold or codomain.is_manifold:
-            z = f(_flat(xi, event_dims)[0])
-            e_in = b.domain.tangent_basis(_flat(xi, event_dims)[0])
-            e_out = codomain.tangent_basis(z)
-            jac = e_out.transpose(-1, -2) @ jac @ e_in
-        out.append(torch.linalg.slogdet(jac)[1])
-    return torch.stack(out)
+def _condition_bound(jacobians: list[Tensor]) -> float:
+    """`eps cond(J) D`, the expected error of `slogdet` of a Jacobian `J` of size `D`, the worst over the points."""
+    worst = 0.0
+    for jac in jacobians:
+        if jac.numel():
+            cond = torch.linalg.cond(jac).item()
+            worst = max(worst, cond * jac.shape[-1] if not math.isnan(cond) else math.inf)
+    return torch.finfo(torch.float64).eps * worst
+
+
+def _check_chain(
+    report: CheckReport, b: Bijector, leaves: list[_Layer], x: Tensor, context: Tensor | None, atol: float
+) -> None:
+    """The pointwise checks of a chain: every layer at the points it sees, the sum, the whole where well conditioned."""
+    h, results = x, []
+    with outermost():  # inside a chain, layers take their inputs unchecked, and the context if they are conditional
+        for leaf in leaves:
+            results.append(_pointwise(leaf, h, context if leaf.bijector.context_features else None, atol))
+            report.layers.append(results[-1].report(leaf.name))
+            h = results[-1].z
+    whole = _pointwise(_Layer(report.name, b, b.domain, b.domain), x, context, atol, jacobian=False)
+    bound, why = None, ""
+    if all(r.jacobians is not None for r in results):
+        jacobians = _chain_rule([r.jacobians for r in results])  # type: ignore[misc]
+        bound = _condition_bound(jacobians)
+        if bound <= atol:
+            expected = torch.stack([torch.linalg.slogdet(j)[1] for j in jacobians])
+            whole.errors[JACOBIAN] = ((expected - whole.ladj.reshape(-1)).abs().max().item(), atol * 10)
+        else:
+            why = f"not compared, ill-conditioned: eps cond(J) D = {bound:.1e} > atol"
+    conditioned = not why
+    total = torch.stack([r.ladj for r in results]).sum(0)
+    err = max((h - whole.z).abs().max().item() / _scale(whole.z), (total - whole.ladj).abs().max().item())
+    report.add(COMPOSITION, err < atol, f"max error {err:.2e}")
+    for check in _POINTWISE:
+        per_layer = [
+            (leaf.name, *r.errors[check]) for leaf, r in zip(leaves, results, strict=True) if check in r.errors
+        ]
+        if not per_layer and check not in whole.errors:
+            continue
+        failing = [f"{name}: {_error(err, tol, atol)}" for name, err, tol in per_layer if not err < tol]
+        ok = not failing
+        if failing:
+            detail = "; ".join(failing[:3]) + (f"; and {len(failing) - 3} more layers" if len(failing) > 3 else "")
+        elif per_layer:
+            detail = f"{len(per_layer)} layers: max error {max(err for _, err, _ in per_layer):.2e}"
+        else:
+            detail = ""
+        if check in whole.errors:
+            err, tol = whole.errors[check]
+            ok = ok and (err < tol or not conditioned)
+            chain = _error(err, tol, atol) + ("" if conditioned else f", {why}")
+            detail += f"{'; ' if detail else ''}whole chain: {chain}"
+        elif check == JACOBIAN and not conditioned:
+            detail += f"; whole chain {why}"
+        report.add(check, ok, detail)
 
 
 def check_bijector(
@@ -106,7 +290,7 @@ def check_bijector(
     far: float = 50.0,
     raise_on_failure: bool = True,
 ) -> CheckReport:
-    """Check a bijector's inverse, log-determinant and gradients in float64.
+    r"""Check a bijector's inverse, log-determinant and gradients in float64.
 
     The bijector is copied to the CPU and converted to float64; the original is not touched.
 
@@ -117,6 +301,19 @@ def check_bijector(
     `forward`; finite gradients with respect to inputs and parameters, also
     at points `far` times further out for unbounded domains (spline tails);
     batch independence (a batch gives what each point gives alone).
+    Values are compared with the mixed tolerance `atol * max(1, max|x|)`,
+    log-determinants with `atol` (`10 atol` against the Jacobian).
+
+    A [`Chain`][flowkit.bijectors.Chain] (nested chains and
+    [`Invert`][flowkit.bijectors.Invert] of a chain included) is checked layer by
+    layer: each layer at the points it sees (the inputs pushed through the layers
+    before it), and the chain's output and ladj against its layers applied in
+    turn and the sum of their ladjs. The whole-chain comparisons are made where
+    they are meaningful: `slogdet` of a Jacobian $J$ of size $D$ loses about
+    $\epsilon \operatorname{cond}(J) D$ to rounding (and a round trip about as
+    much), so when that bound, with $J$ the product of the layers' Jacobians,
+    exceeds `atol` the report shows the whole chain's errors without counting
+    them. A failing layer is named by index and class.
 
     Arguments:
         bijector: the bijector to check.
@@ -151,26 +348,12 @@ def check_bijector(
         tuple(z.shape) == tuple(batch) + tuple(b.latent_shape) and tuple(ladj.shape) == tuple(batch),
         f"z {tuple(z.shape)}, ladj {tuple(ladj.shape)}",
     )
-    x_back, ladj_inv = b.inverse(z, context)
-    err = (x_back - x).abs().max().item()
-    report.add("round trip inverse(forward(x)) = x", err < atol, f"max error {err:.2e}")
-    err = (ladj_inv + ladj).abs().max().item()
-    report.add("inverse ladj = -forward ladj", err < atol, f"max error {err:.2e}")
-    err = (b.call(x, context) - z).abs().max().item()
-    report.add("call(x) = forward(x)[0]", err < atol, f"max error {err:.2e}")
-    err = (b.inverse_call(z, context) - x_back).abs().max().item()
-    report.add("inverse_call(z) = inverse(z)[0]", err < atol, f"max error {err:.2e}")
-    if math.prod(b.event_shape) <= 256 and x.dim() > len(b.event_shape):
-        flat = x.reshape(-1, *b.event_shape)
-        ctx = None if context is None else context.expand(*batch, context.shape[-1]).reshape(-1, context.shape[-1])
-        expected = _jacobian_ladj(b, flat, ctx)
-        err = (expected - ladj.reshape(-1)).abs().max().item()
-        report.add("ladj = log|det| of the autograd Jacobian", err < atol * 10, f"max error {err:.2e}")
-    if x.dim() > len(b.event_shape) and x.shape[0] > 1:
-        singles = [b(x[i : i + 1], None if context is None else context[i : i + 1]) for i in range(x.shape[0])]
-        err_z = (torch.cat([s[0] for s in singles]) - z).abs().max().item()
-        err_l = (torch.cat([s[1] for s in singles]) - ladj).abs().max().item()
-        report.add("batch independence", max(err_z, err_l) < atol, f"max error {max(err_z, err_l):.2e}")
+    leaves = _layers(b)
+    if leaves[0][0]:
+        _check_chain(report, b, [leaf for _, leaf in leaves], x, context, atol)
+    else:
+        whole = _Layer(name, b, b.domain, getattr(b, "codomain", b.domain))
+        report.results += _pointwise(whole, x, context, atol).report(name).results
 
     points = [("inside", x)]
     if not b.domain.is_manifold and type(b.domain).__name__ == "Real":
@@ -248,6 +431,7 @@ def check_flow(
         f.bijector, context=None if context is None else context.expand(4, -1), atol=atol, raise_on_failure=False
     )
     report.results += [(f"bijector: {c}", ok, d) for c, ok, d in sub.results]
+    report.layers = sub.layers
     with torch.no_grad():
         x, log_q = f.sample_and_log_prob((n,), context)
         report.add("sample shape", tuple(x.shape) == (n, *f.event_shape), f"{tuple(x.shape)}")
