@@ -11,7 +11,9 @@ y = y_k + \Delta y \, \frac{s\xi^2 + \delta_k \xi(1-\xi)}{\text{den}}, \qquad
 $$
 
 The inverse solves the quadratic `a\xi^2 + b\xi + c = 0` in the bin found on
-the `y` knots, through the stable root `\xi = 2c / (-b - \sqrt{b^2 - 4ac})`.
+the `y` knots, through the root `\xi = 2c / (-b - \sqrt{b^2 - 4ac})` for
+`b >= 0` and its equal `(-b + \sqrt{b^2 - 4ac}) / (2a)` for `b < 0`, each
+free of cancellation where it is used.
 
 Unconstrained parameters map to knots as in nflows: bin widths
 `m_w + (1 - K m_w)\,\mathrm{softmax}(\hat w)` scaled to `2B` (heights
@@ -22,9 +24,12 @@ outside `[-B, B]` and the two boundary derivatives are 1, so a spline has
 
 Robustness: inputs are clamped to `[-B, B]` *before* the spline maths, the
 bin is found by `torch.searchsorted` on the interior knots (so `\pm B`
-and points exactly on knots land in a valid bin) and the tails are selected
-with `torch.where`. Both branches are therefore finite everywhere, and so
-are the gradients, also far outside the bound. Nothing in the hot path
+and points exactly on knots land in a valid bin), the bin-relative coordinate
+`\xi` is clamped to `[0, 1]` (rounding moves it out at the knots, in
+float32, and in a steep bin the log-derivative of a point just outside is the
+log of a negative number) and the tails are selected with `torch.where`.
+Both branches are therefore finite everywhere, and so are the gradients,
+also far outside the bound. Nothing in the hot path
 synchronises with the device, so the code runs under `torch.compile`.
 
 Speed: the bin arithmetic is one autograd node with a hand-written backward
@@ -132,8 +137,9 @@ def _knots(
         scale = span * (1 - bins * minimum) / cumulative[..., -1:]
         offset = ramp * (span * minimum) + low
     # The last knot is high up to rounding; the bin search uses the interior
-    # knots only and inputs are clamped to [low, high], so a rounding gap at
-    # the end cannot select a wrong bin.
+    # knots only, inputs are clamped to [low, high] and the bin-relative
+    # coordinate to [0, 1], so a point in a rounding gap at the end (an angle
+    # just below pi, say) lands in the last bin, at its end.
     positions = F.pad(torch.addcmul(offset, cumulative, scale), (1, 0), value=low)
     return positions, derivatives
 
@@ -154,8 +160,16 @@ def _bin_terms(x: Tensor, x0: Tensor, shape: tuple[Tensor, ...], d0: Tensor, d1:
     `den = s + c q`, `N = s xi^2 + d0 q` and `P = d1 xi^2 + 2 s q + d0 (1 - xi)^2`,
     so that `y = y0 + h N / den` and `log dy/dx = log(s^2 P / den^2)`.
     """
+    return _xi_terms(((x - x0) / shape[0]).clamp(0, 1), shape, d0, d1)
+
+
+def _xi_terms(xi: Tensor, shape: tuple[Tensor, ...], d0: Tensor, d1: Tensor) -> tuple[Tensor, ...]:
+    """`_bin_terms` at the bin-relative coordinate `xi`, which must lie in `[0, 1]`.
+
+    Outside `[0, 1]` (by rounding, `x` on a knot) `P` can turn negative in a
+    steep bin, and its log NaN: `_bin_terms` clamps.
+    """
     w, h, s, c = shape
-    xi = (x - x0) / w
     one_m_xi = 1 - xi
     xi_sq = xi * xi
     q = xi * one_m_xi
@@ -216,6 +230,29 @@ def _bin_pullback(
     return (g_v, *_bin_vjp(terms, dp, d0, d1, -g_v, -g_ladj)[1:])
 
 
+def _solve_bin(dy: Tensor, shape: tuple[Tensor, ...], d0: Tensor) -> Tensor:
+    r"""The root `xi` in `[0, 1]` of `a xi^2 + b xi + c_0 = 0`, the bin's map solved for `y = y_0 + dy`.
+
+    With `a = h (s - d_0) + dy\,c`, `b = h d_0 - dy\,c`, `c_0 = -s\,dy`
+    (`c_0 <= 0`), the root is `-2 c_0 / (b + r)` for `b >= 0` and
+    `(r - b) / (2a)` for `b < 0` (where `a >= |b| > 0`), `r = \sqrt{b^2 - 4 a c_0}`:
+    each form without cancellation (the first alone loses all digits when
+    `b < 0` and `a c_0` is small next to `b^2`, in steep bins). One division
+    of selected numerator and denominator, so no branch can produce inf or NaN;
+    the root is clamped into the bin (it leaves `[0, 1]` by rounding at the knots).
+    """
+    _, h, s, c = shape
+    dy_c = dy * c
+    a = torch.addcmul(dy_c, h, s - d0)
+    b = torch.addcmul(-dy_c, h, d0)
+    s_dy = s * dy  # -c_0
+    root = torch.addcmul(b * b, a, s_dy, value=4).clamp_min(0).sqrt()
+    positive = b >= 0
+    numerator = torch.where(positive, s_dy + s_dy, root - b)
+    denominator = torch.where(positive, b + root, a + a).clamp_min(torch.finfo(dy.dtype).tiny)
+    return (numerator / denominator).clamp(0, 1)
+
+
 class _RationalQuadraticBin(torch.autograd.Function):
     r"""One rational-quadratic bin, forward or inverse, as a single autograd node.
 
@@ -248,16 +285,12 @@ class _RationalQuadraticBin(torch.autograd.Function):
     ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
         shape = _bin_shape(x0, x1, y0, y1, d0, d1)
         if inverse:
-            w, h, s, c = shape
-            dy = v - y0
-            a = h * (s - d0) + dy * c
-            b = h * d0 - dy * c
-            c0 = -s * dy
-            discriminant = (b * b - 4 * a * c0).clamp_min(0)
-            point = x0 + w * (2 * c0) / (-b - discriminant.sqrt())
+            xi = _solve_bin(v - y0, shape, d0)
+            point = torch.lerp(x0, x1, xi)  # exactly x0 at xi = 0 and x1 at xi = 1
+            terms = _xi_terms(xi, shape, d0, d1)
         else:
             point = v
-        terms = _bin_terms(point, x0, shape, d0, d1)
+            terms = _bin_terms(point, x0, shape, d0, d1)
         _, h, s, _, _, _, _, den, n, p = terms
         log_derivative = torch.log(s * s * p / (den * den))
         dlog = None

@@ -261,3 +261,94 @@ def test_matches_nflows_with_unequal_minimum_bin_sizes(inverse):
     got = unconstrained_rqs(x, w, h, d, B, inverse=inverse, **sizes)
     for e, g in zip(expected, got, strict=True):
         torch.testing.assert_close(g, e, atol=1e-9, rtol=1e-9)
+
+
+def test_float32_inverse_at_a_knot_is_finite_and_gives_the_knot_derivative():
+    # Regression: the bin search picks the bin left of the knot, where rounding
+    # put the solved root above 1 and the log-derivative was log(negative) = NaN.
+    w = torch.tensor([0.62, 1.48, 2.9, 8.2, 2.24, -3.13])
+    h = torch.tensor([2.8, 1.23, 0.02, -3.16, -0.59, -2.25])
+    d = torch.tensor([-1.98, 0.95, 2.99, -0.67, 0.2])
+    spline = RationalQuadraticSpline(6, 2.0)
+    positions, derivatives = spline._knots(torch.cat([w, h, d]))
+    x, ladj = unconstrained_rqs(positions[1, 1], w, h, d, 2.0, inverse=True)
+    assert x == positions[0, 1]
+    torch.testing.assert_close(ladj, -derivatives[1].log())
+    # Every knot, +-2 ulp, with gradients.
+    y = positions[1]
+    y = torch.cat([y, *(torch.nextafter(y, torch.tensor(v)) for v in (-math.inf, math.inf))])
+    y = torch.cat([y, torch.nextafter(y, torch.tensor(math.inf)), torch.nextafter(y, torch.tensor(-math.inf))])
+    params = torch.cat([w, h, d]).expand(len(y), -1).clone().requires_grad_(True)
+    y.requires_grad_(True)
+    x, ladj = spline.inverse(y, params)
+    assert torch.isfinite(x).all() and torch.isfinite(ladj).all()
+    for g in torch.autograd.grad(x.sum() + ladj.sum(), (y, params)):
+        assert torch.isfinite(g).all()
+
+
+def test_float32_inverse_at_the_bound_with_huge_logits():
+    # Regression: with logits ~1e7 the root formula cancelled to 0 / 0 at y = B (x inf, ladj NaN).
+    p = torch.tensor([1983989.0, -11051798.0, -20371150.0, 21287674.0, -2044570.0, 4684641.0])
+    p = torch.cat([p, torch.tensor([12036285.0, 3135388.0, 15853344.0, 8790557.0, 27500116.0])])
+    spline = RationalQuadraticSpline(4, 2.0)
+    y = torch.tensor([2.0, -2.0, 1.9999999, -1.9999999, 0.0, 1e6, -1e30]).requires_grad_(True)
+    params = p.expand(len(y), -1).clone().requires_grad_(True)
+    x, ladj = spline.inverse(y, params)
+    assert torch.isfinite(x).all() and torch.isfinite(ladj).all()
+    assert x[0] == 2.0 and x[1] == -2.0
+    for g in torch.autograd.grad(x.sum() + ladj.sum(), (y, params)):
+        assert torch.isfinite(g).all()
+    # Next to the bounds the solved points map back onto y (the round trip in y; x itself is
+    # ill-conditioned here, and inside, where the slope reaches 1e7, so is y).
+    y_back, _ = spline(x[:4].detach(), params[:4].detach())
+    torch.testing.assert_close(y_back, y[:4].detach(), atol=1e-6, rtol=1e-6)
+
+
+def test_inverse_root_has_no_cancellation_in_steep_bins():
+    # b < 0 in a steep bin: the one-formula root 2c / (-b - sqrt(b^2 - 4ac)) lost all digits, in float64 too.
+    g = torch.Generator().manual_seed(11)
+    spline = RationalQuadraticSpline(4, 2.0).double()
+    params = (1e7 * torch.randn(20000, spline.params_per_element, generator=g, dtype=torch.float64)).round()
+    positions, _ = spline._knots(params)
+    y = torch.nextafter(positions[:, 1, :], torch.tensor(math.inf, dtype=torch.float64)).clamp(max=2.0)
+    params = params[:, None].expand(-1, y.shape[1], -1)
+    x, ladj = spline.inverse(y, params)
+    assert torch.isfinite(x).all() and torch.isfinite(ladj).all()
+    # The solved points map back onto y to 1e-9 (the old root: 1.5e-8, at 663 of these points above 1e-9).
+    torch.testing.assert_close(spline(x, params)[0], y, atol=1e-9, rtol=0)
+
+
+@pytest.mark.parametrize("inverse", [False, True])
+def test_float32_circular_spline_next_to_pi(inverse):
+    # Regression: the last knot fell just below pi and an angle in that gap gave NaN.
+    spline = CircularSpline(4)
+    params = torch.tensor([4.94, -2.38, -2.29, -1.83, 0.39, -0.49, -1.02, 0.53, 4.74, -3.23, 0.57, -5.35, 0.0])
+    x = torch.tensor([3.1415925, math.pi, -math.pi, 3.1415923, -3.1415925]).requires_grad_(True)
+    p = params.expand(len(x), -1).clone().requires_grad_(True)
+    y, ladj = (spline.inverse if inverse else spline.forward)(x, p)
+    assert torch.isfinite(y).all() and torch.isfinite(ladj).all()
+    for grad in torch.autograd.grad(y.sum() + ladj.sum(), (x, p)):
+        assert torch.isfinite(grad).all()
+    # The round trip closes on the circle.
+    back, _ = (spline.forward if inverse else spline.inverse)(y.detach(), p.detach())
+    gap = torch.remainder(back - x.detach() + math.pi, 2 * math.pi) - math.pi
+    assert gap.abs().max() < 1e-5
+
+
+def test_spline_coupling_inverse_gradients_are_finite_far_outside():
+    # Regression: NaN gradients in SplineCoupling.inverse at |z| ~ 1e6 (float32).
+    from flowkit.bijectors import MaskedSplineAutoregressive, SplineCoupling
+    from flowkit.testing import randomize
+
+    bad = 0
+    for seed in range(10):
+        torch.manual_seed(seed)
+        for cls in (SplineCoupling, MaskedSplineAutoregressive):
+            layer = randomize(cls(4, bins=6, bound=3.0, hidden=(16,)), scale=3.0)
+            z = torch.randn(8, 4) * 1e6
+            z[::2] = torch.randn(4, 4)
+            z.requires_grad_(True)
+            x, ladj = layer.inverse(z)
+            grads = torch.autograd.grad(x.sum() + ladj.sum(), [z, *layer.parameters()], allow_unused=True)
+            bad += sum(int((~torch.isfinite(t)).sum()) for t in (x, ladj, *grads) if t is not None)
+    assert bad == 0
