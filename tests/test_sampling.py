@@ -1,6 +1,7 @@
 """Importance weights, ESS, log Z, reweighting and IMH against closed forms."""
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -155,3 +156,18 @@ def test_log_Z_warns_when_a_few_weights_dominate():
     assert error <= 1.0
     with pytest.raises(ValueError, match="floating dtype"):
         log_Z(torch.tensor([True, False]))
+
+
+@pytest.mark.parametrize(
+    "values",
+    [[1e308, 0.0], [1e308, 1e308, 1e308], [-1e308, 1e308, 1.0], [-1.7e308, 1.7e308]],
+)
+def test_ess_and_log_Z_at_huge_log_weights(values):
+    log_w = torch.tensor(values, dtype=torch.float64)
+    share = torch.softmax(log_w - log_w.max(), 0)
+    assert ess(log_w) == pytest.approx(float(1 / (len(values) * share.square().sum())))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a few weights dominate
+        estimate, error = log_Z(log_w)
+    assert estimate == pytest.approx(max(values)) and math.isfinite(error)
+    assert 0 < ess(log_w) <= 1

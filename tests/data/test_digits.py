@@ -40,3 +40,17 @@ def test_dequantized_dataset_draws_fresh_noise():
     a, b = ds[0], ds[0]
     assert len(ds) == 2 and not torch.equal(a, b)
     assert torch.equal(torch.floor(a * 17), torch.tensor([0.0, 16.0]))
+
+
+@pytest.mark.parametrize("dims,levels", [(0, 17), (64, 0), (2.5, 17), (64, float("nan")), (64, True)])
+def test_bits_per_dim_refuses_bad_sizes(dims, levels):
+    with pytest.raises(ValueError, match="bits_per_dim: (dims|levels) must be a positive integer"):
+        bits_per_dim(0.0, dims, levels)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), -1.0, 17.0, 2.5, float("inf")])
+def test_dequantized_dataset_refuses_counts_outside_the_levels(bad):
+    with pytest.raises(ValueError, match=r"DequantizedDataset: counts must be integers in \{0, ..., 16\}; 1 value"):
+        DequantizedDataset(np.array([[0.0, bad], [3.0, 5.0]]), 17)
+    with pytest.raises(ValueError, match="levels"):
+        DequantizedDataset(np.zeros((2, 2)), 0)

@@ -159,3 +159,54 @@ def test_exact_samples_follow_the_target_dtype_and_device(target):
     assert target.double().sample(3).dtype == torch.float64
     x = target.to("meta").sample((2, 3))
     assert x.device.type == "meta" and x.shape == (2, 3, *target.event_shape)
+
+
+# Finite but absurd points: the energy may be +inf, never NaN, and the force never NaN.
+@pytest.mark.parametrize(
+    "target,x",
+    [
+        (DoubleWell(), torch.tensor([[1e19, 0.0], [-1e19, 3.0], [1e20, 1e20], [3e38, 0.0], [-3e38, -3e38]])),
+        (ManyWell(4), torch.tensor([[1e19, 0.0, -1e30, 1.0], [0.5, -1e38, 1.0, 2.0]])),
+        (Phi4(4), torch.full((2, 4, 4), 1e20)),
+        (Phi4(4), torch.randn(3, 4, 4, generator=torch.Generator().manual_seed(0)) * 3e37),
+        (Phi4(4, m2=1.0, lam=0.0), torch.full((1, 4, 4), -1e20)),
+        (GaussianMixture(), torch.tensor([[1e20, 0.0], [-1e30, 3e38], [0.0, 0.0]])),
+    ],
+    ids=["double-well", "many-well", "phi4", "phi4-random", "phi4-free", "gmm"],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_energy_and_force_at_extreme_points_are_not_nan(target, x, dtype):
+    # The points overflow float32's squares; in float64, scaled by 1e140, they overflow float64's.
+    target, x = target.to(dtype), x.to(dtype) * (1e140 if dtype == torch.float64 else 1.0)
+    energy, force = target.energy(x), target.force(x)
+    assert not torch.isnan(energy).any() and not torch.isnan(force).any()
+    assert (energy == math.inf).any()  # the far points have infinite energy
+    assert energy.dtype == force.dtype == dtype
+
+
+def test_horner_forms_agree_with_autograd_forces():
+    gen = torch.Generator().manual_seed(1)
+    for target, x in [
+        (DoubleWell(), 2 * torch.randn(6, 2, generator=gen, dtype=torch.float64)),
+        (Phi4(4), torch.randn(3, 4, 4, generator=gen, dtype=torch.float64)),
+        (GaussianMixture(n_modes=5), 30 * torch.randn(6, 2, generator=gen, dtype=torch.float64)),
+    ]:
+        target = target.double()
+        torch.testing.assert_close(target.force(x), Target._force(target, x))
+
+
+def test_property_energies_and_forces_are_never_nan_at_finite_points():
+    hypothesis = pytest.importorskip("hypothesis")
+    from hypothesis import strategies as st
+
+    targets = [DoubleWell(), ManyWell(4), Phi4(2), Phi4(2, m2=1.0, lam=0.0), GaussianMixture(n_modes=3)]
+    finite = st.floats(allow_nan=False, allow_infinity=False, width=32)
+
+    @hypothesis.settings(max_examples=200, deadline=None, derandomize=True)
+    @hypothesis.given(st.sampled_from(range(len(targets))), st.lists(finite, min_size=4, max_size=4))
+    def check(index, values):
+        target = targets[index]
+        x = torch.tensor(values, dtype=torch.float32)[: target.event_shape.numel()].reshape(1, *target.event_shape)
+        assert not torch.isnan(target.energy(x)).any() and not torch.isnan(target.force(x)).any()
+
+    check()
