@@ -1,9 +1,13 @@
 """The checks must be able to fail: broken bijectors are caught."""
 
+import math
+
 import pytest
 import torch
 
-from flowkit.bijectors import Bijector, Chain, LULinear
+import flowkit
+from flowkit.bijectors import AffineCoupling, Bijector, Chain, Invert, LULinear, Permutation, SplineCoupling
+from flowkit.cli import main
 from flowkit.testing import check_bijector, randomize
 
 
@@ -80,3 +84,96 @@ def test_report_lists_passing_checks():
         "inverse ladj = -forward ladj",
         "batch independence",
     }
+
+
+class _OffLadj(Bijector):
+    """Doubles its input, with a log-determinant 1e-3 too large (and a consistent inverse)."""
+
+    def __init__(self, features: int = 4):
+        super().__init__()
+        self.event_shape = torch.Size([features])
+
+    def forward(self, x, context=None):
+        return 2 * x, x.new_full(x.shape[:-1], x.shape[-1] * math.log(2) + 1e-3)
+
+    def inverse(self, z, context=None):
+        return z / 2, z.new_full(z.shape[:-1], -(z.shape[-1] * math.log(2) + 1e-3))
+
+
+def _deep_chain(broken_at: int | None = None, features: int = 4, layers: int = 24, scale: float = 1.0) -> Chain:
+    """LULinear, spline coupling, permutation and affine coupling in turn, randomised at a large scale."""
+    torch.manual_seed(0)
+    build = [
+        lambda i: LULinear(features),
+        lambda i: SplineCoupling(features, hidden=(8,), parity=i // 4 % 2),
+        lambda i: Permutation(features, seed=i),
+        lambda i: AffineCoupling(features, hidden=(8,), parity=i // 4 % 2),
+    ]
+    chain = randomize(Chain(*[build[i % 4](i) for i in range(layers)]), scale)
+    if broken_at is not None:
+        chain.layers[broken_at] = _OffLadj(features)
+    return chain
+
+
+def _x(features: int = 4) -> torch.Tensor:
+    return torch.randn(4, features, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+
+
+def test_a_deep_ill_conditioned_chain_passes_layer_by_layer():
+    # Every layer agrees with its autograd Jacobian to ~1e-12, but the chain's Jacobian has a condition
+    # number near 1e20: checking the whole chain at once (as before) failed it, round trip and
+    # log-determinant off by O(1) to O(100) in float64.
+    chain = _deep_chain()
+    report = check_bijector(chain, _x())
+    assert report.passed, str(report)
+    assert len(report.layers) == 24 and all(layer.passed for layer in report.layers)
+    assert report.layers[5].name == "layer 5 (Coupling)"
+    details = dict((check, detail) for check, _, detail in report.results)
+    assert "24 layers" in details["ladj = log|det| of the autograd Jacobian"]
+    assert "whole chain not compared, ill-conditioned" in details["ladj = log|det| of the autograd Jacobian"]
+    assert "not compared" in details["round trip inverse(forward(x)) = x"]
+    assert details["chain = its layers in turn (z, and ladj = sum of the layers' ladjs)"] == "max error 0.00e+00"
+
+
+def test_a_well_conditioned_chain_is_also_compared_as_a_whole():
+    report = check_bijector(_deep_chain(layers=8, scale=0.1), _x())
+    assert report.passed, str(report)
+    details = dict((check, detail) for check, _, detail in report.results)
+    assert "whole chain: max error" in details["ladj = log|det| of the autograd Jacobian"]
+    assert "not compared" not in str(report)
+
+
+def test_a_wrong_ladj_deep_inside_a_chain_is_caught_and_named():
+    report = check_bijector(_deep_chain(broken_at=17), _x(), raise_on_failure=False)
+    assert not report.passed
+    assert len(report.failures) == 1, report.failures
+    assert report.failures[0].startswith(
+        "ladj = log|det| of the autograd Jacobian: layer 17 (_OffLadj): max error 1.00e-03"
+    )
+    assert [layer.name for layer in report.layers if not layer.passed] == ["layer 17 (_OffLadj)"]
+    assert "  layer 17 (_OffLadj): FAIL\n    [FAIL] ladj = log|det| of the autograd Jacobian" in str(report)
+    with pytest.raises(AssertionError, match=r"layer 17 \(_OffLadj\)"):
+        check_bijector(_deep_chain(broken_at=17), _x())
+
+
+def test_layers_of_nested_and_inverted_chains_are_named_by_their_path():
+    inner = Chain(randomize(AffineCoupling(4, hidden=(8,))), _OffLadj(), LULinear(4))
+    report = check_bijector(Chain(LULinear(4), Invert(inner)), _x(), raise_on_failure=False)
+    assert [layer.name for layer in report.layers] == [
+        "layer 0 (LULinear)",
+        "layer 1.2 (Invert(LULinear))",
+        "layer 1.1 (Invert(_OffLadj))",
+        "layer 1.0 (Invert(Coupling))",
+    ]
+    assert [layer.name for layer in report.layers if not layer.passed] == ["layer 1.1 (Invert(_OffLadj))"]
+    assert any("layer 1.1 (Invert(_OffLadj))" in f for f in report.failures)
+
+
+def test_flowkit_check_names_the_failing_layer(monkeypatch, capsys):
+    models = {"good": _deep_chain(), "broken": _deep_chain(broken_at=17)}
+    monkeypatch.setattr(flowkit.io, "load", lambda path, **kwargs: models[str(path)])
+    assert main(["check", "good"]) == 0
+    assert "PASS" in capsys.readouterr().out
+    assert main(["check", "broken"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL" in out and "layer 17 (_OffLadj): FAIL" in out
