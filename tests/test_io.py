@@ -444,3 +444,171 @@ def test_migrate_rewrites_the_old_layer_classes_and_leaves_the_rest():
     assert all(rule.name for rule in RULES)
     for value in (None, [], "Flow", {"class": "Flow"}, {"__dict__": {"a": 1}}):
         assert migrate(value) == value
+
+
+# Files from untrusted sources: every way the review broke load is a clear ValueError.
+
+
+def _tamper_weights(directory, **replace):
+    from safetensors.torch import load_file, save_file
+
+    weights = directory / "weights.safetensors"
+    state = load_file(str(weights))
+    state.update(replace)
+    save_file(state, str(weights), metadata={"format": "flowkit-model"})
+
+
+@pytest.mark.parametrize(
+    ("perm", "match"),
+    [([0, 0, 0], "not a permutation of 0..2"), ([0, 1, 7], "not a permutation of 0..2"), ([2.0, 0.0, 1.0], "dtype")],
+)
+def test_a_loaded_permutation_must_be_one(tmp_path, perm, match):
+    flowkit.io.save(Flow(Permutation(3, seed=0), StandardNormal(3)), tmp_path / "m")
+    _tamper_weights(tmp_path / "m", **{"bijector.perm": torch.tensor(perm)})
+    with pytest.raises(ValueError, match=match):
+        flowkit.io.load(tmp_path / "m")
+    with pytest.raises(ValueError, match=match if match != "dtype" else "must hold integers"):
+        Permutation(3).load_state_dict({"perm": torch.tensor(perm)})  # the layer checks, not io
+
+
+def test_a_loaded_reverse_must_reverse():
+    with pytest.raises(ValueError, match="does not reverse"):
+        flowkit.bijectors.Reverse(3).load_state_dict({"perm": torch.tensor([0, 1, 2])})
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "match"),
+    [
+        ("bijector.permutation", 5 * torch.eye(3), "not a signed permutation matrix"),
+        ("bijector.permutation", torch.eye(3)[[0, 0, 1]], "not a signed permutation matrix"),
+        ("bijector.log_diag", torch.full((3,), 3e38), "log_diag must lie in"),
+        ("bijector.upper", torch.full((3, 3), 3e38), "overflow torch.float32"),
+    ],
+)
+def test_lulinear_checks_the_values_it_loads(tmp_path, key, value, match):
+    flowkit.io.save(Flow(randomize(LULinear(3)), StandardNormal(3)), tmp_path / "m")
+    _tamper_weights(tmp_path / "m", **{key: value})
+    with pytest.raises(ValueError, match=match):
+        flowkit.io.load(tmp_path / "m")
+
+
+def test_linear_checks_the_values_it_loads():
+    layer = flowkit.bijectors.Linear(2)
+    with pytest.raises(ValueError, match="overflow"):
+        layer.load_state_dict({"weight": torch.full((2, 2), 3e38), "bias": torch.zeros(2)})
+    with pytest.raises(ValueError, match="singular"):
+        layer.load_state_dict({"weight": torch.ones(2, 2), "bias": torch.zeros(2)})
+    signed = torch.tensor([[0.0, -1.0], [1.0, 0.0]])
+    layer.load_state_dict({"weight": signed, "bias": torch.zeros(2)})  # a valid matrix loads
+    assert torch.equal(layer.weight, signed)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.float16, torch.float64])
+def test_weights_of_another_dtype_are_refused(tmp_path, dtype):
+    flowkit.io.save(RealNVP(2, transforms=1, hidden=(4,)), tmp_path / "m")
+    from safetensors.torch import load_file
+
+    state = load_file(str(tmp_path / "m" / "weights.safetensors"))
+    key = next(k for k, v in state.items() if v.is_floating_point())
+    _tamper_weights(tmp_path / "m", **{key: state[key].to(dtype)})
+    with pytest.raises(ValueError, match=f"holds '{re.escape(key)}' as {str(dtype)[6:]}, but the model config"):
+        flowkit.io.load(tmp_path / "m")
+
+
+def test_integer_weights_are_refused_in_a_mixed_precision_model(tmp_path):
+    model = Flow(Chain(Permutation(2, seed=0), randomize(LULinear(2))), StandardNormal(2))
+    model.bijector[1].double()
+    flowkit.io.save(model, tmp_path / "m")
+    _tamper_weights(tmp_path / "m", **{"bijector.layers.1.log_diag": torch.tensor([0, 1], dtype=torch.int32)})
+    with pytest.raises(ValueError, match="as int32, but the model config gives it dtype float"):
+        flowkit.io.load(tmp_path / "m")
+
+
+def _time_load(path):
+    import time
+
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match="bigger model than its weights file holds") as error:
+        flowkit.io.load(path)
+    return time.perf_counter() - start, str(error.value)
+
+
+def test_a_tiny_config_cannot_make_load_build_a_huge_model(tmp_path):
+    flowkit.io.save(RealNVP(2, transforms=1, hidden=(4,)), tmp_path / "deep")
+    _rewrite(tmp_path, RealNVP(2, transforms=1, hidden=(4,)), lambda h: h["model"]["args"].update(transforms=200000))
+    seconds, message = _time_load(tmp_path / "m")
+    assert seconds < 3, message  # it built for minutes
+    assert len((tmp_path / "m" / "config.json").read_text().replace(" ", "").replace("\n", "")) < 400
+    _rewrite(tmp_path, LULinear(3), lambda h: h["model"]["args"].update(features=30000))
+    seconds, message = _time_load(tmp_path / "m")
+    assert seconds < 1 and "(30000, 30000)" in message  # it allocated 3.75 GB (and factorised it)
+
+
+def test_the_work_budget_lets_every_saved_model_load(tmp_path):
+    from flowkit.flows import MAF, NSF
+
+    for i, model in enumerate([NSF(50), MAF(20, transforms=10), RealNVP(5, transforms=30, hidden=(256, 256))]):
+        flowkit.io.save(model, tmp_path / str(i))
+        flowkit.io.load(tmp_path / str(i))
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity", "1e400"])
+def test_non_standard_json_numbers_in_a_config_are_refused(tmp_path, literal):
+    flowkit.io.save(Flow(ActNorm(2), DiagNormal(2)), tmp_path / "m")
+    path = tmp_path / "m" / "config.json"
+    text = re.sub(r'"scale": [^,}\n]+', f'"scale": {literal}', path.read_text())
+    assert literal in text
+    path.write_text(text)
+    with pytest.raises(ValueError, match=f"holds {re.escape(literal)}, which is not a finite number"):
+        flowkit.io.load(tmp_path / "m")
+
+
+@pytest.mark.parametrize("depth", [150, 2000, 100000])
+def test_a_deeply_nested_config_is_refused(tmp_path, depth):
+    flowkit.io.save(RealNVP(2, transforms=1, hidden=(4,)), tmp_path / "m")
+    path = tmp_path / "m" / "config.json"
+    header = json.loads(path.read_text())
+    text = json.dumps(header).replace('"hidden": [4]', '"hidden": ' + "[" * depth + "4" + "]" * depth)
+    path.write_text(text)
+    with pytest.raises(ValueError, match="nested too deeply"):
+        flowkit.io.load(tmp_path / "m")
+    nested: object = 4
+    for _ in range(min(depth, 5000)):
+        nested = [nested]
+    with pytest.raises(ValueError, match="nested too deeply"):
+        from_config({"class": "StandardNormal", "args": {"event_shape": nested}})
+
+
+@pytest.mark.parametrize("error", [IndexError, KeyError, ZeroDivisionError, AttributeError])
+def test_any_failure_of_a_constructor_on_a_config_is_a_value_error(monkeypatch, error):
+    class _Fragile(Configurable):
+        def __init__(self, size=1):
+            raise error("boom")
+
+    monkeypatch.setitem(registry, "_Fragile", _Fragile)
+    with pytest.raises(ValueError, match=f"cannot build _Fragile from the model config at config: {error.__name__}"):
+        from_config({"class": "_Fragile", "args": {"size": 2}})
+
+
+@pytest.mark.parametrize("location", ["cuda", "cuda:7", "mps", "meta", "no-such-device", 3])
+def test_an_unavailable_map_location_is_a_value_error(tmp_path, location):
+    if isinstance(location, str) and location.startswith("cuda") and torch.cuda.device_count() > 7:
+        pytest.skip("this machine has the device")
+    if location == "mps" and torch.backends.mps.is_available():
+        pytest.skip("this machine has the device")
+    flowkit.io.save(RealNVP(2, transforms=1, hidden=(4,)), tmp_path / "m")
+    with pytest.raises(ValueError, match="map_location"):
+        flowkit.io.load(tmp_path / "m", map_location=location)
+
+
+def test_a_stochastic_flow_over_a_target_is_refused_at_save_time(tmp_path):
+    from flowkit.stochastic import MetropolisBlock, StochasticFlow
+    from flowkit.targets import DoubleWell
+
+    flow = StochasticFlow([Permutation(2, seed=0), MetropolisBlock(DoubleWell(), lam=0.5)], StandardNormal(2))
+    with pytest.raises(TypeError, match="DoubleWell is a target; targets are not saved"):
+        flowkit.io.save(flow, tmp_path / "m")
+    assert not (tmp_path / "m" / "config.json").exists()  # nothing written that load would refuse
+    saved = StochasticFlow([Permutation(2, seed=0), MetropolisBlock(DiagNormal(2), lam=0.5)], StandardNormal(2))
+    flowkit.io.save(saved, tmp_path / "ok")  # a flowkit distribution as the target is a model part: it saves
+    assert type(flowkit.io.load(tmp_path / "ok")) is StochasticFlow

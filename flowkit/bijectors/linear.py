@@ -7,6 +7,9 @@ computing it during training.
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
@@ -15,6 +18,28 @@ from .._validation import check_number
 from .base import Bijector
 
 __all__ = ["Linear", "LULinear"]
+
+
+def _loaded(module: nn.Module, state_dict: dict[str, Any], prefix: str, names: tuple[str, ...]) -> dict[str, Tensor]:
+    """The tensors `module` is about to load (of the right shape), as float64, refusing non-finite values.
+
+    A value is checked in the dtype the module will hold it in (a float64 `1e300` is `inf` in float32).
+    """
+    loaded = {}
+    for name in names:
+        value, current = state_dict.get(prefix + name), getattr(module, name)
+        if not isinstance(value, Tensor) or current is None or value.is_meta or value.shape != current.shape:
+            continue  # missing keys and wrong shapes are reported by torch
+        if not bool(torch.isfinite(value.to(current.dtype)).all()):
+            raise ValueError(f"{type(module).__name__}: the loaded {name} holds non-finite values in {current.dtype}")
+        loaded[name] = value.detach().to("cpu", torch.float64)
+    return loaded
+
+
+def _check_overflow(module: nn.Module, row_sums: Tensor, dtype: torch.dtype) -> None:
+    """Refuse loaded weights whose absolute row sums (or a bound on them) pass `dtype`'s largest number."""
+    if bool((row_sums > torch.finfo(dtype).max).any()):
+        raise ValueError(f"{type(module).__name__}: the loaded weights overflow {dtype} on an input of size 1")
 
 
 def _random_orthogonal(features: int) -> Tensor:
@@ -50,6 +75,14 @@ class Linear(Bijector):
     def log_abs_det(self) -> Tensor:
         """`log|det W|` (a scalar)."""
         return torch.linalg.slogdet(self.weight)[1]
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
+        loaded = _loaded(self, state_dict, prefix, ("weight", "bias"))
+        if "weight" in loaded:
+            _check_overflow(self, loaded["weight"].abs().sum(-1), self.weight.dtype)
+            if torch.linalg.slogdet(loaded["weight"])[0] == 0:
+                raise ValueError("Linear: the loaded weight matrix is singular (not invertible)")
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def call(self, x: Tensor, context: Tensor | None = None) -> Tensor:
         return F.linear(x, self.weight, self.bias)
@@ -111,6 +144,30 @@ class LULinear(Bijector):
 
     def log_abs_det(self) -> Tensor:
         return self.log_diag.sum()
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
+        loaded = _loaded(self, state_dict, prefix, ("permutation", "lower", "upper", "log_diag", "bias"))
+        name, dtype = type(self).__name__, self.log_diag.dtype
+        p = loaded.get("permutation")
+        if p is not None and not (
+            bool(((p == 0) | (p.abs() == 1)).all())
+            and bool(((p != 0).sum(0) == 1).all())
+            and bool(((p != 0).sum(1) == 1).all())
+        ):
+            raise ValueError(
+                f"{name}: the loaded permutation is not a signed permutation matrix (one 1 or -1 per row and column)"
+            )
+        s = loaded.get("log_diag")
+        low, high = math.log(torch.finfo(dtype).tiny), math.log(torch.finfo(dtype).max)
+        if s is not None and not bool(((s > low) & (s < high)).all()):
+            raise ValueError(f"{name}: the loaded log_diag must lie in ({low:.4g}, {high:.4g}) for exp() in {dtype}")
+        if {"lower", "upper", "log_diag"} <= set(loaded):
+            # |P L U| 1 <= |P| |L| |U| 1 entrywise: a bound on the row sums in O(D^2).
+            lower = torch.tril(loaded["lower"], -1).abs() + torch.eye(len(s), dtype=torch.float64)
+            upper = torch.triu(loaded["upper"], 1).abs() + torch.diag(s.exp())
+            p = loaded.get("permutation", self.permutation.detach().to("cpu", torch.float64))
+            _check_overflow(self, p.abs() @ (lower @ (upper @ torch.ones(len(s), dtype=torch.float64))), dtype)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def call(self, x: Tensor, context: Tensor | None = None) -> Tensor:
         return F.linear(x, self.weight, self.bias)

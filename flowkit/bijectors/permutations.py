@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -9,6 +11,12 @@ from .._validation import check_number
 from .base import Bijector
 
 __all__ = ["Permutation", "Reverse"]
+
+
+def _show(values: Tensor, most: int = 10) -> str:
+    """The first values of a 1-D tensor, for an error message."""
+    shown = values[:most].tolist()
+    return str(shown) if values.numel() <= most else str(shown)[:-1] + ", ...]"
 
 
 class Permutation(Bijector):
@@ -37,6 +45,20 @@ class Permutation(Bijector):
     def inverse_perm(self) -> Tensor:
         return torch.argsort(self.perm)
 
+    def _check_perm(self, perm: Tensor) -> None:
+        """Refuse a loaded `perm` that is not a permutation of `0, ..., D - 1` (`ValueError`)."""
+        name, features = type(self).__name__, self.perm.numel()
+        if perm.dtype in (torch.bool, torch.complex64, torch.complex128) or perm.is_floating_point():
+            raise ValueError(f"{name}: the loaded perm must hold integers, got dtype {perm.dtype}")
+        if not torch.equal(torch.sort(perm.cpu()).values, torch.arange(features)):
+            raise ValueError(f"{name}: the loaded perm is not a permutation of 0..{features - 1}: {_show(perm)}")
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
+        perm = state_dict.get(prefix + "perm")
+        if isinstance(perm, Tensor) and not perm.is_meta and perm.shape == self.perm.shape:
+            self._check_perm(perm)  # a wrong shape is reported by torch, with the other mismatches
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
     def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         return x[..., self.perm], x.new_zeros(x.shape[:-1])
 
@@ -60,3 +82,8 @@ class Reverse(Permutation):
     @staticmethod
     def _make(features: int, generator: torch.Generator | None) -> Tensor:
         return torch.arange(features - 1, -1, -1)
+
+    def _check_perm(self, perm: Tensor) -> None:
+        super()._check_perm(perm)
+        if not torch.equal(perm.cpu(), self._make(self.perm.numel(), None)):
+            raise ValueError(f"Reverse: the loaded perm does not reverse the features: {_show(perm)}")
