@@ -386,8 +386,9 @@ class StochasticFlow(Configurable, nn.Module):
         """Samples and log path weights (as `sample_with_log_weights`) from given latent points `z`."""
         check_tensor(z, self.latent_shape, name="z", where="StochasticFlow.log_weights_at")
         x, path_sum = self._sampling_path(z, context)
-        u = energy_of(target, x, len(self.event_shape), "StochasticFlow.sample_with_log_weights")
-        return x, -u - self.base.log_prob(z) + path_sum
+        with outermost():
+            u = energy_of(target, x, len(self.event_shape), "StochasticFlow.sample_with_log_weights")
+            return x, -u - self.base.log_prob(z) + path_sum
 
     def sample_with_log_weights(
         self, n: int | Sequence[int], target: Any, context: Tensor | None = None

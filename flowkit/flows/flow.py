@@ -92,11 +92,10 @@ class Flow(Configurable, nn.Module):
     ) -> tuple[Tensor, Tensor]:
         """Reparameterised samples and their log density in one pass through the bijector."""
         z = draw_latent(self, shape, context, "Flow.rsample_and_log_prob")
-        log_pz = self.base.log_prob(z)
         context = expand_context(context, z, len(self.bijector.latent_shape))
-        with outermost():
+        with outermost():  # the latent points are the base's own: nothing to check
             x, ladj = self.bijector.inverse(z, context)
-        return x, log_pz - ladj
+            return x, self.base.log_prob(z) - ladj
 
     def rsample(self, shape: int | Sequence[int] = (), context: Tensor | None = None) -> Tensor:
         """Reparameterised samples of shape `(*shape, *context_batch, *event_shape)`."""
@@ -150,12 +149,11 @@ class Flow(Configurable, nn.Module):
 
     def log_weights_at(self, z: Tensor, target: Any, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """[`sample_with_log_weights`][flowkit.flows.Flow.sample_with_log_weights] from given latent points `z`."""
-        log_pz = self.base.log_prob(z)
         context = expand_context(context, z, len(self.bijector.latent_shape))
         with outermost():
             x, ladj = self.bijector.inverse(z, context)
-        u = energy_of(target, x, len(self.event_shape), "Flow.sample_with_log_weights")
-        return x, -u - log_pz + ladj
+            u = energy_of(target, x, len(self.event_shape), "Flow.sample_with_log_weights")
+            return x, -u - self.base.log_prob(z) + ladj
 
     @aggregates_auxiliary_loss
     def auxiliary_loss(self) -> Tensor | None:

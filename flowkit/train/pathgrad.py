@@ -101,8 +101,8 @@ def sample_with_score(flow: Any, z: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         `(x, log_q, score)`: samples `x = T(z)` and `log q(x)` with their
         graphs, and $\nabla_x \log q(x)$ without one.
     """
-    log_q0, score = _base_log_prob_and_score(flow.base, z)
     with outermost():
+        log_q0, score = _base_log_prob_and_score(flow.base, z)
         x, ladj, score = inverse_with_score(flow.bijector, z, score)
     return x, log_q0 - ladj, score
 
@@ -206,6 +206,6 @@ def forward_kl_loss(flow: Any, target: Target, x: Tensor) -> Tensor:
             z, ladj = flow.bijector(x)
             return -(flow.base.log_prob(z) + ladj).mean()
         z, ladj, score_z = forward_with_score(flow.bijector, x, target.force(x))
-    log_q0, base_score = _base_log_prob_and_score(flow.base, z)
+        log_q0, base_score = _base_log_prob_and_score(flow.base, z)
     nll = -(log_q0 + ladj.detach())
     return _path_surrogate(-nll, z, score_z - base_score)
