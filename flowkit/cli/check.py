@@ -1,4 +1,8 @@
-"""`flowkit check MODEL`: run flowkit's correctness checks on a saved model and print the report."""
+"""`flowkit check MODEL`: run flowkit's correctness checks on a saved model and print the report.
+
+A chain is checked layer by layer (see [`check_bijector`][flowkit.testing.check_bijector]);
+the report ends with the failing layers, by index and class, and the checks each one fails.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +19,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "check",
         help="run the correctness checks on a saved model",
         description="Run flowkit.testing.check_flow (or check_bijector) on a saved model, in float64; "
-        "exit code 1 on failure.",
+        "a chain is checked layer by layer, and the report names each failing layer (index and class) "
+        "with the checks it fails; exit code 1 on failure.",
     )
     parser.add_argument("model", metavar="MODEL", help="model directory (e.g. runs/moons/model)")
     parser.add_argument("-n", type=int, default=2000, help="samples for the flow checks (default 2000)")
