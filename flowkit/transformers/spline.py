@@ -18,7 +18,7 @@ free of cancellation where it is used.
 Unconstrained parameters map to knots as in nflows: bin widths
 `m_w + (1 - K m_w)\,\mathrm{softmax}(\hat w)` scaled to `2B` (heights
 alike), derivatives `m_d + \mathrm{softplus}(\hat\delta)`, with
-`m_w = m_h = m_d = 10^{-3}`. With linear tails the map is the identity
+`m_w = m_h = m_d = 10^{-3}` (and derivatives capped at `10^{12}`). With linear tails the map is the identity
 outside `[-B, B]` and the two boundary derivatives are 1, so a spline has
 `3K - 1` parameters per element.
 
@@ -69,6 +69,11 @@ __all__ = [
 DEFAULT_MIN_BIN_WIDTH = 1e-3
 DEFAULT_MIN_BIN_HEIGHT = 1e-3
 DEFAULT_MIN_DERIVATIVE = 1e-3
+
+
+#: Derivatives at the knots are capped here: the squares in the bin maths stay finite in
+#: float32 for bounds up to 1e6 (a conditioner fed inputs of 1e30 outputs 1e32, say).
+_MAX_DERIVATIVE = 1e12
 
 
 def _softplus(x: Tensor) -> Tensor:
@@ -354,7 +359,7 @@ def _spline(
     ends = torch.cat([k, k + 1], dim=-1)
     table = positions.gather(-1, ends.unsqueeze(-2).expand(*positions.shape[:-1], 2))
     (x0, x1), (y0, y1) = (row.unbind(-1) for row in table.unbind(-2))
-    d0, d1 = derivatives.gather(-1, ends).unbind(-1)
+    d0, d1 = derivatives.gather(-1, ends).clamp_max(_MAX_DERIVATIVE).unbind(-1)
     if torch.compiler.is_compiling():
         # Dynamo cannot trace an autograd.Function with a custom jvp; the compiler
         # differentiates and fuses the same elementwise maths itself.

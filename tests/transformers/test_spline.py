@@ -352,3 +352,17 @@ def test_spline_coupling_inverse_gradients_are_finite_far_outside():
             grads = torch.autograd.grad(x.sum() + ladj.sum(), [z, *layer.parameters()], allow_unused=True)
             bad += sum(int((~torch.isfinite(t)).sum()) for t in (x, ladj, *grads) if t is not None)
     assert bad == 0
+
+
+@pytest.mark.parametrize("inverse", [False, True])
+def test_float32_overflowing_conditioner_outputs_stay_finite(inverse):
+    # Regression (found by bench/fuzz.py): a conditioner fed 1e30 outputs parameters ~1e32;
+    # the derivatives' squares overflowed float32 and the ladj was -inf. Derivatives are capped.
+    g = torch.Generator().manual_seed(12)
+    spline = RationalQuadraticSpline(8, 5.0)
+    params = (1e32 * torch.randn(50, spline.params_per_element, generator=g)).requires_grad_(True)
+    x = (4 * torch.rand(50, generator=g) - 2).requires_grad_(True)
+    y, ladj = (spline.inverse if inverse else spline.forward)(x, params)
+    assert torch.isfinite(y).all() and torch.isfinite(ladj).all()
+    for grad in torch.autograd.grad(y.sum() + ladj.sum(), (x, params)):
+        assert torch.isfinite(grad).all()
