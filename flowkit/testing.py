@@ -4,7 +4,9 @@
 that its log-determinant matches the autograd Jacobian (in tangent space on
 manifolds), that the inverse log-determinant is minus the forward one, that
 gradients are finite (also far outside spline bounds), and that points in a
-batch do not influence each other. [`check_flow`][flowkit.testing.check_flow] adds sampling checks and,
+batch do not influence each other. A [`Chain`][flowkit.bijectors.Chain] is checked layer by
+layer, each layer at the points it sees, and as a whole where its Jacobian is well
+conditioned; a failing layer is named. [`check_flow`][flowkit.testing.check_flow] adds sampling checks and,
 in one or two dimensions, that the density integrates to one by quadrature.
 
 The test suite runs `check_bijector` over one table of cases, at least one
@@ -89,15 +91,15 @@ def randomize(module: torch.nn.Module, scale: float = 0.3, seed: int = 0) -> tor
     return module
 
 
-ROUND_TRIP = "round trip inverse(forward(x)) = x"
-INVERSE_LADJ = "inverse ladj = -forward ladj"
-CALL = "call(x) = forward(x)[0]"
-INVERSE_CALL = "inverse_call(z) = inverse(z)[0]"
-JACOBIAN = "ladj = log|det| of the autograd Jacobian"
-BATCH = "batch independence"
+_ROUND_TRIP = "round trip inverse(forward(x)) = x"
+_INVERSE_LADJ = "inverse ladj = -forward ladj"
+_CALL = "call(x) = forward(x)[0]"
+_INVERSE_CALL = "inverse_call(z) = inverse(z)[0]"
+_JACOBIAN = "ladj = log|det| of the autograd Jacobian"
+_BATCH = "batch independence"
 #: The pointwise checks, run on a bijector, or on every layer of a chain and on the chain as a whole.
-_POINTWISE = (ROUND_TRIP, INVERSE_LADJ, CALL, INVERSE_CALL, JACOBIAN, BATCH)
-COMPOSITION = "chain = its layers in turn (z, and ladj = sum of the layers' ladjs)"
+_POINTWISE = (_ROUND_TRIP, _INVERSE_LADJ, _CALL, _INVERSE_CALL, _JACOBIAN, _BATCH)
+_COMPOSITION = "chain = its layers in turn (z, and ladj = sum of the layers' ladjs)"
 
 
 @dataclass
@@ -129,10 +131,6 @@ def _layers(b: Bijector, path: tuple[int, ...] = (), inverted: bool = False) -> 
     if inverted:
         return [(path, _Layer(name, Invert(b), codomain, domain))]
     return [(path, _Layer(name, b, domain, codomain))]
-
-
-def _flat(x: Tensor, event_dims: int) -> Tensor:
-    return x.reshape(*x.shape[: x.dim() - event_dims], -1)
 
 
 def _scale(x: Tensor) -> float:
@@ -191,21 +189,21 @@ def _pointwise(layer: _Layer, x: Tensor, context: Tensor | None, atol: float, *,
     z, ladj = b(x, context)
     out = _Pointwise(z.detach(), ladj.detach())
     x_back, ladj_inv = b.inverse(z, context)
-    out.errors[ROUND_TRIP] = ((x_back - x).abs().max().item() / _scale(x), atol)
-    out.errors[INVERSE_LADJ] = ((ladj_inv + ladj).abs().max().item(), atol)
-    out.errors[CALL] = ((b.call(x, context) - z).abs().max().item() / _scale(z), atol)
-    out.errors[INVERSE_CALL] = ((b.inverse_call(z, context) - x_back).abs().max().item() / _scale(x), atol)
+    out.errors[_ROUND_TRIP] = ((x_back - x).abs().max().item() / _scale(x), atol)
+    out.errors[_INVERSE_LADJ] = ((ladj_inv + ladj).abs().max().item(), atol)
+    out.errors[_CALL] = ((b.call(x, context) - z).abs().max().item() / _scale(z), atol)
+    out.errors[_INVERSE_CALL] = ((b.inverse_call(z, context) - x_back).abs().max().item() / _scale(x), atol)
     if jacobian and math.prod(b.event_shape) <= 256 and x.dim() > event:
         flat = x.reshape(-1, *b.event_shape)
         ctx = None if context is None else context.expand(*batch, context.shape[-1]).reshape(-1, context.shape[-1])
         out.jacobians = _jacobians(layer, flat, ctx)
         expected = torch.stack([torch.linalg.slogdet(j)[1] for j in out.jacobians])
-        out.errors[JACOBIAN] = ((expected - ladj.reshape(-1)).abs().max().item(), atol * 10)
+        out.errors[_JACOBIAN] = ((expected - ladj.reshape(-1)).abs().max().item(), atol * 10)
     if x.dim() > event and x.shape[0] > 1:
         singles = [b(x[i : i + 1], None if context is None else context[i : i + 1]) for i in range(x.shape[0])]
         err_z = (torch.cat([s[0] for s in singles]) - z).abs().max().item() / _scale(z)
         err_l = (torch.cat([s[1] for s in singles]) - ladj).abs().max().item()
-        out.errors[BATCH] = (max(err_z, err_l), atol)
+        out.errors[_BATCH] = (max(err_z, err_l), atol)
     return out
 
 
@@ -247,13 +245,13 @@ def _check_chain(
         bound = _condition_bound(jacobians)
         if bound <= atol:
             expected = torch.stack([torch.linalg.slogdet(j)[1] for j in jacobians])
-            whole.errors[JACOBIAN] = ((expected - whole.ladj.reshape(-1)).abs().max().item(), atol * 10)
+            whole.errors[_JACOBIAN] = ((expected - whole.ladj.reshape(-1)).abs().max().item(), atol * 10)
         else:
             why = f"not compared, ill-conditioned: eps cond(J) D = {bound:.1e} > atol"
     conditioned = not why
     total = torch.stack([r.ladj for r in results]).sum(0)
     err = max((h - whole.z).abs().max().item() / _scale(whole.z), (total - whole.ladj).abs().max().item())
-    report.add(COMPOSITION, err < atol, f"max error {err:.2e}")
+    report.add(_COMPOSITION, err < atol, f"max error {err:.2e}")
     for check in _POINTWISE:
         per_layer = [
             (leaf.name, *r.errors[check]) for leaf, r in zip(leaves, results, strict=True) if check in r.errors
@@ -273,7 +271,7 @@ def _check_chain(
             ok = ok and (err < tol or not conditioned)
             chain = f"max error {err:.2e}" + ("" if conditioned else f", {why}")
             detail += f"{'; ' if detail else ''}whole chain: {chain}"
-        elif check == JACOBIAN and not conditioned:
+        elif check == _JACOBIAN and not conditioned:
             detail += f"; whole chain {why}"
         report.add(check, ok, detail)
 
