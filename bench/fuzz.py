@@ -319,6 +319,7 @@ def fuzz(minutes: float, seed: int, replay: int | None = None) -> dict:
     classes = {k: Counter() for k in ("nonfinite values", "nonfinite gradients", "round trip", "exceptions")}
     examples: list[dict] = []
     worst: dict[str, float] = {}
+    by_family = Counter()
     while time.monotonic() < stop:
         name, b64, template, knots = _case(rng)
         dtype = rng.choice([torch.float32, torch.float64])
@@ -347,6 +348,7 @@ def fuzz(minutes: float, seed: int, replay: int | None = None) -> dict:
                         over = dtype == torch.float32 and _overflows(b64, source[i : i + 1], c_i, inverse, limit)
                         why = "overflow" if over else "unexplained"
                         classes[kind][why] += 1
+                        by_family[f"{kind}: {name.split('(')[0]} ({str(dtype)[6:]}), {why}"] += 1
                         counts[kind] += 1
                         if _keep(examples, name, kind, why):
                             examples.append(
@@ -364,6 +366,7 @@ def fuzz(minutes: float, seed: int, replay: int | None = None) -> dict:
                     over = dtype == torch.float32 and _overflows(b64, source, context, inverse, limit)
                     why = "overflow" if over else "unexplained"
                     classes["nonfinite gradients"][why] += 1
+                    by_family[f"{'nonfinite gradients'}: {name.split('(')[0]} ({str(dtype)[6:]}), {why}"] += 1
                     counts["nonfinite gradients"] += 1
                     if _keep(examples, name, "nonfinite weight gradients", why):
                         examples.append(
@@ -411,6 +414,7 @@ def fuzz(minutes: float, seed: int, replay: int | None = None) -> dict:
                         e64 = _wrapped(b_back - x64, b.domain).abs().max().item()
                         why = "unexplained"
                     classes["round trip"][why] += 1
+                    by_family[f"{'round trip'}: {name.split('(')[0]} ({str(dtype)[6:]}), {why}"] += 1
                     counts["round trip failures"] += 1
                     if _keep(examples, name, "round trip", why):
                         examples.append(
@@ -444,15 +448,16 @@ def fuzz(minutes: float, seed: int, replay: int | None = None) -> dict:
         "tolerance": {"round trip, relative to max(1, |x|)": {str(k): v for k, v in TOL.items()}, "slack": SLACK},
         "counts": dict(counts),
         "classes": {k: dict(v) for k, v in classes.items()},
+        "failures by family": dict(sorted(by_family.items())),
         "worst round trip (inputs not far), relative": dict(sorted(worst.items())),
         "examples": examples,
     }
 
 
 def _keep(examples: list[dict], name: str, kind: str, why: str) -> bool:
-    """Keep every unexplained failure (up to 200) and the first 3 of each configuration, kind and class."""
+    """Keep the unexplained failures (2000 examples in all) and 3 of each configuration, kind and class."""
     same = sum(e["config"] == name and e.get("kind") == kind and e.get("class") == why for e in examples)
-    return len(examples) < 400 and (why == "unexplained" or same < 3)
+    return len(examples) < 2000 if why == "unexplained" else len(examples) < 400 and same < 3
 
 
 def _copy(b: Bijector) -> Bijector:
@@ -537,9 +542,9 @@ def main() -> None:
         detail = ", ".join(f"{k}: {v}" for k, v in sorted(classes[kind].items())) or "-"
         print(f"{kind + (' failures' if kind == 'round trip' else '')}: {total} ({detail})")
     print(f"refused inputs: {counts.get('refused inputs', 0)}")
-    unexplained = [e for e in result["examples"] if e.get("class") == "unexplained"]
-    for e in unexplained[:10]:
-        print("  unexplained:", json.dumps(e)[:300])
+    for family, count in result["failures by family"].items():
+        if family.endswith("unexplained"):
+            print(f"  {family}: {count}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))

@@ -563,9 +563,7 @@ class CircularSpline(Transformer):
             self.min_bin_width,
             self.min_bin_height,
         )
-        # The angle reduced to [0, 2 pi) first (exactly: a remainder is exact): added
-        # unreduced, a large one (1e7, say) would cost the output its last digits.
-        return knots, torch.remainder(params[..., 3 * k], 2 * math.pi)
+        return knots, params[..., 3 * k]
 
     @staticmethod
     def _wrap(angle: Tensor) -> Tensor:
