@@ -33,7 +33,7 @@ from torch.optim.lr_scheduler import LambdaLR, LRScheduler, ReduceLROnPlateau
 from ..utils import auxiliary_loss
 from .batches import LatentBatches, make_batches
 from .callbacks import CHECKPOINT_FILE, EMA, Callback, CallbackList, Checkpoint, Progress, SaveModel, Validation
-from .checkpoint import load_state
+from .checkpoint import load_checkpoint
 from .distributed import DistributedContext, setup_distributed
 from .objective import Objective, as_objective, objective_name
 from .state import History, StepOutcome, TrainState, seed_everything, warn
@@ -217,6 +217,10 @@ class _Arguments:
             raise ValueError(
                 f"fit: clip must be a positive number (the maximum gradient norm) or None, got {self.clip!r}"
             )
+        if self.seed is not None and not (
+            _is_number(self.seed) and isinstance(self.seed, int) and abs(self.seed) < 2**62
+        ):
+            raise ValueError(f"fit: seed must be an integer (or None), got {self.seed!r}")
         if self.ema is not None and not (_is_number(self.ema) and 0 < self.ema < 1):
             raise ValueError(f"fit: ema must be a decay between 0 and 1 (exclusive) or None, got {self.ema!r}")
         bad = [type(c).__name__ for c in self.callbacks if not isinstance(c, Callback)]
@@ -246,7 +250,7 @@ class _Arguments:
         if not self.resume or self.checkpoint_dir is None:
             return None
         path = Path(self.checkpoint_dir) / CHECKPOINT_FILE
-        return load_state(path) if path.exists() else None
+        return load_checkpoint(path) if path.exists() else None
 
 
 @dataclass

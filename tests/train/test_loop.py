@@ -514,6 +514,12 @@ def test_bad_arguments(kwargs, match):
         fit(small_flow(), objective, data, **kwargs)
 
 
+@pytest.mark.parametrize("seed", [1.5, "1", True, float("nan"), 2**70])
+def test_a_seed_that_is_not_an_integer_is_refused(seed):
+    with pytest.raises(ValueError, match="seed must be an integer"):
+        fit(small_flow(), MaximumLikelihood(), X, steps=1, seed=seed, progress=False)
+
+
 def test_one_epoch_by_default():
     history = fit(small_flow(), MaximumLikelihood(), X, batch_size=30, progress=False)
     assert len(history) == 4  # ceil(100 / 30)

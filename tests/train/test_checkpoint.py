@@ -1,0 +1,82 @@
+"""`load_checkpoint` reads a fit checkpoint and refuses, with a ValueError naming the field, anything malformed."""
+
+import re
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+import flowkit
+from flowkit.train import MaximumLikelihood, fit
+from flowkit.train.checkpoint import load_checkpoint, load_state, save_state
+from flowkit.train.loop import CHECKPOINT_FILE
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("run")
+    flow = flowkit.flows.RealNVP(2, transforms=1, hidden=(4,))
+    fit(flow, MaximumLikelihood(), torch.randn(64, 2), steps=2, batch_size=32, checkpoint_dir=directory, progress=False)
+    return directory / CHECKPOINT_FILE
+
+
+def test_a_written_checkpoint_passes(written):
+    saved = load_checkpoint(written)
+    assert saved["step"] == 2 and set(saved["flow"]) == set(
+        flowkit.flows.RealNVP(2, transforms=1, hidden=(4,)).state_dict()
+    )
+
+
+@pytest.mark.parametrize(
+    ("edit", "match"),
+    [
+        (lambda s: s.pop("rng"), "'rng' is missing"),
+        (lambda s: s.update(rng=[]), "'rng' must be one"),
+        (lambda s: s.update(rng=[{}]), "'rng' must be one"),
+        (lambda s: s["rng"][0]["current"].update(torch=torch.zeros(3, dtype=torch.uint8)), "'rng'"),
+        (lambda s: s.update(step=1.5), "'step' must be a non-negative integer"),
+        (lambda s: s.update(step=-1), "'step' must be a non-negative integer"),
+        (lambda s: s.update(epoch=None), "'epoch'"),
+        (lambda s: s.update(elapsed="x"), "'elapsed'"),
+        (lambda s: s.update(flow={"a": 1}), "'flow'"),
+        (lambda s: s.update(optimizer={}), "'optimizer'"),
+        (lambda s: s.update(scheduler={}), "'scheduler'"),
+        (lambda s: s["history"].update(loss=None), "'history'"),
+        (lambda s: s["history"].update(step=["x"]), "'history'"),
+        (lambda s: s.update(ema={"decay": 2.0, "updates": 1, "shadow": {}}), "'ema'"),
+    ],
+)
+def test_a_malformed_field_is_named(written, tmp_path, edit, match):
+    state = load_state(written)
+    edit(state)
+    save_state(state, tmp_path / "c.safetensors")
+    with pytest.raises(ValueError, match=match):
+        load_checkpoint(tmp_path / "c.safetensors")
+
+
+def _with_header(written, path, edit):
+    with safe_open(str(written), framework="pt") as f:
+        metadata, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+    metadata["state"] = edit(metadata["state"])
+    save_file(tensors, str(path), metadata=metadata)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("edit", "match"),
+    [
+        (lambda h: h.replace('"__tensor__": "t0"', '"__tensor__": "t999"'), "does not hold"),
+        (lambda h: h.replace('"__tensor__": "t0"', '"__tensor__": 0'), "does not hold"),
+        (lambda h: re.sub(r'\["epoch", \d+\]', '["epoch"]', h, count=1), r"\[key, value\] pair"),
+        (lambda h: re.sub(r'\["epoch", \d+\]', '[["epoch"], 0]', h, count=1), "a dict key must be"),
+        (lambda h: h.replace('{"__tuple__": [0.9, 0.999]}', '{"__tuple__": 5}'), "unknown entry"),
+        (lambda h: "[" * 2000 + "]" * 2000, "nested too deeply"),
+        (lambda h: "{", "not valid JSON"),
+        (lambda h: "[1, 2]", "holds a list, not a dict"),
+    ],
+)
+def test_a_malformed_header_is_a_value_error(written, tmp_path, edit, match):
+    path = _with_header(written, tmp_path / "c.safetensors", edit)
+    with pytest.raises(ValueError, match=match):
+        load_checkpoint(path)
