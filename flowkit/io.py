@@ -5,6 +5,15 @@ arguments of every flowkit object in the model, nested) and
 `weights.safetensors` (the state dict). [`load`][flowkit.io.load] rebuilds the model
 *only* from classes in flowkit's registry: a config naming anything else is
 refused, and nothing is imported by name from the file.
+
+A model directory from an untrusted source can at worst be refused: `load` raises
+`ValueError` for non-standard JSON (`NaN`, `Infinity`), configs nested deeper than 100
+levels, a config that describes a bigger model than its weights file holds (checked
+against the file's header while the model is built, so that a few bytes of config cannot
+make `load` allocate gigabytes or build for minutes), weights whose dtype is not the
+model's, non-finite weights, and values a layer cannot hold (each layer checks what it
+loads: a [`Permutation`][flowkit.bijectors.Permutation] must hold a permutation, an
+[`LULinear`][flowkit.bijectors.LULinear] a signed permutation matrix).
 """
 
 from __future__ import annotations
