@@ -31,7 +31,6 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_flatten
 
 from ._config import MAX_DEPTH, Configurable, get_config, json_depth, read_json, registry
 from ._legacy import migrate
@@ -171,6 +170,15 @@ def _build(config: Any, where: str) -> Any:
         raise ValueError(f"cannot build {name} from the model config at {where}: {detail}") from error
 
 
+def _holds_tensor(value: Any) -> bool:
+    """Whether a tensor is among the arguments `value` (nested tuples, lists and dicts)."""
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, (tuple, list)):
+        return any(_holds_tensor(v) for v in value)
+    return isinstance(value, dict) and any(_holds_tensor(v) for v in value.values())
+
+
 class _TooMuchWork(ValueError):
     """Building the model from its config did more work than its weights file accounts for."""
 
@@ -205,13 +213,13 @@ class _WorkBudget(TorchFunctionMode):
         self.operations_left -= 1
         if self.operations_left < 0:
             raise self._refuse("too many operations")
-        if not any(isinstance(a, torch.Tensor) for a in tree_flatten((args, kwargs))[0]):  # a factory
+        if not _holds_tensor((args, kwargs)):  # a factory
             meta = {k: v for k, v in kwargs.items() if k != "generator"}
             try:
                 sized = func(*args, **{**meta, "device": torch.device("meta")})
             except Exception:  # noqa: BLE001 - an operation with no meta form allocates nothing big
                 sized = None
-            for tensor in tree_flatten(sized)[0]:
+            for tensor in sized if isinstance(sized, (tuple, list)) else [sized]:
                 if isinstance(tensor, torch.Tensor):
                     self.elements_left -= tensor.numel()
             if self.elements_left < 0:
