@@ -68,10 +68,14 @@ def _encode(value: Any, where: str) -> Any:
 
 
 def _check_buildable(module: Configurable, where: str) -> None:
-    """Refuse to save a flowkit object that [`load`][flowkit.io.load] would refuse to build (a target, say)."""
+    """Refuse to save a flowkit object that [`load`][flowkit.io.load] would refuse to build (an `Energy`, say)."""
     cls = type(module)
     if registry.get(cls.__name__) is not cls:
-        kind = "a target; targets are not saved with a model" if hasattr(module, "energy") else "not a model class"
+        kind = (
+            "a target defined by user code, which a config cannot hold"
+            if hasattr(module, "energy")
+            else "not a model class"
+        )
         raise TypeError(
             f"cannot save {where}: {cls.__name__} is {kind} (a flowkit config builds registered model classes only)"
         )
@@ -81,8 +85,8 @@ def to_config(module: Configurable) -> dict[str, Any]:
     """The nested JSON-ready config of a flowkit object: `{"class": name, "args": {...}}`.
 
     Raises:
-        TypeError: for an argument a config cannot hold (a function, a tensor, a target such as
-            [`DoubleWell`][flowkit.targets.DoubleWell], which [`load`][flowkit.io.load] would not build).
+        TypeError: for an argument a config cannot hold (a function, a tensor, a target defined by
+            user code such as [`Energy`][flowkit.targets.Energy], which [`load`][flowkit.io.load] would not build).
     """
     cls, args = get_config(module)
     _check_buildable(module, cls.__name__)

@@ -38,7 +38,6 @@ class GaussianMixture(Target):
         Midgley et al., *Flow annealed importance sampling bootstrap*, ICLR 2023 (arXiv:2208.01893).
     """
 
-    _flowkit_register = False
     has_samples = True
     log_Z = 0.0
 

@@ -94,7 +94,6 @@ class DoubleWell(Target):
         Wu, Köhler & Noé, *Stochastic normalizing flows*, NeurIPS 2020 (arXiv:2002.06707).
     """
 
-    _flowkit_register = False
     has_samples = True
 
     def __init__(self, a: float = -0.5, b: float = -6.0, c: float = 1.0) -> None:
@@ -138,7 +137,6 @@ class ManyWell(Target):
         Midgley et al., *Flow annealed importance sampling bootstrap*, ICLR 2023 (arXiv:2208.01893).
     """
 
-    _flowkit_register = False
     has_samples = True
 
     def __init__(self, dim: int = 32, a: float = -0.5, b: float = -6.0, c: float = 1.0) -> None:

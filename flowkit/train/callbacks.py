@@ -25,6 +25,7 @@ import contextlib
 import copy
 import math
 import os
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -371,20 +372,23 @@ class Checkpoint(Callback):
         Raises:
             ValueError: when the checkpoint does not fit this flow, optimizer, schedule or EMA.
         """
-        try:
-            self.flow.load_state_dict(saved["flow"])
-            self.optimizer.load_state_dict(saved["optimizer"])
-        except (RuntimeError, ValueError) as error:
-            raise ValueError(f"fit: the checkpoint {self.path} does not fit this flow and optimizer: {error}") from None
-        if self.scheduler is not None:
-            if saved["scheduler"] is None:
-                raise ValueError("fit: the checkpoint was written without a schedule; resume with the same schedule")
-            self.scheduler.load_state_dict(saved["scheduler"])
+        if self.scheduler is not None and saved["scheduler"] is None:
+            raise ValueError("fit: the checkpoint was written without a schedule; resume with the same schedule")
         if self.ema is not None:
             written = None if saved.get("ema") is None else float(saved["ema"]["decay"])
             if written != self.ema.decay:
                 raise ValueError(f"fit: the checkpoint was written with ema={written}; resume with the same ema")
-            self.ema.load_state_dict(saved["ema"])
+        try:
+            self.flow.load_state_dict(saved["flow"])
+            self.optimizer.load_state_dict(saved["optimizer"])
+            if self.scheduler is not None:
+                self.scheduler.load_state_dict(saved["scheduler"])
+            if self.ema is not None:
+                self.ema.load_state_dict(saved["ema"])
+        except (RuntimeError, ValueError, KeyError, TypeError, AttributeError, IndexError) as error:
+            raise ValueError(
+                f"fit: the checkpoint {self.path} does not fit this flow, optimizer, schedule or EMA: {error!r}"
+            ) from None
         state.load_state_dict(saved, self.ctx.rank, self.ctx.world_size, steps_per_epoch)
         if self.validation is not None:
             self.validation.load_state_dict(saved)
@@ -408,4 +412,7 @@ class SaveModel(Callback):
         from .._config import Configurable
 
         if self.ctx.is_main and isinstance(self.flow, Configurable):
-            io.save(self.flow, self.directory / "model")
+            try:
+                io.save(self.flow, self.directory / "model")
+            except TypeError as error:  # a part a config cannot hold (a lambda, a user-defined energy)
+                warnings.warn(f"fit: the model was not saved: {error}", RuntimeWarning, stacklevel=2)

@@ -80,3 +80,21 @@ def test_a_malformed_header_is_a_value_error(written, tmp_path, edit, match):
     path = _with_header(written, tmp_path / "c.safetensors", edit)
     with pytest.raises(ValueError, match=match):
         load_checkpoint(path)
+
+
+def test_a_schedule_state_that_does_not_fit_is_a_value_error(written, tmp_path):
+    state = load_state(written)
+    state["scheduler"].pop("lr_lambdas", None)
+    save_state(state, tmp_path / CHECKPOINT_FILE)
+    flow = flowkit.flows.RealNVP(2, transforms=1, hidden=(4,))
+    with pytest.raises(ValueError, match="does not fit"):
+        fit(
+            flow,
+            MaximumLikelihood(),
+            torch.randn(64, 2),
+            steps=4,
+            batch_size=32,
+            checkpoint_dir=tmp_path,
+            resume=True,
+            progress=False,
+        )

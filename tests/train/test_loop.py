@@ -682,3 +682,16 @@ def test_train_step_skips_the_update_of_a_non_finite_loss():
         assert outcome.skipped == skipped and outcome.lr == 0.1
         expected = torch.full((2,), 0.8) if skipped is None else torch.ones(2)  # w - 0.1 * 2w
         torch.testing.assert_close(model.w.detach(), expected)
+
+
+def test_a_flow_that_cannot_be_saved_trains_and_warns(tmp_path):
+    from flowkit.distributions import StandardNormal
+    from flowkit.stochastic import MetropolisBlock, StochasticFlow
+
+    energy = flowkit.targets.Energy(lambda x: x.square().sum(-1), (2,))
+    flow = StochasticFlow(
+        [flowkit.bijectors.AffineCoupling(2, hidden=(4,)), MetropolisBlock(energy, 0.5)], StandardNormal(2)
+    )
+    with pytest.warns(RuntimeWarning, match="not saved"):
+        history = fit(flow, MaximumLikelihood(), torch.randn(64, 2), steps=2, checkpoint_dir=tmp_path, progress=False)
+    assert len(history.loss) == 2 and (tmp_path / "history.json").exists()
