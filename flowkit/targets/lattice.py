@@ -41,7 +41,6 @@ class Phi4(Target):
         Monte Carlo in lattice field theory*, PRD 100, 034515 (2019) (arXiv:1904.12072).
     """
 
-
     def __init__(self, L: int = 8, m2: float = -4.0, lam: float = 8.0) -> None:
         super().__init__()
         L = check_number(L, "L", where="Phi4", integer=True, low=2)
