@@ -19,7 +19,8 @@ Counts, each failure with an explanation class:
 - non-finite values (forward or inverse outputs, ladj): `overflow` when the float64 copy
   of the model is finite there but some value it computes on the way, forward or backward
   (an activation of 1e30 times a weight gradient of 1e30, say), is beyond the float32
-  range; otherwise `unexplained`;
+  range, or within a factor of the longest sum (the widest matrix product, whose float32
+  partial sums can overflow when the result does not); otherwise `unexplained`;
 - non-finite gradients, classified likewise (in the input: per sample; in the weights,
   which sum over the batch: once per configuration and direction);
 - round-trip failures, `|inverse(forward(x)) - x| > TOL[dtype] * max(1, |x|)` per sample:
@@ -334,8 +335,18 @@ class _Largest(TorchDispatchMode):
         return out
 
 
+def _reduction_length(b: Bijector) -> int:
+    """The longest sum a layer of `b` computes: a matrix product over its widest input (1 without one)."""
+    return max([m.in_features for m in b.modules() if isinstance(m, torch.nn.Linear)] + [1])
+
+
 def _overflows(b64: Bijector, x: torch.Tensor, context: torch.Tensor | None, inverse: bool, limit: float) -> bool:
-    """Whether the float64 copy is finite at `x` and computes, forward or backward, a value beyond `limit`."""
+    """Whether the float64 copy is finite at `x` and computes, forward or backward, a value beyond `limit`.
+
+    A float32 matrix product (forward, or a weight gradient in the backward pass) overflows
+    when its partial sums do, and a sum of `n` terms can reach `n` times the largest value
+    the float64 copy records; so the test is `largest * n > limit`, with `n` the longest sum.
+    """
     try:
         with _Largest() as largest:
             _, _, finite, finite_grad, weight_ok, _ = _run(
@@ -343,7 +354,8 @@ def _overflows(b64: Bijector, x: torch.Tensor, context: torch.Tensor | None, inv
             )
     except ValueError:
         return False
-    return bool(finite.all() and finite_grad.all() and weight_ok) and largest.value > limit
+    finite_all = bool(finite.all() and finite_grad.all() and weight_ok)
+    return finite_all and largest.value * _reduction_length(b64) > limit
 
 
 def fuzz(minutes: float, seed: int, replay: int | None = None) -> dict:
