@@ -58,7 +58,7 @@ from torch import Tensor, nn
 from ._config import Configurable
 from ._validation import check_number, check_point, check_tensor, outermost
 from .bijectors import Bijector
-from .bijectors.base import context_for
+from .bijectors.base import check_composition, context_for
 from .distributions import Distribution
 from .flows.flow import draw_latent, expand_context
 from .targets.evaluate import energy_of
@@ -312,22 +312,7 @@ class StochasticFlow(Configurable, nn.Module):
     def __init__(self, layers: Sequence[Bijector | StochasticBlock], base: Distribution) -> None:
         super().__init__()
         layers = list(layers)
-        if not layers:
-            raise ValueError("StochasticFlow needs at least one layer")
-        for i, layer in enumerate(layers):
-            if not isinstance(layer, (Bijector, StochasticBlock)):
-                raise ValueError(
-                    f"StochasticFlow: layer {i} is a {type(layer).__name__}, not a flowkit Bijector or StochasticBlock"
-                )
-        for i, (a, b) in enumerate(zip(layers[:-1], layers[1:], strict=True)):
-            if tuple(a.latent_shape) != tuple(b.event_shape):
-                raise ValueError(
-                    f"StochasticFlow: layer {i} outputs events of shape {tuple(a.latent_shape)} but layer {i + 1} "
-                    f"expects {tuple(b.event_shape)}"
-                )
-        contexts = {layer.context_features for layer in layers if layer.context_features}
-        if len(contexts) > 1:
-            raise ValueError(f"StochasticFlow: layers disagree on the number of context features: {sorted(contexts)}")
+        context_features = check_composition(layers, (Bijector, StochasticBlock), "StochasticFlow")
         if not isinstance(base, Distribution):
             raise ValueError(f"StochasticFlow: base must be a flowkit Distribution, got {type(base).__name__}")
         if tuple(base.event_shape) != tuple(layers[-1].latent_shape):
@@ -337,7 +322,7 @@ class StochasticFlow(Configurable, nn.Module):
             )
         self.layers = nn.ModuleList(layers)
         self.base = base
-        self.context_features = contexts.pop() if contexts else 0
+        self.context_features = context_features
         self.register_load_state_dict_pre_hook(_rename_chain_keys)
 
     @property

@@ -22,7 +22,7 @@ from .._validation import check_point, outermost
 from ..distributions.base import as_shape
 from ..domains import Domain, Real
 
-__all__ = ["Bijector", "Chain", "Invert", "Reshape", "context_for"]
+__all__ = ["Bijector", "Chain", "Invert", "Reshape", "check_composition", "context_for"]
 
 
 #: Entry points whose input is checked at the outermost call, and the side of the bijector it lives on.
@@ -117,6 +117,34 @@ class Bijector(Configurable, nn.Module):
 _wrap_entry_points(Bijector)
 
 
+def check_composition(layers: Sequence[Any], kinds: tuple[type, ...], where: str) -> int:
+    """Check layers composed data side first (their kinds, chained shapes, one context size); return that size.
+
+    Shared by [`Chain`][flowkit.bijectors.Chain] and the stochastic flows, whose layers
+    may also be Markov kernels.
+
+    Raises:
+        ValueError: for no layers, a layer of another kind, a latent shape that is not the
+            next layer's event shape, or layers that disagree on the number of context features.
+    """
+    if not layers:
+        raise ValueError(f"{where} needs at least one layer")
+    names = " or ".join(f"flowkit {kind.__name__}" for kind in kinds)
+    for i, layer in enumerate(layers):
+        if not isinstance(layer, kinds):
+            raise ValueError(f"{where}: layer {i} is a {type(layer).__name__}, not a {names}")
+    for i, (a, b) in enumerate(zip(layers[:-1], layers[1:], strict=False)):
+        if tuple(a.latent_shape) != tuple(b.event_shape):
+            raise ValueError(
+                f"{where}: layer {i} outputs events of shape {tuple(a.latent_shape)} but layer {i + 1} "
+                f"expects {tuple(b.event_shape)}; insert a Reshape"
+            )
+    contexts = {layer.context_features for layer in layers if layer.context_features}
+    if len(contexts) > 1:
+        raise ValueError(f"{where}: layers disagree on the number of context features: {sorted(contexts)}")
+    return contexts.pop() if contexts else 0
+
+
 def context_for(layer: Bijector, context: Tensor | None) -> Tensor | None:
     """The context a layer of a composition receives: the composition's, or `None` for an unconditional layer.
 
@@ -140,24 +168,10 @@ class Chain(Bijector):
 
     def __init__(self, *bijectors: Bijector) -> None:
         super().__init__()
-        if not bijectors:
-            raise ValueError("Chain needs at least one bijector")
-        for i, b in enumerate(bijectors):
-            if not isinstance(b, Bijector):
-                raise ValueError(f"Chain: layer {i} is a {type(b).__name__}, not a flowkit Bijector")
-        for i, (a, b) in enumerate(zip(bijectors[:-1], bijectors[1:], strict=True)):
-            if tuple(a.latent_shape) != tuple(b.event_shape):
-                raise ValueError(
-                    f"Chain: layer {i} outputs events of shape {tuple(a.latent_shape)} but layer {i + 1} "
-                    f"expects {tuple(b.event_shape)}; insert a Reshape"
-                )
-        contexts = {b.context_features for b in bijectors if b.context_features}
-        if len(contexts) > 1:
-            raise ValueError(f"Chain: layers disagree on the number of context features: {sorted(contexts)}")
+        self.context_features = check_composition(bijectors, (Bijector,), "Chain")
         self.layers = nn.ModuleList(bijectors)
         self.event_shape = bijectors[0].event_shape
         self.latent_shape = bijectors[-1].latent_shape
-        self.context_features = contexts.pop() if contexts else 0
         self.domain = bijectors[0].domain
         self.ladj_is_constant = all(b.ladj_is_constant for b in bijectors)
 
