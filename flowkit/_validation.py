@@ -203,15 +203,18 @@ def module_dtype(module: nn.Module) -> torch.dtype | None:
 
 
 def check_point(bijector: nn.Module, x: object, context: object, direction: str, where: str) -> None:
-    """Check an input of a bijector's `direction` side (`"forward"`: data, `"inverse"`: latent) and its context."""
+    """Check an input of a bijector's `direction` side (`"forward"`: data, `"inverse"`: latent) and its context.
+
+    `bijector` is anything with the shapes, `domain` and `context_features` of a bijector
+    (a bijector, a stochastic block, a flow); data are also checked against the domain.
+    """
     shape = bijector.event_shape if direction == "forward" else bijector.latent_shape
     dtype = module_dtype(bijector)
     check_tensor(x, shape, name="x" if direction == "forward" else "z", dtype=dtype, where=where)
     assert isinstance(x, Tensor)
     if direction == "forward":
-        # A flow checks for its bijector, so look through a wrapper that has none of its own.
-        domain = getattr(bijector, "domain", None) or getattr(getattr(bijector, "bijector", None), "domain", None)
-        inside = None if domain is None else domain.admits(x)
+        domain = bijector.domain
+        inside = domain.admits(x)
         if inside is not None and not bool(inside.all()):
             raise ValueError(
                 f"{where}: x has {int((~inside).sum())} value(s) outside {domain!r}, the domain of the bijector"

@@ -60,6 +60,7 @@ from ._validation import check_number, check_point, check_tensor, outermost
 from .bijectors import Bijector
 from .bijectors.base import check_composition, context_for
 from .distributions import Distribution
+from .domains import Domain, Real
 from .flows.flow import draw_latent, expand_context
 from .targets.evaluate import energy_of
 from .utils import aggregates_auxiliary_loss, auxiliary_loss, sum_event
@@ -86,6 +87,7 @@ class StochasticBlock(Configurable, nn.Module):
 
     _flowkit_register = False
     context_features = 0
+    domain: Domain = Real()
 
     def __init__(self, target: Any, lam: float, n_steps: int, step_size: float, base: Any = None) -> None:
         super().__init__()
@@ -328,6 +330,11 @@ class StochasticFlow(Configurable, nn.Module):
     @property
     def event_shape(self) -> torch.Size:
         return self.layers[0].event_shape
+
+    @property
+    def domain(self) -> Domain:
+        """The set the data live in: the first layer's."""
+        return self.layers[0].domain
 
     def _check_x(self, x: Tensor, context: Tensor | None, where: str) -> None:
         check_point(self, x, context, "forward", where)

@@ -21,6 +21,7 @@ from .._validation import check_context, check_point, module_dtype, outermost
 from ..bijectors import Bijector
 from ..distributions import Distribution
 from ..distributions.base import as_shape
+from ..domains import Domain
 from ..targets.evaluate import energy_of
 from ..utils import aggregates_auxiliary_loss, auxiliary_loss
 
@@ -62,6 +63,11 @@ class Flow(Configurable, nn.Module):
     @property
     def context_features(self) -> int:
         return self.bijector.context_features
+
+    @property
+    def domain(self) -> Domain:
+        """The set the data live in: the bijector's."""
+        return self.bijector.domain
 
     def log_prob(self, x: Tensor, context: Tensor | None = None) -> Tensor:
         """Log density `log p(x)` of events `x` of shape `(..., *event_shape)`; returns the batch shape."""
