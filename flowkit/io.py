@@ -107,14 +107,20 @@ def _decode(value: Any, where: str) -> Any:
     raise ValueError(f"invalid value at {where} in the model config")
 
 
-def _decode_factory(config: Any, where: str) -> Any:
-    """A registered class (no arguments) or a `functools.partial` of one, from `{"class": name, "args": {...}}`."""
+def _registered_class(config: Any, where: str, shape: str) -> tuple[type, str]:
+    """The registered class a `{"class": name, "args": {...}}` node names, and that name."""
     if not isinstance(config, dict) or set(config) != {"class", "args"} or not isinstance(config["args"], dict):
-        raise ValueError(f"invalid model config at {where}: a factory needs 'class' and 'args'")
+        raise ValueError(f"invalid model config at {where}: {shape}")
     name = config["class"]
     cls = registry.get(name) if isinstance(name, str) else None
     if cls is None:
         raise ValueError(f"model config at {where} names {name!r}, which is not a flowkit class; refusing to build it")
+    return cls, name
+
+
+def _decode_factory(config: Any, where: str) -> Any:
+    """A registered class (no arguments) or a `functools.partial` of one, from `{"class": name, "args": {...}}`."""
+    cls, name = _registered_class(config, where, "a factory needs 'class' and 'args'")
     args = {k: _decode(v, f"{where}.{name}.{k}") for k, v in config["args"].items()}
     return functools.partial(cls, **args) if args else cls
 
@@ -147,12 +153,7 @@ def from_config(config: Any, where: str = "config") -> Any:
 
 
 def _build(config: Any, where: str) -> Any:
-    if not isinstance(config, dict) or set(config) != {"class", "args"} or not isinstance(config["args"], dict):
-        raise ValueError(f"invalid model config at {where}: expected an object with 'class' and 'args'")
-    name = config["class"]
-    cls = registry.get(name) if isinstance(name, str) else None
-    if cls is None:
-        raise ValueError(f"model config at {where} names {name!r}, which is not a flowkit class; refusing to build it")
+    cls, name = _registered_class(config, where, "expected an object with 'class' and 'args'")
     args: dict[str, Any] = {}
     positional: list[Any] = []
     for key, value in config["args"].items():
