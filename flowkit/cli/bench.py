@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from ..data import DequantizedDataset, Splits, available_tabular, evaluate_nll, load, standardize
+from ..data import Splits, available_tabular, evaluate_nll, load, standardize, training_data
 from ..data.toy import TOY_DATASETS, toy_splits
 from ..flows import Flow
 from ..flows.registry import PRESET_NAMES, build_flow, count_parameters, parse_hidden
@@ -146,8 +146,7 @@ def train_and_evaluate(
     flow = models[model](
         data.features, transforms=args.transforms, hidden=hidden, bins=args.bins, standardize_with=data.train
     )
-    counts = data.info.get("counts")
-    train = DequantizedDataset(counts, data.levels) if data.levels and counts is not None else data.train
+    train = training_data(data)
     wall, cpu = time.perf_counter(), time.process_time()
     history = fit(
         flow,

@@ -91,7 +91,7 @@ def fit_dataset(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from .. import io
-    from ..data import DequantizedDataset, evaluate_nll, load, standardize
+    from ..data import evaluate_nll, load, standardize, training_data
     from ..flows.registry import build_flow, count_parameters, parse_hidden
     from ..train import MaximumLikelihood, fit
 
@@ -112,9 +112,7 @@ def fit_dataset(args: argparse.Namespace) -> dict[str, Any]:
         flow = standardize(flow, data.train)
     out = Path(args.out or Path("runs") / Path(data.name).stem)
     out.mkdir(parents=True, exist_ok=True)
-    # Dequantised data get fresh noise at every pass (a regulariser); the fixed draw stays for evaluation.
-    counts = data.info.get("counts")
-    train = DequantizedDataset(counts, data.levels) if data.levels and counts is not None else data.train
+    train = training_data(data)
     start = time.perf_counter()
     history = fit(
         flow,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import pathlib
 
-from .digits import DIGITS_LEVELS, DequantizedDataset, bits_per_dim, dequantize, digits
+from .digits import DIGITS_LEVELS, DequantizedDataset, bits_per_dim, dequantize, digits, training_data
 from .evaluation import NLL, evaluate_nll, log_prob_batched
 from .files import FILE_SUFFIXES, file_splits, read_array
 from .splits import Splits, split_array
@@ -38,6 +38,7 @@ __all__ = [
     "DIGITS_LEVELS",
     "dequantize",
     "DequantizedDataset",
+    "training_data",
     "bits_per_dim",
     "read_array",
     "file_splits",

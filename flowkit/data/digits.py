@@ -26,7 +26,7 @@ from torch.utils.data import Dataset
 from .._validation import check_number
 from .splits import Splits, _tensor
 
-__all__ = ["DIGITS_LEVELS", "digits", "dequantize", "bits_per_dim", "DequantizedDataset"]
+__all__ = ["DIGITS_LEVELS", "digits", "dequantize", "bits_per_dim", "DequantizedDataset", "training_data"]
 
 #: Grey levels of sklearn's digits (0..16).
 DIGITS_LEVELS = 17
@@ -123,3 +123,12 @@ def bits_per_dim(log_prob: Tensor | float, dims: int, levels: int) -> Tensor | f
     dims = check_number(dims, "dims", where="bits_per_dim", integer=True, low=1)
     levels = check_number(levels, "levels", where="bits_per_dim", integer=True, low=1)
     return (-log_prob + dims * math.log(levels)) / (dims * math.log(2))
+
+
+def training_data(data: Splits) -> Tensor | DequantizedDataset:
+    """What to train on: the train split, or, for count data, its counts dequantised afresh at every pass.
+
+    Fresh noise at each pass is a regulariser; the fixed draw in `data.train` stays for evaluation.
+    """
+    counts = data.info.get("counts")
+    return DequantizedDataset(counts, data.levels) if data.levels and counts is not None else data.train
