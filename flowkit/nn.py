@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from ._config import Configurable
 
-__all__ = ["Conditioner", "MLP", "MaskedLinear", "MADE", "activation", "broadcast_context"]
+__all__ = ["Conditioner", "MLP", "ConvNet", "MaskedLinear", "MADE", "activation", "broadcast_context"]
 
 _ACTIVATIONS = {
     "relu": nn.ReLU,
@@ -49,7 +49,7 @@ def broadcast_context(h: Tensor, context: Tensor | None) -> Tensor:
     return torch.cat([h.expand(*batch, h.shape[-1]), context.expand(*batch, context.shape[-1])], dim=-1)
 
 
-def _zero_linear(layer: nn.Linear, bias: Tensor | None) -> None:
+def _zero_linear(layer: nn.Linear | nn.Conv2d, bias: Tensor | None) -> None:
     with torch.no_grad():
         layer.weight.zero_()
         if bias is None:
@@ -216,6 +216,87 @@ class MLP(Conditioner, nn.Sequential):
 
     def zero_last(self, bias: Tensor | None = None) -> None:
         _zero_linear(self.last, bias)
+
+
+class ConvNet(Conditioner):
+    r"""Convolutional [`Conditioner`][flowkit.nn.Conditioner] on `(..., C, H, W)` grids (images and lattices).
+
+    `Conv2d(kernel, same padding)` layers with activations in between map
+    `in_channels` to `out_channels` channels and keep the spatial size. With
+    `padding_mode="circular"` the grid is a torus: the network commutes with
+    every translation of the lattice (periodic boundary conditions, as lattice
+    field theory needs); `"zeros"` is the usual image padding. A context vector
+    `(..., context)` enters as constant extra input channels. The output
+    is channel-major for [`MaskedCoupling`][flowkit.bijectors.MaskedCoupling]:
+    parameter `p` of input channel `c` is output channel `c * P + p`.
+
+    Arguments:
+        in_channels: channels of the input grid.
+        out_channels: channels of the output grid.
+        hidden: channels of the hidden layers.
+        kernel: odd kernel size of every convolution.
+        activation: name of the activation between layers (see [`activation`][flowkit.nn.activation]).
+        padding_mode: `"zeros"` (images) or `"circular"` (periodic lattices).
+        context: number of context features.
+
+    Examples:
+        >>> import torch
+        >>> net = ConvNet(1, 2, hidden=(8,), padding_mode="circular")
+        >>> x = torch.randn(5, 1, 6, 6)
+        >>> torch.allclose(net(x.roll(1, -1)), net(x).roll(1, -1), atol=1e-6)
+        True
+
+    References:
+        Albergo, Kanwar & Shanahan, *Flow-based generative models for Markov chain
+        Monte Carlo in lattice field theory*, Phys. Rev. D 100, 034515 (2019).
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        hidden: Sequence[int] = (64, 64),
+        kernel: int = 3,
+        activation: str = "relu",
+        padding_mode: str = "zeros",
+        context: int = 0,
+    ) -> None:
+        super().__init__()
+        hidden = [int(h) for h in hidden]
+        if in_channels < 1 or out_channels < 1 or context < 0 or any(h < 1 for h in hidden):
+            raise ValueError(
+                f"ConvNet needs positive channel counts and hidden sizes, got in_channels={in_channels}, "
+                f"out_channels={out_channels}, hidden={tuple(hidden)}, context={context}"
+            )
+        if kernel < 1 or kernel % 2 == 0:
+            raise ValueError(f"ConvNet: kernel must be a positive odd size (same padding), got {kernel}")
+        if padding_mode not in ("zeros", "circular"):
+            raise ValueError(f"ConvNet: padding_mode must be 'zeros' or 'circular', got {padding_mode!r}")
+        self.in_features = self.in_channels = int(in_channels)
+        self.out_features = self.out_channels = int(out_channels)
+        self.context_features = int(context)
+        sizes = [self.in_channels + self.context_features, *hidden, self.out_channels]
+        layers: list[nn.Module] = []
+        for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
+            if i:
+                layers.append(globals()["activation"](activation))
+            layers.append(nn.Conv2d(a, b, kernel, padding=kernel // 2, padding_mode=padding_mode))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
+        """Outputs `(..., out_channels, H, W)` for a grid `(..., in_channels, H, W)` and the context."""
+        if x.dim() < 3 or x.shape[-3] != self.in_channels:
+            raise ValueError(f"ConvNet expects (..., {self.in_channels}, H, W) inputs, got shape {tuple(x.shape)}")
+        if context is not None:
+            batch = torch.broadcast_shapes(x.shape[:-3], context.shape[:-1])
+            x = x.expand(*batch, *x.shape[-3:])
+            planes = context.expand(*batch, context.shape[-1])[..., None, None].expand(*batch, -1, *x.shape[-2:])
+            x = torch.cat([x, planes], dim=-3)
+        h = self.net(x.reshape(-1, *x.shape[-3:]))
+        return h.reshape(*x.shape[:-3], *h.shape[-3:])
+
+    def zero_last(self, bias: Tensor | None = None) -> None:
+        _zero_linear(self.net[-1], bias)
 
 
 class MaskedLinear(nn.Linear):

@@ -34,6 +34,7 @@ from flowkit.bijectors import (
     LULinear,
     MaskedAffineAutoregressive,
     MaskedAutoregressive,
+    MaskedCoupling,
     MaskedSplineAutoregressive,
     Permutation,
     Reshape,
@@ -102,6 +103,20 @@ BIJECTORS: dict[str, Case] = {
     "Coupling(Affine, halves)": lambda: (
         randomize(Coupling(Affine(), 5, mask=[1, 1, 0, 0, 0], hidden=(8,))),
         torch.randn(6, 5),
+    ),
+    "MaskedCoupling(image, checkerboard)": lambda: (
+        randomize(MaskedCoupling(Affine(), (2, 4, 4), hidden=(4,))),
+        torch.randn(5, 2, 4, 4),
+    ),
+    "MaskedCoupling(image, channel, context)": lambda: (
+        randomize(MaskedCoupling(Affine(), (2, 3, 3), mask="channel", parity=1, hidden=(4,), context=2)),
+        torch.randn(5, 2, 3, 3),
+    ),
+    "MaskedCoupling(lattice, spline, circular)": lambda: (
+        randomize(
+            MaskedCoupling(RationalQuadraticSpline(4, 3.0), (4, 4), hidden=(4,), padding_mode="circular"), scale=0.2
+        ),
+        1.5 * torch.randn(5, 4, 4),
     ),
     # spline coupling
     "SplineCoupling": lambda: (

@@ -6,6 +6,7 @@ from .autoregressive import MaskedAffineAutoregressive, MaskedAutoregressive, Ma
 from .base import Bijector, Chain, Invert, Reshape
 from .coupling import AffineCoupling, Coupling
 from .linear import Linear, LULinear
+from .masked_coupling import MaskedCoupling
 from .normalization import ActNorm
 from .permutations import Permutation, Reverse
 from .spline_coupling import CircularSplineCoupling, SplineCoupling
@@ -27,6 +28,7 @@ __all__ = [
     "Standardization",
     "Coupling",
     "AffineCoupling",
+    "MaskedCoupling",
     "SplineCoupling",
     "CircularSplineCoupling",
     "MaskedAutoregressive",
