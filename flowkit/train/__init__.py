@@ -4,13 +4,14 @@ from .batches import split_batch
 from .boltzmann import BoltzmannGenerator
 from .callbacks import EMA, Callback
 from .likelihood import ForwardKLPathGradient, MaximumLikelihood
-from .loop import History, fit
+from .loop import History, default_threads, fit
 from .objective import Objective
 from .pathgrad import PathGradientVI
 from .score_matching import ScoreMatching, exact_log_prob
 
 __all__ = [
     "fit",
+    "default_threads",
     "History",
     "MaximumLikelihood",
     "split_batch",

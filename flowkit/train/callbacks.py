@@ -297,14 +297,15 @@ class Progress(Callback):
     Arguments:
         total: number of steps of the run, if known.
         enabled: False to show nothing (other ranks than 0, `progress=False`).
+        desc: the bar's title.
     """
 
-    def __init__(self, total: int | None, enabled: bool = True) -> None:
-        self.total, self.enabled = total, enabled
+    def __init__(self, total: int | None, enabled: bool = True, desc: str = "fit") -> None:
+        self.total, self.enabled, self.desc = total, enabled, desc
         self.bar: tqdm | None = None
 
     def on_start(self, state: TrainState) -> None:
-        self.bar = tqdm(total=self.total, initial=state.step, disable=None if self.enabled else True, desc="fit")
+        self.bar = tqdm(total=self.total, initial=state.step, disable=None if self.enabled else True, desc=self.desc)
 
     def on_step_end(self, state: TrainState) -> None:
         self.bar.update(1)

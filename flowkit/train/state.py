@@ -69,6 +69,25 @@ class History:
     def __len__(self) -> int:
         return len(self.step)
 
+    @property
+    def steps_run(self) -> int:
+        """The number of steps taken (over resumes); the same as `len(history)`."""
+        return len(self.step)
+
+    def __repr__(self) -> str:
+        parts = [f"steps_run={self.steps_run}"]
+        if self.loss:
+            parts.append(f"last_loss={self.loss[-1]:.6g}")
+        if self.val_step:
+            parts.append(f"validations={len(self.val_step)}, best_step={self.best_step}")
+        if self.best_val_loss is not None:
+            parts.append(f"best_val_loss={self.best_val_loss:.6g}")
+        if self.skipped:
+            parts.append(f"skipped={len(self.skipped)}")
+        if self.stopped_early:
+            parts.append("stopped_early=True")
+        return f"History({', '.join(parts)})"
+
     def record(
         self, step: int, loss: float, lr: float, time: float, grad_norm: float, metrics: dict[str, float]
     ) -> None:

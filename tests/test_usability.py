@@ -1,0 +1,143 @@
+"""What a new user hits first (issue 20): threads, standardisation and the semantics of `fit`."""
+
+import warnings
+
+import pytest
+import torch
+
+import flowkit
+from flowkit.bijectors import Standardization
+from flowkit.train import Callback, MaximumLikelihood, default_threads, fit
+
+
+class _Threads(Callback):
+    """Records the torch thread count seen during the run."""
+
+    def __init__(self) -> None:
+        self.seen: set[int] = set()
+
+    def on_step_end(self, state) -> None:
+        self.seen.add(torch.get_num_threads())
+
+
+@pytest.fixture
+def two_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_default_threads_is_one_for_small_events_and_none_for_large():
+    assert default_threads(2) == 1
+    assert default_threads(16) == 1
+    assert default_threads(17) is None
+
+
+@pytest.mark.parametrize(("threads", "expected"), [(None, 1), (3, 3)])
+def test_fit_sets_threads_during_the_run_and_restores_them(two_threads, threads, expected):
+    flow = flowkit.flows.RealNVP(2, transforms=2, hidden=(8,))
+    seen = _Threads()
+    fit(flow, MaximumLikelihood(), torch.randn(64, 2), steps=3, batch_size=32, progress=False,
+        threads=threads, callbacks=[seen])  # fmt: skip
+    assert seen.seen == {expected}
+    assert torch.get_num_threads() == 2
+
+
+def test_fit_restores_threads_after_an_error(two_threads):
+    flow = flowkit.flows.RealNVP(2, transforms=2, hidden=(8,))
+    with pytest.raises(ValueError, match="data is empty"):
+        fit(flow, MaximumLikelihood(), torch.randn(0, 2), steps=3, progress=False)
+    assert torch.get_num_threads() == 2
+    with pytest.raises(ValueError, match="threads must be a positive integer"):
+        fit(flow, MaximumLikelihood(), torch.randn(8, 2), steps=3, progress=False, threads=0)
+
+
+def _wide(n=600, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 3, generator=g, dtype=torch.float64).float() * torch.tensor([40.0, 0.01, 8.0]) + 100.0
+
+
+def test_standardize_puts_the_data_statistics_first_in_the_flow_and_keeps_data_units(tmp_path):
+    x = _wide()
+    flow = flowkit.flows.NSF(3, transforms=1, hidden=(8,))
+    fit(flow, MaximumLikelihood(), x, steps=2, progress=False, standardize=True)
+    first = flow.bijector[0]
+    assert isinstance(first, Standardization)
+    torch.testing.assert_close(first.loc.double(), x.double().mean(0), rtol=0, atol=1e-4)
+    torch.testing.assert_close(first.scale.double(), x.double().std(0), rtol=1e-6, atol=0)
+    # log p(x) in data units: the flow behind the layer, at the standardised points, minus sum log s.
+    inner = flowkit.flows.Flow(flow.bijector[1], flow.base)
+    z = (x[:5] - first.loc) / first.scale
+    torch.testing.assert_close(flow.log_prob(x[:5]), inner.log_prob(z) - first.scale.log().sum())
+    # A second fit does not standardise twice; the saved model loads with the same density.
+    fit(flow, MaximumLikelihood(), x, steps=1, progress=False, standardize=True)
+    assert not isinstance(flow.bijector[1], Standardization)
+    flowkit.io.save(flow, tmp_path / "model")
+    torch.testing.assert_close(flowkit.io.load(tmp_path / "model").log_prob(x[:5]), flow.log_prob(x[:5]))
+
+
+def test_standardize_refuses_data_it_cannot_read():
+    flow = flowkit.flows.NSF(3, transforms=1, hidden=(8,))
+    dataset = torch.utils.data.TensorDataset(_wide())
+    with pytest.raises(ValueError, match="standardize=True needs data as a floating tensor"):
+        fit(flow, MaximumLikelihood(), dataset, steps=1, progress=False, standardize=True)
+
+
+def test_fit_warns_when_most_points_are_outside_the_spline_bound():
+    flow = flowkit.flows.NSF(3, transforms=1, hidden=(8,))
+    with pytest.warns(RuntimeWarning, match=r"100% of the data points lie outside the splines' bound \[-5, 5\]"):
+        fit(flow, MaximumLikelihood(), _wide(), steps=1, progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fit(flowkit.flows.NSF(3, transforms=1, hidden=(8,)), MaximumLikelihood(), _wide() - 100.0, steps=1,
+            progress=False, standardize=True)  # fmt: skip
+        fit(flowkit.flows.NSF(3, transforms=1, hidden=(8,)), MaximumLikelihood(), torch.randn(50, 3), steps=1,
+            progress=False)  # fmt: skip
+
+
+class _Weights(Callback):
+    def __init__(self, flow) -> None:
+        self.flow, self.states = flow, {}
+
+    def on_step_end(self, state) -> None:
+        self.states[state.step] = {k: v.clone() for k, v in self.flow.state_dict().items()}
+
+
+def test_validation_data_restore_the_best_weights_by_default():
+    torch.manual_seed(0)
+    x = torch.randn(256, 2)
+    flow = flowkit.flows.RealNVP(2, transforms=2, hidden=(8,))
+    weights = _Weights(flow)
+    # A large learning rate makes the validation loss go up and down: the best step is not the last.
+    history = fit(flow, MaximumLikelihood(), x, steps=20, batch_size=32, lr=0.05, val_data=x[:64], val_every=1,
+                  progress=False, seed=1, callbacks=[weights], schedule=None)  # fmt: skip
+    assert history.best_step != history.steps_run
+    best = weights.states[history.best_step]
+    for name, value in flow.state_dict().items():
+        torch.testing.assert_close(value, best[name])
+    kept = flowkit.flows.RealNVP(2, transforms=2, hidden=(8,))
+    last = _Weights(kept)
+    fit(kept, MaximumLikelihood(), x, steps=20, batch_size=32, lr=0.05, val_data=x[:64], val_every=1,
+        progress=False, seed=1, callbacks=[last], schedule=None, restore_best=False)  # fmt: skip
+    for name, value in kept.state_dict().items():
+        torch.testing.assert_close(value, last.states[20][name])
+
+
+def test_history_reports_the_steps_run_and_the_progress_title_says_what_patience_is():
+    from flowkit.train.distributed import DistributedContext
+    from flowkit.train.loop import _Arguments, _make_run, _progress_title
+
+    x = torch.randn(300, 2)
+    history = fit(flowkit.flows.RealNVP(2, transforms=1, hidden=(8,)), MaximumLikelihood(), x, steps=7,
+                  batch_size=50, progress=False)  # fmt: skip
+    assert history.steps_run == 7 == len(history)
+    assert repr(history).startswith("History(steps_run=7, last_loss=")
+    flow = flowkit.flows.RealNVP(2, transforms=1, hidden=(8,))
+    arguments = dict(flow=flow, objective=MaximumLikelihood(), data=x, steps=100, epochs=None, batch_size=50,
+                     lr=1e-3, optimizer=None, schedule=None, clip=None, val_data=x[:50], patience=4,
+                     checkpoint_dir=None, resume=False, progress=False, seed=0, val_every=None,
+                     checkpoint_every=1000, restore_best=None, ddp_options=None, ema=None, callbacks=())  # fmt: skip
+    run = _make_run(_Arguments(**arguments), DistributedContext(), 0)
+    assert run.val_every == 5  # 100 steps // 20, within the 6 batches of an epoch
+    assert _progress_title(run) == "fit (val every 5 steps, patience 4 = 20 steps)"
