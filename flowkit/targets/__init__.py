@@ -5,10 +5,22 @@ Each target has [`energy`][flowkit.targets.base.Target.energy], `event_shape`,
 `log_Z` and exact [`sample`][flowkit.targets.base.Target.sample].
 """
 
+from .alanine import AlanineDipeptide
 from .base import Energy, Target
 from .evaluate import energy_of
 from .lattice import Phi4
 from .mixture import GaussianMixture
+from .openmm import OpenMMEnergy
 from .wells import DoubleWell, ManyWell
 
-__all__ = ["Target", "Energy", "energy_of", "DoubleWell", "ManyWell", "GaussianMixture", "Phi4"]
+__all__ = [
+    "Target",
+    "Energy",
+    "energy_of",
+    "DoubleWell",
+    "ManyWell",
+    "GaussianMixture",
+    "Phi4",
+    "OpenMMEnergy",
+    "AlanineDipeptide",
+]

@@ -1,0 +1,157 @@
+r"""Alanine dipeptide (ACE-ALA-NME, 22 atoms), the standard test molecule of Boltzmann generators.
+
+The AMBER ff96 topology and coordinates ship with flowkit (from the MIT-licensed
+`openmmtools` package, see `flowkit/data/files/alanine_dipeptide/SOURCE.md`), and the
+system is built with OpenMM without constraints (a constrained system has no density in
+Cartesian space), in vacuum or in OBC1 implicit solvent. Atom indices (0-based) follow
+the shipped PDB file: `4` C and `6` N of the first peptide bond, `8` the alpha carbon,
+`10` the beta carbon, `14` C and `16` N of the second peptide bond. The backbone
+dihedrals are $\phi$ = (4, 6, 8, 14) and $\psi$ = (6, 8, 14, 16).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .openmm import OpenMMEnergy, require_openmm
+
+__all__ = [
+    "AlanineDipeptide",
+    "alanine_dipeptide_files",
+    "ALANINE_Z_MATRIX",
+    "ALANINE_ANCHORS",
+    "ALANINE_CIRCULAR",
+    "ALANINE_CHIRAL_CENTRES",
+    "PHI_ATOMS",
+    "PSI_ATOMS",
+]
+
+#: Atoms of the backbone dihedral $\phi$ (C-N-CA-C).
+PHI_ATOMS = (4, 6, 8, 14)
+#: Atoms of the backbone dihedral $\psi$ (N-CA-C-N).
+PSI_ATOMS = (6, 8, 14, 16)
+
+#: Z-matrix of the 19 non-anchor atoms: `(atom, (bond partner, angle partner, dihedral partner))`
+#: (as in FAB and boltzgen, Midgley et al. 2023).
+ALANINE_Z_MATRIX = (
+    (0, (1, 4, 6)),
+    (1, (4, 6, 8)),
+    (2, (1, 4, 0)),
+    (3, (1, 4, 0)),
+    (4, (6, 8, 14)),
+    (5, (4, 6, 8)),
+    (7, (6, 8, 4)),
+    (9, (8, 6, 4)),
+    (10, (8, 6, 4)),
+    (11, (10, 8, 6)),
+    (12, (10, 8, 11)),
+    (13, (10, 8, 11)),
+    (15, (14, 8, 16)),
+    (16, (14, 8, 6)),
+    (17, (16, 14, 15)),
+    (18, (16, 14, 8)),
+    (19, (18, 16, 14)),
+    (20, (18, 16, 19)),
+    (21, (18, 16, 19)),
+)
+#: The three Cartesian anchor atoms (CA, N, C), which fix the frame.
+ALANINE_ANCHORS = (8, 6, 14)
+#: Rows of [`ALANINE_Z_MATRIX`][flowkit.targets.alanine.ALANINE_Z_MATRIX] whose dihedrals are treated as circular
+#: (the torsions that rotate freely or between several minima; FAB's `ind_circ_dih`).
+ALANINE_CIRCULAR = (0, 1, 2, 3, 4, 5, 8, 9, 10, 13, 15, 16)
+#: Chiral centre of L-alanine: `(centre, a, b, c)` = (CA, N, C, CB).
+ALANINE_CHIRAL_CENTRES = ((8, 6, 14, 10),)
+
+_FILES = Path(__file__).resolve().parent.parent / "data" / "files" / "alanine_dipeptide"
+_SOLVENTS = (None, "obc")
+
+
+def alanine_dipeptide_files() -> dict[str, Path]:
+    """Paths of the shipped files: `prmtop`, `crd`, `pdb`, `licence` and `source`."""
+    return {
+        "prmtop": _FILES / "alanine-dipeptide.prmtop",
+        "crd": _FILES / "alanine-dipeptide.crd",
+        "pdb": _FILES / "alanine-dipeptide.pdb",
+        "licence": _FILES / "LICENSE",
+        "source": _FILES / "SOURCE.md",
+    }
+
+
+def _build(solvent: str | None) -> tuple[Any, Any, np.ndarray]:
+    """The OpenMM system (no constraints, no cutoff), topology and shipped positions (nm, `(22, 3)`)."""
+    mm = require_openmm()
+    app = mm.app
+    files = alanine_dipeptide_files()
+    prmtop = app.AmberPrmtopFile(str(files["prmtop"]))
+    inpcrd = app.AmberInpcrdFile(str(files["crd"]))
+    implicit = app.OBC1 if solvent == "obc" else None
+    system = prmtop.createSystem(implicitSolvent=implicit, constraints=None, nonbondedCutoff=None)
+    positions = np.asarray(inpcrd.getPositions(asNumpy=True).value_in_unit(mm.unit.nanometer), dtype=np.float64)
+    return system, prmtop.topology, positions
+
+
+class AlanineDipeptide(OpenMMEnergy):
+    r"""Reduced energy of alanine dipeptide (AMBER ff96) at a temperature, in vacuum or OBC1 implicit solvent.
+
+    Configurations are the 66 Cartesian coordinates (nm) of the 22 atoms, flattened
+    `(x_0, y_0, z_0, x_1, ...)`; see [`OpenMMEnergy`][flowkit.targets.OpenMMEnergy] for the
+    energy, its forces and the damping of huge energies. The system has no constraints.
+
+    Arguments:
+        temperature: temperature in kelvin.
+        solvent: `None` (vacuum) or `"obc"` (OBC1 generalised Born implicit solvent).
+        platform: OpenMM platform; by default `"Reference"` in vacuum and `"CPU"` in solvent
+            (the faster one for each, measured on 2 cores).
+        energy_cut: reduced energy above which energies are damped.
+        energy_max: reduced energy at which they are capped.
+
+    Attributes:
+        positions: the shipped coordinates, `(66,)` float64 in nm.
+        topology: the OpenMM topology (atom names, residues).
+
+    Examples:
+        >>> import flowkit
+        >>> target = flowkit.targets.AlanineDipeptide(temperature=300.0)
+        >>> round(float(target.energy(target.positions)), 2)  # reduced units at 300 K
+        -35.32
+    """
+
+    def __init__(
+        self,
+        temperature: float = 300.0,
+        solvent: str | None = None,
+        platform: str | None = None,
+        energy_cut: float = 1e8,
+        energy_max: float = 1e20,
+    ) -> None:
+        if solvent not in _SOLVENTS:
+            raise ValueError(f"AlanineDipeptide: solvent must be None (vacuum) or 'obc', got {solvent!r}")
+        system, topology, positions = _build(solvent)
+        if platform is None:
+            platform = "Reference" if solvent is None else "CPU"
+        super().__init__(system, temperature, platform, energy_cut, energy_max)
+        self.solvent = solvent
+        self.topology = topology
+        self.positions = torch.from_numpy(positions.reshape(-1))
+
+    def minimum(self, tolerance: float = 1e-3) -> Tensor:
+        """A minimum-energy configuration: OpenMM's local minimiser from the shipped coordinates, `(66,)` float64.
+
+        Arguments:
+            tolerance: the minimiser's tolerance on the root-mean-square force, kJ/mol/nm.
+        """
+        mm = require_openmm()
+        context = self.context
+        context.setPositions(self.positions.reshape(-1, 3).numpy())
+        mm.LocalEnergyMinimizer.minimize(context, tolerance, 0)
+        state = context.getState(getPositions=True)
+        pos = state.getPositions(asNumpy=True).value_in_unit(mm.unit.nanometer)
+        return torch.as_tensor(np.asarray(pos, dtype=np.float64).reshape(-1))
+
+    def extra_repr(self) -> str:
+        return f"temperature={self.temperature}, solvent={self.solvent!r}, platform={self.platform!r}"
