@@ -44,7 +44,7 @@ from flowkit.bijectors import (
     SplineCoupling,
     Standardization,
 )
-from flowkit.distributions import DiagNormal, Distribution, StandardNormal
+from flowkit.distributions import DiagNormal, Distribution, StandardNormal, StudentT, TailAdaptiveBase
 from flowkit.domains import Circle
 from flowkit.stochastic import LangevinBlock, MetropolisBlock
 from flowkit.testing import randomize
@@ -195,6 +195,9 @@ DISTRIBUTIONS: dict[str, Callable[[], Distribution]] = {
     "StandardNormal": lambda: StandardNormal(2),
     "DiagNormal": lambda: randomize(DiagNormal(2, loc=0.5, scale=1.5)),
     "DiagNormal(fixed)": lambda: DiagNormal(1, loc=-1.0, scale=0.3, trainable=False),
+    "StudentT": lambda: StudentT(2, df=[1.5, 4.0]),
+    "StudentT(learn_df)": lambda: randomize(StudentT(1, df=3.0, learn_df=True, min_df=0.5)),
+    "TailAdaptiveBase": lambda: TailAdaptiveBase([None, 2.5], learn_df=True),
 }
 
 

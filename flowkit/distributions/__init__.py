@@ -2,5 +2,6 @@
 
 from .base import Distribution
 from .normal import DiagNormal, StandardNormal
+from .studentt import StudentT, TailAdaptiveBase
 
-__all__ = ["Distribution", "StandardNormal", "DiagNormal"]
+__all__ = ["Distribution", "StandardNormal", "DiagNormal", "StudentT", "TailAdaptiveBase"]
