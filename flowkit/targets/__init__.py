@@ -8,7 +8,7 @@ Each target has [`energy`][flowkit.targets.base.Target.energy], `event_shape`,
 from .alanine import AlanineDipeptide
 from .base import Energy, Target
 from .evaluate import energy_of
-from .lattice import Phi4
+from .lattice import Phi4, Phi4Hopping
 from .mixture import GaussianMixture
 from .openmm import OpenMMEnergy
 from .wells import DoubleWell, ManyWell
@@ -21,6 +21,7 @@ __all__ = [
     "ManyWell",
     "GaussianMixture",
     "Phi4",
+    "Phi4Hopping",
     "OpenMMEnergy",
     "AlanineDipeptide",
 ]

@@ -1,4 +1,4 @@
-r"""Lattice field theories: the 2-D $\phi^4$ model with periodic boundaries."""
+r"""Lattice field theories: the 2-D $\phi^4$ model with periodic boundaries, in two parametrisations."""
 
 from __future__ import annotations
 
@@ -10,7 +10,14 @@ from torch import Tensor
 from .._validation import check_number
 from .base import Target
 
-__all__ = ["Phi4"]
+__all__ = ["Phi4", "Phi4Hopping"]
+
+
+def _lattice_momenta(L: int) -> Tensor:
+    r"""The lattice Laplacian's eigenvalues $\sum_\mu 4\sin^2(\pi k_\mu / L)$ on an `L x L` torus, shape `(L, L)`."""
+    k = torch.arange(L, dtype=torch.float64)
+    s = 4 * torch.sin(math.pi * k / L) ** 2
+    return s[:, None] + s[None, :]
 
 
 class Phi4(Target):
@@ -23,17 +30,21 @@ class Phi4(Target):
     which equals the form $\sum_x \phi_x \sum_\mu(2\phi_x - \phi_{x+\hat\mu} - \phi_{x-\hat\mu}) + \dots$
     of Albergo et al. For the free field (`lam = 0`, `m2 > 0`) the density
     is Gaussian with precision $2(-\Delta + m^2)$, diagonal in Fourier
-    space, so $\log Z$ is exact,
+    space, so $\log Z$ is exact at any `L`,
 
     $$
     \log Z = \frac V2 \log 2\pi - \frac12 \sum_k \log\Big[2\Big(m^2 + \sum_\mu 4\sin^2\frac{\pi k_\mu}{L}\Big)\Big],
     $$
 
-    and exact samples are white noise filtered in Fourier space.
+    exact samples are white noise filtered in Fourier space, and the
+    propagator is known ([`free_propagator`][flowkit.targets.Phi4.free_propagator]).
+    The same theory in the hopping parametrisation is
+    [`Phi4Hopping`][flowkit.targets.Phi4Hopping]; [`hopping`][flowkit.targets.Phi4.hopping]
+    gives its couplings.
 
     Arguments:
         L: lattice size.
-        m2: bare mass squared $m^2$ (negative for the broken phase; then `lam > 0`).
+        m2: bare mass squared $m^2$ (negative near and in the broken phase; then `lam > 0`).
         lam: quartic coupling $\lambda \ge 0$.
 
     References:
@@ -58,9 +69,32 @@ class Phi4(Target):
 
     def _precision_eigenvalues(self) -> Tensor:
         """Eigenvalues `2(m^2 + sum_mu 4 sin^2(pi k_mu / L))` of the free field's precision, shape `(L, L)`."""
-        k = torch.arange(self.L, dtype=torch.float64)
-        s = 4 * torch.sin(math.pi * k / self.L) ** 2
-        return 2 * (self.m2 + s[:, None] + s[None, :])
+        return 2 * (self.m2 + _lattice_momenta(self.L))
+
+    def free_propagator(self) -> Tensor:
+        r"""The free field's exact two-point function $G(x) = \langle \phi_y \phi_{y+x} \rangle$, float64 `(L, L)`.
+
+        $G(x) = \frac1V \sum_k e^{2\pi i k\cdot x / L} / \big(2(m^2 + \sum_\mu 4\sin^2(\pi k_\mu/L))\big)$;
+        $G(0) = \langle\phi^2\rangle$ and $\sum_x G(x) = 1/(2m^2) = \chi_2$. Only for `lam = 0`.
+        """
+        if self.lam != 0:
+            raise ValueError(f"Phi4.free_propagator: only the free field (lam = 0) has one, got lam = {self.lam}")
+        return torch.fft.ifft2(1 / self._precision_eigenvalues()).real
+
+    def hopping(self) -> tuple[float, float]:
+        r"""The couplings `(kappa, lam)` of the same theory in the hopping form, with $\phi = \sqrt\kappa\,\tilde\phi$.
+
+        $\kappa$ is the positive root of $2\lambda_m\kappa^2 + (m^2 + 4)\kappa - 1 = 0$ and
+        $\lambda = \lambda_m \kappa^2$ (see [`Phi4Hopping`][flowkit.targets.Phi4Hopping]).
+        """
+        a = self.m2 + 4
+        if self.lam == 0:
+            if a <= 0:
+                raise ValueError(f"Phi4.hopping: m2 + 4 must be positive when lam = 0, got m2 = {self.m2}")
+            kappa = 1 / a
+        else:
+            kappa = (math.sqrt(a * a + 8 * self.lam) - a) / (4 * self.lam)
+        return kappa, self.lam * kappa * kappa
 
     def _energy(self, x: Tensor) -> Tensor:
         kinetic = sum((torch.roll(x, -1, dim) - x).square() for dim in (-1, -2))
@@ -87,3 +121,57 @@ class Phi4(Target):
 
     def extra_repr(self) -> str:
         return f"L={self.L}, m2={self.m2}, lam={self.lam}"
+
+
+class Phi4Hopping(Target):
+    r"""$\phi^4$ theory in the hopping parametrisation, on the rescaled field $\tilde\phi$; event shape `(L, L)`.
+
+    $$
+    S(\tilde\phi) = \sum_x \Big[-2\kappa \sum_{\mu=1,2} \tilde\phi_x \tilde\phi_{x+\hat\mu}
+    + (1 - 2\lambda)\tilde\phi_x^2 + \lambda \tilde\phi_x^4\Big].
+    $$
+
+    With $\phi = \sqrt\kappa\,\tilde\phi$ this is the action of
+    [`Phi4`][flowkit.targets.Phi4] at $m^2 = (1 - 2\lambda)/\kappa - 4$,
+    $\lambda_m = \lambda / \kappa^2$: `Phi4Hopping(L, kappa, lam).energy(phi_t)`
+    equals `Phi4(L, m2, lam_m).energy(sqrt(kappa) * phi_t)` ([`mass_form`][flowkit.targets.Phi4Hopping.mass_form]
+    builds that target). The densities differ by the Jacobian of the rescaling,
+    so $\log Z = \log Z_m - \frac V2 \log\kappa$ (exact at `lam = 0`).
+
+    Arguments:
+        L: lattice size.
+        kappa: hopping parameter $\kappa > 0$.
+        lam: quartic coupling $\lambda \ge 0$ of the rescaled field.
+
+    References:
+        Albergo, Kanwar & Shanahan, PRD 100, 034515 (2019), eqs. (23)-(24) (arXiv:1904.12072).
+    """
+
+    def __init__(self, L: int = 8, kappa: float = 0.25, lam: float = 0.5) -> None:
+        super().__init__()
+        L = check_number(L, "L", where="Phi4Hopping", integer=True, low=2)
+        kappa = check_number(kappa, "kappa", where="Phi4Hopping", low=0)
+        lam = check_number(lam, "lam", where="Phi4Hopping", low=0)
+        if kappa == 0:
+            raise ValueError("Phi4Hopping: kappa must be positive, got 0")
+        self.event_shape = torch.Size([L, L])
+        self.L, self.kappa, self.lam = int(L), float(kappa), float(lam)
+        mass = self.mass_form()  # refuses a free field without a normalisable density
+        if mass.log_Z is not None:
+            self.has_samples = True
+            self.log_Z = mass.log_Z - 0.5 * L * L * math.log(self.kappa)
+
+    def mass_form(self) -> Phi4:
+        r"""The same theory as a [`Phi4`][flowkit.targets.Phi4] target on $\phi = \sqrt\kappa\,\tilde\phi$."""
+        return Phi4(self.L, (1 - 2 * self.lam) / self.kappa - 4, self.lam / self.kappa**2)
+
+    def _energy(self, x: Tensor) -> Tensor:
+        hopping = sum(x * torch.roll(x, -1, dim) for dim in (-1, -2))
+        x2 = x.square()
+        return (-2 * self.kappa * hopping + x2 * ((1 - 2 * self.lam) + self.lam * x2)).sum((-1, -2))
+
+    def _sample(self, n: int, generator: torch.Generator | None) -> Tensor:
+        return self.mass_form()._sample(n, generator) / math.sqrt(self.kappa)
+
+    def extra_repr(self) -> str:
+        return f"L={self.L}, kappa={self.kappa}, lam={self.lam}"
