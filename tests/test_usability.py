@@ -141,3 +141,31 @@ def test_history_reports_the_steps_run_and_the_progress_title_says_what_patience
     run = _make_run(_Arguments(**arguments), DistributedContext(), 0)
     assert run.val_every == 5  # 100 steps // 20, within the 6 batches of an epoch
     assert _progress_title(run) == "fit (val every 5 steps, patience 4 = 20 steps)"
+
+
+def test_toy_sets_are_shuffled_so_a_slice_shows_both_moons():
+    from flowkit.data import toy, toy_splits
+
+    x = toy("moons", 3000)
+    # unshuffled, the first half would be the upper moon alone (y > 0.4 for 80% of it, 13% of the lower)
+    first = x[:1500]
+    upper = first[:, 1] > 0.4
+    assert 0.4 < upper.mean() < 0.6
+    assert 0.4 < (toy_splits("moons", n_train=1000).train[:500, 1] > 0.4).float().mean() < 0.6
+
+
+def test_tsv_files_load_and_csv_headers_are_kept(tmp_path):
+    import numpy as np
+
+    from flowkit.data import load
+
+    rows = np.random.default_rng(0).normal(size=(50, 2))
+    path = tmp_path / "wine.tsv"
+    path.write_text("alcohol\tmalic acid\n" + "\n".join(f"{a}\t{b}" for a, b in rows))
+    splits = load(path)
+    assert splits.info["columns"] == ["alcohol", "malic acid"]
+    got = np.sort(np.concatenate([splits.train, splits.val, splits.test]).astype(np.float64), axis=0)
+    np.testing.assert_allclose(got, np.sort(rows, axis=0), rtol=1e-6)
+    path = tmp_path / "plain.csv"
+    path.write_text("\n".join(f"{a},{b}" for a, b in rows))
+    assert "columns" not in load(path).info

@@ -66,8 +66,8 @@ def load(name_or_path: str | os.PathLike, *, root: str | os.PathLike | None = No
             `checkerboard`, `8gaussians`, `pinwheel`, `spirals`,
             `rings`), `digits`, a tabular benchmark (`power`, `gas`,
             `hepmass`, `miniboone`, `bsds300`, read from `root`), or
-            the path of a `.csv`/`.npy` file (split 80/10/10 by a seeded
-            permutation).
+            the path of a `.csv`/`.tsv`/`.npy` file (split 80/10/10 by a seeded
+            permutation; a header's column names go to `info["columns"]`).
         root: data directory of the tabular benchmarks (default `$FLOWKIT_DATA` or `./data`).
         seed: seed of the 2-D sets' draws, of digits' dequantisation noise,
             and of a file's split permutation.
@@ -87,4 +87,4 @@ def load(name_or_path: str | os.PathLike, *, root: str | os.PathLike | None = No
     path = pathlib.Path(text)
     if path.suffix.lower() in FILE_SUFFIXES or path.exists():
         return file_splits(path, seed=seed)
-    raise ValueError(f"unknown dataset {text!r}: not a built-in name ({', '.join(names())}) nor a .csv/.npy file")
+    raise ValueError(f"unknown dataset {text!r}: not a built-in name ({', '.join(names())}) nor a .csv/.tsv/.npy file")

@@ -6,15 +6,16 @@ import csv
 import os
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from .splits import Splits, split_array
 
-__all__ = ["read_array", "file_splits", "FILE_SUFFIXES"]
+__all__ = ["read_array", "file_splits", "column_names", "FILE_SUFFIXES"]
 
-#: File types `read_array` understands.
-FILE_SUFFIXES = (".csv", ".npy")
+#: File types `read_array` understands (`.tsv` is read as a tab-separated CSV).
+FILE_SUFFIXES = (".csv", ".tsv", ".npy")
 
 
 def _is_number(field: str) -> bool:
@@ -25,7 +26,8 @@ def _is_number(field: str) -> bool:
     return True
 
 
-def _read_csv(path: Path) -> np.ndarray:
+def _sniff(path: Path) -> tuple[Any, list[str], bool]:
+    """The CSV dialect of the file, its first row, and whether that row is a header (not all numbers)."""
     try:
         with open(path, newline="") as handle:
             sample = handle.read(4096)
@@ -34,11 +36,24 @@ def _read_csv(path: Path) -> np.ndarray:
     if not sample.strip():
         raise ValueError(f"{path}: bad CSV: the file is empty")
     try:
-        dialect = csv.Sniffer().sniff(sample, delimiters=",;\t ")
+        dialect = csv.Sniffer().sniff(sample, delimiters="\t" if path.suffix.lower() == ".tsv" else ",;\t ")
     except csv.Error:
-        dialect = csv.excel
+        dialect = csv.excel_tab if path.suffix.lower() == ".tsv" else csv.excel
     first = next(csv.reader([sample.lstrip().splitlines()[0]], dialect))
-    has_header = not all(_is_number(f) for f in first)
+    return dialect, first, not all(_is_number(f) for f in first)
+
+
+def column_names(path: str | os.PathLike) -> list[str] | None:
+    """The header of a CSV/TSV file (its column names), None when it has none or is not a CSV/TSV file."""
+    path = Path(path)
+    if path.suffix.lower() not in (".csv", ".tsv"):
+        return None
+    _, first, has_header = _sniff(path)
+    return [name.strip() for name in first] if has_header else None
+
+
+def _read_csv(path: Path) -> np.ndarray:
+    dialect, first, has_header = _sniff(path)
     try:  # fast path for well-formed files; the slow pass below names the problem otherwise
         delimiter = None if dialect.delimiter == " " else dialect.delimiter
         with warnings.catch_warnings():
@@ -115,7 +130,7 @@ def read_array(path: str | os.PathLike) -> np.ndarray:
     if path.is_dir():
         raise ValueError(f"{path} is a directory, not a data file")
     suffix = path.suffix.lower()
-    if suffix == ".csv":
+    if suffix in (".csv", ".tsv"):
         array = _read_csv(path)
     elif suffix == ".npy":
         array = _read_npy(path)
@@ -139,10 +154,16 @@ def read_array(path: str | os.PathLike) -> np.ndarray:
 
 
 def file_splits(path: str | os.PathLike, *, val: float = 0.1, test: float = 0.1, seed: int = 0) -> Splits:
-    """Read a CSV/NPY file and split it into train/val/test by a seeded permutation (80/10/10 by default)."""
+    """Read a CSV/TSV/NPY file and split it into train/val/test by a seeded permutation (80/10/10 by default).
+
+    The column names of a CSV/TSV header are kept in `info["columns"]`.
+    """
     array = read_array(path)
     if not (0 < val < 1 and 0 < test < 1 and val + test < 1):
         raise ValueError(f"val and test fractions must be in (0, 1) and sum below 1, got {val} and {test}")
     splits = split_array(array, str(path), val=val, test=test, seed=seed)
     splits.info.update(source=str(path), seed=seed)
+    columns = column_names(path)
+    if columns is not None:
+        splits.info["columns"] = columns
     return splits

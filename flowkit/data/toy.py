@@ -83,8 +83,17 @@ TOY_DATASETS: dict[str, Callable[[int, np.random.Generator], np.ndarray]] = {
 }
 
 
+def _draw(name: str, n: int, rng: np.random.Generator) -> np.ndarray:
+    """`n` points of the set `name`, in random order (some generators draw them grouped by component)."""
+    points = TOY_DATASETS[name](n, rng)
+    return points[rng.permutation(n)]
+
+
 def toy(name: str, n: int = 10_000, seed: int = 0) -> np.ndarray:
-    """Draw `n` points of a built-in 2-D dataset as a float64 array of shape `(n, 2)`.
+    """Draw `n` points of a built-in 2-D dataset as a float64 array of shape `(n, 2)`, in random order.
+
+    The points are shuffled, so any slice `toy(name, n)[:k]` is a sample of the whole
+    density (the two moons draw one moon, then the other, before shuffling).
 
     Arguments:
         name: one of `moons`, `circles`, `checkerboard`, `8gaussians`,
@@ -96,7 +105,7 @@ def toy(name: str, n: int = 10_000, seed: int = 0) -> np.ndarray:
         raise ValueError(f"unknown 2-D dataset {name!r}; choose one of {', '.join(TOY_DATASETS)}")
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"toy: n must be a positive integer, got {n!r}")
-    return TOY_DATASETS[name](n, np.random.default_rng(seed))
+    return _draw(name, n, np.random.default_rng(seed))
 
 
 def toy_splits(name: str, n_train: int = 20_000, n_val: int = 2_000, n_test: int = 10_000, seed: int = 0) -> Splits:
@@ -107,5 +116,5 @@ def toy_splits(name: str, n_train: int = 20_000, n_val: int = 2_000, n_test: int
     """
     toy(name, 1)  # validates the name
     streams = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3)]
-    sets = [TOY_DATASETS[name](n, rng) for n, rng in zip((n_train, n_val, n_test), streams, strict=True)]
+    sets = [_draw(name, n, rng) for n, rng in zip((n_train, n_val, n_test), streams, strict=True)]
     return Splits(name, *(_tensor(a) for a in sets), info={"source": "generated", "seed": seed})
