@@ -1,8 +1,9 @@
 """Training: one fit loop and small objective classes."""
 
-from .batches import split_batch
+from .batches import split_batch, split_indexed_batch, with_indices
 from .boltzmann import BoltzmannGenerator
 from .callbacks import EMA, Callback
+from .dependent import DependenceUpdate, DependentMaximumLikelihood
 from .likelihood import ForwardKLPathGradient, MaximumLikelihood
 from .loop import History, default_threads, fit
 from .objective import Objective
@@ -23,4 +24,8 @@ __all__ = [
     "EMA",
     "Callback",
     "exact_log_prob",
+    "DependentMaximumLikelihood",
+    "DependenceUpdate",
+    "with_indices",
+    "split_indexed_batch",
 ]

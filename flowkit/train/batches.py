@@ -1,10 +1,11 @@
 """Batches for the fit loop: tensors, datasets, data loaders and latent draws, sharded and resumable.
 
 Every source yields the batches an objective receives: a tensor `x` or a
-pair `(x, context)`. Shuffling follows `torch.utils.data.DistributedSampler`
-(a permutation seeded by `seed + epoch`, rank `r` of `N` taking every
-`N`-th index), so the data order is a function of `(seed, epoch)` and a
-resumed run can jump straight to the batch where it stopped.
+pair `(x, context)`; data made by [`with_indices`][flowkit.train.batches.with_indices]
+also carry the indices of their points, `(x, index)` or `(x, context, index)`.
+Shuffling follows `torch.utils.data.DistributedSampler` (a permutation
+seeded by `seed + epoch`, rank `r` of `N` taking every `N`-th index), so the
+data order is a function of `(seed, epoch)` and a resumed run can jump straight to the batch where it stopped.
 """
 
 from __future__ import annotations
@@ -18,7 +19,15 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, RandomSampler, Sampler
 
-__all__ = ["Batch", "split_batch", "ShardedBatchSampler", "make_batches", "LatentBatches"]
+__all__ = [
+    "Batch",
+    "split_batch",
+    "split_indexed_batch",
+    "with_indices",
+    "ShardedBatchSampler",
+    "make_batches",
+    "LatentBatches",
+]
 
 #: What an objective's `loss` receives: `x` or `(x, context)`.
 Batch = Tensor | tuple[Tensor, Tensor]
@@ -45,6 +54,55 @@ def split_batch(batch: Any, where: str | None = None) -> tuple[Tensor, Tensor | 
     )
 
 
+def split_indexed_batch(batch: Any, where: str | None = None) -> tuple[Tensor, Tensor | None, Tensor]:
+    """Split a batch made by [`with_indices`][flowkit.train.batches.with_indices] into `(x, context, index)`.
+
+    Arguments:
+        batch: a pair `(x, index)` or a triple `(x, context, index)` of tensors, `index` holding
+            integers (the positions of the batch's points in the training set).
+        where: the caller's name, put at the start of the error message.
+
+    Raises:
+        ValueError: if `batch` has no integer index of one entry per point.
+    """
+    prefix = "" if where is None else f"{where}: "
+    parts = tuple(batch) if isinstance(batch, (tuple, list)) else ()
+    if len(parts) not in (2, 3) or not all(isinstance(b, Tensor) for b in parts):
+        raise ValueError(
+            prefix + "a batch must be (x, index) or (x, context, index) with the points' indices; "
+            f"give the data as with_indices(x), got {type(batch).__name__}"
+        )
+    x, index = parts[0], parts[-1]
+    if index.dtype.is_floating_point or index.dtype.is_complex or index.dtype == torch.bool or index.dim() != 1:
+        raise ValueError(
+            prefix + f"index must be a 1-D integer tensor, got {index.dtype} of shape {tuple(index.shape)}"
+        )
+    if x.dim() == 0 or index.shape[0] != x.shape[0]:
+        raise ValueError(prefix + f"x has {x.shape[0] if x.dim() else 0} points but index has {index.shape[0]}")
+    return x, (parts[1] if len(parts) == 3 else None), index
+
+
+def with_indices(data: Any) -> tuple[Tensor, ...]:
+    """`data` with the index of each point, for objectives that need to know which points a batch holds.
+
+    Arguments:
+        data: a tensor (or array) `x`, or a pair `(x, context)`.
+
+    Returns:
+        `(x, index)` or `(x, context, index)` with `index = arange(len(x))`; [`fit`][flowkit.train.fit]
+        batches it like any data, and each batch carries the indices of its points.
+
+    Examples:
+        >>> x, index = with_indices(torch.zeros(3, 2))
+        >>> index
+        tensor([0, 1, 2])
+    """
+    tensors = _as_tensors(data, "data")
+    if tensors is None or len(tensors) == 3:
+        raise ValueError(f"with_indices: data must be a tensor x or a pair (x, context), got {type(data).__name__}")
+    return (*tensors, torch.arange(tensors[0].shape[0], device=tensors[0].device))
+
+
 def _to_model(t: Tensor, device: torch.device, dtype: torch.dtype | None) -> Tensor:
     if dtype is not None and t.is_floating_point() and t.dtype != dtype:
         t = t.to(dtype)
@@ -54,6 +112,8 @@ def _to_model(t: Tensor, device: torch.device, dtype: torch.dtype | None) -> Ten
 def _normalise(batch: Any, device: torch.device, dtype: torch.dtype | None) -> Batch:
     if isinstance(batch, (tuple, list)) and len(batch) == 1:  # a loader over TensorDataset(x) yields [x]
         batch = batch[0]
+    if isinstance(batch, (tuple, list)) and len(batch) == 3:  # (x, context, index) from with_indices
+        return tuple(_to_model(t, device, dtype) for t in split_indexed_batch(batch))  # type: ignore[return-value]
     x, context = split_batch(batch)
     x = _to_model(x, device, dtype)
     return x if context is None else (x, _to_model(context, device, dtype))
@@ -189,12 +249,18 @@ def _as_tensors(data: Any, name: str) -> tuple[Tensor, ...] | None:
         data = torch.as_tensor(data)
     if isinstance(data, Tensor):
         tensors: tuple[Tensor, ...] = (data,)
-    elif isinstance(data, (tuple, list)) and len(data) == 2 and all(isinstance(d, (Tensor, np.ndarray)) for d in data):
-        tensors = tuple(torch.as_tensor(d) for d in data)
+    elif (
+        isinstance(data, (tuple, list))
+        and len(data) in (2, 3)
+        and all(isinstance(d, (Tensor, np.ndarray)) for d in data)
+    ):
+        tensors = tuple(torch.as_tensor(d) for d in data)  # (x, context) or (x, context, index)
     else:
         return None
     if tensors[0].dim() == 0 or tensors[0].shape[0] == 0:
         raise ValueError(f"fit: {name} is empty (shape {tuple(tensors[0].shape)})")
+    if len(tensors) == 3 and any(t.dim() == 0 or t.shape[0] != tensors[0].shape[0] for t in tensors[1:]):
+        raise ValueError(f"fit: {name} x, context and index have different numbers of points")
     if len(tensors) == 2 and tensors[1].shape[0] != tensors[0].shape[0]:
         raise ValueError(
             f"fit: {name} x and context have different numbers of points "
