@@ -87,6 +87,7 @@ def density(
     resolution: int = 200,
     max_points: int = 2000,
     title: str | None = None,
+    labels: Sequence[str] | None = None,
 ) -> Figure:
     """Heatmap of a 2-D flow's density `p(x)` on a grid, with data points on top.
 
@@ -98,6 +99,7 @@ def density(
         resolution: grid points per axis.
         max_points: number of data points drawn.
         title: axes title.
+        labels: names of the two axes (default `x_1`, `x_2`), e.g. a CSV header's column names.
     """
     where = "plot.density"
     if not hasattr(flow, "log_prob"):
@@ -128,14 +130,27 @@ def density(
     if points is not None:
         shown = _subsample(points, max_points)
         ax.scatter(shown[:, 0], shown[:, 1], s=1.5, c="white", alpha=0.5, linewidths=0, label="data")
-    ax.set(xlim=(x0, x1), ylim=(y0, y1), xlabel="$x_1$", ylabel="$x_2$", title=title or "flow density")
+    xlabel, ylabel = _axis_labels(labels, [0, 1], where)
+    ax.set(xlim=(x0, x1), ylim=(y0, y1), xlabel=xlabel, ylabel=ylabel, title=title or "flow density")
     ax.set_aspect("equal")
     return fig
 
 
-def _scatter_panel(ax: Axes, pts: np.ndarray, bounds: list[tuple[float, float]], title: str, color: str) -> None:
+def _axis_labels(labels: Sequence[str] | None, dims: Sequence[int], where: str) -> list[str]:
+    """The axis label of each of `dims`: `labels[d]` when names are given, else `x_{d+1}`."""
+    if labels is None:
+        return [f"$x_{{{d + 1}}}$" for d in dims]
+    names = [str(name) for name in labels]
+    if any(not 0 <= d < len(names) for d in dims):
+        raise ValueError(f"{where}: labels must name every dimension shown, got {len(names)} for {list(dims)}")
+    return [names[d] for d in dims]
+
+
+def _scatter_panel(
+    ax: Axes, pts: np.ndarray, bounds: list[tuple[float, float]], title: str, color: str, labels: Sequence[str]
+) -> None:
     ax.scatter(pts[:, 0], pts[:, 1], s=1.5, c=color, alpha=0.5, linewidths=0)
-    ax.set(xlim=bounds[0], ylim=bounds[1], title=title, xlabel="$x_1$", ylabel="$x_2$")
+    ax.set(xlim=bounds[0], ylim=bounds[1], title=title, xlabel=labels[0], ylabel=labels[1])
     ax.set_aspect("equal")
 
 
@@ -145,6 +160,7 @@ def samples_vs_data(
     *,
     n: int = 2000,
     dims: tuple[int, int] = (0, 1),
+    labels: Sequence[str] | None = None,
 ) -> Figure:
     """Side-by-side scatter of data and flow samples (two chosen dimensions), on the same axes limits.
 
@@ -153,6 +169,7 @@ def samples_vs_data(
         data: data points `(N, D)`.
         n: number of points per panel.
         dims: the two dimensions to show when `D > 2`.
+        labels: names of the `D` dimensions (default `x_1`, ..., `x_D`).
     """
     where = "plot.samples_vs_data"
     pts = _points(data, where)
@@ -170,10 +187,13 @@ def samples_vs_data(
     i, j = dims
     pts, samples = _subsample(pts, n)[:, [i, j]], _subsample(samples, n)[:, [i, j]]
     bounds = _bounds(pts)
-    fig = Figure(figsize=(9, 4.4), layout="constrained")
+    names = _axis_labels(labels, [i, j], where)
+    # Equal-aspect panels: the figure's height follows the data's aspect ratio, without empty bands.
+    aspect = (bounds[1][1] - bounds[1][0]) / (bounds[0][1] - bounds[0][0])
+    fig = Figure(figsize=(8, float(np.clip(3.6 * aspect, 2.0, 7.0)) + 0.8), layout="constrained")
     left, right = fig.subplots(1, 2, sharex=True, sharey=True)
-    _scatter_panel(left, pts, bounds, "data", "C0")
-    _scatter_panel(right, samples, bounds, "flow samples", "C1")
+    _scatter_panel(left, pts, bounds, "data", "C0", names)
+    _scatter_panel(right, samples, bounds, "flow samples", "C1", names)
     return fig
 
 
@@ -185,6 +205,7 @@ def pairwise(
     max_dims: int = 6,
     n: int = 2000,
     bins: int = 40,
+    labels: Sequence[str] | None = None,
 ) -> Figure:
     """Pairwise marginals (a corner plot) of data and, optionally, flow samples, for `D > 2`.
 
@@ -198,6 +219,7 @@ def pairwise(
         max_dims: most dimensions shown when `dims` is None.
         n: points per scatter panel.
         bins: histogram bins.
+        labels: names of the `D` dimensions (default `x_1`, ..., `x_D`), e.g. a CSV header's.
     """
     where = "plot.pairwise"
     pts = _points(data, where)
@@ -211,6 +233,7 @@ def pairwise(
     if not dims or any(not 0 <= d < pts.shape[1] for d in dims):
         raise ValueError(f"plot.pairwise: dims must index the {pts.shape[1]} dimensions, got {dims}")
     k = len(dims)
+    names = _axis_labels(labels, dims, where)
     bounds = _bounds(pts[:, dims])
     shown = _subsample(pts, n)
     fig = Figure(figsize=(1.9 * k + 1, 1.9 * k + 1), layout="constrained")
@@ -235,10 +258,14 @@ def pairwise(
             else:
                 ax.axis("off")
             if r == k - 1:
-                ax.set_xlabel(f"$x_{{{dc + 1}}}$")
+                ax.set_xlabel(names[c])
             if c == 0 and r != c:
-                ax.set_ylabel(f"$x_{{{dr + 1}}}$")
-    title = "data (lower, filled)" + (" vs flow samples (upper, line)" if samples is not None else "")
+                ax.set_ylabel(names[r])
+    if k == 1:  # one histogram: no triangles
+        axes[0, 0].set_ylabel("density")
+        title = "data (filled)" + (" vs flow samples (line)" if samples is not None else "")
+    else:
+        title = "data (lower, filled)" + (" vs flow samples (upper, line)" if samples is not None else "")
     fig.suptitle(title)
     return fig
 
@@ -260,7 +287,7 @@ def _finite_pairs(steps: Sequence, values: Sequence | None) -> tuple[list, list]
     return [p[0] for p in pairs], [float(p[1]) for p in pairs]
 
 
-def training_curves(history: Any, *, smooth: int = 0, title: str | None = None) -> Figure:
+def training_curves(history: Any, *, smooth: int = 0, title: str | None = None, ylabel: str = "loss") -> Figure:
     """Training (and validation) loss against the step, with the learning rate in a second panel.
 
     Arguments:
@@ -269,6 +296,8 @@ def training_curves(history: Any, *, smooth: int = 0, title: str | None = None) 
             `val_step` when validation losses are not one per step).
         smooth: width of a moving average applied to the training loss (0: none).
         title: title of the loss panel.
+        ylabel: label of the loss axis, with its unit (for maximum likelihood `"NLL (nats)"`,
+            the mean negative log-likelihood per point).
     """
     loss = _column(history, "loss", "train_loss")
     if not loss:
@@ -294,7 +323,7 @@ def training_curves(history: Any, *, smooth: int = 0, title: str | None = None) 
     vx, vy = _finite_pairs(val_steps, val)
     if vx:
         ax.plot(vx, vy, "o-", color="C1", ms=3, lw=1.2, label="validation")
-    ax.set(ylabel="loss", title=title or "training curves")
+    ax.set(ylabel=ylabel, title=title or "training curves")
     ax.legend(loc="upper right")
     if lr:
         lx, ly = _finite_pairs(steps, lr)

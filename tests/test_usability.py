@@ -169,3 +169,25 @@ def test_tsv_files_load_and_csv_headers_are_kept(tmp_path):
     path = tmp_path / "plain.csv"
     path.write_text("\n".join(f"{a},{b}" for a, b in rows))
     assert "columns" not in load(path).info
+
+
+def test_plots_take_column_names_units_and_fit_their_data():
+    import numpy as np
+
+    from flowkit import plot
+
+    x = np.random.default_rng(0).normal(size=(300, 3)) * np.array([4.0, 1.0, 1.0])
+    fig = plot.pairwise(x, x[::-1], labels=["alcohol", "acid", "ash"], max_dims=2)
+    assert [ax.get_xlabel() for ax in fig.axes[-2:]] == ["alcohol", "acid"]
+    one = plot.pairwise(x[:, :1], x[:, :1])
+    assert one._suptitle.get_text() == "data (filled) vs flow samples (line)"
+    assert one.axes[0].get_ylabel() == "density"
+    # A wide data range gives a short figure: no empty bands above and below equal-aspect panels.
+    wide = plot.samples_vs_data(x[:, :2], x[:, :2], labels=["alcohol", "acid", "ash"])
+    assert wide.get_figheight() < 4 and wide.axes[0].get_xlabel() == "alcohol"
+    square = plot.samples_vs_data(x[:, 1:], x[:, 1:])
+    assert square.get_figheight() > wide.get_figheight()
+    curves = plot.training_curves({"loss": [3.0, 2.0, 1.5]}, ylabel="NLL (nats)")
+    assert curves.axes[0].get_ylabel() == "NLL (nats)"
+    with pytest.raises(ValueError, match="labels must name every dimension"):
+        plot.pairwise(x, labels=["alcohol"])
