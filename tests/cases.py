@@ -28,6 +28,7 @@ from flowkit.bijectors import (
     Chain,
     CircularSplineCoupling,
     Coupling,
+    InternalCoordinates,
     Invert,
     Linear,
     Logit,
@@ -62,6 +63,14 @@ def _standardization() -> tuple[Bijector, Tensor]:
     gen = torch.Generator().manual_seed(0)
     b = Standardization.from_data(torch.randn(50, 3, generator=gen) * torch.tensor([0.1, 2.0, 30.0]) + 4)
     return b, torch.randn(5, 3, generator=gen) * 3
+
+
+def _internal_coordinates() -> tuple[Bijector, Tensor]:
+    from flowkit.targets.alanine import alanine_dipeptide_positions, alanine_internal_coordinates
+
+    b = alanine_internal_coordinates(alanine_dipeptide_positions())
+    assert isinstance(b, InternalCoordinates)
+    return b, b.domain.sample((4, 66), dtype=torch.get_default_dtype())
 
 
 def _angles() -> Tensor:
@@ -165,6 +174,8 @@ BIJECTORS: dict[str, Case] = {
     "Logit": lambda: (Logit(3, alpha=0.05), torch.rand(5, 3) * 0.96 + 0.02),
     # standardization
     "Standardization": _standardization,
+    # molecules (alanine dipeptide: 66 Cartesian coordinates to 60 internal ones)
+    "InternalCoordinates": _internal_coordinates,
 }
 
 

@@ -5,6 +5,7 @@ from .activations import Logit, SmoothLeakyReLU, SmoothTanh
 from .autoregressive import MaskedAffineAutoregressive, MaskedAutoregressive, MaskedSplineAutoregressive
 from .base import Bijector, Chain, Invert, Reshape
 from .coupling import AffineCoupling, Coupling
+from .internal import InternalCoordinates
 from .linear import Linear, LULinear
 from .masked_coupling import MaskedCoupling
 from .normalization import ActNorm
@@ -34,6 +35,7 @@ __all__ = [
     "MaskedAutoregressive",
     "MaskedAffineAutoregressive",
     "MaskedSplineAutoregressive",
+    "InternalCoordinates",
     "Domain",
     "Real",
     "Interval",

@@ -18,11 +18,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..bijectors.internal import InternalCoordinates
 from .openmm import OpenMMEnergy, require_openmm
 
 __all__ = [
     "AlanineDipeptide",
     "alanine_dipeptide_files",
+    "alanine_dipeptide_positions",
+    "alanine_internal_coordinates",
     "ALANINE_Z_MATRIX",
     "ALANINE_ANCHORS",
     "ALANINE_CIRCULAR",
@@ -80,6 +83,46 @@ def alanine_dipeptide_files() -> dict[str, Path]:
         "licence": _FILES / "LICENSE",
         "source": _FILES / "SOURCE.md",
     }
+
+
+def alanine_dipeptide_positions() -> Tensor:
+    """The shipped coordinates (the AMBER `.crd` file), `(66,)` float64 in nm; read without OpenMM."""
+    lines = alanine_dipeptide_files()["crd"].read_text().splitlines()
+    n_atoms = int(lines[1].split()[0])
+    values = np.array([float(v) for line in lines[2:] for v in line.split()][: 3 * n_atoms])
+    return torch.from_numpy(values / 10.0)  # angstrom -> nm
+
+
+def alanine_internal_coordinates(
+    reference: Tensor | None = None,
+    bond_scale: float = 0.005,
+    angle_scale: float = 0.15,
+    dihedral_scale: float = 0.2,
+) -> InternalCoordinates:
+    """The [`InternalCoordinates`][flowkit.bijectors.InternalCoordinates] of alanine dipeptide (66 -> 60 coordinates).
+
+    The Z-matrix, anchors and circular dihedrals of FAB (Midgley et al. 2023):
+    [`ALANINE_Z_MATRIX`][flowkit.targets.alanine.ALANINE_Z_MATRIX], anchors (CA, N, C) and the
+    12 circular dihedrals of [`ALANINE_CIRCULAR`][flowkit.targets.alanine.ALANINE_CIRCULAR].
+
+    Arguments:
+        reference: the frame to normalise around, `(66,)` in nm (a minimum-energy frame,
+            e.g. [`AlanineDipeptide.minimum`][flowkit.targets.alanine.AlanineDipeptide.minimum]);
+            the shipped coordinates when None.
+        bond_scale: scale of the bonds, nm.
+        angle_scale: scale of the angles, rad.
+        dihedral_scale: scale of the non-circular dihedrals, rad.
+    """
+    ref = alanine_dipeptide_positions() if reference is None else torch.as_tensor(reference, dtype=torch.float64)
+    return InternalCoordinates(
+        ALANINE_Z_MATRIX,
+        ALANINE_ANCHORS,
+        ref.flatten().tolist(),
+        ALANINE_CIRCULAR,
+        bond_scale,
+        angle_scale,
+        dihedral_scale,
+    )
 
 
 def _build(solvent: str | None) -> tuple[Any, Any, np.ndarray]:
