@@ -191,3 +191,66 @@ def test_plots_take_column_names_units_and_fit_their_data():
     assert curves.axes[0].get_ylabel() == "NLL (nats)"
     with pytest.raises(ValueError, match="labels must name every dimension"):
         plot.pairwise(x, labels=["alcohol"])
+
+
+# The command line. Tiny runs: the point is what the commands say and write, not the fit.
+TINY = ["--transforms", "1", "--hidden", "4", "--no-progress"]
+
+
+def _fit(out, *extra):
+    from flowkit.cli import main
+
+    return main(["fit", "moons", "--steps", "2", "--out", str(out), *TINY, *extra])
+
+
+def test_fit_refuses_an_existing_run_unless_force_or_resume(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert _fit(out, "--no-plots") == 0
+    capsys.readouterr()
+    assert _fit(out, "--no-plots") == 2
+    err = capsys.readouterr().err
+    assert "holds a run (model, metrics.json" in err and "--force" in err and "--resume" in err
+    (out / "pairwise.png").write_bytes(b"old plot of another run")
+    (out / "notes.txt").write_text("mine")
+    assert _fit(out, "--no-plots", "--force") == 0
+    assert not (out / "pairwise.png").exists()  # the old run's plots go with it
+    assert (out / "notes.txt").read_text() == "mine"  # files flowkit did not write stay
+    assert _fit(out, "--force", "--resume") == 2
+
+
+def test_resume_steps_is_the_total_and_the_command_says_so(tmp_path, capsys):
+    import json
+
+    out = tmp_path / "run"
+    assert _fit(out, "--no-plots") == 0
+    capsys.readouterr()
+    assert _fit(out, "--no-plots", "--resume") == 2  # --steps 2 again: nothing to do
+    assert "has taken 2 steps and --steps 2 is the total; give more than 2" in capsys.readouterr().err
+    from flowkit.cli import main
+
+    assert main(["fit", "moons", "--steps", "5", "--out", str(out), "--resume", "--no-plots", *TINY]) == 0
+    assert "steps 3-5 in" in capsys.readouterr().out
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["steps"] == 5 and metrics["resumed_from_step"] == 2
+    assert _fit(tmp_path / "empty", "--resume") == 2
+    assert "holds no checkpoint" in capsys.readouterr().err
+
+
+def test_sample_finds_the_model_in_a_run_directory_prints_csv_and_keeps_column_names(tmp_path, capsys):
+    import numpy as np
+
+    from flowkit.cli import main
+
+    rows = np.random.default_rng(0).normal(size=(400, 2))
+    data = tmp_path / "wine.csv"
+    data.write_text("alcohol,malic acid\n" + "\n".join(f"{a},{b}" for a, b in rows))
+    run = tmp_path / "run"
+    assert main(["fit", str(data), "--steps", "2", "--out", str(run), *TINY]) == 0
+    assert (run / "samples.png").exists()
+    capsys.readouterr()
+    assert main(["sample", str(run), "-n", "5", "--seed", "0"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == "alcohol,malic acid" and len(lines) == 6
+    assert np.isfinite(np.array([[float(v) for v in line.split(",")] for line in lines[1:]])).all()
+    assert main(["sample", str(run / "model"), "-n", "3", "--out", str(tmp_path / "s.tsv")]) == 0
+    assert (tmp_path / "s.tsv").read_text().splitlines()[0] == "alcohol\tmalic acid"

@@ -16,10 +16,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_parser", "run", "fit_dataset"]
+__all__ = ["add_parser", "run", "fit_dataset", "prepare_output", "OUTPUTS"]
 
-#: Up to this many features, ``fit`` runs on one CPU thread unless ``--threads`` says otherwise.
-_SINGLE_THREAD_FEATURES = 16
+#: What `flowkit fit` writes in its output directory (removed by `--force` before a new run).
+OUTPUTS = (
+    "model",
+    "metrics.json",
+    "history.csv",
+    "history.json",
+    "checkpoint.safetensors",
+    "training_curves.png",
+    "density.png",
+    "samples.png",
+    "pairwise.png",
+)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -58,10 +68,21 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--threads",
         type=int,
         default=None,
-        help="torch CPU threads (default: 1 for data with at most 16 features, else torch's choice)",
+        help="torch CPU threads (default: 1 for data with at most 16 features, else torch's choice; "
+        "more threads make small flows many times slower on a busy machine)",
     )
-    parser.add_argument("--out", default=None, help="output directory (default runs/<dataset>)")
-    parser.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+    parser.add_argument(
+        "--out", default=None, help="output directory (default runs/<dataset>); an existing run is refused"
+    )
+    parser.add_argument(
+        "--force", action="store_true", help="replace the run in --out (its model, metrics, history and plots)"
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out from its checkpoint; --steps is the total number of steps, "
+        "so give more steps than the run has taken to train further",
+    )
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
@@ -93,7 +114,7 @@ def fit_dataset(args: argparse.Namespace) -> dict[str, Any]:
     from .. import io
     from ..data import evaluate_nll, load, standardize, training_data
     from ..flows.registry import build_flow, count_parameters, parse_hidden
-    from ..train import MaximumLikelihood, fit
+    from ..train import MaximumLikelihood, default_threads, fit
 
     for name in ("steps", "batch_size", "transforms", "bins", "patience", "threads"):
         _positive(getattr(args, name), "--" + name.replace("_", "-"))
@@ -101,16 +122,16 @@ def fit_dataset(args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError(f"--lr must be positive, got {args.lr}")
     hidden = parse_hidden(args.hidden) if args.hidden else None
     data = load(args.data, root=args.root, seed=args.seed)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    elif data.features <= _SINGLE_THREAD_FEATURES:
-        torch.set_num_threads(1)  # small matrices: extra threads cost more than they give (7x slower on 2 busy cores)
+    threads = args.threads or default_threads(data.features)
+    if threads:
+        torch.set_num_threads(threads)  # small matrices: extra threads cost more than they give
+    out = Path(args.out or Path("runs") / Path(data.name).stem)
+    resumed_from = prepare_output(out, force=args.force, resume=args.resume, steps=args.steps)
     name = _preset_name(args.flow, args.coupling)
     torch.manual_seed(args.seed)
     flow = build_flow(name, data.features, transforms=args.transforms, hidden=hidden, bins=args.bins)
     if not args.no_standardize:
         flow = standardize(flow, data.train)
-    out = Path(args.out or Path("runs") / Path(data.name).stem)
     out.mkdir(parents=True, exist_ok=True)
     train = training_data(data)
     start = time.perf_counter()
@@ -129,6 +150,7 @@ def fit_dataset(args: argparse.Namespace) -> dict[str, Any]:
         resume=args.resume,
         progress=not args.no_progress,
         seed=args.seed,
+        threads=torch.get_num_threads(),
     )
     seconds = time.perf_counter() - start
     flow.eval()
@@ -138,13 +160,16 @@ def fit_dataset(args: argparse.Namespace) -> dict[str, Any]:
         "features": data.features,
         "flow": name,
         "parameters": count_parameters(flow),
-        "steps": len(history),
+        "steps": history.steps_run,
+        "resumed_from_step": resumed_from,
         "best_step": history.best_step,
         "skipped_steps": len(history.skipped),
         "train_seconds": round(seconds, 2),
         "standardized": not args.no_standardize,
         "seed": args.seed,
     }
+    if "columns" in data.info:
+        metrics["columns"] = list(data.info["columns"])
     for split in ("train", "val", "test"):
         nll = evaluate_nll(flow, getattr(data, split))
         metrics[f"{split}_nll"] = nll.mean
@@ -161,15 +186,57 @@ def fit_dataset(args: argparse.Namespace) -> dict[str, Any]:
     return metrics
 
 
+def prepare_output(out: Path, *, force: bool, resume: bool, steps: int) -> int | None:
+    """Check the output directory before a run; returns the step a resumed run continues from (None: a new run).
+
+    A directory holding a run is refused unless `force` (its outputs are removed) or
+    `resume` (its checkpoint is continued to `steps` in all).
+
+    Raises:
+        ValueError: a run is there and neither `force` nor `resume` is given; `resume` without a
+            checkpoint, or with `steps` no more than the checkpoint's step.
+    """
+    import shutil
+
+    from ..train.checkpoint import load_checkpoint
+
+    if force and resume:
+        raise ValueError("--force starts the run in --out again and --resume continues it; give one")
+    found = [name for name in OUTPUTS if (out / name).exists()]
+    if resume:
+        checkpoint = out / "checkpoint.safetensors"
+        if not checkpoint.exists():
+            raise ValueError(f"--resume: {out} holds no checkpoint.safetensors to continue from")
+        done = int(load_checkpoint(checkpoint)["step"])
+        if steps <= done:
+            raise ValueError(
+                f"--resume: the run in {out} has taken {done} steps and --steps {steps} is the total; "
+                f"give more than {done} to train further"
+            )
+        return done
+    if found and not force:
+        raise ValueError(
+            f"--out {out} holds a run ({', '.join(found)}); pass --force to replace it, --resume to continue "
+            "it, or another --out"
+        )
+    for name in found:
+        path = out / name
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    return None
+
+
 def _plots(flow: Any, history: Any, data: Any, out: Path) -> None:
     from .. import plot
 
-    figures = {"training_curves": plot.training_curves(history, smooth=25, title=f"{data.name}: training curves")}
+    labels = data.info.get("columns")
+    title = f"{data.name}: training curves"
+    figures = {"training_curves": plot.training_curves(history, smooth=25, title=title, ylabel="NLL (nats)")}
     if data.features == 2:
-        figures["density"] = plot.density(flow, data.test, title=f"{data.name}: flow density and test data")
-        figures["samples"] = plot.samples_vs_data(flow, data.test)
+        title = f"{data.name}: flow density and test data"
+        figures["density"] = plot.density(flow, data.test, title=title, labels=labels)
+        figures["samples"] = plot.samples_vs_data(flow, data.test, labels=labels)
     else:
-        figures["pairwise"] = plot.pairwise(data.test, flow, n=1000)
+        figures["pairwise"] = plot.pairwise(data.test, flow, n=1000, labels=labels)
     for name, fig in figures.items():
         fig.savefig(out / f"{name}.png", dpi=100)
 
@@ -192,5 +259,7 @@ def run(args: argparse.Namespace) -> int:
     if "test_bits_per_dim" in metrics:
         line += f" ({number('test_bits_per_dim')} bits/dim)"
     out = args.out or str(Path("runs") / Path(metrics["dataset"]).stem)
-    print(f"{line}; {metrics['steps']} steps in {metrics['train_seconds']:.1f} s; wrote {out}")
+    resumed = metrics.get("resumed_from_step")
+    steps = f"steps {resumed + 1}-{metrics['steps']}" if resumed is not None else f"{metrics['steps']} steps"
+    print(f"{line}; {steps} in {metrics['train_seconds']:.1f} s; wrote {out}")
     return 0
