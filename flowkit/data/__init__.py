@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import pathlib
 
+from .alanine import alanine_dipeptide_md
 from .digits import DIGITS_LEVELS, DequantizedDataset, bits_per_dim, dequantize, digits, training_data
 from .evaluation import NLL, evaluate_nll, log_prob_batched
 from .files import FILE_SUFFIXES, file_splits, read_array
@@ -50,6 +51,7 @@ __all__ = [
     "NLL",
     "evaluate_nll",
     "log_prob_batched",
+    "alanine_dipeptide_md",
 ]
 
 
