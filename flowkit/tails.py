@@ -262,17 +262,17 @@ def kernel(x: object, h: float) -> float:
 
 @dataclass(frozen=True)
 class TailEstimate:
-    """The tail estimates of one marginal and the light/heavy decision.
+    r"""The tail estimates of one marginal and the light/heavy decision.
 
     Attributes:
-        hill: Hill estimate of $\\xi$ at `k_hill`.
-        moments: moments estimate of $\\xi$ at `k_moments`.
-        kernel: kernel-type estimate of $\\xi$ at bandwidth `k_moments / n`.
+        hill: Hill estimate of $\xi$ at `k_hill`.
+        moments: moments estimate of $\xi$ at `k_moments`.
+        kernel: kernel-type estimate of $\xi$ at bandwidth `k_moments / n`.
         k_hill: the Hill threshold (double bootstrap).
         k_moments: the moments threshold (double bootstrap).
         heavy: whether the marginal is heavy-tailed.
         xi: the index used for `df` (Hill, else moments, else kernel: the first that is positive), or 0.
-        df: $1/\\xi$ for a heavy marginal, else `None`.
+        df: $1/\xi$ for a heavy marginal, else `None`.
     """
 
     hill: float
