@@ -69,7 +69,10 @@ class MaskedCoupling(Bijector):
     given: any [`Conditioner`][flowkit.nn.Conditioner] from `(..., C, H, W)`
     (with `C = 1` for `(H, W)` events) and the context to
     `(..., C * P, H, W)`, channel-major (parameter `p` of channel `c` in output
-    channel `c * P + p`, with `P = transformer.params_per_element`). The last
+    channel `c * P + p`, with `P = transformer.params_per_element`). With a
+    channel mask it sees only the `C_id` identity channels and returns the
+    parameters of the `C_tr` transformed ones, `(..., C_id, H, W)` to
+    `(..., C_tr * P, H, W)` (half the work, and the layers are slices). The last
     layer starts at zero weights and the transformer's identity parameters, so
     the layer starts as the identity. With `padding_mode="circular"` the layer
     commutes with the lattice translations that preserve the mask (shifts by
@@ -129,15 +132,20 @@ class MaskedCoupling(Bijector):
         self.register_buffer("identity_idx", identity, persistent=False)
         self.register_buffer("transformed_idx", transformed, persistent=False)
         self.register_buffer("unsort_idx", torch.argsort(torch.cat([identity, transformed])), persistent=False)
-        n_out = self._channels * self._n_params
+        # A channel mask splits by slicing: parity 0 transforms the first C // 2 channels.
+        self._parity = parity
+        self._halves = isinstance(mask, str) and mask == "channel"
+        n_in, n_tr = self._channels, self._channels
+        if self._halves:
+            n_tr = self._channels // 2 if parity == 0 else self._channels - self._channels // 2
+            n_in = self._channels - n_tr
+        n_out = n_tr * self._n_params
         if conditioner is None:
-            conditioner = ConvNet(
-                self._channels, n_out, hidden, kernel, activation, padding_mode, context=self.context_features
-            )
+            conditioner = ConvNet(n_in, n_out, hidden, kernel, activation, padding_mode, context=self.context_features)
         else:
-            _check_conditioner(conditioner, self._channels, n_out, self.context_features, False, "MaskedCoupling")
+            _check_conditioner(conditioner, n_in, n_out, self.context_features, False, "MaskedCoupling")
         self.conditioner = conditioner
-        self.conditioner.zero_last(transformer.identity_params().repeat(self._channels))
+        self.conditioner.zero_last(transformer.identity_params().repeat(n_tr))
 
     def _params(self, x: Tensor, context: Tensor | None) -> Tensor:
         """Parameters `(..., N, P)` of every element, in the flattened event order."""
@@ -148,7 +156,21 @@ class MaskedCoupling(Bijector):
         out = out.unflatten(-3, (self._channels, self._n_params)).movedim(-3, -1)  # (..., C, H, W, P)
         return out.flatten(-4, -2)
 
+    def _couple_halves(self, x: Tensor, context: Tensor | None, inverse: bool) -> tuple[Tensor, Tensor]:
+        """`_couple` for a channel mask: slices instead of gathers, and a conditioner on the identity half."""
+        first, second = x[..., : self._channels // 2, :, :], x[..., self._channels // 2 :, :, :]
+        x_tr, x_id = (first, second) if self._parity == 0 else (second, first)
+        params = self.conditioner(x_id, context)  # (..., C_tr * P, H, W)
+        params = params.unflatten(-3, (x_tr.shape[-3], self._n_params)).movedim(-3, -1)
+        step = self.transformer.inverse if inverse else self.transformer
+        z_tr, ladj = step(x_tr.expand(params.shape[:-1]), params)
+        x_id = x_id.expand(*z_tr.shape[:-3], -1, -1, -1)
+        z = torch.cat([z_tr, x_id] if self._parity == 0 else [x_id, z_tr], dim=-3)
+        return z, ladj.sum((-3, -2, -1))
+
     def _couple(self, x: Tensor, context: Tensor | None, inverse: bool) -> tuple[Tensor, Tensor]:
+        if self._halves:
+            return self._couple_halves(x, context, inverse)
         params = self._params(x, context)[..., self.transformed_idx, :]
         flat = x.flatten(-len(self.event_shape))
         x_tr = flat[..., self.transformed_idx].expand(params.shape[:-1])
