@@ -13,7 +13,7 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["Domain", "Real", "Interval", "Circle", "Sphere"]
+__all__ = ["Domain", "Real", "Interval", "Circle", "Sphere", "Product"]
 
 
 class Domain:
@@ -45,6 +45,19 @@ class Domain:
         n = x.shape[-1]
         return torch.eye(n, dtype=x.dtype, device=x.device).expand(*x.shape[:-1], n, n)
 
+    #: Coordinates one copy of the domain spans along the last dimension (a sphere's `n`; 1 elementwise).
+    width: int = 1
+
+    def log_volume(self, event_shape: tuple[int, ...]) -> float | None:
+        """Log of the volume of the set of events of shape `event_shape` (None when infinite)."""
+        return None
+
+    def uniform(
+        self, shape: tuple[int, ...], *, dtype: torch.dtype = torch.float64, generator: torch.Generator | None = None
+    ) -> Tensor:
+        """Points drawn uniformly (against the volume measure); only for domains of finite volume."""
+        raise ValueError(f"{self!r} has infinite volume: there is no uniform distribution on it")
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
@@ -71,6 +84,14 @@ class Interval(Domain):
     def admits(self, x: Tensor) -> Tensor:
         return (x >= self.low) & (x <= self.high)
 
+    def log_volume(self, event_shape: tuple[int, ...]) -> float:
+        return math.prod(event_shape) * math.log(self.high - self.low)
+
+    def uniform(
+        self, shape: tuple[int, ...], *, dtype: torch.dtype = torch.float64, generator: torch.Generator | None = None
+    ) -> Tensor:
+        return self.low + (self.high - self.low) * torch.rand(shape, dtype=dtype, generator=generator)
+
     def __repr__(self) -> str:
         return f"Interval({self.low}, {self.high})"
 
@@ -86,12 +107,30 @@ class Circle(Interval):
 
 
 class Sphere(Domain):
-    """Unit sphere `S^{n-1}` in `R^n` over the last dimension (`S^3` holds unit quaternions)."""
+    r"""Unit sphere `S^{n-1}` in `R^n` over the last dimension (`S^3` holds unit quaternions).
+
+    Events `(..., k, n)` hold `k` points (one rigid body each); a flat vector of
+    `k n` coordinates has the block-diagonal tangent basis of the product of spheres.
+    The area of `S^{n-1}` is $2\pi^{n/2} / \Gamma(n/2)$ ($2\pi^2$ for `S^3`).
+    """
 
     is_manifold = True
 
     def __init__(self, n: int = 4) -> None:
-        self.n = int(n)
+        self.n = self.width = int(n)
+
+    @property
+    def log_area(self) -> float:
+        """Log of the area of `S^{n-1}`."""
+        return math.log(2.0) + 0.5 * self.n * math.log(math.pi) - math.lgamma(0.5 * self.n)
+
+    def log_volume(self, event_shape: tuple[int, ...]) -> float:
+        return math.prod(event_shape) // self.n * self.log_area
+
+    def uniform(
+        self, shape: tuple[int, ...], *, dtype: torch.dtype = torch.float64, generator: torch.Generator | None = None
+    ) -> Tensor:
+        return self.sample(shape, dtype=dtype, generator=generator)
 
     def sample(
         self, shape: tuple[int, ...], *, dtype: torch.dtype = torch.float64, generator: torch.Generator | None = None
@@ -104,10 +143,96 @@ class Sphere(Domain):
 
     def tangent_basis(self, x: Tensor) -> Tensor:
         # Complete x to an orthonormal basis with a QR of [x, I]; drop the normal column.
-        n = x.shape[-1]
+        n = self.n
+        if x.shape[-1] != n:  # k points of the sphere in one flat vector: a block-diagonal basis
+            return _block_diagonal([self.tangent_basis(b) for b in x.split(n, dim=-1)])
         eye = torch.eye(n, dtype=x.dtype, device=x.device).expand(*x.shape[:-1], n, n)
         q, _ = torch.linalg.qr(torch.cat([x.unsqueeze(-1), eye], dim=-1))
         return q[..., :, 1:n]
 
     def __repr__(self) -> str:
         return f"Sphere({self.n})"
+
+
+def _block_diagonal(blocks: list[Tensor]) -> Tensor:
+    """The block-diagonal matrix `(..., sum n_i, sum m_i)` of bases `(..., n_i, m_i)`."""
+    rows, cols = sum(b.shape[-2] for b in blocks), sum(b.shape[-1] for b in blocks)
+    out = blocks[0].new_zeros(*blocks[0].shape[:-2], rows, cols)
+    i = j = 0
+    for b in blocks:
+        out[..., i : i + b.shape[-2], j : j + b.shape[-1]] = b
+        i, j = i + b.shape[-2], j + b.shape[-1]
+    return out
+
+
+class Product(Domain):
+    """Product of domains side by side along the last dimension, e.g. a rigid body's `S^3 x T^3`.
+
+    Each part spans its `width` coordinates (a [`Sphere`][flowkit.domains.Sphere] its `n`,
+    an elementwise domain one); a row of the last dimension holds the parts in order, and a
+    flat vector of several rows (several bodies) repeats them. Sampling, membership and the
+    (block-diagonal) tangent basis are the parts'.
+
+    Arguments:
+        parts: the domains, in the order of their coordinates.
+
+    Examples:
+        >>> body = Product(Sphere(4), Circle(), Circle(), Circle())
+        >>> body.width, body.is_manifold
+        (7, True)
+    """
+
+    def __init__(self, *parts: Domain) -> None:
+        if not parts or not all(isinstance(p, Domain) for p in parts):
+            raise ValueError(f"Product needs at least one Domain, got {parts!r}")
+        self.parts = tuple(parts)
+        self.width = sum(p.width for p in self.parts)
+        self.is_manifold = any(p.is_manifold for p in self.parts)
+
+    def _columns(self, x: Tensor) -> list[tuple[Domain, Tensor]]:
+        if x.shape[-1] % self.width:
+            raise ValueError(f"{self!r}: the last dimension {x.shape[-1]} is not a multiple of {self.width}")
+        rows = x.unflatten(-1, (-1, self.width))
+        return [(p, c) for p, c in zip(self.parts, rows.split([p.width for p in self.parts], dim=-1), strict=True)]
+
+    def _join(self, pieces: list[Tensor], shape: tuple[int, ...]) -> Tensor:
+        return torch.cat(pieces, dim=-1).reshape(shape)
+
+    def _rows(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        if shape[-1] % self.width:
+            raise ValueError(f"{self!r}: the last dimension {shape[-1]} is not a multiple of {self.width}")
+        return (*shape[:-1], shape[-1] // self.width)
+
+    def sample(
+        self, shape: tuple[int, ...], *, dtype: torch.dtype = torch.float64, generator: torch.Generator | None = None
+    ) -> Tensor:
+        rows = self._rows(tuple(shape))
+        return self._join([p.sample((*rows, p.width), dtype=dtype, generator=generator) for p in self.parts], shape)
+
+    def uniform(
+        self, shape: tuple[int, ...], *, dtype: torch.dtype = torch.float64, generator: torch.Generator | None = None
+    ) -> Tensor:
+        rows = self._rows(tuple(shape))
+        return self._join([p.uniform((*rows, p.width), dtype=dtype, generator=generator) for p in self.parts], shape)
+
+    def log_volume(self, event_shape: tuple[int, ...]) -> float | None:
+        rows = math.prod(event_shape) // self.width
+        logs = [p.log_volume((rows, p.width)) for p in self.parts]
+        return None if any(v is None for v in logs) else float(sum(logs))  # type: ignore[arg-type]
+
+    def contains(self, x: Tensor) -> Tensor:
+        return self._join([p.contains(c) for p, c in self._columns(x)], x.shape)
+
+    def admits(self, x: Tensor) -> Tensor | None:
+        masks = [(p.admits(c), c) for p, c in self._columns(x)]
+        if all(m is None for m, _ in masks):
+            return None
+        return self._join([torch.ones_like(c, dtype=torch.bool) if m is None else m for m, c in masks], x.shape)
+
+    def tangent_basis(self, x: Tensor) -> Tensor:
+        blocks = [p.tangent_basis(c) for p, c in self._columns(x)]  # each (..., rows, w, m)
+        per_row = _block_diagonal(blocks)
+        return _block_diagonal(list(per_row.unbind(-3)))
+
+    def __repr__(self) -> str:
+        return f"Product({', '.join(map(repr, self.parts))})"

@@ -28,6 +28,7 @@ from flowkit.bijectors import (
     Chain,
     CircularSplineCoupling,
     Coupling,
+    DoubleMoebius,
     InternalCoordinates,
     Invert,
     Linear,
@@ -37,16 +38,28 @@ from flowkit.bijectors import (
     MaskedAutoregressive,
     MaskedCoupling,
     MaskedSplineAutoregressive,
+    Moebius,
     Permutation,
     Reshape,
     Reverse,
+    RigidCoupling,
     SmoothLeakyReLU,
     SmoothTanh,
     SplineCoupling,
     Standardization,
 )
-from flowkit.distributions import DiagNormal, Distribution, StandardNormal, StudentT, TailAdaptiveBase
+from flowkit.bijectors.image import Conv1x1, EIWShuffle, FactorOut, Squeeze
+from flowkit.distributions import (
+    DiagNormal,
+    Distribution,
+    RigidBase,
+    SphereUniform,
+    StandardNormal,
+    StudentT,
+    TailAdaptiveBase,
+)
 from flowkit.domains import Circle
+from flowkit.flows.images import EIW
 from flowkit.stochastic import LangevinBlock, MetropolisBlock
 from flowkit.testing import randomize
 from flowkit.transformers import Affine, CircularSpline, RationalQuadraticSpline, Transformer
@@ -75,6 +88,14 @@ def _internal_coordinates() -> tuple[Bijector, Tensor]:
 
 def _angles() -> Tensor:
     return Circle().sample((6, 4), dtype=torch.get_default_dtype())
+
+
+def _quaternions(n: int) -> Tensor:
+    return torch.nn.functional.normalize(torch.randn(n, 4), dim=-1)
+
+
+#: Two rigid bodies in a periodic box and an auxiliary coordinate.
+_RIGID = ["quaternion", "angle", "angle", "angle", "quaternion", "angle", "angle", "angle", "real"]
 
 
 #: Invertible bijectors: name -> ``() -> (bijector, x)``; checked by ``check_bijector`` in float64.
@@ -174,6 +195,48 @@ BIJECTORS: dict[str, Case] = {
     "Logit": lambda: (Logit(3, alpha=0.05), torch.rand(5, 3) * 0.96 + 0.02),
     # standardization
     "Standardization": _standardization,
+    # images (multiscale flows)
+    "Squeeze": lambda: (Squeeze((2, 4, 6)), torch.randn(5, 2, 4, 6)),
+    "Conv1x1": lambda: (randomize(Conv1x1((3, 3, 3))), torch.randn(5, 3, 3, 3)),
+    "FactorOut(squeeze, 1x1 conv, channel coupling)": lambda: (
+        FactorOut(
+            Chain(
+                Squeeze((2, 4, 4)),
+                randomize(Conv1x1((8, 2, 2))),
+                randomize(MaskedCoupling(Affine(), (8, 2, 2), mask="channel", parity=1, hidden=(4,))),
+                Invert(Squeeze((2, 4, 4))),
+            ),
+            4,
+        ),
+        torch.randn(5, 4, 4, 4),
+    ),
+    "EIWShuffle": lambda: (randomize(EIWShuffle((4, 2, 3))), torch.randn(5, 4, 2, 3)),
+    "Chain(EIW, 2 levels)": lambda: (
+        _initialised(
+            randomize(EIW((1, 4, 4), levels=2, steps=1, hidden=(4,)).bijector),
+            torch.rand(64, 1, 4, 4) * 0.9 + 0.05,
+        ),
+        torch.rand(5, 1, 4, 4) * 0.96 + 0.02,
+    ),
+    # sphere (rigid bodies): inputs on S^3 and the torus, ladj against the tangent-space Jacobian
+    "Moebius": lambda: (randomize(Moebius(4), scale=1.0), _quaternions(6)),
+    "Moebius(circle, 2 heads)": lambda: (
+        randomize(Moebius(2, heads=2), scale=1.0),
+        torch.nn.functional.normalize(torch.randn(6, 2), dim=-1),
+    ),
+    "DoubleMoebius(3 heads)": lambda: (randomize(DoubleMoebius(4, heads=3), scale=1.0), _quaternions(6)),
+    "DoubleMoebius(context)": lambda: (
+        randomize(DoubleMoebius(4, heads=2, context=3, hidden=(8,)), scale=1.0),
+        _quaternions(6),
+    ),
+    "RigidCoupling(quaternions)": lambda: (
+        randomize(RigidCoupling(_RIGID, [0, 4], heads=2, hidden=(16,)), scale=0.5),
+        RigidBase(_RIGID).sample((6,)),
+    ),
+    "RigidCoupling(angles, real, context)": lambda: (
+        randomize(RigidCoupling(_RIGID, [1, 2, 3, 8], heads=2, hidden=(16,), context=2), scale=0.5),
+        RigidBase(_RIGID).sample((6,)),
+    ),
     # molecules (alanine dipeptide: 66 Cartesian coordinates to 60 internal ones)
     "InternalCoordinates": _internal_coordinates,
 }
@@ -206,6 +269,9 @@ DISTRIBUTIONS: dict[str, Callable[[], Distribution]] = {
     "StandardNormal": lambda: StandardNormal(2),
     "DiagNormal": lambda: randomize(DiagNormal(2, loc=0.5, scale=1.5)),
     "DiagNormal(fixed)": lambda: DiagNormal(1, loc=-1.0, scale=0.3, trainable=False),
+    "SphereUniform": lambda: SphereUniform(4),
+    "SphereUniform(2 bodies)": lambda: SphereUniform((2, 4)),
+    "RigidBase": lambda: RigidBase(["quaternion", "angle", "angle", "angle"]),
     "StudentT": lambda: StudentT(2, df=[1.5, 4.0]),
     "StudentT(learn_df)": lambda: randomize(StudentT(1, df=3.0, learn_df=True, min_df=0.5)),
     "TailAdaptiveBase": lambda: TailAdaptiveBase([None, 2.5], learn_df=True),

@@ -1,6 +1,6 @@
 """Bijectors: invertible maps with log-determinants, data -> latent in the forward direction."""
 
-from ..domains import Circle, Domain, Interval, Real, Sphere
+from ..domains import Circle, Domain, Interval, Product, Real, Sphere
 from .activations import Logit, SmoothLeakyReLU, SmoothTanh
 from .autoregressive import MaskedAffineAutoregressive, MaskedAutoregressive, MaskedSplineAutoregressive
 from .base import Bijector, Chain, Invert, Reshape
@@ -10,8 +10,10 @@ from .linear import Linear, LULinear
 from .masked_coupling import MaskedCoupling
 from .normalization import ActNorm
 from .permutations import Permutation, Reverse
+from .sphere import DoubleMoebius, Moebius, RigidCoupling
 from .spline_coupling import CircularSplineCoupling, SplineCoupling
 from .standardization import Standardization
+from .tails import MarginalTailCDF, TailLU
 
 __all__ = [
     "Bijector",
@@ -27,6 +29,8 @@ __all__ = [
     "SmoothTanh",
     "Logit",
     "Standardization",
+    "TailLU",
+    "MarginalTailCDF",
     "Coupling",
     "AffineCoupling",
     "MaskedCoupling",
@@ -35,10 +39,14 @@ __all__ = [
     "MaskedAutoregressive",
     "MaskedAffineAutoregressive",
     "MaskedSplineAutoregressive",
+    "Moebius",
+    "DoubleMoebius",
+    "RigidCoupling",
     "InternalCoordinates",
     "Domain",
     "Real",
     "Interval",
     "Circle",
     "Sphere",
+    "Product",
 ]

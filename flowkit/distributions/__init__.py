@@ -2,6 +2,19 @@
 
 from .base import Distribution
 from .normal import DiagNormal, StandardNormal
+from .sphere import RigidBase, SphereUniform, haar_log_prob, matrix_to_quaternion, quaternion_to_matrix, rigid_domain
 from .studentt import StudentT, TailAdaptiveBase
 
-__all__ = ["Distribution", "StandardNormal", "DiagNormal", "StudentT", "TailAdaptiveBase"]
+__all__ = [
+    "Distribution",
+    "StandardNormal",
+    "DiagNormal",
+    "StudentT",
+    "TailAdaptiveBase",
+    "SphereUniform",
+    "RigidBase",
+    "rigid_domain",
+    "quaternion_to_matrix",
+    "matrix_to_quaternion",
+    "haar_log_prob",
+]
