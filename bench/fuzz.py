@@ -22,7 +22,13 @@ Counts, each failure with an explanation class:
   range, or within a factor of the longest sum (the widest matrix product, whose float32
   partial sums can overflow when the result does not); otherwise `unexplained`;
 - non-finite gradients, classified likewise (in the input: per sample; in the weights,
-  which sum over the batch: once per configuration and direction);
+  which sum over the batch: once per configuration and direction), plus `unresolved
+  parameters` when the float64 copy feeds a transformer parameters beyond `1 / eps` of
+  float32 (about 8e6: only reached from inputs of 1e6 or more): float32 cannot resolve
+  such logits (their rounding exceeds 1, so softmax bin widths and knot derivatives
+  differ from the float64 copy's), the float32 model is a different function there, and
+  its gradients can overflow where the float64 copy's do not (the values stay finite;
+  they are counted above);
 - round-trip failures, `|inverse(forward(x)) - x| > TOL[dtype] * max(1, |x|)` per sample:
   `ill-conditioned` when the error is within `SLACK` times the rounding bound
   `eps * sum_k max(1, m_k) ||J_k||` (`m_k` the largest value layer `k` computes, its
@@ -65,13 +71,15 @@ from flowkit.bijectors import Bijector, Chain  # noqa: E402
 from flowkit.domains import Circle, Interval  # noqa: E402
 from flowkit.flows import MAF, NSF, RealNVP  # noqa: E402
 from flowkit.testing import randomize  # noqa: E402
-from flowkit.transformers import Affine, CircularSpline, RationalQuadraticSpline  # noqa: E402
+from flowkit.transformers import Affine, CircularSpline, RationalQuadraticSpline, Transformer  # noqa: E402
 
 #: Round-trip tolerance, relative to `max(1, |x|)` per sample.
 TOL = {torch.float32: 1e-4, torch.float64: 1e-9}
 #: A round-trip error within SLACK times the rounding bound counts as explained by conditioning.
 SLACK = 50.0
 FAR = (1e6, 1e30)
+#: Transformer parameters beyond this are not resolved by float32 (their rounding exceeds 1).
+UNRESOLVED = 1 / torch.finfo(torch.float32).eps
 
 
 class _TransformerBijector(Bijector):
@@ -340,6 +348,26 @@ def _reduction_length(b: Bijector) -> int:
     return max([m.in_features for m in b.modules() if isinstance(m, torch.nn.Linear)] + [1])
 
 
+def _unresolved(b64: Bijector, x: torch.Tensor, context: torch.Tensor | None, inverse: bool) -> bool:
+    """Whether the float64 copy feeds some transformer parameters beyond `UNRESOLVED` at `x`."""
+    largest = [0.0]
+
+    def record(module, args):
+        largest[0] = max(largest[0], args[1].detach().abs().max().item())
+
+    hooks = [m.register_forward_pre_hook(record) for m in b64.modules() if isinstance(m, Transformer)]
+    try:
+        with torch.no_grad():
+            c64 = None if context is None else context.double()
+            (b64.inverse if inverse else b64.forward)(_as64(x, b64.domain), c64)
+    except ValueError:
+        return False
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return largest[0] > UNRESOLVED
+
+
 def _overflows(b64: Bijector, x: torch.Tensor, context: torch.Tensor | None, inverse: bool, limit: float) -> bool:
     """Whether the float64 copy is finite at `x` and computes, forward or backward, a value beyond `limit`.
 
@@ -395,6 +423,9 @@ def fuzz(minutes: float, seed: int, replay: int | None = None) -> dict:
                         c_i = None if context is None else context[i : i + 1]
                         over = dtype == torch.float32 and _overflows(b64, source[i : i + 1], c_i, inverse, limit)
                         why = "overflow" if over else "unexplained"
+                        if why == "unexplained" and kind == "nonfinite gradients" and dtype == torch.float32:
+                            if _unresolved(b64, source[i : i + 1], c_i, inverse):
+                                why = "unresolved parameters"
                         classes[kind][why] += 1
                         by_family[f"{kind}: {name.split('(')[0]} ({str(dtype)[6:]}), {why}"] += 1
                         counts[kind] += 1
@@ -413,6 +444,8 @@ def fuzz(minutes: float, seed: int, replay: int | None = None) -> dict:
                 if not weight_ok:  # the weights' gradients sum over the batch: one count per direction
                     over = dtype == torch.float32 and _overflows(b64, source, context, inverse, limit)
                     why = "overflow" if over else "unexplained"
+                    if why == "unexplained" and dtype == torch.float32 and _unresolved(b64, source, context, inverse):
+                        why = "unresolved parameters"
                     classes["nonfinite gradients"][why] += 1
                     by_family[f"{'nonfinite gradients'}: {name.split('(')[0]} ({str(dtype)[6:]}), {why}"] += 1
                     counts["nonfinite gradients"] += 1

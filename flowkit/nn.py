@@ -303,16 +303,21 @@ class MaskedLinear(nn.Linear):
     r"""Linear layer whose weight is multiplied by a fixed 0/1 mask, $y = x (W \odot M)^T + b$.
 
     Arguments:
-        mask: `(out_features, in_features)` connectivity; a buffer, so it follows `.to()`.
+        mask: `(out_features, in_features)` connectivity; a boolean buffer, so it follows `.to(device)`.
     """
 
     def __init__(self, mask: Tensor) -> None:
         super().__init__(mask.shape[1], mask.shape[0])
-        self.register_buffer("mask", mask.to(self.weight.dtype), persistent=False)
+        self.register_buffer("mask", mask.bool(), persistent=False)
 
     def masked_weight(self) -> Tensor:
-        r"""The effective weight $W \odot M$."""
-        return self.weight * self.mask
+        r"""The effective weight $W \odot M$.
+
+        A selection rather than a product: the masked-out entries get a zero
+        gradient even where the dense gradient overflows (a product would give
+        `inf * 0 = nan` there, in float32 at extreme inputs).
+        """
+        return torch.where(self.mask, self.weight, 0.0)
 
     def forward(self, x: Tensor) -> Tensor:
         return F.linear(x, self.masked_weight(), self.bias)

@@ -202,8 +202,8 @@ BIJECTORS: dict[str, Case] = {
         FactorOut(
             Chain(
                 Squeeze((2, 4, 4)),
-                randomize(Conv1x1((8, 2, 2))),
-                randomize(MaskedCoupling(Affine(), (8, 2, 2), mask="channel", parity=1, hidden=(4,))),
+                randomize(Conv1x1((8, 2, 2)), scale=0.05),
+                randomize(MaskedCoupling(Affine(), (8, 2, 2), mask="channel", parity=1, hidden=(4,)), scale=0.1),
                 Invert(Squeeze((2, 4, 4))),
             ),
             4,
@@ -213,10 +213,10 @@ BIJECTORS: dict[str, Case] = {
     "EIWShuffle": lambda: (randomize(EIWShuffle((4, 2, 3))), torch.randn(5, 4, 2, 3)),
     "Chain(EIW, 2 levels)": lambda: (
         _initialised(
-            randomize(EIW((1, 4, 4), levels=2, steps=1, hidden=(4,)).bijector),
-            torch.rand(64, 1, 4, 4) * 0.9 + 0.05,
+            randomize(EIW((1, 4, 4), levels=2, steps=1, hidden=(4,), alpha=None).bijector, scale=0.1),
+            torch.randn(64, 1, 4, 4),
         ),
-        torch.rand(5, 1, 4, 4) * 0.96 + 0.02,
+        torch.randn(5, 1, 4, 4),
     ),
     # sphere (rigid bodies): inputs on S^3 and the torus, ladj against the tangent-space Jacobian
     "Moebius": lambda: (randomize(Moebius(4), scale=1.0), _quaternions(6)),

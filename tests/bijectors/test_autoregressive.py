@@ -172,3 +172,15 @@ def test_conditioners_that_are_not_autoregressive_or_do_not_fit_are_refused():
         MaskedAutoregressive(Affine(), 3, order=[0, 1, 2], conditioner=MADE(3, 2, order=[2, 1, 0]))
     with pytest.raises(ValueError, match="not an autoregressive conditioner"):
         Conditioner.invert(MLP(3, 6), lambda i, p: p[..., 0], torch.zeros(2, 3))
+
+
+def test_masked_out_weights_get_zero_gradient_even_when_the_dense_gradient_overflows():
+    # float32, an input of 1e30 and an upstream gradient of 1e10: the dense weight gradient is inf;
+    # a product with the mask turned the masked-out entries into inf * 0 = nan (NSF at inputs of 1e30).
+    from flowkit.nn import MaskedLinear
+
+    layer = MaskedLinear(torch.tensor([[True, False]]))
+    x = torch.tensor([[1e30, 1e30]])
+    (layer(x) * 1e10).sum().backward()
+    assert layer.weight.grad[0, 1] == 0
+    assert torch.isinf(layer.weight.grad[0, 0])  # the genuine overflow stays visible
