@@ -47,6 +47,8 @@ from flowkit.bijectors import (
     SmoothTanh,
     SplineCoupling,
     Standardization,
+    TailLU,
+    MarginalTailCDF,
 )
 from flowkit.bijectors.image import Conv1x1, EIWShuffle, FactorOut, Squeeze
 from flowkit.distributions import (
@@ -60,9 +62,10 @@ from flowkit.distributions import (
 )
 from flowkit.domains import Circle
 from flowkit.flows.images import EIW
+from flowkit.nn import MLP
 from flowkit.stochastic import LangevinBlock, MetropolisBlock
 from flowkit.testing import randomize
-from flowkit.transformers import Affine, CircularSpline, RationalQuadraticSpline, Transformer
+from flowkit.transformers import Affine, CircularSpline, RationalQuadraticSpline, SmoothMixture, Transformer
 
 Case = Callable[[], tuple[Bijector, Tensor]]
 
@@ -84,6 +87,13 @@ def _internal_coordinates() -> tuple[Bijector, Tensor]:
     b = alanine_internal_coordinates(alanine_dipeptide_positions())
     assert isinstance(b, InternalCoordinates)
     return b, b.domain.sample((4, 66), dtype=torch.get_default_dtype())
+
+
+def _marginal_tail_cdf(output: str) -> tuple[Bijector, Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    data = torch.randn(2000, 3, generator=gen) / torch.rand(2000, 3, generator=gen).sqrt()  # t-like tails
+    layer = MarginalTailCDF(3, knots=64, anchors=300, output=output).fit(data)
+    return layer, torch.randn(6, 3, generator=gen) * 4
 
 
 def _angles() -> Tensor:
@@ -195,6 +205,11 @@ BIJECTORS: dict[str, Case] = {
     "Logit": lambda: (Logit(3, alpha=0.05), torch.rand(5, 3) * 0.96 + 0.02),
     # standardization
     "Standardization": _standardization,
+    # heavy tails
+    "TailLU": lambda: (randomize(TailLU(5, light=2)), torch.randn(5, 5)),
+    "TailLU(all heavy, no bias)": lambda: (randomize(TailLU(3, light=0, bias=False)), torch.randn(5, 3)),
+    "MarginalTailCDF": lambda: _marginal_tail_cdf("normal"),
+    "MarginalTailCDF(logit)": lambda: _marginal_tail_cdf("logit"),
     # images (multiscale flows)
     "Squeeze": lambda: (Squeeze((2, 4, 6)), torch.randn(5, 2, 4, 6)),
     "Conv1x1": lambda: (randomize(Conv1x1((3, 3, 3))), torch.randn(5, 3, 3, 3)),
@@ -239,6 +254,22 @@ BIJECTORS: dict[str, Case] = {
     ),
     # molecules (alanine dipeptide: 66 Cartesian coordinates to 60 internal ones)
     "InternalCoordinates": _internal_coordinates,
+    # smooth normalizing flows (bump-CDF mixtures, root-finding inverse)
+    "Coupling(SmoothMixture)": lambda: (
+        randomize(Coupling(SmoothMixture(3), 4, hidden=(16,), activation="tanh"), scale=0.3),
+        torch.rand(6, 4) * 0.96 + 0.02,
+    ),
+    "Coupling(SmoothMixture, circle)": lambda: (
+        randomize(
+            Coupling(SmoothMixture(3, circular=True), 4, conditioner=MLP(2, 26, (16,), "tanh", periodic=True)),
+            scale=0.3,
+        ),
+        _angles(),
+    ),
+    "MaskedAutoregressive(SmoothMixture)": lambda: (
+        randomize(MaskedAutoregressive(SmoothMixture(2, low=-2.0, high=2.0), 3, hidden=(12,), activation="tanh")),
+        torch.rand(6, 3) * 3.8 - 1.9,
+    ),
 }
 
 
@@ -261,6 +292,8 @@ TRANSFORMERS: dict[str, Callable[[], Transformer]] = {
     "Affine": Affine,
     "RationalQuadraticSpline": lambda: RationalQuadraticSpline(bins=5, bound=3.0),
     "CircularSpline": lambda: CircularSpline(bins=5),
+    "SmoothMixture": lambda: SmoothMixture(4),
+    "SmoothMixture(circle)": lambda: SmoothMixture(3, circular=True, power=2),
 }
 
 #: Base distributions: name -> ``() -> distribution``, events of at most two elements (checked by

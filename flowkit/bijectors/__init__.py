@@ -6,6 +6,7 @@ from .autoregressive import MaskedAffineAutoregressive, MaskedAutoregressive, Ma
 from .base import Bijector, Chain, Invert, Reshape
 from .coupling import AffineCoupling, Coupling
 from .internal import InternalCoordinates
+from .image import Conv1x1, EIWShuffle, FactorOut, Squeeze
 from .linear import Linear, LULinear
 from .masked_coupling import MaskedCoupling
 from .normalization import ActNorm
@@ -13,6 +14,7 @@ from .permutations import Permutation, Reverse
 from .sphere import DoubleMoebius, Moebius, RigidCoupling
 from .spline_coupling import CircularSplineCoupling, SplineCoupling
 from .standardization import Standardization
+from .tails import MarginalTailCDF, TailLU
 from .tails import MarginalTailCDF, TailLU
 
 __all__ = [
@@ -31,9 +33,15 @@ __all__ = [
     "Standardization",
     "TailLU",
     "MarginalTailCDF",
+    "TailLU",
+    "MarginalTailCDF",
     "Coupling",
     "AffineCoupling",
     "MaskedCoupling",
+    "Squeeze",
+    "Conv1x1",
+    "FactorOut",
+    "EIWShuffle",
     "SplineCoupling",
     "CircularSplineCoupling",
     "MaskedAutoregressive",

@@ -5,7 +5,20 @@
 """
 
 from .flow import Flow, FlowDistribution
+from .images import EIW, Glow
 from .presets import MAF, NSF, RealNVP
 from .registry import PRESET_NAMES, PRESETS, build_flow, parse_hidden
 
-__all__ = ["Flow", "FlowDistribution", "RealNVP", "MAF", "NSF", "PRESETS", "PRESET_NAMES", "build_flow", "parse_hidden"]
+__all__ = [
+    "Flow",
+    "FlowDistribution",
+    "RealNVP",
+    "MAF",
+    "NSF",
+    "Glow",
+    "EIW",
+    "PRESETS",
+    "PRESET_NAMES",
+    "build_flow",
+    "parse_hidden",
+]

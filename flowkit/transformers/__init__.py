@@ -2,6 +2,7 @@
 
 from .affine import Affine
 from .base import Transformer
+from .smooth import SmoothMixture
 from .spline import CircularSpline, RationalQuadraticSpline, unconstrained_rqs
 
-__all__ = ["Transformer", "Affine", "RationalQuadraticSpline", "CircularSpline", "unconstrained_rqs"]
+__all__ = ["Transformer", "Affine", "RationalQuadraticSpline", "CircularSpline", "unconstrained_rqs", "SmoothMixture"]
