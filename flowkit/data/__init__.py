@@ -21,6 +21,7 @@ from .alanine import alanine_dipeptide_md
 from .digits import DIGITS_LEVELS, DequantizedDataset, bits_per_dim, dequantize, digits, training_data
 from .evaluation import NLL, evaluate_nll, log_prob_batched
 from .files import FILE_SUFFIXES, file_splits, read_array
+from .images import FASHION_MNIST_LEVELS, IMAGE_DATASETS, digits_images, fashion_mnist, image_dataset, read_idx
 from .splits import Splits, split_array
 from .standardize import standardize
 from .tabular import TABULAR_DATASETS, available_tabular, data_root, tabular
@@ -51,13 +52,19 @@ __all__ = [
     "NLL",
     "evaluate_nll",
     "log_prob_batched",
+    "digits_images",
+    "fashion_mnist",
+    "read_idx",
+    "image_dataset",
+    "IMAGE_DATASETS",
+    "FASHION_MNIST_LEVELS",
     "alanine_dipeptide_md",
 ]
 
 
 def names() -> list[str]:
-    """Names [`load`][flowkit.data.load] accepts besides file paths: the 2-D sets, `digits`, the tabular benchmarks."""
-    return [*TOY_DATASETS, "digits", *TABULAR_DATASETS]
+    """Names [`load`][flowkit.data.load] accepts besides file paths: the 2-D sets, `digits`, images, the tabular benchmarks."""
+    return [*TOY_DATASETS, "digits", *IMAGE_DATASETS, *TABULAR_DATASETS]
 
 
 def load(name_or_path: str | os.PathLike, *, root: str | os.PathLike | None = None, seed: int = 0) -> Splits:

@@ -13,7 +13,7 @@ __all__ = ["Splits", "split_array"]
 
 @dataclass
 class Splits:
-    """Train, validation and test sets of one dataset, as float32 tensors of shape `(N, D)`.
+    """Train, validation and test sets of one dataset, as float32 tensors of shape `(N, D)` (or `(N, C, H, W)`).
 
     Attributes:
         name: dataset name (a built-in name or the file path).
@@ -35,8 +35,8 @@ class Splits:
 
     @property
     def features(self) -> int:
-        """Number of dimensions `D`."""
-        return int(self.train.shape[-1])
+        """Number of dimensions `D` of one point (`C H W` for images `(N, C, H, W)`)."""
+        return int(self.train.shape[1:].numel())
 
     def __repr__(self) -> str:
         return (

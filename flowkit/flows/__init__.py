@@ -8,6 +8,7 @@ from .flow import Flow, FlowDistribution
 from .images import EIW, Glow
 from .presets import MAF, NSF, RealNVP
 from .registry import PRESET_NAMES, PRESETS, build_flow, parse_hidden
+from .rigid import RigidBodyFlow
 
 __all__ = [
     "Flow",
@@ -17,6 +18,7 @@ __all__ = [
     "NSF",
     "Glow",
     "EIW",
+    "RigidBodyFlow",
     "PRESETS",
     "PRESET_NAMES",
     "build_flow",

@@ -11,6 +11,7 @@ from .evaluate import energy_of
 from .lattice import Phi4, Phi4Hopping
 from .mixture import GaussianMixture
 from .openmm import OpenMMEnergy
+from .rigid import MatrixFisher, Octupole, RigidDipoles, WithAuxiliaries
 from .wells import DoubleWell, ManyWell
 
 __all__ = [
@@ -24,4 +25,8 @@ __all__ = [
     "Phi4Hopping",
     "OpenMMEnergy",
     "AlanineDipeptide",
+    "MatrixFisher",
+    "Octupole",
+    "RigidDipoles",
+    "WithAuxiliaries",
 ]
