@@ -23,7 +23,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from torch import Tensor
 
-__all__ = ["density", "samples_vs_data", "pairwise", "training_curves"]
+__all__ = ["density", "samples_vs_data", "pairwise", "training_curves", "ramachandran"]
 
 
 def _numpy(x: Tensor | np.ndarray) -> np.ndarray:
@@ -330,4 +330,53 @@ def training_curves(history: Any, *, smooth: int = 0, title: str | None = None, 
         axes[1].plot(lx, ly, color="C2")
         axes[1].set(ylabel="learning rate")
     axes[-1].set_xlabel("step")
+    return fig
+
+
+def ramachandran(
+    phi: Tensor | np.ndarray,
+    psi: Tensor | np.ndarray,
+    log_weights: Tensor | np.ndarray | None = None,
+    *,
+    bins: int = 60,
+    reference: tuple[Tensor | np.ndarray, Tensor | np.ndarray] | None = None,
+    titles: Sequence[str] = ("samples", "reference"),
+) -> Figure:
+    r"""Ramachandran plot: the free energy $-\log p(\phi, \psi)$ in units of $kT$ on $[-\pi, \pi)^2$.
+
+    Arguments:
+        phi: backbone dihedrals $\phi$ in radians, shape `(n,)`.
+        psi: backbone dihedrals $\psi$, shape `(n,)`.
+        log_weights: log importance weights of the samples (reweighted histogram), or None.
+        bins: histogram bins per axis.
+        reference: `(phi, psi)` of reference samples (molecular dynamics), drawn in a second panel.
+        titles: panel titles.
+
+    Returns:
+        The figure (one panel, or two side by side with `reference`).
+    """
+    where = "plot.ramachandran"
+    _positive(bins, "bins", where, minimum=2)
+    panels = [(_numpy(phi).ravel(), _numpy(psi).ravel(), log_weights)]
+    if reference is not None:
+        panels.append((_numpy(reference[0]).ravel(), _numpy(reference[1]).ravel(), None))
+    edges = np.linspace(-math.pi, math.pi, bins + 1)
+    fig = Figure(figsize=(4.6 * len(panels), 4), layout="constrained")
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    for ax, (a, b, lw), title in zip(axes, panels, titles, strict=False):
+        if a.shape != b.shape or not (np.isfinite(a).all() and np.isfinite(b).all()):
+            raise ValueError(f"{where}: phi and psi must be finite and of one shape, got {a.shape} and {b.shape}")
+        w = None
+        if lw is not None:
+            lw = _numpy(lw).ravel()
+            if lw.shape != a.shape:
+                raise ValueError(f"{where}: log_weights must have one value per sample, got {lw.shape} for {a.shape}")
+            w = np.exp(lw - lw.max())
+        hist, _, _ = np.histogram2d(a, b, bins=[edges, edges], weights=w, density=True)
+        with np.errstate(divide="ignore"):
+            free = -np.log(hist)
+        free -= free[np.isfinite(free)].min() if np.isfinite(free).any() else 0.0
+        mesh = ax.pcolormesh(edges, edges, np.ma.masked_invalid(free).T, cmap="viridis_r", vmax=10.0)
+        ax.set(xlabel=r"$\phi$", ylabel=r"$\psi$", title=title, aspect="equal")
+        fig.colorbar(mesh, ax=ax, label="free energy / kT")
     return fig

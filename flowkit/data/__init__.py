@@ -63,7 +63,7 @@ __all__ = [
 
 
 def names() -> list[str]:
-    """Names [`load`][flowkit.data.load] accepts besides file paths: the 2-D sets, `digits`, images, the tabular benchmarks."""
+    """Names [`load`][flowkit.data.load] accepts besides file paths: 2-D sets, digits, images, tabular benchmarks."""
     return [*TOY_DATASETS, "digits", *IMAGE_DATASETS, *TABULAR_DATASETS]
 
 
@@ -77,7 +77,9 @@ def load(name_or_path: str | os.PathLike, *, root: str | os.PathLike | None = No
             `hepmass`, `miniboone`, `bsds300`, read from `root`), or
             the path of a `.csv`/`.tsv`/`.npy` file (split 80/10/10 by a seeded
             permutation; a header's column names go to `info["columns"]`).
-        root: data directory of the tabular benchmarks (default `$FLOWKIT_DATA` or `./data`).
+        root: data directory of the tabular benchmarks (default `$FLOWKIT_DATA` or `./data`);
+            for `fashion-mnist` (14x14) and `fashion-mnist-28`, the folder of the idx files
+            (see [`fashion_mnist`][flowkit.data.fashion_mnist]). `digits-images` are the digits as `(1, 8, 8)` images.
         seed: seed of the 2-D sets' draws, of digits' dequantisation noise,
             and of a file's split permutation.
 
@@ -91,6 +93,8 @@ def load(name_or_path: str | os.PathLike, *, root: str | os.PathLike | None = No
         return toy_splits(key, seed=seed)
     if key == "digits":
         return digits(seed)
+    if key in IMAGE_DATASETS:
+        return image_dataset(key, root, seed)
     if key in TABULAR_DATASETS:
         return tabular(key, root)
     path = pathlib.Path(text)

@@ -11,6 +11,7 @@ dihedrals are $\phi$ = (4, 6, 8, 14) and $\psi$ = (6, 8, 14, 16).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ __all__ = [
     "alanine_dipeptide_files",
     "alanine_dipeptide_positions",
     "alanine_internal_coordinates",
+    "internal_coordinate_flow",
     "ALANINE_Z_MATRIX",
     "ALANINE_ANCHORS",
     "ALANINE_CIRCULAR",
@@ -39,8 +41,11 @@ PHI_ATOMS = (4, 6, 8, 14)
 #: Atoms of the backbone dihedral $\psi$ (N-CA-C-N).
 PSI_ATOMS = (6, 8, 14, 16)
 
-#: Z-matrix of the 19 non-anchor atoms: `(atom, (bond partner, angle partner, dihedral partner))`
-#: (as in FAB and boltzgen, Midgley et al. 2023).
+#: Z-matrix of the 19 non-anchor atoms: `(atom, (bond partner, angle partner, dihedral partner))`.
+#: FAB's (Midgley et al. 2023), except that HA (9) and CB (10) take their dihedral about the N-CA bond
+#: relative to the anchor C (14) instead of the acetyl C (4): the handedness of the alpha carbon is then
+#: a stiff coordinate (about +-2.1 rad, moving by under 0.9 rad at 1000 K) rather than the sum of two
+#: circular ones, so a flow rarely draws the mirror image (D-alanine).
 ALANINE_Z_MATRIX = (
     (0, (1, 4, 6)),
     (1, (4, 6, 8)),
@@ -49,8 +54,8 @@ ALANINE_Z_MATRIX = (
     (4, (6, 8, 14)),
     (5, (4, 6, 8)),
     (7, (6, 8, 4)),
-    (9, (8, 6, 4)),
-    (10, (8, 6, 4)),
+    (9, (8, 6, 14)),
+    (10, (8, 6, 14)),
     (11, (10, 8, 6)),
     (12, (10, 8, 11)),
     (13, (10, 8, 11)),
@@ -64,9 +69,12 @@ ALANINE_Z_MATRIX = (
 )
 #: The three Cartesian anchor atoms (CA, N, C), which fix the frame.
 ALANINE_ANCHORS = (8, 6, 14)
-#: Rows of [`ALANINE_Z_MATRIX`][flowkit.targets.alanine.ALANINE_Z_MATRIX] whose dihedrals are treated as circular
-#: (the torsions that rotate freely or between several minima; FAB's `ind_circ_dih`).
-ALANINE_CIRCULAR = (0, 1, 2, 3, 4, 5, 8, 9, 10, 13, 15, 16)
+#: Rows of [`ALANINE_Z_MATRIX`][flowkit.targets.alanine.ALANINE_Z_MATRIX] whose dihedrals are treated as circular:
+#: the torsions that rotate freely or visit several minima (the three methyl rotations, $\phi$, $\psi$, the
+#: peptide-bond torsions), those whose circular mean resultant length is below 0.9 in flowkit's own MD at
+#: 1000 K and that reach the far side of the circle. The other ten (hydrogens of a methyl group relative to
+#: each other, HA and CB, the carbonyl oxygens, the amide hydrogen of ALA) stay within 1.5 rad of the minimum.
+ALANINE_CIRCULAR = (0, 1, 4, 5, 9, 13, 14, 15, 16)
 #: Chiral centre of L-alanine: `(centre, a, b, c)` = (CA, N, C, CB).
 ALANINE_CHIRAL_CENTRES = ((8, 6, 14, 10),)
 
@@ -101,9 +109,9 @@ def alanine_internal_coordinates(
 ) -> InternalCoordinates:
     """The [`InternalCoordinates`][flowkit.bijectors.InternalCoordinates] of alanine dipeptide (66 -> 60 coordinates).
 
-    The Z-matrix, anchors and circular dihedrals of FAB (Midgley et al. 2023):
-    [`ALANINE_Z_MATRIX`][flowkit.targets.alanine.ALANINE_Z_MATRIX], anchors (CA, N, C) and the
-    12 circular dihedrals of [`ALANINE_CIRCULAR`][flowkit.targets.alanine.ALANINE_CIRCULAR].
+    The Z-matrix and anchors (CA, N, C) of FAB (Midgley et al. 2023; HA and CB changed),
+    [`ALANINE_Z_MATRIX`][flowkit.targets.alanine.ALANINE_Z_MATRIX], and the 9 circular
+    dihedrals of [`ALANINE_CIRCULAR`][flowkit.targets.alanine.ALANINE_CIRCULAR].
 
     Arguments:
         reference: the frame to normalise around, `(66,)` in nm (a minimum-energy frame,
@@ -123,6 +131,66 @@ def alanine_internal_coordinates(
         angle_scale,
         dihedral_scale,
     )
+
+
+def internal_coordinate_flow(
+    internal: InternalCoordinates,
+    blocks: int = 4,
+    hidden: Sequence[int] = (128, 128),
+    bins: int = 8,
+    bound: float = 5.0,
+    seed: int = 0,
+) -> Any:
+    r"""A Boltzmann-generator flow on Cartesian positions through internal coordinates.
+
+    `Flow(Chain(internal, couplings...), base)`: the
+    [`InternalCoordinates`][flowkit.bijectors.InternalCoordinates] map, then `blocks` blocks of
+    four couplings; each block splits the real coordinates (bonds, angles, non-circular
+    dihedrals) and the circular dihedrals into random halves and transforms each half in
+    turn, the real ones with rational-quadratic splines on `[-bound, bound]` (linear tails)
+    and the circular ones with [`CircularSplineCoupling`][flowkit.bijectors.CircularSplineCoupling],
+    each conditioned on all the other coordinates through a periodic MLP (inputs as
+    $(\cos, \sin)$, so the maps are continuous across $\pm\pi$). The base is uniform on
+    the circular coordinates and standard normal on the others (FAB's `gauss-uni`).
+
+    Arguments:
+        internal: the internal-coordinate bijector (e.g.
+            [`alanine_internal_coordinates`][flowkit.targets.alanine.alanine_internal_coordinates]).
+        blocks: number of blocks of four couplings.
+        hidden: hidden sizes of the conditioner MLPs.
+        bins: spline bins.
+        bound: spline interval of the real coordinates.
+        seed: seed of the random halves.
+
+    Returns:
+        A [`Flow`][flowkit.flows.Flow] with `event_shape` `(3n,)`.
+    """
+    from ..bijectors import Chain, CircularSplineCoupling, Coupling
+    from ..distributions import RigidBase
+    from ..flows import Flow
+    from ..nn import MLP
+    from ..transformers import RationalQuadraticSpline
+
+    d = int(internal.latent_shape[0])
+    circular = list(internal.circular_idx)
+    real = [i for i in range(d) if i not in circular]
+    gen = torch.Generator().manual_seed(seed)
+    layers: list[Any] = [internal]
+    for _ in range(blocks):
+        real_perm = [real[i] for i in torch.randperm(len(real), generator=gen)]
+        circ_perm = [circular[i] for i in torch.randperm(len(circular), generator=gen)]
+        for half in (0, 1):
+            part = real_perm[half::2]
+            mask = [int(i in part) for i in range(d)]
+            spline = RationalQuadraticSpline(bins, bound)
+            net = MLP(d - len(part), len(part) * spline.params_per_element, hidden, periodic=True)
+            layers.append(Coupling(spline, d, mask=mask, conditioner=net))
+            if len(circ_perm) > 1:
+                part = circ_perm[half::2]
+                mask = [int(i in part) for i in range(d)]
+                layers.append(CircularSplineCoupling(d, bins, mask=mask, hidden=hidden))
+    base = RigidBase(["angle" if i in circular else "real" for i in range(d)])
+    return Flow(Chain(*layers), base)
 
 
 def _build(solvent: str | None) -> tuple[Any, Any, np.ndarray]:
