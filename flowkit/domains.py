@@ -58,6 +58,10 @@ class Domain:
         """Points drawn uniformly (against the volume measure); only for domains of finite volume."""
         raise ValueError(f"{self!r} has infinite volume: there is no uniform distribution on it")
 
+    def propose(self, x: Tensor, step: float, generator: torch.Generator | None = None) -> Tensor:
+        """A symmetric random-walk move from `x` (a Gaussian step of scale `step`), for Metropolis chains."""
+        return x + step * torch.randn(x.shape, dtype=x.dtype, generator=generator).to(x.device)
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
@@ -92,6 +96,12 @@ class Interval(Domain):
     ) -> Tensor:
         return self.low + (self.high - self.low) * torch.rand(shape, dtype=dtype, generator=generator)
 
+    def propose(self, x: Tensor, step: float, generator: torch.Generator | None = None) -> Tensor:
+        # a Gaussian step reflected at the ends (a symmetric move)
+        width = self.high - self.low
+        t = torch.remainder(super().propose(x, step, generator) - self.low, 2 * width)
+        return self.low + torch.where(t > width, 2 * width - t, t)
+
     def __repr__(self) -> str:
         return f"Interval({self.low}, {self.high})"
 
@@ -101,6 +111,10 @@ class Circle(Interval):
 
     def __init__(self) -> None:
         super().__init__(-math.pi, math.pi)
+
+    def propose(self, x: Tensor, step: float, generator: torch.Generator | None = None) -> Tensor:
+        y = Domain.propose(self, x, step, generator)  # wrapped, not reflected
+        return torch.remainder(y + math.pi, 2 * math.pi) - math.pi
 
     def __repr__(self) -> str:
         return "Circle()"
@@ -140,6 +154,11 @@ class Sphere(Domain):
 
     def contains(self, x: Tensor) -> Tensor:
         return ((x.norm(dim=-1, keepdim=True) - 1).abs() < 1e-4).expand_as(x)
+
+    def propose(self, x: Tensor, step: float, generator: torch.Generator | None = None) -> Tensor:
+        # normalise(x + step * noise): its density depends on the angle to x only, so the move is symmetric
+        y = super().propose(x, step, generator).unflatten(-1, (-1, self.n))
+        return (y / y.norm(dim=-1, keepdim=True)).flatten(-2)
 
     def tangent_basis(self, x: Tensor) -> Tensor:
         # Complete x to an orthonormal basis with a QR of [x, I]; drop the normal column.
@@ -228,6 +247,9 @@ class Product(Domain):
         if all(m is None for m, _ in masks):
             return None
         return self._join([torch.ones_like(c, dtype=torch.bool) if m is None else m for m, c in masks], x.shape)
+
+    def propose(self, x: Tensor, step: float, generator: torch.Generator | None = None) -> Tensor:
+        return self._join([p.propose(c, step, generator) for p, c in self._columns(x)], x.shape)
 
     def tangent_basis(self, x: Tensor) -> Tensor:
         blocks = [p.tangent_basis(c) for p, c in self._columns(x)]  # each (..., rows, w, m)

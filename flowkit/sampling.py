@@ -24,9 +24,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .domains import Real
 from .targets import Target
 
-__all__ = ["importance_sample", "log_weights", "ess", "log_Z", "imh", "reweight"]
+__all__ = ["importance_sample", "log_weights", "ess", "log_Z", "imh", "reweight", "metropolis"]
 
 
 def _check_target(flow: Any, target: Target, where: str) -> None:
@@ -211,3 +212,54 @@ def imh(
             accepted += 1
         index[t] = current
     return proposals[torch.from_numpy(index).to(proposals.device)], accepted / max(n_steps - 1 - start, 1)
+
+
+@torch.no_grad()
+def metropolis(
+    target: Target,
+    x0: Tensor,
+    n_steps: int,
+    step: float,
+    domain: Any = None,
+    thin: int = 1,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, float]:
+    r"""Random-walk Metropolis chains on the target's domain: a reference sampler independent of any flow.
+
+    Every chain (one per row of `x0`) moves by the domain's symmetric proposal
+    ([`propose`][flowkit.domains.Domain.propose]: a Gaussian step on the real line,
+    wrapped on circles, renormalised on spheres) and accepts with probability
+    $\min(1, e^{u(x) - u(x')})$, so it targets $e^{-u}$ against the domain's volume
+    measure (the area measure on $S^3$).
+
+    Arguments:
+        target: the target.
+        x0: starting points `(chains, *event_shape)` on the domain.
+        n_steps: the number of moves per chain.
+        step: the proposal scale.
+        domain: a [`Domain`][flowkit.domains.Domain] (default: the real line).
+        thin: keep every `thin`-th state.
+        generator: random generator of the proposals and the accept draws.
+
+    Returns:
+        `(states, acceptance)`: `(n_steps // thin, chains, *event_shape)` and the fraction of accepted moves.
+    """
+    if not isinstance(target, Target):
+        raise ValueError(f"metropolis: target must be a flowkit.targets.Target, got {type(target).__name__}")
+    if n_steps < 1 or thin < 1 or not step > 0:
+        raise ValueError(f"metropolis: n_steps and thin must be positive and step > 0, got {n_steps}, {thin}, {step}")
+    domain = Real() if domain is None else domain
+    x = x0.detach().clone()
+    u = target.energy(x)
+    kept, accepted = [], 0.0
+    for t in range(n_steps):
+        y = domain.propose(x, step, generator)
+        u_y = target.energy(y)
+        log_r = torch.rand(u.shape, dtype=u.dtype, generator=generator).to(u.device).log()
+        accept = log_r < u - u_y
+        x = torch.where(accept.reshape(*accept.shape, *([1] * (x.dim() - accept.dim()))), y, x)
+        u = torch.where(accept, u_y, u)
+        accepted += float(accept.double().mean())
+        if (t + 1) % thin == 0:
+            kept.append(x.clone())
+    return torch.stack(kept), accepted / n_steps

@@ -180,3 +180,50 @@ def test_bad_arguments():
         Octupole(-1.0)
     with pytest.raises(ValueError, match="box"):
         RigidDipoles(box=0.0)
+
+
+def test_metropolis_on_s3_matches_exact_matrix_fisher_samples():
+    from flowkit.domains import Sphere
+    from flowkit.sampling import metropolis
+
+    target = MatrixFisher([[3.0, 1.0, 0.0], [0.0, 2.0, 0.0], [0.0, 0.0, -1.0]]).double()
+    gen = torch.Generator().manual_seed(0)
+    x0 = torch.nn.functional.normalize(torch.randn(100, 4, generator=gen, dtype=torch.float64), dim=-1)
+    states, acceptance = metropolis(target, x0, 1500, 0.3, Sphere(4), thin=10, generator=gen)
+    assert states.shape == (150, 100, 4) and 0.2 < acceptance < 0.9
+    chain = states[30:].reshape(-1, 4)
+    exact = target.sample(100_000, generator=gen)
+    second = torch.einsum("ni,nj->ij", chain, chain) / len(chain)
+    torch.testing.assert_close(second, torch.einsum("ni,nj->ij", exact, exact) / len(exact), atol=0.01, rtol=0)
+
+
+def test_domain_proposals_stay_on_the_domain_and_are_symmetric():
+    from flowkit.domains import Circle, Interval, Product, Real, Sphere
+
+    gen = torch.Generator().manual_seed(1)
+    body = Product(Sphere(4), Circle(), Circle(), Circle())
+    x = body.sample((1000, 14), generator=gen)
+    y = body.propose(x, 2.0, gen)
+    assert bool(body.contains(y).all())
+    z = Interval(0.0, 1.0).propose(torch.full((20_000,), 0.05, dtype=torch.float64), 0.3, gen)
+    assert bool(((z >= 0) & (z <= 1)).all())
+    # symmetric on the circle: the wrapped step from 0 has a density even in the step
+    steps = Circle().propose(torch.zeros(50_000, dtype=torch.float64), 1.0, gen)
+    assert abs(steps.mean().item()) < 0.02
+    assert Real().propose(torch.zeros(3), 1.0).shape == (3,)
+
+
+def test_metropolis_on_a_dipole_in_a_field_gives_the_langevin_function():
+    """One dipole: E[mu_z] = coth(h) - 1/h, sampled over S^3 x T^3 with the Product domain's moves."""
+    from flowkit.distributions import rigid_domain
+    from flowkit.sampling import metropolis
+
+    h = 2.0
+    target = RigidDipoles(n=1, field=h).double()
+    gen = torch.Generator().manual_seed(2)
+    x0 = RigidBase(target.segments).double().sample((200,))
+    states, _ = metropolis(target, x0, 1000, 0.4, rigid_domain(target.segments), thin=10, generator=gen)
+    mu_z = target.dipoles(states[20:].reshape(-1, 7))[..., 0, 2]
+    per_chain = mu_z.reshape(-1, 200).mean(0)
+    err = per_chain.std().item() / math.sqrt(200)
+    assert abs(mu_z.mean().item() - (1 / math.tanh(h) - 1 / h)) < 4 * err
