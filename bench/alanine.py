@@ -34,28 +34,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from flowkit.bijectors.internal import dihedral, same_chirality
+from flowkit.bijectors.internal import same_chirality
 from flowkit.data import alanine_dipeptide_md
 from flowkit.sampling import ess, importance_sample
 from flowkit.targets import AlanineDipeptide
 from flowkit.targets.alanine import (
     ALANINE_CHIRAL_CENTRES,
-    PHI_ATOMS,
-    PSI_ATOMS,
     alanine_internal_coordinates,
+    backbone_dihedrals,
     internal_coordinate_flow,
 )
 from flowkit.train import BoltzmannGenerator, MaximumLikelihood, fit
 
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def backbone(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dihedrals (phi, psi) of configurations `(n, 66)`."""
-    pos = x.reshape(-1, 22, 3).double()
-    phi = dihedral(*(pos[:, i] for i in PHI_ATOMS))
-    psi = dihedral(*(pos[:, i] for i in PSI_ATOMS))
-    return phi, psi
 
 
 def free_energy(phi: torch.Tensor, edges: np.ndarray, log_w: torch.Tensor | None = None) -> np.ndarray:
@@ -159,11 +150,11 @@ def main() -> None:
         finite = torch.isfinite(log_w)
         keep = ok & finite
         x, log_w = x[keep], log_w[keep]
-        phi, psi = backbone(x)
+        phi, psi = backbone_dihedrals(x)
         log_q_ref = torch.cat([flow.log_prob(chunk.float()).double() for chunk in ref.split(5000)])
         log_w_ref = -target.energy(ref) - log_q_ref
     timings["eval_s"] = time.time() - t0
-    phi_ref, psi_ref = backbone(ref)
+    phi_ref, psi_ref = backbone_dihedrals(ref)
 
     edges = np.linspace(-math.pi, math.pi, 37)
     f_md = free_energy(phi_ref, edges)

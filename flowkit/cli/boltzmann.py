@@ -1,6 +1,8 @@
 """`flowkit boltzmann TARGET`: train a Boltzmann generator on a built-in target and write model, metrics and plots.
 
-TARGET is `double-well`, `many-well`, `gmm` or `phi4`. The flow is
+TARGET is `double-well`, `many-well`, `gmm`, `phi4` or `alanine-dipeptide` (OpenMM, the `md`
+extra: an internal-coordinate flow, maximum likelihood on cached Langevin MD frames of
+`--md-ns` ns at `--temperature`, Ramachandran plot). The flow is
 trained by [`BoltzmannGenerator`][flowkit.train.BoltzmannGenerator] (reverse KL with the
 chosen gradient estimator, plus maximum likelihood on `--samples` exact
 samples when the target can draw them). The output directory receives
@@ -23,7 +25,7 @@ from typing import Any
 __all__ = ["add_parser", "run", "TARGETS"]
 
 #: Built-in target names.
-TARGETS = ("double-well", "many-well", "gmm", "phi4")
+TARGETS = ("double-well", "many-well", "gmm", "phi4", "alanine-dipeptide")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -62,6 +64,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--m2", type=float, default=-4.0, help="phi4 mass squared (default -4)")
     parser.add_argument("--lam", type=float, default=8.0, help="phi4 coupling (default 8)")
     parser.add_argument(
+        "--temperature", type=float, default=1000.0, help="alanine-dipeptide temperature in K (default 1000)"
+    )
+    parser.add_argument("--solvent", default="vacuum", choices=["vacuum", "obc"], help="alanine-dipeptide solvent")
+    parser.add_argument(
+        "--md-ns",
+        type=float,
+        default=1.0,
+        help="alanine-dipeptide: ns of cached Langevin MD for the ML term (default 1; 0: energy only)",
+    )
+    parser.add_argument(
         "--eval-samples", type=int, default=20_000, help="flow samples for ESS and log Z (default 20000)"
     )
     parser.add_argument("--imh-steps", type=int, default=10_000, help="length of the IMH chain (default 10000)")
@@ -84,6 +96,8 @@ def build_target(args: argparse.Namespace) -> Any:
         return targets.ManyWell(args.dim)
     if args.target == "gmm":
         return targets.GaussianMixture(seed=args.seed)
+    if args.target == "alanine-dipeptide":
+        return targets.AlanineDipeptide(args.temperature, solvent=None if args.solvent == "vacuum" else args.solvent)
     return targets.Phi4(args.L, args.m2, args.lam)
 
 
@@ -98,6 +112,11 @@ def build_flow(args: argparse.Namespace, target: Any, samples: Any) -> Any:
     shape = tuple(target.event_shape)
     features = math.prod(shape)
     hidden = parse_hidden(args.hidden)
+    if args.target == "alanine-dipeptide":
+        from ..targets.alanine import alanine_internal_coordinates, internal_coordinate_flow
+
+        internal = alanine_internal_coordinates(target.minimum())
+        return internal_coordinate_flow(internal, max(1, args.transforms // 2), hidden, seed=args.seed)
     name = "nsf-coupling" if args.flow == "nsf" else args.flow
     flow = preset(name, features, transforms=args.transforms, hidden=hidden)
     if samples is not None:
@@ -131,7 +150,12 @@ def train_boltzmann(args: argparse.Namespace) -> dict[str, Any]:
     torch.manual_seed(args.seed)
     target = build_target(args)
     samples = None
-    if args.samples:
+    if args.target == "alanine-dipeptide" and args.md_ns > 0:
+        from ..data import alanine_dipeptide_md
+
+        solvent = None if args.solvent == "vacuum" else args.solvent
+        samples = alanine_dipeptide_md(args.temperature, args.md_ns, args.seed, solvent=solvent).float()
+    elif args.samples:
         if not target.has_samples:
             raise ValueError(f"--samples: the target {args.target} cannot draw exact samples with these parameters")
         samples = target.sample(args.samples, generator=torch.Generator().manual_seed(args.seed))
@@ -176,6 +200,8 @@ def train_boltzmann(args: argparse.Namespace) -> dict[str, Any]:
     }
     if args.target == "gmm":
         metrics["modes_covered"] = int((target.mode_counts(x) > 0).sum())
+    if args.target == "alanine-dipeptide":
+        metrics.update(_alanine_metrics(flow, x, log_w, args))
     metrics = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
     history.to_csv(out / "history.csv")
@@ -191,7 +217,12 @@ def _plots(flow: Any, target: Any, x: Any, log_w: Any, chain: Any, out: Path) ->
 
     from .. import plot
 
-    if tuple(target.event_shape) == (2,):
+    if hasattr(target, "topology"):  # a molecule: Ramachandran plot of the reweighted samples
+        from ..targets.alanine import backbone_dihedrals
+
+        phi, psi = backbone_dihedrals(x)
+        plot.ramachandran(phi, psi, log_w, titles=("flow (reweighted)",)).savefig(out / "ramachandran.png", dpi=100)
+    elif tuple(target.event_shape) == (2,):
         shown = x[:2000]
         bounds = [(float(shown[:, i].min()) - 0.5, float(shown[:, i].max()) + 0.5) for i in range(2)]
         plot.density(flow, shown, bounds=bounds, title="flow density and samples").savefig(out / "density.png", dpi=100)
@@ -228,6 +259,28 @@ def _plots(flow: Any, target: Any, x: Any, log_w: Any, chain: Any, out: Path) ->
         ax.set(xlabel="magnetisation M", ylabel="density", title="magnetisation")
         ax.legend()
         fig.savefig(out / "magnetization.png", dpi=100)
+
+
+def _alanine_metrics(flow: Any, x: Any, log_w: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """P(phi > 0) (raw and reweighted), the mirror-image fraction and the MD frames used."""
+    import torch
+
+    from ..bijectors.internal import same_chirality
+    from ..targets.alanine import ALANINE_CHIRAL_CENTRES, backbone_dihedrals
+
+    phi, _ = backbone_dihedrals(x)
+    reference = flow.bijector[0].reference
+    mirror = ~same_chirality(x.double(), reference.double(), ALANINE_CHIRAL_CENTRES)
+    w = torch.softmax(log_w, 0)
+    return {
+        "flow": "internal-coordinate splines",
+        "temperature": args.temperature,
+        "solvent": args.solvent,
+        "md_ns": args.md_ns,
+        "p_phi_positive_raw": float((phi > 0).double().mean()),
+        "p_phi_positive_reweighted": float((w * (phi > 0).double()).sum()),
+        "mirror_fraction": float(mirror.double().mean()),
+    }
 
 
 def run(args: argparse.Namespace) -> int:

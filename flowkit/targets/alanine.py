@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..bijectors.internal import InternalCoordinates
+from ..bijectors.internal import InternalCoordinates, dihedral
 from .openmm import OpenMMEnergy, require_openmm
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "alanine_dipeptide_positions",
     "alanine_internal_coordinates",
     "internal_coordinate_flow",
+    "backbone_dihedrals",
     "ALANINE_Z_MATRIX",
     "ALANINE_ANCHORS",
     "ALANINE_CIRCULAR",
@@ -99,6 +100,14 @@ def alanine_dipeptide_positions() -> Tensor:
     n_atoms = int(lines[1].split()[0])
     values = np.array([float(v) for line in lines[2:] for v in line.split()][: 3 * n_atoms])
     return torch.from_numpy(values / 10.0)  # angstrom -> nm
+
+
+def backbone_dihedrals(x: Tensor) -> tuple[Tensor, Tensor]:
+    r"""The backbone dihedrals $(\phi, \psi)$ in radians, float64, of configurations `(..., 66)`."""
+    pos = x.detach().double().unflatten(-1, (22, 3))
+    phi = dihedral(*(pos[..., i, :] for i in PHI_ATOMS))
+    psi = dihedral(*(pos[..., i, :] for i in PSI_ATOMS))
+    return phi, psi
 
 
 def alanine_internal_coordinates(
