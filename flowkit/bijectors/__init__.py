@@ -15,7 +15,6 @@ from .sphere import DoubleMoebius, Moebius, RigidCoupling
 from .spline_coupling import CircularSplineCoupling, SplineCoupling
 from .standardization import Standardization
 from .tails import MarginalTailCDF, TailLU
-from .tails import MarginalTailCDF, TailLU
 
 __all__ = [
     "Bijector",
@@ -31,8 +30,6 @@ __all__ = [
     "SmoothTanh",
     "Logit",
     "Standardization",
-    "TailLU",
-    "MarginalTailCDF",
     "TailLU",
     "MarginalTailCDF",
     "Coupling",
