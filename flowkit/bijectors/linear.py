@@ -124,10 +124,10 @@ class LULinear(Bijector):
         self.event_shape = torch.Size([features])
         p, lower, u = torch.linalg.lu(_random_orthogonal(features))
         diag = torch.diagonal(u)
-        # Start at Q S = P L (U S), S = sign(diag U): another rotation, whose U has the positive diagonal exp(s).
-        self.register_buffer("permutation", p)
+        # Fold the signs of U's diagonal into P so that the diagonal can be exp(s).
+        self.register_buffer("permutation", p * torch.sign(diag).unsqueeze(0))
         self.lower = nn.Parameter(torch.tril(lower, -1))
-        self.upper = nn.Parameter(torch.triu(u, 1) * torch.sign(diag).unsqueeze(0))
+        self.upper = nn.Parameter(torch.triu(u, 1) * torch.sign(diag).unsqueeze(1))
         self.log_diag = nn.Parameter(diag.abs().log())
         self.bias = nn.Parameter(torch.zeros(features)) if bias else None
         self.register_buffer("_eye", torch.eye(features), persistent=False)
