@@ -4,6 +4,7 @@ from .batches import split_batch, split_indexed_batch, with_indices
 from .boltzmann import BoltzmannGenerator
 from .callbacks import EMA, Callback
 from .dependent import DependenceUpdate, DependentMaximumLikelihood
+from .force_matching import ForceMatching
 from .likelihood import ForwardKLPathGradient, MaximumLikelihood
 from .loop import History, default_threads, fit
 from .objective import Objective
@@ -20,6 +21,7 @@ __all__ = [
     "PathGradientVI",
     "ForwardKLPathGradient",
     "BoltzmannGenerator",
+    "ForceMatching",
     "ScoreMatching",
     "EMA",
     "Callback",

@@ -2,6 +2,7 @@ r"""Boltzmann-generator training: reverse KL to the target energy mixed with max
 
 $$
 \mathcal L = w_{KL}\, E_{z}[u(T(z)) + \log q(T(z))] + w_{ML}\, E_{x \sim \text{samples}}[-\log q(x)]
++ w_F\, E_{x \sim \text{samples}}\|\nabla_x \log q(x) + \nabla_x u(x)\|^2
 $$
 
 (Noé et al. 2019). The KL term is mode-seeking and needs only the energy; the
@@ -21,6 +22,7 @@ from torch import Tensor
 from .._validation import check_tensor
 from ..flows import Flow
 from ..targets import Target
+from .force_matching import force_matching_terms
 from .objective import Objective
 from .pathgrad import ESTIMATORS, _check_flow, _latent, _weight_metrics, forward_kl_loss, reverse_kl_loss
 
@@ -48,11 +50,14 @@ class BoltzmannGenerator(Objective):
             reparameterised path weights.
         ml_estimator: `"nll"` (plain maximum likelihood) or `"path"` (the
             forward-KL path gradient, which also uses the target's forces at the samples).
+        w_force: weight of the force-matching term on the samples (see
+            [`ForceMatching`][flowkit.train.ForceMatching]; ignored without samples; needs a
+            [`Flow`][flowkit.flows.Flow] and `ml_estimator="nll"`).
 
     Attributes:
         needs_data: False; samples are held by the objective, not fed by the loop.
 
-    After each call, `metrics` gives `kl` and `nll` of the batch and
+    After each call, `metrics` gives `kl` and `nll` (and `force_loss`) of the batch and
     the ESS and log Z estimate of the KL batch.
 
     References:
@@ -71,6 +76,7 @@ class BoltzmannGenerator(Objective):
         w_kl: float = 1.0,
         estimator: str = "fast",
         ml_estimator: str = "nll",
+        w_force: float = 0.0,
     ) -> None:
         if not isinstance(target, Target):
             raise ValueError(
@@ -82,8 +88,12 @@ class BoltzmannGenerator(Objective):
             raise ValueError(
                 f"BoltzmannGenerator: unknown ml_estimator {ml_estimator!r}; choose one of {_ML_ESTIMATORS}"
             )
-        if w_ml < 0 or w_kl < 0:
-            raise ValueError(f"BoltzmannGenerator: weights must be non-negative, got w_ml={w_ml}, w_kl={w_kl}")
+        if w_ml < 0 or w_kl < 0 or w_force < 0:
+            raise ValueError(
+                f"BoltzmannGenerator: weights must be non-negative, got w_ml={w_ml}, w_kl={w_kl}, w_force={w_force}"
+            )
+        if w_force > 0 and ml_estimator != "nll":
+            raise ValueError("BoltzmannGenerator: w_force > 0 needs ml_estimator='nll'")
         if samples is not None:
             check_tensor(samples, target.event_shape, name="samples", where="BoltzmannGenerator")
             if samples.dim() != len(target.event_shape) + 1 or samples.shape[0] < 1:
@@ -91,14 +101,15 @@ class BoltzmannGenerator(Objective):
                     f"BoltzmannGenerator: samples must have shape (N, {', '.join(map(str, target.event_shape))}), "
                     f"got {tuple(samples.shape)}"
                 )
-        if w_kl == 0 and (samples is None or w_ml == 0):
-            raise ValueError("BoltzmannGenerator: both terms are switched off (w_kl = 0 and no ML term)")
+        if w_kl == 0 and (samples is None or (w_ml == 0 and w_force == 0)):
+            raise ValueError("BoltzmannGenerator: every term is switched off (w_kl = 0 and no ML or force term)")
         self.target = target
         self.samples = samples
         self.w_ml = float(w_ml) if samples is not None else 0.0
         self.w_kl = float(w_kl)
         self.estimator = estimator
         self.ml_estimator = ml_estimator
+        self.w_force = float(w_force) if samples is not None else 0.0
         self._last: dict[str, Tensor] = {}
 
     def _kl(self, flow: Any, z: Tensor) -> tuple[Tensor, Tensor]:
@@ -106,13 +117,18 @@ class BoltzmannGenerator(Objective):
         estimator = self.estimator if isinstance(flow, Flow) else "reparam"
         return reverse_kl_loss(flow, self.target, z, estimator)
 
-    def _nll(self, flow: Any, n: int, like: Tensor) -> Tensor:
+    def _nll(self, flow: Any, n: int, like: Tensor) -> tuple[Tensor, Tensor | None]:
+        """The ML term on a fresh batch of samples, and the force-matching term on it (None unless `w_force`)."""
         assert self.samples is not None
         index = torch.randint(0, self.samples.shape[0], (n,), device=self.samples.device)
         x = self.samples[index].to(device=like.device, dtype=like.dtype)
+        if self.w_force > 0:
+            if not isinstance(flow, Flow):
+                raise ValueError("BoltzmannGenerator: w_force > 0 needs a Flow with an exact density")
+            return force_matching_terms(flow, self.target, x)
         if self.ml_estimator == "path" and isinstance(flow, Flow):
-            return forward_kl_loss(flow, self.target, x)
-        return -flow.path_log_likelihood(x).mean()
+            return forward_kl_loss(flow, self.target, x), None
+        return -flow.path_log_likelihood(x).mean(), None
 
     def loss(self, flow: Any, batch: Tensor | int) -> Tensor:
         _check_flow(flow, self.target, "BoltzmannGenerator", exact=False)
@@ -123,13 +139,16 @@ class BoltzmannGenerator(Objective):
             kl, self._last["log_w"] = self._kl(flow, z)
             self._last["kl"] = kl.detach()
             total = total + self.w_kl * kl
-        if self.w_ml > 0:
-            nll = self._nll(flow, z.shape[0], z)
+        if self.w_ml > 0 or self.w_force > 0:
+            nll, force_loss = self._nll(flow, z.shape[0], z)
             self._last["nll"] = nll.detach()
             total = total + self.w_ml * nll
+            if force_loss is not None:
+                self._last["force_loss"] = force_loss.detach()
+                total = total + self.w_force * force_loss
         return total
 
     def metrics(self) -> dict[str, float]:
-        out = {name: float(self._last[name]) for name in ("kl", "nll") if name in self._last}
+        out = {name: float(self._last[name]) for name in ("kl", "nll", "force_loss") if name in self._last}
         out.update(_weight_metrics(self._last.get("log_w")))
         return out
