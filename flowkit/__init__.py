@@ -1,6 +1,20 @@
 """flowkit: normalizing flows in PyTorch, with the checks that make them trustworthy."""
 
-from . import bijectors, data, distributions, flows, io, sampling, stochastic, targets, testing, train, transformers
+from . import (
+    bijectors,
+    data,
+    distributions,
+    flows,
+    io,
+    lattice,
+    mcmc,
+    sampling,
+    stochastic,
+    targets,
+    testing,
+    train,
+    transformers,
+)
 from ._validation import set_validation
 from .flows import Flow
 
@@ -25,6 +39,8 @@ __all__ = [
     "targets",
     "train",
     "sampling",
+    "mcmc",
+    "lattice",
     "data",
     "plot",
     "testing",

@@ -25,9 +25,34 @@ import torch
 from torch import Tensor
 
 from .domains import Real
+from .mcmc import (
+    Chains,
+    flow_hmc,
+    hmc,
+    independent_metropolis,
+    integrated_autocorrelation_time,
+    mala,
+    neutra_mala,
+)
 from .targets import Target
 
-__all__ = ["importance_sample", "log_weights", "ess", "log_Z", "imh", "reweight", "metropolis"]
+__all__ = [
+    "importance_sample",
+    "log_weights",
+    "ess",
+    "log_Z",
+    "imh",
+    "reweight",
+    "metropolis",
+    # batched Markov chains, from flowkit.mcmc
+    "Chains",
+    "hmc",
+    "mala",
+    "flow_hmc",
+    "neutra_mala",
+    "independent_metropolis",
+    "integrated_autocorrelation_time",
+]
 
 
 def _check_target(flow: Any, target: Target, where: str) -> None:

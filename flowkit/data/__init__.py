@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import pathlib
 
+from .dependent import DEPENDENT_SHAPES, DependentSplits, equicorrelated_groups, random_kinship, stock_pairs
 from .alanine import alanine_dipeptide_md
 from .digits import DIGITS_LEVELS, DequantizedDataset, bits_per_dim, dequantize, digits, training_data
 from .evaluation import NLL, evaluate_nll, log_prob_batched
@@ -59,6 +60,11 @@ __all__ = [
     "IMAGE_DATASETS",
     "FASHION_MNIST_LEVELS",
     "alanine_dipeptide_md",
+    "DependentSplits",
+    "DEPENDENT_SHAPES",
+    "equicorrelated_groups",
+    "random_kinship",
+    "stock_pairs",
 ]
 
 

@@ -6,6 +6,7 @@
 
 from .flow import Flow, FlowDistribution
 from .images import EIW, Glow
+from .lattice import LatticeFlow
 from .presets import MAF, NSF, RealNVP
 from .registry import PRESET_NAMES, PRESETS, build_flow, parse_hidden
 from .rigid import RigidBodyFlow
@@ -18,6 +19,7 @@ __all__ = [
     "NSF",
     "Glow",
     "EIW",
+    "LatticeFlow",
     "RigidBodyFlow",
     "PRESETS",
     "PRESET_NAMES",

@@ -45,7 +45,7 @@ import torch
 from torch import Tensor
 
 from .._validation import check_point, check_tensor, outermost
-from ..bijectors import Chain, Coupling, Invert, Linear, LULinear, Permutation, Reshape
+from ..bijectors import Chain, Coupling, Invert, Linear, LULinear, MaskedCoupling, Permutation, Reshape
 from ..bijectors.base import Bijector, context_for
 from ..transformers import Affine, CircularSpline, RationalQuadraticSpline, Transformer
 
@@ -351,4 +351,36 @@ register_score_rule(
     Coupling,
     forward=_coupling_rule(forward_and_ladj_derivative),
     inverse=_coupling_rule(inverse_and_ladj_derivative),
+)
+
+
+def _masked_coupling_rule(derivative: Callable) -> ScoreRule:
+    """The coupling rule for [`MaskedCoupling`][flowkit.bijectors.MaskedCoupling]: the same algebra on masked sites."""
+
+    def rule(b: MaskedCoupling, y: Tensor, score: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        event = len(b.event_shape)
+        context_batch = () if context is None else context.shape[:-1]
+        batch = torch.broadcast_shapes(y.shape[: y.dim() - event], score.shape[: score.dim() - event], context_batch)
+        flat = y.expand(*batch, *b.event_shape).flatten(-event)
+        s = score.detach().expand(*batch, *b.event_shape).flatten(-event)
+        y_id, y_tr = flat[..., b.identity_idx], flat[..., b.transformed_idx]
+        with torch.enable_grad():
+            cond = y_id if y_id.requires_grad else y_id.detach().requires_grad_(True)
+            grid = torch.cat([cond, torch.zeros_like(y_tr)], -1)[..., b.unsort_idx].unflatten(-1, b.event_shape)
+            params = b._params(grid, context)[..., b.transformed_idx, :]
+            out_tr, ladj, dladj = derivative(b.transformer, y_tr.expand(params.shape[:-1]), params)
+            w = (s[..., b.transformed_idx] - dladj) * torch.exp(-ladj.detach())
+            ones = ladj.new_ones(()).expand_as(ladj)
+            (g_cond,) = torch.autograd.grad((out_tr, ladj), cond, (w, ones), retain_graph=True)
+        z = torch.cat([y_id, out_tr], -1)[..., b.unsort_idx].unflatten(-1, b.event_shape)
+        new_score = torch.cat([s[..., b.identity_idx] - g_cond, w], -1)[..., b.unsort_idx]
+        return z, ladj.sum(-1), new_score.unflatten(-1, b.event_shape)
+
+    return rule
+
+
+register_score_rule(
+    MaskedCoupling,
+    forward=_masked_coupling_rule(forward_and_ladj_derivative),
+    inverse=_masked_coupling_rule(inverse_and_ladj_derivative),
 )

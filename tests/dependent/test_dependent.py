@@ -1,0 +1,247 @@
+"""DependentMaximumLikelihood: the unbiased mini-batch estimator, K = I, log-determinants, rho recovery, bad inputs."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import flowkit
+from flowkit.data import equicorrelated_groups, random_kinship, stock_pairs
+from flowkit.train import (
+    DependenceUpdate,
+    DependentMaximumLikelihood,
+    MaximumLikelihood,
+    fit,
+    split_indexed_batch,
+    with_indices,
+)
+
+F64 = torch.float64
+
+
+def _kinship(n: int, rank: int = 15, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, rank, generator=g, dtype=F64)
+    k = w @ w.T
+    d = k.diagonal().sqrt()
+    return k / d[:, None] / d[None, :]
+
+
+def _groups_sigma(groups: torch.Tensor, rho: float) -> torch.Tensor:
+    same = groups[:, None] == groups[None, :]
+    sigma = torch.where(same, torch.tensor(rho, dtype=F64), torch.tensor(0.0, dtype=F64))
+    return sigma.fill_diagonal_(1.0)
+
+
+def _identity_flow() -> flowkit.Flow:
+    scaling = flowkit.bijectors.Standardization([0.0, 0.0], [1.0, 1.0])
+    return flowkit.Flow(scaling, flowkit.distributions.StandardNormal(2)).double()
+
+
+def _flow() -> flowkit.Flow:
+    torch.manual_seed(0)
+    return flowkit.flows.RealNVP(2, transforms=2, hidden=(16,)).double()
+
+
+@pytest.mark.parametrize("kind", ["kinship", "groups"])
+def test_minibatch_term_averages_to_the_full_batch_value(kind):
+    n, b = 120, 16
+    structure = {"kinship": _kinship(n)} if kind == "kinship" else {"groups": torch.arange(n) // 7}
+    objective = DependentMaximumLikelihood(**structure, value=0.35)
+    flow = _flow()
+    x = torch.randn(n, 2, dtype=F64) * 1.5 + 0.3
+    with torch.no_grad():
+        full = float(objective.log_likelihood(flow, x)) / n
+        batch = torch.randperm(n)[:b]
+        z, ladj = objective.latents(flow, x)  # the flow acts point by point: one pass for every batch below
+        one_batch = (ladj[batch] + objective.point_terms(z[batch], batch)).mean()
+        assert torch.allclose(-objective.loss(flow, (x[batch], batch)), one_batch)
+        g = torch.Generator().manual_seed(1)
+        batches = (torch.randperm(n, generator=g)[:b] for _ in range(2000))
+        draws = torch.stack([(ladj[i] + objective.point_terms(z[i], i)).mean() for i in batches])
+    mean, se = float(draws.mean()), float(draws.std()) / math.sqrt(len(draws))
+    assert abs(mean - full) < 3 * se, (mean, full, se)
+    assert se < 0.05 * abs(full)  # a tight comparison
+
+
+def test_full_batch_value_matches_dense_gaussian():
+    n = 60
+    k = _kinship(n)
+    objective = DependentMaximumLikelihood(kinship=k, value=0.3)
+    z = torch.randn(n, 2, dtype=F64)
+    sigma = 0.3 * torch.eye(n, dtype=F64) + 0.7 * k
+    dense = torch.distributions.MultivariateNormal(torch.zeros(n, dtype=F64), covariance_matrix=sigma)
+    assert torch.allclose(objective.latent_log_likelihood(z), dense.log_prob(z.T).sum(), rtol=1e-10)
+    groups = torch.arange(n) // 9
+    objective = DependentMaximumLikelihood(groups=groups, value=0.6)
+    dense = torch.distributions.MultivariateNormal(torch.zeros(n, dtype=F64), _groups_sigma(groups, 0.6))
+    assert torch.allclose(objective.latent_log_likelihood(z), dense.log_prob(z.T).sum(), rtol=1e-10)
+
+
+def test_identity_kinship_is_iid_maximum_likelihood():
+    n = 50
+    objective = DependentMaximumLikelihood(kinship=torch.eye(n, dtype=F64), value=0.2)
+    flow = _flow()
+    x = torch.randn(n, 2, dtype=F64)
+    index = torch.randperm(n)[:20]
+    dependent = objective.loss(flow, (x[index], index))
+    iid = MaximumLikelihood().loss(flow, x[index])
+    assert torch.allclose(dependent, iid, rtol=1e-12, atol=1e-12)
+    grads = [torch.autograd.grad(loss, list(flow.parameters())) for loss in (dependent, iid)]
+    for a, b in zip(*grads, strict=True):
+        assert torch.allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_eigen_log_determinant_matches_slogdet():
+    n = 80
+    k = _kinship(n, rank=30)
+    objective = DependentMaximumLikelihood(kinship=k)
+    for lam in (0.01, 0.3, 0.9):
+        sigma = lam * torch.eye(n, dtype=F64) + (1 - lam) * k
+        sign, logdet = torch.linalg.slogdet(sigma)
+        assert sign == 1
+        eigen = objective.structure.log_det(torch.tensor(lam, dtype=F64))
+        assert math.isclose(float(eigen), float(logdet), rel_tol=1e-10)
+    groups = torch.tensor([0, 0, 0, 1, 2, 2, 5, 5, 5, 5])
+    objective = DependentMaximumLikelihood(groups=groups)
+    for rho in (0.1, 0.8):
+        logdet = torch.linalg.slogdet(_groups_sigma(groups, rho))[1]
+        closed_form = objective.structure.log_det(torch.tensor(rho, dtype=F64))
+        assert math.isclose(float(closed_form), float(logdet), rel_tol=1e-10)
+        index = torch.tensor([6, 0, 9, 3, 1])
+        inverse = torch.linalg.inv(_groups_sigma(groups, rho))
+        assert torch.allclose(objective.structure.precision(rho, index), inverse[index][:, index], atol=1e-12)
+
+
+def test_update_recovers_rho_of_exact_latents():
+    data = equicorrelated_groups("cres", n=2000, rho=0.7, seed=3)
+    g = torch.Generator().manual_seed(0)
+    # the latents themselves (identity flow): the update is the maximum-likelihood rho
+    groups = data.groups
+    shared = torch.randn(int(groups.max()) + 1, 2, generator=g, dtype=F64)[groups]
+    z = math.sqrt(0.7) * shared + math.sqrt(0.3) * torch.randn(len(groups), 2, generator=g, dtype=F64)
+    objective = DependentMaximumLikelihood(groups=groups)
+    flow = _identity_flow()
+    assert abs(objective.update(flow, z) - 0.7) < 0.05
+
+
+def test_fit_with_alternation_recovers_rho_on_synthetic_groups():
+    # equicorrelated latents (the data set's Pareto groups, rho = 0.7) through an affine map the flow can learn
+    groups = equicorrelated_groups("cres", n=2000, rho=0.7, seed=2).groups
+    g = torch.Generator().manual_seed(2)
+    shared = torch.randn(int(groups.max()) + 1, 2, generator=g)[groups]
+    z = math.sqrt(0.7) * shared + math.sqrt(0.3) * torch.randn(len(groups), 2, generator=g)
+    x = z @ torch.tensor([[2.0, 0.5], [0.0, 0.7]]) + torch.tensor([1.0, -2.0])
+    torch.manual_seed(0)
+    flow = flowkit.flows.RealNVP(2, transforms=2, hidden=(16,))
+    objective = DependentMaximumLikelihood(groups=groups)
+    update = DependenceUpdate(objective, flow, x, every=10)
+    settings = dict(steps=600, batch_size=256, lr=1e-2, progress=False)
+    history = fit(flow, objective, with_indices(x), callbacks=[update], **settings)
+    assert len(history.metrics["rho"]) == 600 and history.metrics["rho"][0] != 0.5  # updated before the first step
+    assert abs(objective.value - 0.7) < 0.05, objective.value
+
+
+def test_random_kinship_update_estimates_lambda_of_exact_latents():
+    n = 300
+    data = random_kinship("cres", n=n, lam=0.4, seed=0)
+    sigma = 0.4 * torch.eye(n, dtype=F64) + 0.6 * data.kinship
+    z = torch.linalg.cholesky(sigma) @ torch.randn(n, 2, dtype=F64)
+    objective = DependentMaximumLikelihood(kinship=data.kinship)
+    flow = _identity_flow()
+    assert abs(objective.update(flow, z) - 0.4) < 0.1
+    assert data.kinship.diagonal().eq(1).all() and torch.linalg.eigvalsh(data.kinship)[0] > -1e-8
+
+
+def test_validation_loss_is_the_marginal_nll():
+    n = 40
+    objective = DependentMaximumLikelihood(groups=torch.arange(n) // 4)
+    flow = _flow()
+    x = torch.randn(n, 2, dtype=F64)
+    expected = -flow.log_prob(x).mean()
+    assert torch.allclose(objective.validation_loss(flow, x), expected)
+    assert torch.allclose(objective.validation_loss(flow, with_indices(x)), expected)
+    assert objective.metrics() == {"rho": pytest.approx(0.5)}
+
+
+def test_with_indices_and_split_indexed_batch():
+    x, c = torch.randn(5, 2), torch.randn(5, 1)
+    assert torch.equal(with_indices(x)[1], torch.arange(5))
+    xx, cc, index = split_indexed_batch(with_indices((x, c)))
+    assert xx is x and cc is c and torch.equal(index, torch.arange(5))
+    with pytest.raises(ValueError, match="integer"):
+        split_indexed_batch((x, c))
+    with pytest.raises(ValueError, match="points"):
+        split_indexed_batch((x, torch.arange(4)))
+    with pytest.raises(ValueError, match="with_indices"):
+        split_indexed_batch(x)
+
+
+@pytest.mark.parametrize(
+    "kinship, match",
+    [
+        (torch.tensor([[1.0, 0.5], [0.2, 1.0]]), "symmetric"),
+        (torch.tensor([[1.0, 2.0], [2.0, 1.0]]), "positive semi-definite"),
+        (torch.tensor([[2.0, 0.0], [0.0, 1.0]]), "unit diagonal"),
+        (torch.ones(3, 2), "square"),
+        (torch.ones(1, 1), "square"),
+        (torch.tensor([[1.0, float("nan")], [float("nan"), 1.0]]), "non-finite"),
+        ("abc", "matrix of numbers"),
+    ],
+)
+def test_bad_kinship(kinship, match):
+    with pytest.raises(ValueError, match=match):
+        DependentMaximumLikelihood(kinship=kinship)
+
+
+def test_bad_arguments_and_batches():
+    n = 10
+    with pytest.raises(ValueError, match="exactly one"):
+        DependentMaximumLikelihood()
+    with pytest.raises(ValueError, match="exactly one"):
+        DependentMaximumLikelihood(kinship=torch.eye(n), groups=torch.arange(n))
+    with pytest.raises(ValueError, match="integer labels"):
+        DependentMaximumLikelihood(groups=torch.rand(n))
+    with pytest.raises(ValueError, match="value"):
+        DependentMaximumLikelihood(groups=torch.arange(n), value=1.0)
+    objective = DependentMaximumLikelihood(kinship=torch.eye(n, dtype=F64))
+    flow, x = _flow(), torch.randn(4, 2, dtype=F64)
+    with pytest.raises(ValueError, match=r"\[0, 10\)"):
+        objective.loss(flow, (x, torch.tensor([0, 1, 2, 10])))
+    with pytest.raises(ValueError, match=r"\[0, 10\)"):
+        objective.loss(flow, (x, torch.tensor([-1, 1, 2, 3])))
+    with pytest.raises(ValueError, match="twice"):
+        objective.loss(flow, (x, torch.tensor([0, 1, 1, 3])))
+    with pytest.raises(ValueError, match="with_indices"):
+        objective.loss(flow, x)
+    with pytest.raises(ValueError, match="all 10 training points"):
+        objective.update(flow, x)
+    with pytest.raises(ValueError, match="StandardNormal"):
+        other = flowkit.flows.RealNVP(2, transforms=1, base=flowkit.distributions.DiagNormal(2)).double()
+        objective.loss(other, (x, torch.arange(4)))
+    with pytest.raises(ValueError, match="data has 4 points"):
+        DependenceUpdate(objective, flow, x)
+    with pytest.raises(ValueError, match="every"):
+        DependenceUpdate(objective, flow, torch.randn(n, 2), every=0)
+
+
+def test_synthetic_and_real_data_sets():
+    data = equicorrelated_groups("sine", n=300, rho=0.5, seed=0)
+    assert data.train.shape == (300, 2) and data.groups.shape == (300,)
+    assert sum(data.info["group_sizes"]) == 300 and data.truth == {"rho": 0.5}
+    assert torch.equal(equicorrelated_groups("sine", n=300, rho=0.5, seed=0).train, data.train)
+    with pytest.raises(ValueError, match="unknown shape"):
+        equicorrelated_groups("moons")
+    with pytest.raises(ValueError, match="rho"):
+        equicorrelated_groups(rho=1.0)
+    with pytest.raises(ValueError, match="lam"):
+        random_kinship(lam=0.0)
+    pytest.importorskip("arch")
+    stocks = stock_pairs()
+    assert stocks.train.shape[0] == 2 * (int(stocks.groups.max()) + 1)
+    assert np.allclose(stocks.train.mean(0), 0, atol=1e-4) and np.allclose(stocks.train.std(0), 1, atol=1e-3)
+    days = stocks.train.reshape(-1, 2, 2)
+    assert np.corrcoef(days[:, 0, 0], days[:, 1, 0])[0, 1] > 0.8  # the two indices move together
