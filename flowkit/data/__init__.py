@@ -17,8 +17,8 @@ from __future__ import annotations
 import os
 import pathlib
 
-from .dependent import DEPENDENT_SHAPES, DependentSplits, equicorrelated_groups, random_kinship, stock_pairs
 from .alanine import alanine_dipeptide_md
+from .dependent import DEPENDENT_SHAPES, DependentSplits, equicorrelated_groups, random_kinship, stock_pairs
 from .digits import DIGITS_LEVELS, DequantizedDataset, bits_per_dim, dequantize, digits, training_data
 from .evaluation import NLL, evaluate_nll, log_prob_batched
 from .files import FILE_SUFFIXES, file_splits, read_array
