@@ -12,6 +12,7 @@ from .lattice import Phi4, Phi4Hopping
 from .mixture import GaussianMixture
 from .openmm import OpenMMEnergy
 from .rigid import MatrixFisher, Octupole, RigidDipoles, WithAuxiliaries
+from .torus import TorusDoubleWell
 from .wells import DoubleWell, ManyWell
 
 __all__ = [
@@ -29,4 +30,5 @@ __all__ = [
     "Octupole",
     "RigidDipoles",
     "WithAuxiliaries",
+    "TorusDoubleWell",
 ]
