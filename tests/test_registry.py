@@ -9,17 +9,17 @@ from flowkit.flows.registry import count_parameters
 
 
 def test_names_are_the_registry_keys():
-    assert PRESET_NAMES == tuple(PRESETS) == ("nsf", "nsf-coupling", "realnvp", "maf")
+    assert PRESET_NAMES == tuple(PRESETS) == ("nsf", "nsf-coupling", "realnvp", "maf", "lattice")
 
 
 @pytest.mark.parametrize("name", PRESET_NAMES)
 def test_builds_every_preset(name):
-    flow = build_flow(name.upper(), 3, transforms=2, hidden=(8, 8), bins=4)
-    assert isinstance(flow, flowkit.Flow) and tuple(flow.event_shape) == (3,)
-    x = torch.randn(5, 3)
+    flow = build_flow(name.upper(), 4, transforms=2, hidden=(8, 8), bins=4)
+    assert isinstance(flow, flowkit.Flow) and tuple(flow.event_shape) == (4,)
+    x = torch.randn(5, 4)
     assert flow.log_prob(x).shape == (5,) and torch.isfinite(flow.log_prob(x)).all()
-    assert flow.sample((4,)).shape == (4, 3)
-    assert build_flow(name, 3) is not None  # the default size
+    assert flow.sample((4,)).shape == (4, 4)
+    assert build_flow(name, 4) is not None  # the default size
 
 
 def test_presets_and_their_default_sizes():
@@ -37,7 +37,7 @@ def test_presets_and_their_default_sizes():
 
 
 def test_unknown_name_is_a_clear_error_listing_the_names():
-    with pytest.raises(ValueError, match="unknown flow 'glow'; choose one of nsf, nsf-coupling, realnvp, maf"):
+    with pytest.raises(ValueError, match="unknown flow 'glow'; choose one of nsf, nsf-coupling, realnvp, maf, lattice"):
         build_flow("glow", 2)
 
 
@@ -46,6 +46,8 @@ def test_bad_sizes_are_errors():
         build_flow("nsf", 2, transforms=0)
     with pytest.raises(ValueError, match="realnvp needs at least 2 features"):
         build_flow("realnvp", 1)
+    with pytest.raises(ValueError, match="lattice needs a square number"):
+        build_flow("lattice", 8)
     with pytest.raises(ValueError, match="hidden sizes must be positive"):
         build_flow("maf", 2, hidden=(8, 0))
 

@@ -9,6 +9,7 @@
 | `nsf-coupling` | [`NSF`][flowkit.flows.NSF] with `coupling=True` | 5 layers, hidden `(128, 128)`, 8 bins |
 | `realnvp` | [`RealNVP`][flowkit.flows.RealNVP] | 8 layers, hidden `(128, 128)` |
 | `maf` | [`MAF`][flowkit.flows.MAF] | 5 layers, hidden `(64, 64)` |
+| `lattice` | [`LatticeFlow`][flowkit.flows.LatticeFlow] on `D = L^2` features (an `L x L` lattice) | 16, `(8, 8)` |
 
 Example:
     ```python
@@ -20,15 +21,26 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from functools import partial
 
-from torch import nn
+from torch import Tensor, nn
 
 from .flow import Flow
+from .lattice import LatticeFlow
 from .presets import MAF, NSF, RealNVP
+from .tails import COMET, TailAdaptive
 
-__all__ = ["PRESETS", "PRESET_NAMES", "build_flow", "parse_hidden", "count_parameters"]
+__all__ = [
+    "PRESETS",
+    "PRESET_NAMES",
+    "build_flow",
+    "parse_hidden",
+    "count_parameters",
+    "DATA_PRESETS",
+    "build_data_flow",
+]
 
 
 def _nsf(
@@ -47,11 +59,22 @@ def _maf(features: int, transforms: int | None, hidden: Sequence[int] | None, bi
     return MAF(features, transforms=transforms or 5, hidden=tuple(hidden or (64, 64)))
 
 
+def _lattice(features: int, transforms: int | None, hidden: Sequence[int] | None, bins: int) -> Flow:
+    from ..bijectors import Chain, Reshape
+
+    L = math.isqrt(features)
+    if L < 2 or L * L != features:
+        raise ValueError(f"lattice needs a square number L * L of features with L >= 2, got {features}")
+    flow = LatticeFlow(L, transforms=transforms or 16, hidden=tuple(hidden or (8, 8)))
+    return Flow(Chain(Reshape((features,), (L, L)), flow.bijector), flow.base)
+
+
 PRESETS: dict[str, Callable[[int, int | None, Sequence[int] | None, int], Flow]] = {
     "nsf": _nsf,
     "nsf-coupling": partial(_nsf, coupling=True),
     "realnvp": _realnvp,
     "maf": _maf,
+    "lattice": _lattice,
 }
 """Preset name -> constructor `(features, transforms, hidden, bins) -> Flow`.
 
@@ -73,10 +96,10 @@ def build_flow(
     """Build the preset called `name` (case-insensitive; one of `PRESET_NAMES`).
 
     Arguments:
-        name: `nsf`, `nsf-coupling`, `realnvp` or `maf`.
+        name: `nsf`, `nsf-coupling`, `realnvp`, `maf` or `lattice`.
         features: data dimension `D`.
-        transforms: number of layers (default 5; 8 for `realnvp`).
-        hidden: conditioner hidden sizes (default `(128, 128)`; `(64, 64)` for `maf`).
+        transforms: number of layers (default 5; 8 for `realnvp`, 16 for `lattice`).
+        hidden: conditioner hidden sizes (default `(128, 128)`; `(64, 64)` for `maf`, `(8, 8)` for `lattice`).
         bins: spline bins (the NSF presets only).
 
     Returns:
@@ -114,3 +137,42 @@ def parse_hidden(text: str | Sequence[int]) -> tuple[int, ...]:
 def count_parameters(model: nn.Module) -> int:
     """Number of trainable parameters of `model`."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def _tail_adaptive(variant: str, x: Tensor, transforms: int | None, hidden: Sequence[int] | None, bins: int) -> Flow:
+    return TailAdaptive.from_data(x, variant, transforms=transforms or 5, hidden=tuple(hidden or (64, 64)), bins=bins)
+
+
+def _comet(x: Tensor, transforms: int | None, hidden: Sequence[int] | None, bins: int) -> Flow:
+    return COMET.from_data(x, transforms=transforms or 5, hidden=tuple(hidden or (64, 64)), bins=bins)
+
+
+DATA_PRESETS: dict[str, Callable[[Tensor, int | None, Sequence[int] | None, int], Flow]] = {
+    "tail-adaptive": partial(_tail_adaptive, "mtaf"),
+    "mtaf": partial(_tail_adaptive, "mtaf"),
+    "mtaf-fix": partial(_tail_adaptive, "mtaf-fix"),
+    "gtaf": partial(_tail_adaptive, "gtaf"),
+    "comet": _comet,
+}
+"""Presets fitted to training data: name -> constructor `(x, transforms, hidden, bins) -> Flow`.
+
+`tail-adaptive` (= `mtaf`), `mtaf-fix` and `gtaf` are [`TailAdaptive`][flowkit.flows.TailAdaptive]
+flows whose tails are estimated on `x`; `comet` is a [`COMET`][flowkit.flows.COMET] flow with its
+marginals fitted to `x`. Default sizes: 5 layers, hidden `(64, 64)`.
+"""
+
+
+def build_data_flow(
+    name: str, x: Tensor, *, transforms: int | None = None, hidden: Sequence[int] | None = None, bins: int = 8
+) -> Flow:
+    """Build the preset called `name` (one of `DATA_PRESETS`) from training data `x` of shape `(N, D)`.
+
+    Raises:
+        ValueError: for an unknown name, bad sizes or data the tail estimates or marginal fits refuse.
+    """
+    key = name.lower() if isinstance(name, str) else None
+    if key not in DATA_PRESETS:
+        raise ValueError(f"unknown data-fitted flow {name!r}; choose one of {', '.join(DATA_PRESETS)}")
+    if transforms is not None and transforms < 1:
+        raise ValueError(f"transforms must be at least 1, got {transforms}")
+    return DATA_PRESETS[key](x, transforms, None if hidden is None else parse_hidden(hidden), bins)
