@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-__all__ = ["LIBRARIES", "PEERS", "PeerFlow", "build_peer", "interface", "maf", "nsf"]
+__all__ = ["LIBRARIES", "PEERS", "PeerFlow", "build_peer", "interface", "maf", "normflows_glow", "nsf"]
 
 #: Libraries with an NSF in `nsf`.
 LIBRARIES = ("zuko", "nflows", "normflows")
@@ -286,3 +286,47 @@ def build_peer(
         x = standardize_with.double()
         loc, scale = x.mean(0), x.std(0).clamp_min(1e-6)
     return PeerFlow(library, model, loc, scale)
+
+
+def normflows_glow(
+    shape: tuple[int, int, int], *, levels: int, steps: int, hidden: int, alpha: float = 0.05
+) -> nn.Module:
+    """The Glow of normflows, matched to `flowkit.flows.Glow(shape, levels, steps, (hidden, hidden), alpha=alpha)`.
+
+    The same multiscale layout (a level squeezes when its grid is even, factors out
+    the last half of the channels except at the last level), steps of ActNorm, an LU
+    1x1 convolution and an affine channel coupling whose conditioner is three 3x3
+    convolutions (the identity half to `hidden`, `hidden`, then shift and log-scale of the
+    other half; normflows' GlowBlock hard-codes a 1x1 middle kernel, so the block is
+    assembled from its parts), `exp` scales, a logit preprocessing and standard normal
+    latents. Returns normflows' `MultiscaleFlow`; `model.log_prob(x, None)`.
+    """
+    import normflows as nf
+
+    def block(c: int) -> list[nn.Module]:
+        # normflows conditions on the first (c + 1) // 2 channels and transforms the others;
+        # flowkit alternates halves, which is the same cost per step.
+        net = nf.nets.ConvNet2d(((c + 1) // 2, hidden, hidden, 2 * (c // 2)), (3, 3, 3), 0.0, True)
+        coupling = nf.flows.AffineCouplingBlock(net, True, "exp", "channel")
+        return [coupling, nf.flows.Invertible1x1Conv(c, True), nf.flows.ActNorm((c, 1, 1))]
+
+    c, h, w = shape
+    shapes, squeezes = [], []
+    for level in range(levels):
+        squeeze = h % 2 == 0 and w % 2 == 0
+        if squeeze:
+            c, h, w = 4 * c, h // 2, w // 2
+        shapes.append((c, h, w))
+        squeezes.append(squeeze)
+        if level < levels - 1:
+            c = c // 2
+    flows, q0 = [], []
+    for level in reversed(range(levels)):  # normflows lists the levels latent side first
+        c, h, w = shapes[level]
+        layers = [layer for _ in range(steps) for layer in block(c)]
+        flows.append(layers + ([nf.flows.Squeeze()] if squeezes[level] else []))
+        # the deepest level's latent is all of it; the others score the channels they factor out
+        scored = c if level == levels - 1 else c - c // 2
+        q0.append(nf.distributions.DiagGaussian((scored, h, w), trainable=False))
+    merges = [nf.flows.Merge() for _ in range(levels - 1)]
+    return nf.MultiscaleFlow(q0, flows, merges, transform=nf.transforms.Logit(alpha=alpha), class_cond=False)

@@ -21,7 +21,7 @@ from torch.nn import functional as F
 from .._validation import check_number
 from ..distributions.base import as_shape
 from .base import Bijector
-from .linear import LULinear
+from .linear import LULinear, _random_orthogonal
 from .permutations import _show
 
 __all__ = ["Squeeze", "Conv1x1", "FactorOut", "EIWShuffle", "image_shape"]
@@ -95,7 +95,7 @@ class Conv1x1(Bijector):
     $$\log|\det \partial z / \partial x| = H W \sum_c s_c,$$
 
     which costs $O(C)$ and does not depend on `x` (`ladj_is_constant`). `W`
-    starts as a random rotation. The inverse applies $W^{-1}$, formed from two
+    starts as a random orthogonal matrix, so a fresh layer keeps lengths. The inverse applies $W^{-1}$, formed from two
     triangular solves of the `C x C` identity.
 
     Arguments:
@@ -121,6 +121,18 @@ class Conv1x1(Bijector):
         self.event_shape = torch.Size(image_shape(event_shape, "Conv1x1"))
         self.linear = LULinear(self.event_shape[0], bias=False)
         self._pixels = self.event_shape[1] * self.event_shape[2]
+        self._start_at_a_rotation()
+
+    @torch.no_grad()
+    def _start_at_a_rotation(self) -> None:
+        # W = Q S with Q a random rotation and S = sign(diag U) of its LU factors Q = P L U:
+        # W = P L (U S) is orthogonal and its U has a positive diagonal.
+        p, lower, u = torch.linalg.lu(_random_orthogonal(self.event_shape[0]))
+        sign = torch.sign(torch.diagonal(u))
+        self.linear.permutation.copy_(p)
+        self.linear.lower.copy_(torch.tril(lower, -1))
+        self.linear.upper.copy_(torch.triu(u * sign, 1))
+        self.linear.log_diag.copy_(torch.diagonal(u).abs().log())
 
     @property
     def weight(self) -> Tensor:
