@@ -23,7 +23,16 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from torch import Tensor
 
-__all__ = ["density", "samples_vs_data", "pairwise", "training_curves", "ramachandran"]
+__all__ = [
+    "density",
+    "samples_vs_data",
+    "pairwise",
+    "training_curves",
+    "ramachandran",
+    "lattice_configurations",
+    "magnetization_histogram",
+    "autocorrelation",
+]
 
 
 def _numpy(x: Tensor | np.ndarray) -> np.ndarray:
@@ -379,4 +388,95 @@ def ramachandran(
         mesh = ax.pcolormesh(edges, edges, np.ma.masked_invalid(free).T, cmap="viridis_r", vmax=10.0)
         ax.set(xlabel=r"$\phi$", ylabel=r"$\psi$", title=title, aspect="equal")
         fig.colorbar(mesh, ax=ax, label="free energy / kT")
+    return fig
+
+
+# ---- lattice field theory
+
+
+def lattice_configurations(configurations: Tensor, *, n: int = 4, title: str | None = None) -> Figure:
+    """The first `n` lattice configurations `(N, L, L)` as images on one colour scale (blue negative, red positive).
+
+    Arguments:
+        configurations: field configurations `(N, L, L)`.
+        n: number of configurations shown (at most `N`).
+        title: figure title.
+    """
+    x = _numpy(configurations)
+    if x.ndim != 3 or len(x) < 1 or not np.isfinite(x).all():
+        raise ValueError("lattice_configurations: configurations must be a finite (N, L, L) array with N >= 1")
+    _positive(n, "n", "lattice_configurations")
+    shown = x[: min(n, len(x))]
+    scale = float(np.abs(shown).max()) or 1.0
+    fig = Figure(figsize=(2.1 * len(shown) + 0.8, 2.3), layout="constrained")
+    axes = fig.subplots(1, len(shown), squeeze=False)[0]
+    for i, (ax, phi) in enumerate(zip(axes, shown, strict=True)):
+        image = ax.imshow(phi, cmap="RdBu_r", vmin=-scale, vmax=scale)
+        ax.set(xticks=[], yticks=[], title=f"#{i}")
+    fig.colorbar(image, ax=list(axes), label=r"$\phi_x$", shrink=0.9)
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def magnetization_histogram(chains: Mapping[str, Tensor], *, bins: int = 50, title: str | None = None) -> Figure:
+    r"""Histograms of the magnetisation $M = \frac1V\sum_x \phi_x$ of several chains (e.g. a flow chain against HMC).
+
+    Arguments:
+        chains: `{label: configurations}`, each `(..., L, L)` (all leading axes are pooled).
+        bins: number of histogram bins (shared by the chains).
+        title: axes title.
+    """
+    if not chains:
+        raise ValueError("magnetization_histogram: give at least one chain")
+    values = {}
+    for label, x in chains.items():
+        m = _numpy(x)
+        if m.ndim < 2 or not np.isfinite(m).all():
+            raise ValueError(f"magnetization_histogram: chain {label!r} must be finite configurations (..., L, L)")
+        values[label] = m.mean((-1, -2)).ravel()
+    _positive(bins, "bins", "magnetization_histogram")
+    edges = np.histogram_bin_edges(np.concatenate(list(values.values())), bins=bins)
+    fig = Figure(figsize=(5, 3.5), layout="constrained")
+    ax = fig.add_subplot()
+    for i, (label, m) in enumerate(values.items()):
+        ax.hist(
+            m,
+            bins=edges,
+            density=True,
+            histtype="stepfilled" if i == 0 else "step",
+            alpha=0.4 if i == 0 else 1,
+            label=label,
+            linewidth=1.5,
+        )
+    ax.set(xlabel="magnetisation $M$", ylabel="density", title=title or "magnetisation")
+    ax.legend()
+    return fig
+
+
+def autocorrelation(series: Mapping[str, Tensor], *, max_lag: int = 50, title: str | None = None) -> Figure:
+    r"""Normalised autocorrelation functions $\rho(t)$ of scalar chains, with their $\tau_{int}$ in the legend.
+
+    Arguments:
+        series: `{label: values}`, each `(n_steps,)` or `(n_steps, chains)`
+            (see [`flowkit.mcmc.autocorrelation`][flowkit.mcmc.autocorrelation]).
+        max_lag: the largest lag shown.
+        title: axes title.
+    """
+    from .mcmc import autocorrelation as acf
+    from .mcmc import integrated_autocorrelation_time
+
+    if not series:
+        raise ValueError("autocorrelation: give at least one series")
+    _positive(max_lag, "max_lag", "autocorrelation")
+    fig = Figure(figsize=(5, 3.5), layout="constrained")
+    ax = fig.add_subplot()
+    for label, values in series.items():
+        x = torch.as_tensor(values)
+        rho = acf(x).numpy()[: max_lag + 1]
+        tau = integrated_autocorrelation_time(x)
+        ax.plot(np.arange(len(rho)), rho, marker=".", label=f"{label} ($\\tau_{{int}}$ = {tau:.2f})")
+    ax.axhline(0, color="0.6", linewidth=0.8)
+    ax.set(xlabel="lag $t$ (steps)", ylabel=r"$\rho(t)$", title=title or "autocorrelation")
+    ax.legend()
     return fig
