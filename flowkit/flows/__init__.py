@@ -8,8 +8,9 @@ from .flow import Flow, FlowDistribution
 from .images import EIW, Glow
 from .lattice import LatticeFlow
 from .presets import MAF, NSF, RealNVP
-from .registry import PRESET_NAMES, PRESETS, build_flow, parse_hidden
+from .registry import DATA_PRESETS, PRESET_NAMES, PRESETS, build_data_flow, build_flow, parse_hidden
 from .rigid import RigidBodyFlow
+from .tails import COMET, TailAdaptive
 
 __all__ = [
     "Flow",
@@ -21,8 +22,12 @@ __all__ = [
     "EIW",
     "LatticeFlow",
     "RigidBodyFlow",
+    "TailAdaptive",
+    "COMET",
     "PRESETS",
     "PRESET_NAMES",
     "build_flow",
+    "DATA_PRESETS",
+    "build_data_flow",
     "parse_hidden",
 ]

@@ -162,11 +162,14 @@ def test_light_tails_clip_xi_at_zero_and_stay_finite_far_out():
 
 def test_saves_and_loads_its_fitted_marginals_without_pickles(tmp_path):
     x = _student_data(seed=4).float()
-    flow = flowkit.flows.COMET(3, transforms=2, hidden=(8,)) if hasattr(flowkit.flows, "COMET") else None
-    layer = MarginalTailCDF(3).fit(x)
-    model = Flow(layer, StandardNormal(3)) if flow is None else flow.fit_marginals(x)
-    loaded = flowkit.io.load(flowkit.io.save(model, tmp_path / "model"))
-    torch.testing.assert_close(loaded.log_prob(x[:50]), model.log_prob(x[:50]))
+    for model in (Flow(MarginalTailCDF(3).fit(x), StandardNormal(3)), flowkit.flows.COMET.from_data(x, transforms=1)):
+        directory = flowkit.io.save(model, tmp_path / type(model).__name__)
+        assert sorted(p.name for p in directory.iterdir()) == ["config.json", "weights.safetensors"]
+        loaded = flowkit.io.load(directory)
+        assert (
+            bool(loaded.bijector[0].fitted) if isinstance(model, flowkit.flows.COMET) else bool(loaded.bijector.fitted)
+        )
+        torch.testing.assert_close(loaded.log_prob(x[:50]), model.log_prob(x[:50]))
 
 
 def test_unfitted_layer_and_bad_data_are_value_errors():

@@ -1,0 +1,280 @@
+r"""Flows for heavy-tailed data: marginal tail-adaptive flows (mTAF, gTAF) and COMET copula flows.
+
+A flow with a Gaussian base and Lipschitz layers (splines with identity tails) has Gaussian tails,
+whatever it is trained on. [`TailAdaptive`][flowkit.flows.TailAdaptive] gives the heavy-tailed
+marginals a Student-t base and keeps them from leaking into the light ones;
+[`COMET`][flowkit.flows.COMET] models each marginal with a fitted CDF whose tails are generalized
+Pareto, and the dependence with a coupling flow on the Gaussian copula.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from .._validation import check_number
+from ..bijectors import Bijector, Chain, MarginalTailCDF, Permutation, TailLU
+from ..distributions import Distribution, TailAdaptiveBase
+from ..transformers import RationalQuadraticSpline, Transformer
+from .flow import Flow
+from .presets import NSF, ConditionerFactory, _autoregressive, _base, _checked
+
+__all__ = ["TailAdaptive", "COMET", "TAIL_VARIANTS"]
+
+#: The [`TailAdaptive`][flowkit.flows.TailAdaptive] variants: estimated df fixed, estimated df trained,
+#: every marginal Student-t with trained df (no estimation).
+TAIL_VARIANTS = ("mtaf-fix", "mtaf", "gtaf")
+
+
+def _group_permutation(light: int, features: int, seed: int) -> Permutation:
+    """A seeded permutation of the light features among themselves and of the heavy ones among themselves."""
+    layer = Permutation(features, seed=seed)
+    generator = torch.Generator().manual_seed(seed)
+    order = torch.cat(
+        [torch.randperm(light, generator=generator), light + torch.randperm(features - light, generator=generator)]
+    )
+    layer.perm.copy_(order)
+    return layer
+
+
+class TailAdaptive(Flow):
+    r"""Marginal tail-adaptive flow (mTAF): Student-t base marginals for the heavy-tailed features.
+
+    With `df[j]` `None` for a light-tailed feature and $\nu_j$ for a heavy-tailed one, the flow
+
+    1. permutes the features so that the light ones come first (undone when sampling);
+    2. applies `transforms` masked autoregressive layers (rational-quadratic splines on
+       $[-B, B]$ with identity tails, natural order), with, between consecutive layers, a
+       permutation within each group and a [`TailLU`][flowkit.bijectors.TailLU];
+    3. ends at a [`TailAdaptiveBase`][flowkit.distributions.TailAdaptiveBase]: $\mathcal N(0, 1)$ on the
+       light dimensions, $t_{\nu_j}$ on the heavy ones.
+
+    Every layer is triangular with the light features first and Lipschitz, so the light marginals
+    depend on light base marginals only and each output marginal keeps its base marginal's tail
+    (Laszkiewicz et al. 2022, Theorem 4). Build it from data with
+    [`from_data`][flowkit.flows.TailAdaptive.from_data], which estimates the tails.
+
+    Variants: `"mtaf-fix"` keeps the degrees of freedom fixed, `"mtaf"` trains them from their
+    given values, and `"gtaf"` makes every marginal Student-t with trained degrees of freedom
+    (starting at `df`, a number; 10 by default).
+
+    Arguments:
+        features: number of features `D`.
+        df: one entry per feature (`None` for light, $\nu_j$ for heavy), or a number for every feature;
+            `None` makes every feature light (`"mtaf"`, `"mtaf-fix"`) or starts gTAF at 10.
+        variant: `"mtaf-fix"`, `"mtaf"` or `"gtaf"`.
+        transforms: number of autoregressive layers.
+        bins: spline bins.
+        hidden: hidden sizes of each MADE.
+        bound: the spline interval half-width `B` (identity outside).
+        context: number of context features.
+        activation: conditioner activation.
+        min_df: the floor of the degrees of freedom.
+        transformer: the transformer instead of the spline (e.g. [`Affine`][flowkit.transformers.Affine]
+            for MAF layers).
+        conditioner: a factory `conditioner(features, params_per_feature, context=context)` of
+            autoregressive conditioners (natural order).
+
+    Examples:
+        >>> import torch, flowkit
+        >>> flow = flowkit.flows.TailAdaptive(3, df=[None, 2.0, None], transforms=2, hidden=(16,))
+        >>> flow.df.tolist()
+        [inf, 2.0, inf]
+        >>> flow.log_prob(torch.randn(4, 3)).shape
+        torch.Size([4])
+
+    References:
+        Laszkiewicz, Lederer & Fischer, *Marginal Tail-Adaptive Normalizing Flows*, ICML 2022
+        (arXiv:2206.10311); Jaini, Kobyzev, Yu & Brubaker, *Tails of Lipschitz Triangular Flows*,
+        ICML 2020 (arXiv:1907.04481).
+    """
+
+    def __init__(
+        self,
+        features: int,
+        df: float | Sequence[float | None] | None = None,
+        variant: str = "mtaf",
+        transforms: int = 5,
+        bins: int = 8,
+        hidden: Sequence[int] = (64, 64),
+        bound: float = 3.0,
+        context: int = 0,
+        activation: str = "relu",
+        min_df: float = 1.0,
+        *,
+        transformer: Transformer | None = None,
+        conditioner: ConditionerFactory | None = None,
+    ) -> None:
+        where = "TailAdaptive"
+        sizes = {"features": (features, 1), "transforms": (transforms, 1), "context": (context, 0), "bins": (bins, 1)}
+        _checked(where, transformer, conditioner, sizes, hidden)
+        if variant not in TAIL_VARIANTS:
+            raise ValueError(f"{where}: variant must be one of {', '.join(TAIL_VARIANTS)}, got {variant!r}")
+        if variant == "gtaf":
+            if not (df is None or isinstance(df, (int, float))):
+                raise ValueError(f"{where}: gtaf estimates nothing; df is one starting number, got {df!r}")
+            per_feature: list[float | None] = [10.0 if df is None else float(df)] * features
+        elif df is None or isinstance(df, (int, float)):
+            per_feature = [None if df is None else float(df)] * features
+        else:
+            per_feature = list(df)
+            if len(per_feature) != features:
+                raise ValueError(f"{where}: df needs one entry per feature ({features}), got {len(per_feature)}")
+        heavy = [j for j, v in enumerate(per_feature) if v is not None]
+        order = [j for j, v in enumerate(per_feature) if v is None] + heavy
+        light = features - len(heavy)
+        transformer = RationalQuadraticSpline(bins, bound) if transformer is None else transformer
+        sort = Permutation(features, seed=0)
+        sort.perm.copy_(torch.tensor(order))
+        layers: list[Bijector] = [sort]
+        for i in range(transforms):
+            if i:
+                layers += [_group_permutation(light, features, seed=i), TailLU(features, light)]
+            layers.append(_autoregressive(transformer, features, hidden, context, False, activation, conditioner))
+        base = TailAdaptiveBase([per_feature[j] for j in order], learn_df=variant != "mtaf-fix", min_df=min_df)
+        super().__init__(Chain(*layers), base)
+
+    @property
+    def df(self) -> Tensor:
+        """Degrees of freedom per data feature (`inf` for a light one), in the data's order."""
+        sort = self.bijector[0].perm
+        return self.base.df.detach()[torch.argsort(sort)]
+
+    @classmethod
+    def from_data(
+        cls,
+        x: Tensor,
+        variant: str = "mtaf",
+        *,
+        light_below: float = 0.1,
+        bootstraps: int = 200,
+        seed: int = 0,
+        **kwargs: object,
+    ) -> TailAdaptive:
+        r"""Estimate each feature's tail on training data `x` (`(N, D)`) and build the flow.
+
+        The light/heavy decision and $\nu_j = 1/\hat\xi_j$ come from
+        [`estimate_tails`][flowkit.tails.estimate_tails]; a $\nu_j$ below the floor is raised to
+        `1.05 * min_df`. gTAF estimates nothing.
+
+        Arguments:
+            x: training data, `(N, D)`.
+            variant: `"mtaf-fix"`, `"mtaf"` or `"gtaf"`.
+            light_below: the light threshold of [`estimate_tail`][flowkit.tails.estimate_tail].
+            bootstraps: double-bootstrap resamples per stage.
+            seed: seed of the resampling.
+            **kwargs: the other arguments of `TailAdaptive`.
+        """
+        from ..tails import estimate_tails
+
+        if not isinstance(x, Tensor) or x.dim() != 2:
+            raise ValueError(f"TailAdaptive.from_data: x must be a tensor of shape (N, D), got {type(x).__name__}")
+        features = x.shape[1]
+        if variant == "gtaf":
+            return cls(features, variant=variant, **kwargs)  # type: ignore[arg-type]
+        floor = 1.05 * check_number(kwargs.get("min_df", 1.0), "min_df", where="TailAdaptive", positive=True)
+        estimates = estimate_tails(x, light_below=light_below, bootstraps=bootstraps, seed=seed)
+        df = [max(e.df, floor) if e.df is not None else None for e in estimates]
+        return cls(features, df=df, variant=variant, **kwargs)  # type: ignore[arg-type]
+
+
+class COMET(Flow):
+    r"""COMET flow: fitted marginal CDFs with generalized Pareto tails, then a coupling flow on the copula.
+
+    $x \mapsto z_0 = \Phi^{-1}(F(x))$ per feature through a fixed
+    [`MarginalTailCDF`][flowkit.bijectors.MarginalTailCDF] (kernel density body, generalized Pareto
+    tails; `output="logit"` uses a logit as the reference does), then `transforms` rational-quadratic
+    spline couplings ([`NSF`][flowkit.flows.NSF] with `coupling=True`, identity outside $[-B, B]$) to the
+    base. The marginals are fitted, not trained: call
+    [`fit_marginals`][flowkit.flows.COMET.fit_marginals] on the training data before training (or build
+    with [`from_data`][flowkit.flows.COMET.from_data]); they are saved and loaded with the weights.
+    SoftFlow noise, which the reference adds to its couplings, is not used.
+
+    Arguments:
+        features: number of features `D` (at least 2).
+        transforms: number of coupling layers.
+        bins: spline bins.
+        hidden: hidden sizes of each conditioner.
+        bound: the spline interval half-width `B`.
+        output: `"normal"` (Gaussian copula) or `"logit"`.
+        knots: spline knots of each marginal's body.
+        lower: the lower tail mass of the marginals.
+        upper: the upper cut of the marginals.
+        anchors: the most points each marginal's KDE is built on.
+        context: number of context features.
+        activation: conditioner activation.
+        transformer: the coupling transformer instead of the spline.
+        conditioner: a factory `conditioner(in_features, out_features, context=context)`.
+        base: the latent distribution (standard normal by default).
+
+    Examples:
+        >>> import torch, flowkit
+        >>> x = torch.distributions.StudentT(2.0).sample((2000, 2))
+        >>> flow = flowkit.flows.COMET.from_data(x, transforms=2, hidden=(16,))
+        >>> flow.log_prob(x[:3]).shape
+        torch.Size([3])
+
+    References:
+        McDonald, Tan & Luo, *COMET Flows: Towards Generative Modeling of Multivariate Extremes and Tail
+        Dependence*, 2022 (arXiv:2205.01224).
+    """
+
+    def __init__(
+        self,
+        features: int,
+        transforms: int = 5,
+        bins: int = 8,
+        hidden: Sequence[int] = (64, 64),
+        bound: float = 4.0,
+        output: str = "normal",
+        knots: int = 256,
+        lower: float = 0.05,
+        upper: float = 0.95,
+        anchors: int = 1000,
+        context: int = 0,
+        activation: str = "relu",
+        *,
+        transformer: Transformer | None = None,
+        conditioner: ConditionerFactory | None = None,
+        base: Distribution | None = None,
+    ) -> None:
+        check_number(features, "features", where="COMET", integer=True, low=2)
+        marginals = MarginalTailCDF(features, knots, lower, upper, anchors, output)
+        copula = NSF(
+            features,
+            transforms,
+            bins,
+            hidden,
+            coupling=True,
+            bound=bound,
+            context=context,
+            activation=activation,
+            transformer=transformer,
+            conditioner=conditioner,
+        )
+        super().__init__(Chain(marginals, *copula.bijector), _base(base, features))
+
+    @property
+    def marginals(self) -> MarginalTailCDF:
+        """The fitted marginal layer."""
+        return self.bijector[0]
+
+    def fit_marginals(self, x: Tensor) -> COMET:
+        """Fit the marginal CDFs to training data `x` (`(N, D)`, in place); returns the flow."""
+        self.marginals.fit(x)
+        return self
+
+    @classmethod
+    def from_data(cls, x: Tensor, **kwargs: object) -> COMET:
+        """A COMET flow on the features of `x` (`(N, D)`) with its marginals fitted to `x`.
+
+        Arguments:
+            x: training data.
+            **kwargs: the other arguments of `COMET`.
+        """
+        if not isinstance(x, Tensor) or x.dim() != 2:
+            raise ValueError(f"COMET.from_data: x must be a tensor of shape (N, D), got {type(x).__name__}")
+        flow = cls(x.shape[1], **kwargs)  # type: ignore[arg-type]
+        return flow.to(x.dtype).fit_marginals(x)

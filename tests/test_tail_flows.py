@@ -1,0 +1,99 @@
+"""TailAdaptive (mTAF fix, mTAF, gTAF) and COMET: structure, tails of samples, estimation, training, save/load."""
+
+import pytest
+import torch
+
+import flowkit
+from flowkit import tails
+from flowkit.flows import COMET, DATA_PRESETS, TailAdaptive, build_data_flow
+from flowkit.testing import check_flow, randomize
+from flowkit.train import MaximumLikelihood, fit
+
+
+def _heavy_data(n=5000, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    normal = torch.randn(n, 3, generator=gen)
+    chi2 = torch.distributions.Chi2(torch.tensor(2.0)).sample((n,))
+    normal[:, 1] = normal[:, 1] / (chi2 / 2).sqrt()  # t2 in the middle feature
+    return normal
+
+
+def test_light_data_features_never_depend_on_heavy_latents():
+    flow = randomize(TailAdaptive(5, df=[2.0, None, 3.0, None, None], transforms=3, hidden=(16,)), scale=0.5)
+    flow = flow.double()
+    z = torch.randn(5, dtype=torch.float64)
+    jacobian = torch.autograd.functional.jacobian(lambda v: flow.bijector.inverse(v[None])[0][0], z)
+    # latents are sorted light first: latents 0-2 are features 1, 3, 4; latents 3-4 are features 0 and 2
+    assert torch.count_nonzero(jacobian[[1, 3, 4]][:, 3:]) == 0
+    assert torch.count_nonzero(jacobian[[0, 2]][:, 3:]) > 0
+    fresh = TailAdaptive(5, df=[2.0, None, 3.0, None, None], transforms=1, hidden=(8,))
+    torch.testing.assert_close(fresh.df, torch.tensor([2.0, float("inf"), 3.0, float("inf"), float("inf")]))
+
+
+@pytest.mark.parametrize(
+    ("variant", "trained", "heavy"),
+    [("mtaf-fix", False, [False, True]), ("mtaf", True, [False, True]), ("gtaf", True, [True, True])],
+)
+def test_variants_fix_or_train_the_degrees_of_freedom(variant, trained, heavy):
+    flow = TailAdaptive(2, df=None if variant == "gtaf" else [None, 2.5], variant=variant, transforms=1, hidden=(8,))
+    assert isinstance(flow.base.df_raw, torch.nn.Parameter) is trained
+    assert flow.base.heavy.tolist() == heavy
+
+
+def test_samples_of_an_untrained_flow_have_the_base_tails():
+    torch.manual_seed(0)
+    flow = TailAdaptive(2, df=[None, 2.0], transforms=2, hidden=(8,))  # layers start at the identity
+    x = flow.sample((100_000,))
+    light, heavy = tails.estimate_tails(x, bootstraps=30)
+    assert not light.heavy and heavy.heavy and abs(heavy.df - 2.0) < 0.5
+
+
+def test_from_data_estimates_the_tails_and_keeps_df_above_the_floor():
+    flow = TailAdaptive.from_data(_heavy_data(), transforms=1, hidden=(8,), bootstraps=30)
+    df = flow.df
+    assert torch.isinf(df[[0, 2]]).all() and 1.4 < float(df[1]) < 2.8
+    gtaf = TailAdaptive.from_data(_heavy_data(), "gtaf", transforms=1, hidden=(8,))
+    assert torch.isfinite(gtaf.df).all()
+
+
+@pytest.mark.parametrize("name", [name for name in DATA_PRESETS if name != "mtaf"])  # mtaf = tail-adaptive
+def test_data_presets_train_and_save(name, tmp_path):
+    torch.manual_seed(0)
+    x = _heavy_data(3000)
+    flow = build_data_flow(name, x, transforms=2, hidden=(8,), bins=4)
+    history = fit(flow, MaximumLikelihood(), x, steps=10, batch_size=256, progress=False, schedule=None)
+    assert len(history.loss) == 10 and all(torch.isfinite(torch.tensor(history.loss)))
+    loaded = flowkit.io.load(flowkit.io.save(flow, tmp_path / name))
+    torch.testing.assert_close(loaded.log_prob(x[:20]), flow.log_prob(x[:20]))
+    assert bool(torch.isfinite(flow.sample((50,))).all())
+
+
+def test_comet_density_integrates_to_one():
+    torch.manual_seed(0)
+    flow = randomize(COMET(2, transforms=2, hidden=(8,), knots=32), scale=0.2).fit_marginals(_heavy_data()[:, :2])
+    report = check_flow(flow.double())
+    assert report.passed, str(report)
+
+
+def test_comet_logit_output_and_marginals():
+    x = _heavy_data()
+    flow = COMET.from_data(x, transforms=1, hidden=(8,), output="logit")
+    assert flow.marginals.output == "logit" and bool(flow.marginals.fitted)
+    assert bool(torch.isfinite(flow.log_prob(x[:100])).all())
+
+
+def test_bad_arguments_are_value_errors():
+    for build in (
+        lambda: TailAdaptive(3, df=[None, 2.0]),
+        lambda: TailAdaptive(2, variant="taf"),
+        lambda: TailAdaptive(2, df=[None, 2.0], variant="gtaf"),
+        lambda: TailAdaptive(2, df=[None, 0.5]),
+        lambda: TailAdaptive.from_data(torch.randn(10)),
+        lambda: COMET(1),
+        lambda: COMET.from_data(torch.randn(30, 2)),
+        lambda: build_data_flow("taf", torch.randn(100, 2)),
+    ):
+        with pytest.raises(ValueError):
+            build()
+    with pytest.raises(ValueError, match="not fitted"):
+        COMET(2, transforms=1, hidden=(8,)).log_prob(torch.randn(3, 2))
