@@ -70,7 +70,7 @@ ALANINE_Z_MATRIX = (
 )
 #: The three Cartesian anchor atoms (CA, N, C), which fix the frame.
 ALANINE_ANCHORS = (8, 6, 14)
-#: Rows of [`ALANINE_Z_MATRIX`][flowkit.targets.alanine.ALANINE_Z_MATRIX] whose dihedrals are treated as circular:
+#: Rows of `ALANINE_Z_MATRIX` whose dihedrals are treated as circular:
 #: the torsions that rotate freely or visit several minima (the three methyl rotations, $\phi$, $\psi$, the
 #: peptide-bond torsions), those whose circular mean resultant length is below 0.9 in flowkit's own MD at
 #: 1000 K and that reach the far side of the circle. The other ten (hydrogens of a methyl group relative to
@@ -119,8 +119,8 @@ def alanine_internal_coordinates(
     """The [`InternalCoordinates`][flowkit.bijectors.InternalCoordinates] of alanine dipeptide (66 -> 60 coordinates).
 
     The Z-matrix and anchors (CA, N, C) of FAB (Midgley et al. 2023; HA and CB changed),
-    [`ALANINE_Z_MATRIX`][flowkit.targets.alanine.ALANINE_Z_MATRIX], and the 9 circular
-    dihedrals of [`ALANINE_CIRCULAR`][flowkit.targets.alanine.ALANINE_CIRCULAR].
+    `ALANINE_Z_MATRIX`, and the 9 circular
+    dihedrals of `ALANINE_CIRCULAR`.
 
     Arguments:
         reference: the frame to normalise around, `(66,)` in nm (a minimum-energy frame,
