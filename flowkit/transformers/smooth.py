@@ -89,11 +89,25 @@ _EPS = 1e-6
 _UNIMODAL_ALPHA = {1: 0.8656721, 2: 0.3052033}
 
 
-def _step_logit(t: Tensor, alpha: Tensor, power: int) -> tuple[Tensor, Tensor, Tensor]:
-    """`a = alpha ((1 - t)^-beta - t^-beta)` with `t` and `1 - t` clamped, and the logs of both clamped ends."""
-    log_left = torch.log(t.clamp_min(_EPS))
-    log_right = torch.log((1 - t).clamp_min(_EPS))
-    return alpha * (torch.exp(-power * log_right) - torch.exp(-power * log_left)), log_left, log_right
+def _step(t: Tensor, alpha: Tensor, power: int, density: bool = True) -> tuple[Tensor, Tensor | None]:
+    """`(sigma(t), log sigma'(t))` with `t` and `1 - t` clamped at `_EPS` (the log only when `density`)."""
+    left = t.clamp_min(_EPS)
+    right = (1 - t).clamp_min(_EPS)
+    if power == 1:
+        inv_left, inv_right = torch.reciprocal(left), torch.reciprocal(right)
+    else:
+        inv_left, inv_right = left.pow(-power), right.pow(-power)
+    a = alpha * (inv_right - inv_left)
+    if not density:
+        return torch.sigmoid(a), None
+    # log sigma' = log sigmoid(a) + log sigmoid(-a) + log(alpha beta) + log(t^-(beta+1) + (1-t)^-(beta+1)).
+    log_pdf = (
+        F.logsigmoid(a)
+        + F.logsigmoid(-a)
+        + torch.log(alpha * power)
+        + torch.log(inv_left * torch.reciprocal(left) + inv_right * torch.reciprocal(right))
+    )
+    return torch.sigmoid(a), log_pdf
 
 
 def bump_cdf(t: Tensor, alpha: Tensor | float, power: int = 1) -> tuple[Tensor, Tensor]:
@@ -119,9 +133,9 @@ def bump_cdf(t: Tensor, alpha: Tensor | float, power: int = 1) -> tuple[Tensor, 
         >>> cdf.tolist()
         [0.0, 0.5, 1.0]
     """
-    alpha = torch.as_tensor(alpha, dtype=t.dtype, device=t.device)
-    a, log_left, log_right = _step_logit(t, alpha, power)
-    return torch.sigmoid(a), _log_step_density(a, alpha, power, log_left, log_right)
+    cdf, log_pdf = _step(t, torch.as_tensor(alpha, dtype=t.dtype, device=t.device), power)
+    assert log_pdf is not None
+    return cdf, log_pdf
 
 
 def _logaddexp(a: Tensor, b: Tensor) -> Tensor:
@@ -134,15 +148,6 @@ def _logaddexp(a: Tensor, b: Tensor) -> Tensor:
     return m + torch.log(torch.exp(a - m) + torch.exp(b - m))
 
 
-def _log_step_density(a: Tensor, alpha: Tensor, power: int, log_left: Tensor, log_right: Tensor) -> Tensor:
-    return (
-        F.logsigmoid(a)
-        + F.logsigmoid(-a)
-        + torch.log(alpha * power)
-        + _logaddexp(-(power + 1) * log_left, -(power + 1) * log_right)
-    )
-
-
 def solve_monotone(
     fn: Any,
     target: Tensor,
@@ -152,8 +157,9 @@ def solve_monotone(
 ) -> Tensor:
     r"""The root $u \in [0, 1]$ of $f(u) = $ `target` for increasing `fn`, with a fixed number of steps.
 
-    `fn(u, cells)` returns `(f(u), f'(u))` for `u` of the shape of `target` with
-    (`cells` > 0) or without (`cells` = 0) a trailing grid dimension of that size.
+    `fn(u, cells, slope)` returns `(f(u), f'(u))` (`f'` only when `slope`, else None) for
+    `u` of the shape of `target` with (`cells` > 0) or without (`cells` = 0) a trailing
+    grid dimension of that size.
     The root must lie in `[0, 1]` (`f(0) <= target <= f(1)`). The bracket comes
     from counting the grid values below the target, `bisection_steps` halve it,
     and `newton_steps` safeguarded Newton steps finish (a step that leaves the
@@ -172,18 +178,18 @@ def solve_monotone(
     with torch.no_grad():
         if grid > 1:
             nodes = torch.arange(1, grid, dtype=target.dtype, device=target.device) / grid
-            values, _ = fn(nodes.expand(*target.shape, grid - 1), grid - 1)
+            values, _ = fn(nodes.expand(*target.shape, grid - 1), grid - 1, False)
             k = (values <= target.unsqueeze(-1)).sum(-1).to(target.dtype)
             lo, hi = k / grid, (k + 1) / grid
         else:
             lo, hi = torch.zeros_like(target), torch.ones_like(target)
         for _ in range(bisection_steps):
             mid = 0.5 * (lo + hi)
-            below = fn(mid, 0)[0] <= target
+            below = fn(mid, 0, False)[0] <= target
             lo, hi = torch.where(below, mid, lo), torch.where(below, hi, mid)
         u = 0.5 * (lo + hi)
         for _ in range(newton_steps):
-            value, slope = fn(u, 0)
+            value, slope = fn(u, 0, True)
             below = value <= target
             lo, hi = torch.where(below, u, lo), torch.where(below, hi, u)
             step = u - (value - target) / slope
@@ -192,18 +198,29 @@ def solve_monotone(
 
 
 class _Constrained(NamedTuple):
-    """The constrained parameters of a [`SmoothMixture`][flowkit.transformers.SmoothMixture], `(..., K)` or `(...,)`."""
+    """The constrained parameters of a [`SmoothMixture`][flowkit.transformers.SmoothMixture] and constants of its map.
+
+    Per component `(..., K)`: log-weights and weights, scales `s` and log-scales, sharpness
+    `alpha`, and two constants: on the interval `sigma(z(0))` and `sigma(z(1)) - sigma(z(0))`
+    (the renormalisation), on the circle the lift's offset `m` and `1/(2s) - 1/2`. Per element
+    `(...,)`: `log c`, `log(1 - c)` and `1 - c`.
+    """
 
     log_w: Tensor
+    w: Tensor
     mu: Tensor
+    s: Tensor
     log_s: Tensor
     alpha: Tensor
+    first: Tensor
+    second: Tensor
     log_c: Tensor
     log_1mc: Tensor
+    one_m_c: Tensor
 
     def gridded(self) -> _Constrained:
         """The parameters with a grid dimension before the component dimension (scalars get a trailing one)."""
-        return _Constrained(*(p.unsqueeze(-2) for p in self[:4]), *(p.unsqueeze(-1) for p in self[4:]))
+        return _Constrained(*(p.unsqueeze(-2) for p in self[:8]), *(p.unsqueeze(-1) for p in self[8:]))
 
 
 class _Inverse(torch.autograd.Function):
@@ -330,19 +347,27 @@ class SmoothMixture(Transformer):
     def _constrain(self, params: Tensor) -> _Constrained:
         k = self.components
         logits, centres, log_scales, sharpness, mix = params.split([k, k, k, k, 1], dim=-1)
-        if self.circular:
-            mu = centres - torch.floor(centres)  # the map is periodic in the centres
-        else:
-            mu = torch.sigmoid(centres)
         lo, hi = math.log(self.min_scale), math.log(self.max_scale)
         log_s = lo + (hi - lo) * torch.sigmoid(log_scales)
+        s = torch.exp(log_s)
         alpha = _UNIMODAL_ALPHA[self.power] + self.max_sharpness * torch.sigmoid(sharpness)
+        if self.circular:
+            mu = centres - torch.floor(centres)  # the map is periodic in the centres
+            first, second = mu - 0.5 / s, 0.5 / s - 0.5
+        else:
+            mu = torch.sigmoid(centres)
+            # sigma(z(0)) and sigma(z(1)) - sigma(z(0)), z(u) = s (u - mu) + 1/2, computed as z(u) is,
+            # so that F(0) = 0 and F(1) = 1 exactly; sigma(z1) >= 1/2 >= sigma(z0): no cancellation.
+            ends = s * (torch.stack([torch.zeros_like(mu), torch.ones_like(mu)]) - mu) + 0.5
+            step = _step(ends, alpha, self.power, density=False)[0]
+            first, second = step[0], step[1] - step[0]
         # c = c_min + (1 - c_min) sigmoid(m): log c and log(1 - c) without cancellation.
         mix = mix.squeeze(-1)
         c_min = self.min_density
         log_c = _logaddexp(torch.full_like(mix, math.log(c_min)), math.log1p(-c_min) + F.logsigmoid(mix))
         log_1mc = math.log1p(-c_min) + F.logsigmoid(-mix)
-        return _Constrained(torch.log_softmax(logits, dim=-1), mu, log_s, alpha, log_c, log_1mc)
+        log_w = torch.log_softmax(logits, dim=-1)
+        return _Constrained(log_w, torch.exp(log_w), mu, s, log_s, alpha, first, second, log_c, log_1mc, log_1mc.exp())
 
     def identity_params(self) -> Tensor:
         """Parameters of a map close to the identity (the mixture cannot be the identity exactly).
@@ -362,45 +387,42 @@ class SmoothMixture(Transformer):
 
     # ---- the map on the unit interval / circle
 
-    def _components(self, u: Tensor, p: _Constrained) -> tuple[Tensor, Tensor]:
-        """`(F_k(u) - u, log F_k'(u))` for every component, `(..., K)`."""
+    def _components(self, u: Tensor, p: _Constrained, density: bool) -> tuple[Tensor, Tensor | None]:
+        """`(F_k(u) - u, log F_k'(u))` for every component, `(..., K)` (the log only when `density`)."""
         u = u.unsqueeze(-1)
-        s = torch.exp(p.log_s)
         if self.circular:
-            m = p.mu - 0.5 / s
-            t = u - m
+            t = u - p.first  # u - m
             n = torch.floor(t)
-            cdf, log_pdf = bump_cdf(s * (t - n), p.alpha, self.power)
+            cdf, log_pdf = _step(p.s * (t - n), p.alpha, self.power, density)
             # F_k(u) - u = G(t) - t + 1/(2s) - 1/2: periodic, zero at the centre u = mu.
-            return (n - t) + cdf + (0.5 / s - 0.5), p.log_s + log_pdf
-        # The step's logits at z(u), z(0) and z(1) by one computation, so F(0) = 0 and F(1) = 1 exactly.
-        z = s * (torch.stack(torch.broadcast_tensors(u, torch.zeros_like(u), torch.ones_like(u))) - p.mu) + 0.5
-        a, log_left, log_right = _step_logit(z, p.alpha, self.power)
-        step = torch.sigmoid(a)
-        span = step[2] - step[1]  # sigma(z1) >= 1/2 >= sigma(z0): no cancellation
-        log_pdf = _log_step_density(a[0], p.alpha, self.power, log_left[0], log_right[0])
-        return (step[0] - step[1]) / span - u, log_pdf + p.log_s - torch.log(span)
+            return (n - t) + cdf + p.second, None if log_pdf is None else log_pdf + p.log_s
+        cdf, log_pdf = _step(p.s * (u - p.mu) + 0.5, p.alpha, self.power, density)
+        offset = (cdf - p.first) / p.second - u
+        return offset, None if log_pdf is None else log_pdf + p.log_s - torch.log(p.second)
 
-    def _mixture(self, u: Tensor, p: _Constrained) -> tuple[Tensor, Tensor]:
+    def _mixture(self, u: Tensor, p: _Constrained, density: bool = True) -> tuple[Tensor, Tensor | None]:
         """`(f(u), log f'(u))` on the unit interval (or circle, lifted), elementwise.
 
         `f(u) = u + (1 - c) sum_k w_k (F_k(u) - u)`: the ends of the interval are exact.
         """
-        offset, log_pdf = self._components(u, p)
-        f = u + torch.exp(p.log_1mc) * (torch.exp(p.log_w) * offset).sum(-1)
-        log_df = _logaddexp(p.log_1mc + torch.logsumexp(p.log_w + log_pdf, dim=-1), p.log_c)
-        return f, log_df
+        offset, log_pdf = self._components(u, p, density)
+        f = u + p.one_m_c * (p.w * offset).sum(-1)
+        if log_pdf is None:
+            return f, None
+        return f, _logaddexp(p.log_1mc + torch.logsumexp(p.log_w + log_pdf, dim=-1), p.log_c)
 
     def _unit_map(self, u: Tensor, params: Tensor) -> tuple[Tensor, Tensor]:
-        return self._mixture(u, self._constrain(params))
+        f, log_df = self._mixture(u, self._constrain(params))
+        assert log_df is not None
+        return f, log_df
 
     def _solve(self, v: Tensor, params: Tensor) -> Tensor:
         p = self._constrain(params)
         gridded = p.gridded()
 
-        def fn(u: Tensor, cells: int) -> tuple[Tensor, Tensor]:
-            f, log_df = self._mixture(u, gridded if cells else p)
-            return f, torch.exp(log_df)
+        def fn(u: Tensor, cells: int, slope: bool) -> tuple[Tensor, Tensor | None]:
+            f, log_df = self._mixture(u, gridded if cells else p, density=slope)
+            return f, None if log_df is None else torch.exp(log_df)
 
         return solve_monotone(fn, v, self.grid, self.bisection_steps, self.newton_steps)
 
