@@ -147,31 +147,27 @@ class MaskedCoupling(Bijector):
         self.conditioner = conditioner
         self.conditioner.zero_last(transformer.identity_params().repeat(n_tr))
 
-    def _params(self, x: Tensor, context: Tensor | None) -> Tensor:
-        """Parameters `(..., N, P)` of every element, in the flattened event order."""
+    def transformed_params(self, x: Tensor, context: Tensor | None) -> Tensor:
+        """The transformer's parameters `(..., N_transformed, P)`, in the order of `transformed_idx`.
+
+        Only the kept elements of `x` are read. A channel mask gives the
+        conditioner the kept channels alone (half the work); other masks give it
+        the whole grid with the transformed elements set to zero.
+        """
+        if self._halves:
+            half = self._channels // 2
+            x_id = x[..., half:, :, :] if self._parity == 0 else x[..., :half, :, :]
+            out = self.conditioner(x_id, context)  # (..., C_tr * P, H, W)
+            return out.unflatten(-3, (-1, self._n_params)).movedim(-3, -1).flatten(-4, -2)
         h = x * self.keep.to(x.dtype)
         if len(self.event_shape) == 2:
             h = h.unsqueeze(-3)
         out = self.conditioner(h, context)  # (..., C * P, H, W)
         out = out.unflatten(-3, (self._channels, self._n_params)).movedim(-3, -1)  # (..., C, H, W, P)
-        return out.flatten(-4, -2)
-
-    def _couple_halves(self, x: Tensor, context: Tensor | None, inverse: bool) -> tuple[Tensor, Tensor]:
-        """`_couple` for a channel mask: slices instead of gathers, and a conditioner on the identity half."""
-        first, second = x[..., : self._channels // 2, :, :], x[..., self._channels // 2 :, :, :]
-        x_tr, x_id = (first, second) if self._parity == 0 else (second, first)
-        params = self.conditioner(x_id, context)  # (..., C_tr * P, H, W)
-        params = params.unflatten(-3, (x_tr.shape[-3], self._n_params)).movedim(-3, -1)
-        step = self.transformer.inverse if inverse else self.transformer
-        z_tr, ladj = step(x_tr.expand(params.shape[:-1]), params)
-        x_id = x_id.expand(*z_tr.shape[:-3], -1, -1, -1)
-        z = torch.cat([z_tr, x_id] if self._parity == 0 else [x_id, z_tr], dim=-3)
-        return z, ladj.sum((-3, -2, -1))
+        return out.flatten(-4, -2)[..., self.transformed_idx, :]
 
     def _couple(self, x: Tensor, context: Tensor | None, inverse: bool) -> tuple[Tensor, Tensor]:
-        if self._halves:
-            return self._couple_halves(x, context, inverse)
-        params = self._params(x, context)[..., self.transformed_idx, :]
+        params = self.transformed_params(x, context)
         flat = x.flatten(-len(self.event_shape))
         x_tr = flat[..., self.transformed_idx].expand(params.shape[:-1])
         step = self.transformer.inverse if inverse else self.transformer

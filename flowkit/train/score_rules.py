@@ -367,7 +367,7 @@ def _masked_coupling_rule(derivative: Callable) -> ScoreRule:
         with torch.enable_grad():
             cond = y_id if y_id.requires_grad else y_id.detach().requires_grad_(True)
             grid = torch.cat([cond, torch.zeros_like(y_tr)], -1)[..., b.unsort_idx].unflatten(-1, b.event_shape)
-            params = b._params(grid, context)[..., b.transformed_idx, :]
+            params = b.transformed_params(grid, context)
             out_tr, ladj, dladj = derivative(b.transformer, y_tr.expand(params.shape[:-1]), params)
             w = (s[..., b.transformed_idx] - dladj) * torch.exp(-ladj.detach())
             ones = ladj.new_ones(()).expand_as(ladj)

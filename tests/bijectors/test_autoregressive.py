@@ -92,10 +92,14 @@ def test_starts_as_identity_and_bad_arguments():
         MADE(3, 2, hidden=())
 
 
-def test_made_fast_inverse_equals_the_generic_fallback():
-    made = randomize(MADE(5, 3, hidden=(16, 16), context=2, residual=True, order=[3, 0, 4, 1, 2])).double()
+@pytest.mark.parametrize(
+    "hidden, context, residual", [((16, 16), 2, True), ((16, 16), 0, True), ((7, 12, 5), 0, False), ((3,), 1, False)]
+)
+def test_made_fast_inverse_equals_the_generic_fallback(hidden, context, residual):
+    # the fast inverse evaluates, for each feature, only the hidden units of lower degree (a prefix once sorted)
+    made = randomize(MADE(5, 3, hidden=hidden, context=context, residual=residual, order=[3, 0, 4, 1, 2])).double()
     z = torch.randn(7, 5, dtype=torch.float64)
-    context = torch.randn(7, 2, dtype=torch.float64)
+    context = torch.randn(7, context, dtype=torch.float64) if context else None
     calls = []
 
     def solve(i, params):  # any map from a feature's parameters to the feature
