@@ -28,6 +28,7 @@ from functools import partial
 from torch import Tensor, nn
 
 from .flow import Flow
+from .images import EIW, Glow
 from .lattice import LatticeFlow
 from .presets import MAF, NSF, RealNVP
 from .tails import COMET, TailAdaptive
@@ -40,6 +41,8 @@ __all__ = [
     "count_parameters",
     "DATA_PRESETS",
     "build_data_flow",
+    "IMAGE_PRESETS",
+    "build_image_flow",
 ]
 
 
@@ -176,3 +179,33 @@ def build_data_flow(
     if transforms is not None and transforms < 1:
         raise ValueError(f"transforms must be at least 1, got {transforms}")
     return DATA_PRESETS[key](x, transforms, None if hidden is None else parse_hidden(hidden), bins)
+
+
+IMAGE_PRESETS: dict[str, Callable[[tuple[int, int, int], int | None, int | None, Sequence[int] | None], Flow]] = {
+    "glow": lambda shape, levels, steps, hidden: Glow(shape, levels or 2, steps or 4, tuple(hidden or (64, 64))),
+    "eiw": lambda shape, levels, steps, hidden: EIW(shape, levels or 2, steps or 4, tuple(hidden or (64, 64))),
+}
+"""Multiscale image flows: name -> constructor `(shape, levels, steps, hidden) -> Flow` for images in `[0, 1]`.
+
+`glow` is [`Glow`][flowkit.flows.Glow], `eiw` is [`EIW`][flowkit.flows.EIW]; default sizes: 2 levels of
+4 steps, conditioners with hidden channels `(64, 64)`.
+"""
+
+
+def build_image_flow(
+    name: str,
+    shape: Sequence[int],
+    *,
+    levels: int | None = None,
+    steps: int | None = None,
+    hidden: Sequence[int] | None = None,
+) -> Flow:
+    """Build the image preset called `name` (one of `IMAGE_PRESETS`) for images of `shape` `(C, H, W)`.
+
+    Raises:
+        ValueError: for an unknown name or bad sizes.
+    """
+    key = name.lower() if isinstance(name, str) else None
+    if key not in IMAGE_PRESETS:
+        raise ValueError(f"unknown image flow {name!r}; choose one of {', '.join(IMAGE_PRESETS)}")
+    return IMAGE_PRESETS[key](tuple(shape), levels, steps, None if hidden is None else parse_hidden(hidden))
