@@ -10,7 +10,12 @@ samples when the target can draw them). The output directory receives
 with its standard error and the exact value when known, IMH acceptance),
 `history.csv` and PNG plots (2-D: flow density next to the target density;
 lattice: sample configurations and the magnetisation histogram; none for
-many-well).
+many-well). For `phi4`, `--flow lattice` trains a
+[`LatticeFlow`][flowkit.flows.LatticeFlow] (the tutorial's: `--transforms 16 --hidden 8,8`,
+`--z2` for Z2-symmetric conditioners), a jittered-HMC reference chain of `--hmc-steps`
+trajectories runs next to the IMH chain, `metrics.json` gets `observables` (magnetisation,
+|M|, chi_2, pole mass, with blocked-jackknife errors, and tau_int of |M| and chi_2, for
+IMH and HMC), and the magnetisation histogram and `autocorrelation.png` compare the two chains.
 """
 
 from __future__ import annotations
@@ -47,7 +52,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=256, help="batch size (default 256)")
     parser.add_argument("--lr", type=float, default=1e-3, help="initial learning rate, cosine-decayed (default 1e-3)")
     parser.add_argument(
-        "--flow", default="realnvp", choices=["realnvp", "nsf"], help="realnvp or nsf (coupling; default realnvp)"
+        "--flow",
+        default="realnvp",
+        choices=["realnvp", "nsf", "lattice"],
+        help="realnvp, nsf (coupling) or lattice (phi4: checkerboard conv couplings); default realnvp",
     )
     parser.add_argument("--transforms", type=int, default=6, help="coupling layers (default 6)")
     parser.add_argument("--hidden", default="64,64", help="hidden sizes (default 64,64)")
@@ -63,6 +71,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--L", type=int, default=8, help="phi4 lattice size (default 8)")
     parser.add_argument("--m2", type=float, default=-4.0, help="phi4 mass squared (default -4)")
     parser.add_argument("--lam", type=float, default=8.0, help="phi4 coupling (default 8)")
+    parser.add_argument("--z2", action="store_true", help="phi4 with --flow lattice: Z2-symmetric conditioners")
+    parser.add_argument(
+        "--hmc-steps", type=int, default=2000, help="phi4: HMC reference trajectories per chain (default 2000; 0: none)"
+    )
     parser.add_argument(
         "--temperature", type=float, default=1000.0, help="alanine-dipeptide temperature in K (default 1000)"
     )
@@ -117,6 +129,12 @@ def build_flow(args: argparse.Namespace, target: Any, samples: Any) -> Any:
 
         internal = alanine_internal_coordinates(target.minimum())
         return internal_coordinate_flow(internal, max(1, args.transforms // 2), hidden, seed=args.seed)
+    if args.flow == "lattice":
+        if len(shape) != 2:
+            raise ValueError(f"--flow lattice needs a lattice target (phi4), got {args.target}")
+        from ..flows import LatticeFlow
+
+        return LatticeFlow(shape, transforms=args.transforms, hidden=hidden, z2=bool(getattr(args, "z2", False)))
     name = "nsf-coupling" if args.flow == "nsf" else args.flow
     flow = preset(name, features, transforms=args.transforms, hidden=hidden)
     if samples is not None:
@@ -202,15 +220,47 @@ def train_boltzmann(args: argparse.Namespace) -> dict[str, Any]:
         metrics["modes_covered"] = int((target.mode_counts(x) > 0).sum())
     if args.target == "alanine-dipeptide":
         metrics.update(_alanine_metrics(flow, x, log_w, args))
+    hmc = None
+    if args.target == "phi4":
+        metrics["observables"], hmc = _lattice_observables(target, chain, args)
     metrics = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
     history.to_csv(out / "history.csv")
     if not args.no_plots:
-        _plots(flow, target, x, log_w, chain, out)
+        _plots(flow, target, x, log_w, chain, out, hmc)
     return metrics
 
 
-def _plots(flow: Any, target: Any, x: Any, log_w: Any, chain: Any, out: Path) -> None:
+def _lattice_observables(target: Any, chain: Any, args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    """Observables with blocked-jackknife errors and tau_int of the IMH chain and of a jittered-HMC reference."""
+    import torch
+
+    from .. import lattice, mcmc
+
+    if args.hmc_steps < 0:
+        raise ValueError(f"--hmc-steps must be non-negative, got {args.hmc_steps}")
+    chains = {"imh": chain}
+    hmc = None
+    if args.hmc_steps:
+        x0 = torch.zeros(8, *target.event_shape, dtype=torch.float64)
+        run = mcmc.hmc(target.double(), x0, args.hmc_steps, 0.1, 10, generator=torch.Generator().manual_seed(args.seed))
+        hmc = run.samples[args.hmc_steps // 10 :]
+        chains["hmc"] = hmc
+    out: dict[str, Any] = {}
+    for name, samples in chains.items():
+        blocks = max(2, min(20, samples.shape[0] // 10))
+        measured = lattice.measure(samples, blocks=blocks)
+        entry = {key: [float(measured[key][0]), float(measured[key][1])] for key in ("M", "abs_M", "chi2", "pole_mass")}
+        m = lattice.magnetization(samples.double())
+        entry["tau_int_abs_M"] = mcmc.integrated_autocorrelation_time(m.abs())
+        entry["tau_int_chi2"] = mcmc.integrated_autocorrelation_time(m.square())
+        out[name] = entry
+    if hmc is not None:
+        out["hmc"]["acceptance"] = float(run.mean_acceptance)
+    return out, hmc
+
+
+def _plots(flow: Any, target: Any, x: Any, log_w: Any, chain: Any, out: Path, hmc: Any = None) -> None:
     import numpy as np
     import torch
     from matplotlib.figure import Figure
@@ -237,28 +287,11 @@ def _plots(flow: Any, target: Any, x: Any, log_w: Any, chain: Any, out: Path) ->
         ax.set_aspect("equal")
         fig.savefig(out / "target.png", dpi=100)
     elif len(target.event_shape) == 2:
-        fig = Figure(figsize=(8, 2.2), layout="constrained")
-        for i in range(4):
-            ax = fig.add_subplot(1, 4, i + 1)
-            ax.imshow(x[i].double().numpy(), cmap="RdBu_r")
-            ax.set(xticks=[], yticks=[], title=f"sample {i}")
-        fig.savefig(out / "configurations.png", dpi=100)
-        fig = Figure(figsize=(5, 3.5), layout="constrained")
-        ax = fig.add_subplot()
-        weights = torch.softmax(log_w, 0).numpy()
-        ax.hist(x.double().mean((-1, -2)).numpy(), bins=50, density=True, alpha=0.5, label="flow")
-        ax.hist(
-            x.double().mean((-1, -2)).numpy(),
-            bins=50,
-            density=True,
-            weights=weights,
-            histtype="step",
-            label="reweighted",
-        )
-        ax.hist(chain.double().mean((-1, -2)).numpy(), bins=50, density=True, histtype="step", label="IMH chain")
-        ax.set(xlabel="magnetisation M", ylabel="density", title="magnetisation")
-        ax.legend()
-        fig.savefig(out / "magnetization.png", dpi=100)
+        plot.lattice_configurations(x, n=4, title="flow samples").savefig(out / "configurations.png", dpi=100)
+        chains = {"flow (IMH chain)": chain} if hmc is None else {"flow (IMH chain)": chain, "HMC": hmc}
+        plot.magnetization_histogram(chains).savefig(out / "magnetization.png", dpi=100)
+        series = {name: c.double().mean((-1, -2)).abs() for name, c in chains.items()}
+        plot.autocorrelation(series, title="autocorrelation of |M|").savefig(out / "autocorrelation.png", dpi=100)
 
 
 def _alanine_metrics(flow: Any, x: Any, log_w: Any, args: argparse.Namespace) -> dict[str, Any]:
