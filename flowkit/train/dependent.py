@@ -220,7 +220,7 @@ class DependentMaximumLikelihood(Objective):
     probability $b(b-1) / (n(n-1))$). A batch of one point has no pairs and drops the
     second sum. $\lambda$ (or $\rho$) stays fixed during these steps; it lives on
     $[\epsilon, 1 - \epsilon]$, is stored as a logit, and is refitted by
-    [`update`][flowkit.train.DependentMaximumLikelihood.update] (full batch, on the
+    [`update`][flowkit.train.dependent.DependentMaximumLikelihood.update] (full batch, on the
     latents of all points), which [`DependenceUpdate`][flowkit.train.DependenceUpdate]
     calls during [`fit`][flowkit.train.fit]. With $K = I$ the loss is exactly
     [`MaximumLikelihood`][flowkit.train.MaximumLikelihood]'s.
@@ -351,7 +351,7 @@ class DependentMaximumLikelihood(Objective):
             batch_size: points per pass through the flow.
 
         Returns:
-            The new value (also in [`value`][flowkit.train.DependentMaximumLikelihood.value]).
+            The new value (also in [`value`][flowkit.train.dependent.DependentMaximumLikelihood.value]).
         """
         x, context = _points(data, type(self).__name__)
         anchor = next((t for t in flow.parameters() if t.is_floating_point()), x)
@@ -410,8 +410,9 @@ def _points(data: Any, where: str) -> tuple[Tensor, Tensor | None]:
 class DependenceUpdate(Callback):
     r"""Alternate the flow's steps with full-batch updates of $\lambda$ (or $\rho$), as in Kirchler et al. 2023.
 
-    Before the first step, every `every` steps of [`fit`][flowkit.train.fit] and after the last one it calls
-    [`DependentMaximumLikelihood.update`][flowkit.train.DependentMaximumLikelihood.update]
+    Every `every` steps of [`fit`][flowkit.train.fit] and after the last one (and before the
+    first, with `at_start`) it calls
+    [`DependentMaximumLikelihood.update`][flowkit.train.dependent.DependentMaximumLikelihood.update]
     on the latents of all training points; between updates the flow trains with the
     parameter fixed, so each mini-batch loss is unbiased.
 
@@ -422,12 +423,13 @@ class DependenceUpdate(Callback):
             order of the kinship matrix or group labels.
         every: steps between updates (each costs one pass of the flow over the data, and for a
             kinship one $n \times n$ product the next step; with groups, every 10 to 20 steps is cheap).
-        at_start: also update before the first step, on the latents of the untrained flow (a
-            starting value near the data's own correlation, which speeds up the alternation).
+        at_start: also update before the first step, on the latents of the untrained flow
+            (otherwise the flow's first `every` steps use the objective's initial value, as in the
+            paper's code).
     """
 
     def __init__(
-        self, objective: DependentMaximumLikelihood, flow: Any, data: Any, every: int = 100, at_start: bool = True
+        self, objective: DependentMaximumLikelihood, flow: Any, data: Any, every: int = 100, at_start: bool = False
     ) -> None:
         if not isinstance(objective, DependentMaximumLikelihood):
             raise ValueError(

@@ -138,7 +138,7 @@ def test_fit_with_alternation_recovers_rho_on_synthetic_groups():
     torch.manual_seed(0)
     flow = flowkit.flows.RealNVP(2, transforms=2, hidden=(16,))
     objective = DependentMaximumLikelihood(groups=groups)
-    update = DependenceUpdate(objective, flow, x, every=10)
+    update = DependenceUpdate(objective, flow, x, every=10, at_start=True)
     settings = dict(steps=600, batch_size=256, lr=1e-2, progress=False)
     history = fit(flow, objective, with_indices(x), callbacks=[update], **settings)
     assert len(history.metrics["rho"]) == 600 and history.metrics["rho"][0] != 0.5  # updated before the first step
