@@ -32,6 +32,8 @@ __all__ = [
     "lattice_configurations",
     "magnetization_histogram",
     "autocorrelation",
+    "image_grid",
+    "bits_per_dim_curve",
 ]
 
 
@@ -480,3 +482,60 @@ def autocorrelation(series: Mapping[str, Tensor], *, max_lag: int = 50, title: s
     ax.set(xlabel="lag $t$ (steps)", ylabel=r"$\rho(t)$", title=title or "autocorrelation")
     ax.legend()
     return fig
+
+
+def image_grid(
+    images: Tensor | np.ndarray, *, columns: int | None = None, title: str | None = None, cmap: str = "gray"
+) -> Figure:
+    """A grid of images `(N, C, H, W)` (or `(N, H, W)`) with values in `[0, 1]` (clipped), one or three channels.
+
+    Arguments:
+        images: the images, e.g. `flow.sample((64,))` of an image flow.
+        columns: images per row (default: about the square root of `N`).
+        title: the figure's title.
+        cmap: colour map of one-channel images.
+    """
+    array = _numpy(images)
+    if array.ndim == 3:
+        array = array[:, None]
+    if array.ndim != 4 or array.shape[1] not in (1, 3) or len(array) == 0:
+        raise ValueError(f"plot.image_grid: images must be (N, 1 or 3, H, W) with N >= 1, got shape {array.shape}")
+    if not np.isfinite(array).all():
+        raise ValueError("plot.image_grid: the images hold non-finite values")
+    n, (c, h, w) = len(array), array.shape[1:]
+    columns = columns or math.ceil(math.sqrt(n))
+    _positive(columns, "columns", "plot.image_grid")
+    rows = math.ceil(n / columns)
+    canvas = np.ones((rows * (h + 1) - 1, columns * (w + 1) - 1, c))
+    for i, image in enumerate(np.clip(array, 0.0, 1.0)):
+        r, q = divmod(i, columns)
+        canvas[r * (h + 1) : r * (h + 1) + h, q * (w + 1) : q * (w + 1) + w] = image.transpose(1, 2, 0)
+    fig = Figure(figsize=(max(2.0, columns * 0.6), max(2.0, rows * 0.6)), layout="constrained")
+    ax = fig.subplots()
+    ax.imshow(canvas[..., 0] if c == 1 else canvas, cmap=cmap if c == 1 else None, vmin=0.0, vmax=1.0)
+    ax.set_axis_off()
+    if title:
+        ax.set_title(title)
+    return fig
+
+
+def bits_per_dim_curve(history: Any, dims: int, levels: int, *, smooth: int = 25, title: str | None = None) -> Figure:
+    """[`training_curves`][flowkit.plot.training_curves] in bits/dim of dequantised data with `levels` levels.
+
+    The losses (mean NLL in nats per point, plus any auxiliary loss) become
+    `(loss + dims log K) / (dims ln 2)`, as [`flowkit.data.bits_per_dim`][flowkit.data.bits_per_dim].
+    """
+    from .data import bits_per_dim
+
+    def convert(values: Sequence | None) -> list | None:
+        return None if values is None else [float(bits_per_dim(-v, dims, levels)) for v in values]
+
+    curves = {
+        "loss": convert(_column(history, "loss", "train_loss")),
+        "step": _column(history, "step", "steps"),
+        "val_loss": convert(_column(history, "val_loss")),
+        "val_step": _column(history, "val_step"),
+        "lr": _column(history, "lr"),
+    }
+    curves = {k: v for k, v in curves.items() if v}
+    return training_curves(curves, smooth=smooth, title=title or "bits/dim", ylabel="bits/dim")
