@@ -62,7 +62,8 @@ from flowkit.distributions import (
 )
 from flowkit.domains import Circle
 from flowkit.flows.images import EIW
-from flowkit.nn import MLP
+from flowkit.lattice import Z2Equivariant
+from flowkit.nn import MLP, ConvNet
 from flowkit.stochastic import LangevinBlock, MetropolisBlock
 from flowkit.testing import randomize
 from flowkit.transformers import Affine, CircularSpline, RationalQuadraticSpline, SmoothMixture, Transformer
@@ -155,6 +156,19 @@ BIJECTORS: dict[str, Case] = {
     "MaskedCoupling(lattice, spline, circular)": lambda: (
         randomize(
             MaskedCoupling(RationalQuadraticSpline(4, 3.0), (4, 4), hidden=(4,), padding_mode="circular"), scale=0.2
+        ),
+        1.5 * torch.randn(5, 4, 4),
+    ),
+    "MaskedCoupling(lattice, Z2Equivariant spline)": lambda: (
+        randomize(
+            MaskedCoupling(
+                RationalQuadraticSpline(4, 3.0),
+                (4, 4),
+                conditioner=Z2Equivariant(
+                    ConvNet(1, 11, (4,), padding_mode="circular"), RationalQuadraticSpline(4, 3.0)
+                ),
+            ),
+            scale=0.2,
         ),
         1.5 * torch.randn(5, 4, 4),
     ),
