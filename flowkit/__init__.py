@@ -5,6 +5,7 @@ from . import (
     data,
     distributions,
     flows,
+    interop,
     io,
     lattice,
     mcmc,
@@ -45,6 +46,7 @@ __all__ = [
     "plot",
     "testing",
     "io",
+    "interop",
     "Flow",
     "set_validation",
 ]
