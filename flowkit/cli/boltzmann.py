@@ -90,7 +90,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("--imh-steps", type=int, default=10_000, help="length of the IMH chain (default 10000)")
     parser.add_argument("--seed", type=int, default=0, help="seed (default 0; also the GMM means)")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads (default 1: these flows are small, and more threads make them many times slower "
+        "on a busy machine)",
+    )
     parser.add_argument("--out", default=None, help="output directory (default runs/boltzmann-<target>)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
