@@ -245,3 +245,17 @@ def test_synthetic_and_real_data_sets():
     assert np.allclose(stocks.train.mean(0), 0, atol=1e-4) and np.allclose(stocks.train.std(0), 1, atol=1e-3)
     days = stocks.train.reshape(-1, 2, 2)
     assert np.corrcoef(days[:, 0, 0], days[:, 1, 0])[0, 1] > 0.8  # the two indices move together
+
+
+def test_fit_passes_contexts_and_indices_to_the_objective():
+    n = 64
+    x, context = torch.randn(n, 2), torch.randn(n, 1)
+    torch.manual_seed(0)
+    flow = flowkit.flows.RealNVP(2, transforms=2, hidden=(8,), context=1)
+    objective = DependentMaximumLikelihood(groups=torch.arange(n) // 4, value=0.3)
+    update = DependenceUpdate(objective, flow, with_indices((x, context)), every=2)
+    data = with_indices((x, context))
+    history = fit(flow, objective, data, steps=4, batch_size=16, callbacks=[update], progress=False)
+    assert len(history.loss) == 4 and objective.value != 0.3
+    expected = objective.log_likelihood(flow, x, context) / n
+    assert torch.isfinite(expected)
