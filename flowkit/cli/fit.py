@@ -47,6 +47,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("--flow", default="nsf", help="nsf, nsf-coupling, realnvp or maf (default: nsf)")
     parser.add_argument(
+        "--model",
+        choices=("glow", "eiw"),
+        default=None,
+        help="a multiscale image flow instead of --flow, for digits-images, fashion-mnist or fashion-mnist-28 "
+        "(--levels: default 2; --transforms: steps per level, default 4; --hidden: default 64,64)",
+    )
+    parser.add_argument("--levels", type=int, default=None, help="levels of the --model image flow (default 2)")
+    parser.add_argument(
         "--coupling", action="store_true", help="NSF with coupling layers instead of autoregressive ones"
     )
     parser.add_argument("--transforms", type=int, default=None, help="number of layers (default 5; 8 for realnvp)")
@@ -127,11 +135,14 @@ def fit_dataset(args: argparse.Namespace) -> dict[str, Any]:
         torch.set_num_threads(threads)  # small matrices: extra threads cost more than they give
     out = Path(args.out or Path("runs") / Path(data.name).stem)
     resumed_from = prepare_output(out, force=args.force, resume=args.resume, steps=args.steps)
-    name = _preset_name(args.flow, args.coupling)
     torch.manual_seed(args.seed)
-    flow = build_flow(name, data.features, transforms=args.transforms, hidden=hidden, bins=args.bins)
-    if not args.no_standardize:
-        flow = standardize(flow, data.train)
+    if getattr(args, "model", None):
+        name, flow = args.model, _image_flow(args, data, hidden)
+    else:
+        name = _preset_name(args.flow, args.coupling)
+        flow = build_flow(name, data.features, transforms=args.transforms, hidden=hidden, bins=args.bins)
+        if not args.no_standardize:
+            flow = standardize(flow, data.train)
     out.mkdir(parents=True, exist_ok=True)
     train = training_data(data)
     start = time.perf_counter()
@@ -225,6 +236,17 @@ def prepare_output(out: Path, *, force: bool, resume: bool, steps: int) -> int |
     return None
 
 
+def _image_flow(args: argparse.Namespace, data: Any, hidden: Any) -> Any:
+    """The `--model` image flow (images in `[0, 1]`, no standardisation: its logit layer preprocesses)."""
+    from ..flows.registry import build_image_flow
+
+    if data.train.dim() != 4:
+        raise ValueError(f"--model {args.model} needs image data (digits-images, fashion-mnist, fashion-mnist-28)")
+    _positive(args.levels, "--levels")
+    shape = tuple(data.train.shape[1:])
+    return build_image_flow(args.model, shape, levels=args.levels, steps=args.transforms, hidden=hidden)
+
+
 def _plots(flow: Any, history: Any, data: Any, out: Path) -> None:
     from .. import plot
 
@@ -235,6 +257,9 @@ def _plots(flow: Any, history: Any, data: Any, out: Path) -> None:
         title = f"{data.name}: flow density and test data"
         figures["density"] = plot.density(flow, data.test, title=title, labels=labels)
         figures["samples"] = plot.samples_vs_data(flow, data.test, labels=labels)
+    elif data.train.dim() == 4 and data.levels:
+        figures["samples"] = plot.image_grid(flow.sample((64,)), title=f"{data.name}: samples")
+        figures["bits_per_dim"] = plot.bits_per_dim_curve(history, data.features, data.levels, title=data.name)
     else:
         figures["pairwise"] = plot.pairwise(data.test, flow, n=1000, labels=labels)
     for name, fig in figures.items():
