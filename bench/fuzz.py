@@ -167,6 +167,8 @@ def _inputs(
 ) -> torch.Tensor:
     shape = template.shape
     domain = b.domain
+    if domain.is_manifold:  # points on the manifold (spheres, products with circles and intervals)
+        return domain.sample(tuple(shape), dtype=torch.float64).to(dtype)
     if isinstance(domain, Interval):
         x = domain.sample(tuple(shape), dtype=torch.float64)
         ends = torch.tensor([domain.low, domain.high], dtype=torch.float64)
@@ -407,10 +409,18 @@ def fuzz(minutes: float, seed: int, replay: int | None = None) -> dict:
             return {"name": name, "bijector": b, "float64": b64, "x": x, "context": context}
         counts["samples"] += x.shape[0]
         limit = torch.finfo(dtype).max
+        forward_out = forward_ok = None
         try:
             for inverse in (False, True):
                 # The inverse runs from the same points (as latent points) and, below, from the forward's outputs.
-                source = x.reshape(x.shape[0], *b.latent_shape) if inverse else x
+                source = x
+                if inverse:
+                    if torch.Size(b.latent_shape).numel() == torch.Size(x.shape[1:]).numel():
+                        source = x.reshape(x.shape[0], *b.latent_shape)
+                    elif forward_out is None:  # another dimension, and the forward refused the input
+                        continue
+                    else:  # another dimension (internal coordinates): from the forward's finite outputs
+                        source = torch.where(forward_ok.reshape(-1, *[1] * len(b.latent_shape)), forward_out, 0.0)
                 try:
                     out, ladj, finite, finite_grad, weight_ok, _ = _run(b, source, context, inverse)
                 except ValueError as error:  # refused input (a bounded domain): not a failure
@@ -418,6 +428,8 @@ def fuzz(minutes: float, seed: int, replay: int | None = None) -> dict:
                     examples.append({"config": name, "dtype": str(dtype), "refused": str(error)[:200]})
                     continue
                 direction = "inverse" if inverse else "forward"
+                if not inverse:
+                    forward_out, forward_ok = torch.nan_to_num(out), finite
                 for kind, ok in (("nonfinite values", finite), ("nonfinite gradients", finite_grad)):
                     for i in (~ok).nonzero().flatten().tolist():
                         c_i = None if context is None else context[i : i + 1]
