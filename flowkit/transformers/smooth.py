@@ -309,8 +309,8 @@ class SmoothMixture(Transformer):
         min_scale: float | None = None,
         max_scale: float = 50.0,
         max_sharpness: float = 3.0,
-        grid: int = 16,
-        bisection_steps: int = 12,
+        grid: int = 4,
+        bisection_steps: int = 14,
         newton_steps: int = 4,
     ) -> None:
         super().__init__()
