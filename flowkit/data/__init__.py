@@ -22,6 +22,7 @@ from .dependent import DEPENDENT_SHAPES, DependentSplits, equicorrelated_groups,
 from .digits import DIGITS_LEVELS, DequantizedDataset, bits_per_dim, dequantize, digits, training_data
 from .evaluation import NLL, evaluate_nll, log_prob_batched
 from .files import FILE_SUFFIXES, file_splits, read_array
+from .heavy_tails import HEAVY_TAILED_DATASETS, heavy_tailed, mtaf_synthetic, stock_returns
 from .images import FASHION_MNIST_LEVELS, IMAGE_DATASETS, digits_images, fashion_mnist, image_dataset, read_idx
 from .splits import Splits, split_array
 from .standardize import standardize
@@ -50,6 +51,10 @@ __all__ = [
     "available_tabular",
     "data_root",
     "TABULAR_DATASETS",
+    "mtaf_synthetic",
+    "stock_returns",
+    "heavy_tailed",
+    "HEAVY_TAILED_DATASETS",
     "NLL",
     "evaluate_nll",
     "log_prob_batched",
@@ -70,7 +75,7 @@ __all__ = [
 
 def names() -> list[str]:
     """Names [`load`][flowkit.data.load] accepts besides file paths: 2-D sets, digits, images, tabular benchmarks."""
-    return [*TOY_DATASETS, "digits", *IMAGE_DATASETS, *TABULAR_DATASETS]
+    return [*TOY_DATASETS, "digits", *IMAGE_DATASETS, *TABULAR_DATASETS, *HEAVY_TAILED_DATASETS]
 
 
 def load(name_or_path: str | os.PathLike, *, root: str | os.PathLike | None = None, seed: int = 0) -> Splits:
@@ -103,6 +108,8 @@ def load(name_or_path: str | os.PathLike, *, root: str | os.PathLike | None = No
         return image_dataset(key, root, seed)
     if key in TABULAR_DATASETS:
         return tabular(key, root)
+    if key in HEAVY_TAILED_DATASETS:  # mtaf-8-1, mtaf-8-4, mtaf-50-5, mtaf-50-10, returns
+        return heavy_tailed(key, seed)
     path = pathlib.Path(text)
     if path.suffix.lower() in FILE_SUFFIXES or path.exists():
         return file_splits(path, seed=seed)
