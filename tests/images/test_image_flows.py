@@ -1,6 +1,7 @@
 """Glow and EIW: exact log_prob and bits/dim at any number of levels, sampling, save/load, the EIW regulariser."""
 
 import functools
+import json
 import math
 
 import pytest
@@ -87,3 +88,17 @@ def test_glow_takes_a_conditioner_factory_and_a_transformer():
         Glow((1, 8, 8), levels=0)
     with pytest.raises(ValueError, match="levels"):
         EIW((1, 8, 8), levels=1)
+
+
+def test_flowkit_fit_model_glow_on_image_data(tmp_path, capsys):
+    from flowkit.cli import main
+
+    out = tmp_path / "run"
+    args = ["fit", "digits-images", "--model", "eiw", "--steps", "2", "--batch-size", "16", "--hidden", "4"]
+    assert main([*args, "--transforms", "1", "--out", str(out), "--no-progress"]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["flow"] == "eiw" and metrics["features"] == 64 and metrics["test_bits_per_dim"] > 0
+    assert (out / "samples.png").is_file() and (out / "bits_per_dim.png").is_file()
+    assert isinstance(io.load(out / "model"), EIW)
+    assert main(["fit", "moons", "--model", "glow", "--steps", "1", "--out", str(tmp_path / "m")]) == 2
+    assert "needs image data" in capsys.readouterr().err
