@@ -37,9 +37,9 @@ class Phi4(Target):
     $$
 
     exact samples are white noise filtered in Fourier space, and the
-    propagator is known ([`free_propagator`][flowkit.targets.Phi4.free_propagator]).
+    propagator is known ([`free_propagator`][flowkit.targets.lattice.Phi4.free_propagator]).
     The same theory in the hopping parametrisation is
-    [`Phi4Hopping`][flowkit.targets.Phi4Hopping]; [`hopping`][flowkit.targets.Phi4.hopping]
+    [`Phi4Hopping`][flowkit.targets.Phi4Hopping]; [`hopping`][flowkit.targets.lattice.Phi4.hopping]
     gives its couplings.
 
     Arguments:
@@ -134,9 +134,10 @@ class Phi4Hopping(Target):
     With $\phi = \sqrt\kappa\,\tilde\phi$ this is the action of
     [`Phi4`][flowkit.targets.Phi4] at $m^2 = (1 - 2\lambda)/\kappa - 4$,
     $\lambda_m = \lambda / \kappa^2$: `Phi4Hopping(L, kappa, lam).energy(phi_t)`
-    equals `Phi4(L, m2, lam_m).energy(sqrt(kappa) * phi_t)` ([`mass_form`][flowkit.targets.Phi4Hopping.mass_form]
-    builds that target). The densities differ by the Jacobian of the rescaling,
-    so $\log Z = \log Z_m - \frac V2 \log\kappa$ (exact at `lam = 0`).
+    equals `Phi4(L, m2, lam_m).energy(sqrt(kappa) * phi_t)`
+    ([`mass_form`][flowkit.targets.lattice.Phi4Hopping.mass_form] builds that target).
+    The densities differ by the Jacobian of the rescaling, so
+    $\log Z = \log Z_m - \frac V2 \log\kappa$ (exact at `lam = 0`).
 
     Arguments:
         L: lattice size.
