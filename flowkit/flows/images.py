@@ -28,15 +28,22 @@ import copy
 import math
 from collections.abc import Callable, Sequence
 
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from .._config import Configurable
 from .._validation import check_number
 from ..bijectors import ActNorm, Bijector, Chain, Invert, Logit, MaskedCoupling
 from ..bijectors.image import Conv1x1, EIWShuffle, FactorOut, Squeeze, image_shape
 from ..distributions import Distribution, StandardNormal
+from ..nn import ConvNet
 from ..transformers import Affine, Transformer
+from ..utils import aggregates_auxiliary_loss, auxiliary_loss
 from .flow import Flow
 from .presets import ConditionerFactory, _checked
 
-__all__ = ["Glow", "EIW", "multiscale"]
+__all__ = ["Glow", "EIW", "multiscale", "Dequantized", "VariationalDequantizer"]
 
 #: Builds the steps of one level: `(event_shape, level) -> layers`.
 StepFactory = Callable[[tuple[int, int, int], int], Sequence[Bijector]]
@@ -255,3 +262,106 @@ class EIW(Glow):
             return EIWShuffle(s, reduction, weight)
 
         self._build(shape, levels, steps, hidden, kernel, activation, alpha, transformer, conditioner, base, shuffle)
+
+
+class VariationalDequantizer(Configurable, nn.Module):
+    r"""A learned dequantisation noise $q(u \mid x)$ on $(0, 1)^D$ for integer images $x$ (Flow++-style, one layer).
+
+    $$u = \sigma(t), \quad t = \mu(x) + e^{s(x)} \varepsilon, \quad \varepsilon \sim \mathcal N(0, I),
+    \qquad \log q(u \mid x) = \sum_i \big[\log \mathcal N(\varepsilon_i) - s_i - \log \sigma'(t_i)\big],$$
+
+    with $\mu$ and $s$ from a [`ConvNet`][flowkit.nn.ConvNet] on the centred pixels
+    $x / (K - 1) - 1/2$; its last layer starts at zero ($\mu = 0$, $s = 0$).
+
+    Arguments:
+        shape: `(C, H, W)` of the images.
+        levels: the number of levels `K`.
+        hidden: hidden channels of the conditioner.
+
+    References:
+        Ho, Chen, Srinivas, Duan & Abbeel, *Flow++*, ICML 2019 (arXiv:1902.00275), section 3.1.
+    """
+
+    def __init__(self, shape: Sequence[int], levels: int, hidden: Sequence[int] = (32, 32)) -> None:
+        super().__init__()
+        self.shape = image_shape(shape, "VariationalDequantizer")
+        self.levels = check_number(levels, "levels", where="VariationalDequantizer", integer=True, low=2)
+        self.net = ConvNet(self.shape[0], 2 * self.shape[0], hidden)
+        self.net.zero_last()
+
+    def rsample_and_log_prob(self, counts: Tensor) -> tuple[Tensor, Tensor]:
+        """Noise `u` of the shape of `counts` (reparameterised) and `log q(u | counts)` per image."""
+        mu, s = self.net(counts / (self.levels - 1) - 0.5).chunk(2, dim=-3)
+        eps = torch.randn_like(mu)
+        t = mu + s.exp() * eps
+        log_q = -0.5 * eps**2 - 0.5 * math.log(2 * math.pi) - s - F.logsigmoid(t) - F.logsigmoid(-t)
+        return torch.sigmoid(t), log_q.sum((-3, -2, -1))
+
+
+class Dequantized(Configurable, nn.Module):
+    r"""A flow on `[0, 1]` images as a model of integer images $x \in \{0, \dots, K - 1\}^D$.
+
+    `log_prob(x)` is the one-sample variational lower bound of $\log P(x)$ (Theis et al.; Ho et al.),
+
+    $$\log P(x) \ge \mathbb E_{u \sim q(\cdot \mid x)}
+    \Big[\log p\big(\tfrac{x + u}{K}\big) - D \log K - \log q(u \mid x)\Big],$$
+
+    with uniform noise ($\log q = 0$) unless a
+    [`VariationalDequantizer`][flowkit.flows.images.VariationalDequantizer] is given, in which case
+    maximum likelihood trains it with the flow. Train it on the integer images (`data.info["counts"]`);
+    its bits/dim are `-log_prob / (D ln 2)`, that is `nll.bits_per_dim(D, 1)` of
+    [`evaluate_nll`][flowkit.data.evaluate_nll] (the `D log K` is already counted).
+
+    Arguments:
+        flow: a flow on images in `[0, 1]` (e.g. a [`Glow`][flowkit.flows.Glow]).
+        levels: the number of levels `K`.
+        dequantizer: the noise model, or None for uniform noise.
+    """
+
+    def __init__(self, flow: Flow, levels: int, dequantizer: VariationalDequantizer | None = None) -> None:
+        super().__init__()
+        if not isinstance(flow, Flow):
+            raise ValueError(f"Dequantized: flow must be a flowkit Flow, got {type(flow).__name__}")
+        self.levels = check_number(levels, "levels", where="Dequantized", integer=True, low=2)
+        if dequantizer is not None and tuple(dequantizer.shape) != tuple(flow.event_shape):
+            raise ValueError(f"Dequantized: the dequantizer's shape {dequantizer.shape} is not the flow's")
+        self.flow = flow
+        self.dequantizer = dequantizer
+
+    @property
+    def event_shape(self) -> torch.Size:
+        return self.flow.event_shape
+
+    @property
+    def context_features(self) -> int:
+        return 0
+
+    @property
+    def base(self) -> Distribution:
+        return self.flow.base
+
+    def log_prob(self, x: Tensor, context: Tensor | None = None) -> Tensor:
+        """One-sample lower bound of `log P(x)` (nats) for integer images `x` (as floats)."""
+        if self.dequantizer is None:
+            u, log_q = torch.rand_like(x), x.new_zeros(x.shape[:-3])
+        else:
+            u, log_q = self.dequantizer.rsample_and_log_prob(x)
+        dims = math.prod(self.event_shape)
+        return self.flow.log_prob((x + u) / self.levels) - dims * math.log(self.levels) - log_q
+
+    def path_log_likelihood(self, x: Tensor, context: Tensor | None = None) -> Tensor:
+        """Same as [`log_prob`][flowkit.flows.images.Dequantized.log_prob] (for the likelihood objective)."""
+        return self.log_prob(x, context)
+
+    def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
+        return self.log_prob(x, context)
+
+    @torch.no_grad()
+    def sample(self, shape: int | Sequence[int] = ()) -> Tensor:
+        """Integer images: the flow's samples, quantised (`floor(K x)`, clipped to `0 .. K - 1`)."""
+        return (self.flow.sample(shape) * self.levels).floor().clamp(0, self.levels - 1)
+
+    @aggregates_auxiliary_loss
+    def auxiliary_loss(self) -> Tensor | None:
+        """The flow's regularisers (EIW's, say)."""
+        return auxiliary_loss(self.flow)

@@ -102,3 +102,36 @@ def test_flowkit_fit_model_glow_on_image_data(tmp_path, capsys):
     assert isinstance(io.load(out / "model"), EIW)
     assert main(["fit", "moons", "--model", "glow", "--steps", "1", "--out", str(tmp_path / "m")]) == 2
     assert "needs image data" in capsys.readouterr().err
+
+
+def test_uniform_dequantization_is_the_flow_density_minus_d_log_k():
+    from flowkit.flows.images import Dequantized
+
+    flow = Glow((1, 4, 4), levels=2, steps=1, hidden=(4,)).eval()
+    model = Dequantized(flow, 17)
+    counts = torch.randint(0, 17, (5, 1, 4, 4)).float()
+    torch.manual_seed(3)
+    lower = model.log_prob(counts)
+    torch.manual_seed(3)
+    u = torch.rand_like(counts)
+    torch.testing.assert_close(lower, flow.log_prob((counts + u) / 17) - 16 * math.log(17))
+    assert model.sample((3,)).shape == (3, 1, 4, 4)
+
+
+def test_variational_dequantizer_log_density_is_the_change_of_variables():
+    from flowkit.flows.images import VariationalDequantizer
+
+    q = randomize(VariationalDequantizer((1, 2, 2), 5, hidden=(4,)), scale=0.5).double()
+    counts = torch.randint(0, 5, (3, 1, 2, 2)).double()
+    torch.manual_seed(1)
+    u, log_q = q.rsample_and_log_prob(counts)
+    assert bool(((u > 0) & (u < 1)).all())
+    # u is elementwise in eps: log q(u) = log N(eps) - sum log du/deps, du/deps by autograd
+    torch.manual_seed(1)
+    mu, s = q.net(counts / 4 - 0.5).chunk(2, dim=-3)
+    eps = torch.randn_like(mu).requires_grad_(True)
+    out = torch.sigmoid(mu + s.exp() * eps)
+    (grad,) = torch.autograd.grad(out.sum(), eps)
+    normal = torch.distributions.Normal(0.0, 1.0).log_prob(eps.detach())
+    torch.testing.assert_close(u, out.detach())
+    torch.testing.assert_close(log_q, (normal - grad.log()).sum((-3, -2, -1)))
