@@ -48,11 +48,20 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--flow", default="nsf", help="nsf, nsf-coupling, realnvp or maf (default: nsf)")
     parser.add_argument(
         "--model",
-        choices=("glow", "eiw"),
+        choices=("glow", "eiw", "tail-adaptive", "mtaf", "mtaf-fix", "gtaf", "comet"),
         default=None,
         help="a multiscale image flow instead of --flow, for digits-images, fashion-mnist or fashion-mnist-28 "
-        "(--levels: default 2; --transforms: steps per level, default 4; --hidden: default 64,64)",
+        "(--levels: default 2; --transforms: steps per level, default 4; --hidden: default 64,64); or a flow "
+        "for heavy tails fitted to the training data: tail-adaptive (= mtaf), mtaf-fix, gtaf, comet "
+        "(--transforms default 5, --hidden default 64,64, --bins; comet is not standardised)",
     )
+    parser.add_argument(
+        "--base",
+        choices=("normal", "student-t"),
+        default="normal",
+        help="latent distribution of a --flow preset: standard normal, or Student-t with trained df (see --df)",
+    )
+    parser.add_argument("--df", type=float, default=5.0, help="starting df of --base student-t (default 5)")
     parser.add_argument("--levels", type=int, default=None, help="levels of the --model image flow (default 2)")
     parser.add_argument(
         "--coupling", action="store_true", help="NSF with coupling layers instead of autoregressive ones"
@@ -121,7 +130,9 @@ def fit_dataset(args: argparse.Namespace) -> dict[str, Any]:
 
     from .. import io
     from ..data import evaluate_nll, load, standardize, training_data
-    from ..flows.registry import build_flow, count_parameters, parse_hidden
+    from ..distributions import StudentT
+    from ..flows import Flow
+    from ..flows.registry import DATA_PRESETS, build_flow, count_parameters, parse_hidden
     from ..train import MaximumLikelihood, default_threads, fit
 
     for name in ("steps", "batch_size", "transforms", "bins", "patience", "threads"):
@@ -136,11 +147,15 @@ def fit_dataset(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.out or Path("runs") / Path(data.name).stem)
     resumed_from = prepare_output(out, force=args.force, resume=args.resume, steps=args.steps)
     torch.manual_seed(args.seed)
-    if getattr(args, "model", None):
+    if getattr(args, "model", None) in DATA_PRESETS:
+        name, flow = args.model, _tail_flow(args, data, hidden)
+    elif getattr(args, "model", None):
         name, flow = args.model, _image_flow(args, data, hidden)
     else:
         name = _preset_name(args.flow, args.coupling)
         flow = build_flow(name, data.features, transforms=args.transforms, hidden=hidden, bins=args.bins)
+        if getattr(args, "base", "normal") == "student-t":
+            flow = Flow(flow.bijector, StudentT(flow.event_shape, df=args.df, learn_df=True))
         if not args.no_standardize:
             flow = standardize(flow, data.train)
     out.mkdir(parents=True, exist_ok=True)
@@ -234,6 +249,17 @@ def prepare_output(out: Path, *, force: bool, resume: bool, steps: int) -> int |
         path = out / name
         shutil.rmtree(path) if path.is_dir() else path.unlink()
     return None
+
+
+def _tail_flow(args: argparse.Namespace, data: Any, hidden: Any) -> Any:
+    """The `--model` flow for heavy tails, fitted to the training split (TailAdaptive standardised unless asked not)."""
+    from ..data import standardize
+    from ..flows.registry import build_data_flow
+
+    if data.train.dim() != 2:
+        raise ValueError(f"--model {args.model} needs tabular data of shape (N, D)")
+    flow = build_data_flow(args.model, data.train, transforms=args.transforms, hidden=hidden, bins=args.bins)
+    return flow if args.model == "comet" or args.no_standardize else standardize(flow, data.train)
 
 
 def _image_flow(args: argparse.Namespace, data: Any, hidden: Any) -> Any:

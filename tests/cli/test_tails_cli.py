@@ -1,0 +1,42 @@
+"""`flowkit fit --model tail-adaptive|comet` and `--base student-t` on a small heavy-tailed CSV file."""
+
+import json
+
+import numpy as np
+import pytest
+
+import flowkit
+from flowkit.cli import main
+
+SMALL = ["--steps", "5", "--batch-size", "128", "--transforms", "1", "--hidden", "8", "--bins", "3", "--no-plots"]
+
+
+@pytest.fixture(scope="module")
+def csv(tmp_path_factory):
+    rng = np.random.default_rng(0)
+    x = np.stack([rng.standard_normal(1500), rng.standard_t(2, 1500), rng.standard_normal(1500)], 1)
+    path = tmp_path_factory.mktemp("data") / "heavy.csv"
+    np.savetxt(path, x, delimiter=",")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("options", "kind"),
+    [
+        (["--model", "tail-adaptive"], "Flow"),  # standardised, so a plain Flow around the TailAdaptive layers
+        (["--model", "comet"], "COMET"),
+        (["--flow", "nsf", "--base", "student-t", "--df", "4"], "Flow"),
+    ],
+)
+def test_fit_heavy_tailed_models(csv, tmp_path, options, kind):
+    out = tmp_path / "run"
+    assert main(["fit", str(csv), *options, "--out", str(out), "--no-progress", *SMALL]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert np.isfinite(metrics["test_nll"])
+    model = flowkit.io.load(out / "model")
+    assert type(model).__name__ == kind
+    base = model.base
+    if "--base" in options:
+        assert type(base).__name__ == "StudentT" and base.df_raw.requires_grad
+    if options[1] == "tail-adaptive":
+        assert type(base).__name__ == "TailAdaptiveBase" and base.heavy.tolist() == [False, False, True]  # light first
