@@ -21,9 +21,11 @@ class _Threads(Callback):
 
 
 @pytest.fixture
-def two_threads():
+def two_threads(monkeypatch):
+    """Torch on two threads, as if that were its default (the count when flowkit was imported)."""
     before = torch.get_num_threads()
     torch.set_num_threads(2)
+    monkeypatch.setattr("flowkit.train.loop._THREADS_AT_IMPORT", 2)
     yield
     torch.set_num_threads(before)
 
@@ -42,6 +44,14 @@ def test_fit_sets_threads_during_the_run_and_restores_them(two_threads, threads,
         threads=threads, callbacks=[seen])  # fmt: skip
     assert seen.seen == {expected}
     assert torch.get_num_threads() == 2
+
+
+def test_fit_keeps_a_thread_count_the_user_has_set(two_threads, monkeypatch):
+    monkeypatch.setattr("flowkit.train.loop._THREADS_AT_IMPORT", 4)  # torch's default was 4; the user chose 2
+    seen = _Threads()
+    fit(flowkit.flows.RealNVP(2, transforms=1, hidden=(8,)), MaximumLikelihood(), torch.randn(64, 2), steps=2,
+        progress=False, callbacks=[seen])  # fmt: skip
+    assert seen.seen == {2}
 
 
 def test_fit_restores_threads_after_an_error(two_threads):
@@ -254,3 +264,57 @@ def test_sample_finds_the_model_in_a_run_directory_prints_csv_and_keeps_column_n
     assert np.isfinite(np.array([[float(v) for v in line.split(",")] for line in lines[1:]])).all()
     assert main(["sample", str(run / "model"), "-n", "3", "--out", str(tmp_path / "s.tsv")]) == 0
     assert (tmp_path / "s.tsv").read_text().splitlines()[0] == "alcohol\tmalic acid"
+
+
+def test_a_typo_in_a_subcommand_option_gets_that_subcommands_usage(capsys):
+    from flowkit.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["fit", "moons", "--stpes", "3"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: flowkit fit ") and "flowkit fit: error: unrecognized arguments: --stpes 3" in err
+    with pytest.raises(SystemExit):
+        main(["bench", "likelihood", "--bogus", "1"])
+    assert "flowkit bench likelihood: error: unrecognized arguments: --bogus 1" in capsys.readouterr().err
+
+
+def test_library_warnings_print_as_one_line_without_source(tmp_path, capsys):
+    from flowkit.cli import main
+
+    path = tmp_path / "constant.csv"
+    path.write_text("a,b\n" + "\n".join(f"{i / 10},1.0" for i in range(60)))
+    assert main(["fit", str(path), "--steps", "1", "--out", str(tmp_path / "run"), "--no-plots", *TINY]) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert lines and all(line.startswith("flowkit fit: warning: ") for line in lines), lines
+    assert any("feature(s) [1] are constant" in line for line in lines)
+
+
+def test_check_shows_progress_on_a_terminal_only():
+    import io
+    import time
+
+    from flowkit.cli.check import progress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    terminal, pipe = Terminal(), io.StringIO()
+    with progress("NSF (float64, 10 samples)", terminal, every=0.01):
+        time.sleep(0.05)
+    with progress("NSF", pipe):
+        pass
+    text = terminal.getvalue()
+    assert text.startswith("\rflowkit check: checking NSF (float64, 10 samples) ... 0 s")
+    assert text.count("\r") >= 3 and text.endswith(" (done)\n")
+    assert pipe.getvalue() == ""
+
+
+def test_bench_table_has_no_nan_for_one_seed():
+    from flowkit.cli.bench import markdown_table
+
+    row = {"dataset": "moons", "model": "flowkit-maf", "parameters": 10, "test_nll": 2.5,
+           "test_nll_2se_points": 0.01, "test_nll_2se_seeds": float("nan"), "wall_s": 1.0, "cpu_s": 1.0}  # fmt: skip
+    line = markdown_table([row], 5).splitlines()[-1]
+    assert "nan" not in line and "| 0.010 | - |" in line

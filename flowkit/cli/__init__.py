@@ -4,7 +4,9 @@ Each subcommand lives in its own module of this package and defines
 `add_parser(subparsers)`, which registers the subcommand and sets
 `func` (a callable taking the parsed arguments and returning an exit code).
 Errors a user can fix (missing file, bad CSV, unknown flow) are printed as one
-line and give exit code 2.
+line and give exit code 2; library warnings print as one line too
+(`flowkit fit: warning: ...`), and an unknown option gets the usage of the
+subcommand it was given to.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
+from typing import Any
 
 __all__ = ["main", "build_parser", "COMMANDS"]
 
@@ -37,11 +41,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _innermost_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the (sub)subcommand that `args` ran, e.g. that of `flowkit bench likelihood`."""
+    while True:
+        actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        name = getattr(args, actions[0].dest, None) if actions else None
+        if name not in (actions[0].choices if actions else {}):
+            return parser
+        parser = actions[0].choices[name]
+
+
+def _one_line_warnings(command: str) -> Any:
+    """A `warnings.showwarning` that prints `flowkit COMMAND: warning: message` on one line, without source."""
+
+    def show(message: Any, category: type, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        text = " ".join(str(message).split())
+        print(f"flowkit {command}: warning: {text}", file=sys.stderr if file is None else file)
+
+    return show
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
-    args = build_parser().parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except (ValueError, OSError) as error:  # bad arguments and data; files that cannot be read or written
-        print(f"flowkit {args.command}: error: {error}", file=sys.stderr)
-        return 2
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # a typo in a subcommand's option: that subcommand's usage, not the top level's
+        _innermost_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
+    with warnings.catch_warnings():
+        warnings.showwarning = _one_line_warnings(args.command)
+        try:
+            return int(args.func(args) or 0)
+        except (ValueError, OSError) as error:  # bad arguments and data; files that cannot be read or written
+            print(f"flowkit {args.command}: error: {error}", file=sys.stderr)
+            return 2

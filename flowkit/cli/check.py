@@ -8,9 +8,14 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import Any
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, TextIO
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "run", "progress"]
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -22,7 +27,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "a chain is checked layer by layer, and the report names each failing layer (index and class) "
         "with the checks it fails; exit code 1 on failure.",
     )
-    parser.add_argument("model", metavar="MODEL", help="model directory (e.g. runs/moons/model)")
+    parser.add_argument(
+        "model",
+        metavar="MODEL",
+        help="model directory or the run directory holding it (runs/moons/model or runs/moons)",
+    )
     parser.add_argument("-n", type=int, default=2000, help="samples for the flow checks (default 2000)")
     parser.add_argument(
         "--atol", type=float, default=1e-6, help="tolerance of the pointwise comparisons (default 1e-6)"
@@ -30,16 +39,57 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--mass-tol", type=float, default=1e-2, help="tolerance on the total mass in 1-D/2-D (default 0.01)"
     )
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads (default: 1 for events of at most 16 numbers)"
+    )
     parser.set_defaults(func=run)
     return parser
 
 
+@contextmanager
+def progress(what: str, stream: TextIO | None = None, every: float = 1.0) -> Iterator[None]:
+    """Show `flowkit check: checking WHAT ... N s` on a terminal while the block runs (nothing elsewhere).
+
+    Arguments:
+        what: what is being checked.
+        stream: where to write (default stderr); nothing is written unless it is a terminal.
+        every: seconds between updates of the elapsed time.
+    """
+    stream = sys.stderr if stream is None else stream
+    if not stream.isatty():
+        yield
+        return
+    start, done = time.perf_counter(), threading.Event()
+
+    def show(end: str = "") -> None:
+        stream.write(f"\rflowkit check: checking {what} ... {time.perf_counter() - start:.0f} s{end}")
+        stream.flush()
+
+    def beat() -> None:
+        while not done.wait(every):
+            show()
+
+    show()
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+        show(" (done)\n")
+
+
 def run(args: argparse.Namespace) -> int:
     """Run `flowkit check` for parsed arguments; returns the exit code."""
+    import torch
+
     from .. import io
     from ..bijectors import Bijector
     from ..flows import Flow
     from ..testing import CheckReport, check_bijector, check_flow
+    from ..train import default_threads
+    from .sample import model_directory
 
     if args.n < 1:
         raise ValueError(f"-n must be a positive integer, got {args.n}")
@@ -47,16 +97,26 @@ def run(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if not (math.isfinite(value) and value > 0):
             raise ValueError(f"--{name.replace('_', '-')} must be a positive number, got {value}")
-    model = io.load(args.model)
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be a positive integer, got {args.threads}")
+    model = io.load(model_directory(args.model))
     if not isinstance(model, (Flow, Bijector)):
         raise ValueError(f"{args.model} holds a {type(model).__name__}, neither a flow nor a bijector")
+    threads = args.threads or default_threads(math.prod(model.event_shape))
+    previous = torch.get_num_threads()
+    what = f"{type(model).__name__} (float64" + (f", {args.n} samples)" if isinstance(model, Flow) else ")")
     try:
-        if isinstance(model, Flow):
-            report = check_flow(model, n=args.n, atol=args.atol, mass_tol=args.mass_tol, raise_on_failure=False)
-        else:
-            report = check_bijector(model, atol=args.atol, raise_on_failure=False)
+        if threads:
+            torch.set_num_threads(threads)
+        with progress(what):
+            if isinstance(model, Flow):
+                report = check_flow(model, n=args.n, atol=args.atol, mass_tol=args.mass_tol, raise_on_failure=False)
+            else:
+                report = check_bijector(model, atol=args.atol, raise_on_failure=False)
     except (ValueError, RuntimeError, ArithmeticError) as error:  # e.g. NaN weights trip the input checks
         report = CheckReport(type(model).__name__)
         report.add("checks ran to the end", False, f"{type(error).__name__}: {error}")
+    finally:
+        torch.set_num_threads(previous)
     print(report)
     return 0 if report.passed else 1

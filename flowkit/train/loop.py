@@ -45,6 +45,9 @@ _MAX_WARNINGS = 10
 #: Events of at most this many numbers train on one CPU thread by default (see `default_threads`).
 SINGLE_THREAD_FEATURES = 16
 
+#: torch's thread count when flowkit was imported: `fit` keeps a count the user has set since.
+_THREADS_AT_IMPORT = torch.get_num_threads()
+
 #: Above this fraction of data points outside the splines' bound, `fit` warns (without `standardize=True`).
 _OUTSIDE_BOUND_WARNING = 0.5
 
@@ -548,8 +551,9 @@ def fit(
             (before `restore_best`, whose best weights are then averaged ones).
         callbacks: [`Callback`][flowkit.train.Callback]s run after the built-in ones.
         threads: torch CPU threads during the run, restored on exit (default:
-            [`default_threads`][flowkit.train.default_threads] of the flow's event size: one thread
-            for events of at most 16 numbers, else torch's setting).
+            [`default_threads`][flowkit.train.default_threads] of the flow's event size, one thread
+            for events of at most 16 numbers, unless `torch.set_num_threads` has changed the count
+            since flowkit was imported; then that count).
         standardize: put [`Standardization.from_data(x)`][flowkit.bijectors.Standardization.from_data]
             of the training data first in the flow's chain, in place, so that the rest of the flow
             sees standardised data while `log_prob` stays in data units (`data` must be a tensor or
@@ -573,7 +577,8 @@ def fit(
         (20, True)
     """
     args = _Arguments(**locals())  # locals(): the arguments above
-    if args.threads is None and not any(p.is_cuda for p in flow.parameters()):
+    chosen = torch.get_num_threads() != _THREADS_AT_IMPORT  # torch.set_num_threads was called: keep it
+    if args.threads is None and not chosen and not any(p.is_cuda for p in flow.parameters()):
         args.threads = default_threads(_event_features(flow) or 0)
     previous = torch.get_num_threads()
     if args.threads is not None and args.threads != previous:
