@@ -34,6 +34,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import flowkit
+import flowkit.plot
 from flowkit.bijectors.internal import same_chirality
 from flowkit.data import alanine_dipeptide_md
 from flowkit.sampling import ess, importance_sample
@@ -45,8 +47,22 @@ from flowkit.targets.alanine import (
     internal_coordinate_flow,
 )
 from flowkit.train import BoltzmannGenerator, MaximumLikelihood, fit
+from flowkit.train.callbacks import Callback
 
 RESULTS = Path(__file__).resolve().parent / "results"
+
+
+class _Report(Callback):
+    """Print the step, the loss and the elapsed time every `every` steps (for logs, where tqdm is silent)."""
+
+    def __init__(self, name: str, every: int = 100) -> None:
+        self.name, self.every, self.start = name, every, time.time()
+
+    def on_step_end(self, state) -> None:
+        if state.step % self.every == 0:
+            extra = " ".join(f"{k} {v:.3g}" for k, v in state.last.metrics.items())
+            elapsed = time.time() - self.start
+            print(f"{self.name} {state.step} loss {state.last.loss:.3f} {extra} {elapsed:.0f} s", flush=True)
 
 
 def free_energy(phi: torch.Tensor, edges: np.ndarray, log_w: torch.Tensor | None = None) -> np.ndarray:
@@ -124,6 +140,7 @@ def main() -> None:
         clip=10.0,
         progress=args.progress,
         seed=args.seed,
+        callbacks=[_Report("ml")],
     )
     timings["ml_s"] = time.time() - t0
     evals_before = target.evaluations
@@ -138,6 +155,7 @@ def main() -> None:
         clip=10.0,
         progress=args.progress,
         seed=args.seed + 1,
+        callbacks=[_Report("bg", 50)],
     )
     timings["bg_s"] = time.time() - t0
     train_evals = target.evaluations - evals_before
@@ -196,8 +214,7 @@ def main() -> None:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2, default=float))
-
-    import flowkit.plot
+    flowkit.io.save(flow, args.out.with_suffix(".model"))
 
     fig = flowkit.plot.ramachandran(
         phi, psi, log_w, reference=(phi_ref, psi_ref), titles=("flow (reweighted)", "MD reference")
