@@ -144,16 +144,20 @@ def circle_moebius(theta: Tensor, w: Tensor) -> tuple[Tensor, Tensor]:
 class _Centres(nn.Module):
     """Learnable unconstrained vectors and gates for `heads` maps, or a conditioner from a context."""
 
-    def __init__(self, n: int, heads: int, context: int, hidden: Sequence[int], offset: float) -> None:
+    def __init__(self, n: int, heads: int, context: int, hidden: Sequence[int], offset: float, init: float) -> None:
         super().__init__()
         self.n, self.heads, self.offset = n, heads, offset
         if context:
             self.net: nn.Module | None = MLP(context, heads * (n + 1), hidden, "silu", context=0)
-            self.net.zero_last()
+            bias = torch.zeros(heads, n + 1)
+            bias[:, :n] = init * torch.randn(heads, n)
+            self.net.zero_last(bias.flatten())
             self.raw = None
         else:
             self.net = None
-            self.raw = nn.Parameter(torch.zeros(heads, n + 1))
+            raw = torch.zeros(heads, n + 1)
+            raw[:, :n] = init * torch.randn(heads, n)  # w = 0 is a stationary point of the double map
+            self.raw = nn.Parameter(raw)
 
     def forward(self, like: Tensor, batch: torch.Size, context: Tensor | None) -> Tensor:
         out = self.raw.to(like) if self.net is None else self.net(context).unflatten(-1, (self.heads, self.n + 1))
@@ -174,6 +178,8 @@ class Moebius(Bijector):
         context: number of context features (0: the centres are parameters).
         hidden: hidden sizes of the context network.
         gate: the gate offset of [`gated_center`][flowkit.bijectors.sphere.gated_center].
+        init: standard deviation of the initial centre vectors (the double map cannot leave
+            `w = 0`, a stationary point, so it starts close to the identity instead).
 
     Examples:
         >>> import torch
@@ -185,7 +191,13 @@ class Moebius(Bijector):
     """
 
     def __init__(
-        self, n: int = 4, heads: int = 1, context: int = 0, hidden: Sequence[int] = (64,), gate: float = GATE
+        self,
+        n: int = 4,
+        heads: int = 1,
+        context: int = 0,
+        hidden: Sequence[int] = (64,),
+        gate: float = GATE,
+        init: float = 0.5,
     ) -> None:
         super().__init__()
         n = check_number(n, "n", where=type(self).__name__, integer=True, low=2)
@@ -193,7 +205,8 @@ class Moebius(Bijector):
         self.context_features = check_number(context, "context", where=type(self).__name__, integer=True, low=0)
         self.event_shape = torch.Size([n])
         self.domain = Sphere(n)
-        self.centres = _Centres(n, heads, self.context_features, hidden, float(gate))
+        init = check_number(init, "init", where=type(self).__name__, low=0)
+        self.centres = _Centres(n, heads, self.context_features, hidden, float(gate), init)
 
     def _w(self, x: Tensor, context: Tensor | None) -> Tensor:
         return self.centres(x, x.shape[:-1], context).unbind(-2)
@@ -233,6 +246,7 @@ class DoubleMoebius(Moebius):
         context: number of context features (0: the centres are parameters).
         hidden: hidden sizes of the context network.
         gate: the gate offset of [`gated_center`][flowkit.bijectors.sphere.gated_center].
+        init: standard deviation of the initial centre vectors (see [`Moebius`][flowkit.bijectors.Moebius]).
 
     Examples:
         >>> import torch
@@ -286,9 +300,12 @@ class RigidCoupling(Bijector):
     gate offset `gate` for quaternions, `position_gate` for angles). The
     conditioner sees the kept quaternions as rotation matrices (so flipping
     the sign of another body's quaternion changes nothing), angles as
-    $(\cos, \sin)$ and real coordinates as they are, plus the context; its last
-    layer starts at zero, so the layer starts as the identity. The layer is
-    antipodally equivariant in every quaternion.
+    $(\cos, \sin)$ and real coordinates as they are, plus the context. Its last
+    layer starts with zero weights, zero gates and affine parameters, and small random
+    centre vectors (`init`): the double Möbius map depends on $w$ only through
+    $w w^\top$ and $|w|^2$, so $w = 0$ (the identity) is a stationary point of any loss
+    and training could not leave it; the layer starts close to the identity instead. The
+    layer is antipodally equivariant in every quaternion.
 
     Arguments:
         segments: the layout of the event.
@@ -304,6 +321,7 @@ class RigidCoupling(Bijector):
             segments (9 numbers per quaternion, 2 per angle, 1 per real) and the context
             to `out_features` parameters (`heads (4 + 1)` per quaternion, `heads (2 + 1)`
             per angle, 2 per real, in the order of `transformed`).
+        init: standard deviation of the initial centre vectors $v$ (0: exactly the identity).
 
     Examples:
         >>> import torch
@@ -328,6 +346,7 @@ class RigidCoupling(Bijector):
         position_gate: float = GATE,
         clamp: float = 3.0,
         conditioner: nn.Module | None = None,
+        init: float = 0.5,
     ) -> None:
         super().__init__()
         where = "RigidCoupling"
@@ -343,6 +362,7 @@ class RigidCoupling(Bijector):
         self.context_features = check_number(context, "context", where=where, integer=True, low=0)
         self.gate, self.position_gate = float(gate), float(position_gate)
         self.clamp = check_number(clamp, "clamp", where=where, positive=True)
+        init = check_number(init, "init", where=where, low=0)
         self.slices = segment_slices(self.segments)
         self.domain = rigid_domain(self.segments)
         self.event_shape = torch.Size([self.domain.width])
@@ -355,7 +375,21 @@ class RigidCoupling(Bijector):
         else:
             _check_conditioner(conditioner, n_in, n_out, self.context_features, False, where)
         self.conditioner = conditioner
-        self.conditioner.zero_last()
+        self.conditioner.zero_last(self._initial_outputs(init))
+
+    def _initial_outputs(self, init: float) -> Tensor:
+        """Small random centre vectors (zero gates, zero affine parameters): `w = 0` is a stationary point."""
+        parts = []
+        for i, size in zip(self.transformed, self._sizes, strict=True):
+            kind = self.segments[i]
+            if kind == "real":
+                parts.append(torch.zeros(size))
+                continue
+            n = SEGMENTS[kind] if kind == "quaternion" else 2
+            block = torch.zeros(self.heads, n + 1)
+            block[:, :n] = init * torch.randn(self.heads, n)
+            parts.append(block.flatten())
+        return torch.cat(parts)
 
     def _params(self, x: Tensor, context: Tensor | None) -> list[Tensor]:
         h = self.conditioner(_embed(x, self.segments, self.slices, self.keep), context)

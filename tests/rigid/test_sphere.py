@@ -42,7 +42,7 @@ def _rigid_flow(seed=0):
         RigidCoupling(segments, [1, 2, 3, 5, 6, 7], heads=2, hidden=(16,)),
         RigidCoupling(segments, [4], heads=2, hidden=(16,)),
     ]
-    layers = [randomize(b, scale=0.7, seed=seed + i) for i, b in enumerate(layers)]
+    layers = [randomize(b, scale=0.3, seed=seed + i) for i, b in enumerate(layers)]
     return Flow(Chain(*layers), RigidBase(segments)).double()
 
 
@@ -169,12 +169,24 @@ def test_gated_centres_stay_inside_the_slack_ball_and_zero_is_the_identity():
     w = gated_center(raw, torch.randn(1000, dtype=torch.float64) * 10)
     assert w.norm(dim=-1).max() < 0.95
     assert gated_center(torch.zeros(3, 4), torch.zeros(3)).abs().max() == 0
-    layer = RigidCoupling(TWO_BODIES, [0, 4], hidden=(8,)).double()
+    layer = RigidCoupling(TWO_BODIES, [0, 4], hidden=(8,), init=0.0).double()
     x = RigidBase(TWO_BODIES).double().sample((5,))
     z, ladj = layer(x)
     assert (z - x).abs().max() < 1e-12 and ladj.abs().max() < 1e-12
     (z.square().sum() + ladj.sum()).backward()  # finite gradients at w = 0
     assert all(torch.isfinite(p.grad).all() for p in layer.parameters() if p.grad is not None)
+
+
+def test_w_zero_is_a_stationary_point_so_layers_start_near_not_at_the_identity():
+    q = _unit(64)
+    w = torch.zeros(4, dtype=torch.float64, requires_grad=True)
+    (grad,) = torch.autograd.grad(double_moebius(q, w.expand(64, 4))[0].sum() + 0.0, w)
+    assert grad.abs().max() < 1e-12  # the double map depends on w to second order
+    layer = RigidCoupling(TWO_BODIES, [0, 4], hidden=(8,)).double()
+    x = RigidBase(TWO_BODIES).double().sample((5,))
+    z, ladj = layer(x)
+    assert 1e-6 < (z - x).abs().max() < 0.2
+    assert DoubleMoebius(4).centres.raw[:, :4].abs().max() > 0
 
 
 def test_rotation_of_q_and_minus_q_agree_and_match_scipy():
