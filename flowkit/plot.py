@@ -34,6 +34,8 @@ __all__ = [
     "autocorrelation",
     "image_grid",
     "bits_per_dim_curve",
+    "equal_area",
+    "orientations",
 ]
 
 
@@ -539,3 +541,72 @@ def bits_per_dim_curve(history: Any, dims: int, levels: int, *, smooth: int = 25
     }
     curves = {k: v for k, v in curves.items() if v}
     return training_curves(curves, smooth=smooth, title=title or "bits/dim", ylabel="bits/dim")
+
+
+def equal_area(v: Tensor | np.ndarray) -> np.ndarray:
+    r"""Lambert azimuthal equal-area projection of unit vectors `(..., 3)` onto the disc of radius 2.
+
+    $(x, y, z) \mapsto \sqrt{2 / (1 + z)}\, (x, y)$: the north pole goes to the centre, the
+    south pole to the rim, and equal areas on the sphere to equal areas in the disc (so a
+    uniform distribution on the sphere looks uniform).
+    """
+    v = _numpy(v)
+    scale = np.sqrt(2.0 / np.clip(1.0 + v[..., 2], 1e-12, None))
+    return np.stack([scale * v[..., 0], scale * v[..., 1]], -1)
+
+
+def orientations(
+    quaternions: Mapping[str, Tensor],
+    log_weights: Mapping[str, Tensor] | None = None,
+    *,
+    axes: Sequence[int] = (0, 1, 2),
+    bins: int = 40,
+    title: str | None = None,
+) -> Figure:
+    r"""Orientation marginals: where the body axes point, in equal-area projection, for several sample sets.
+
+    For unit quaternions $q$ (scalar first) the body axis $k$ points along $R(q) e_k$, a
+    point of $S^2$; each panel is the (weighted) histogram of one axis over one sample set in
+    the [`equal_area`][flowkit.plot.equal_area] projection (north pole at the centre), so
+    flow samples (raw or reweighted) can be set against target samples or an MCMC chain.
+
+    Arguments:
+        quaternions: name -> quaternions `(n, 4)` (one rigid body: slice a layout first).
+        log_weights: name -> log importance weights `(n,)` for the sets that have them.
+        axes: the body axes to show (0, 1, 2 for x, y, z).
+        bins: histogram bins per direction.
+        title: figure title.
+    """
+    from .distributions.sphere import quaternion_to_matrix
+
+    if not quaternions:
+        raise ValueError("orientations: give at least one set of quaternions")
+    _positive(bins, "bins", "orientations", minimum=2)
+    log_weights = dict(log_weights or {})
+    names = list(quaternions)
+    fig = Figure(figsize=(3.0 * len(axes), 3.0 * len(names)), layout="constrained")
+    grid = fig.subplots(len(names), len(axes), squeeze=False)
+    edges = np.linspace(-2, 2, bins + 1)
+    circle = np.linspace(0, 2 * np.pi, 200)
+    for row, name in enumerate(names):
+        q = torch.as_tensor(quaternions[name]).detach().double()
+        if q.dim() != 2 or q.shape[1] != 4:
+            raise ValueError(f"orientations: {name!r} must have shape (n, 4), got {tuple(q.shape)}")
+        matrices = quaternion_to_matrix(q).numpy()
+        weights = None
+        if name in log_weights:
+            lw = torch.as_tensor(log_weights[name]).detach().double()
+            weights = torch.softmax(lw, 0).numpy()
+        for col, k in enumerate(axes):
+            ax: Axes = grid[row][col]
+            xy = equal_area(matrices[:, :, k])
+            hist, _, _ = np.histogram2d(xy[:, 0], xy[:, 1], bins=[edges, edges], weights=weights, density=True)
+            ax.pcolormesh(edges, edges, hist.T, cmap="magma", shading="auto")
+            ax.plot(2 * np.cos(circle), 2 * np.sin(circle), color="0.6", lw=0.8)
+            ax.set_aspect("equal")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            ax.set_title(f"{name}: body axis {'xyz'[k]}", fontsize=9)
+    if title:
+        fig.suptitle(title)
+    return fig
