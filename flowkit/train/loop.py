@@ -180,12 +180,13 @@ def _standardize(flow: nn.Module, data: Any) -> None:
 
 def _warn_if_outside_bound(flow: nn.Module, data: Any) -> None:
     """Warn when most data points lie outside the splines' bound (where the splines are the identity)."""
-    from ..bijectors import Chain, Standardization
+    from ..bijectors import Chain, MarginalTailCDF, Standardization
 
     bijector = getattr(flow, "bijector", None)
     first = bijector[0] if isinstance(bijector, Chain) else bijector
     x, bound = _data_tensor(data), _spline_bound(flow)
-    if x is None or bound is None or isinstance(first, Standardization) or x.dim() < 2 or len(x) == 0:
+    scaled = isinstance(first, (Standardization, MarginalTailCDF))  # COMET's fitted marginal CDFs scale the data too
+    if x is None or bound is None or scaled or x.dim() < 2 or len(x) == 0:
         return
     outside = float((x.detach().flatten(1).abs() > bound).any(1).double().mean())
     if outside > _OUTSIDE_BOUND_WARNING:
