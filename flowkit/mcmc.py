@@ -215,12 +215,20 @@ def hmc(
     Returns:
         [`Chains`][flowkit.mcmc.Chains] of `n_steps` states per chain.
     """
-    step_size = check_number(step_size, "step_size", where="hmc", positive=True)
-    n_steps = check_number(n_steps, "n_steps", where="hmc", integer=True, low=1)
-    n_leapfrog = check_number(n_leapfrog, "n_leapfrog", where="hmc", integer=True, low=1)
-    jitter = check_number(jitter, "jitter", where="hmc", low=0, below=1)
-    x = _check_start(x0, "hmc")
-    return _hmc(potential(energy), x, n_steps, step_size, n_leapfrog, jitter, generator)
+    settings = _checked_settings("hmc", n_steps, step_size, n_leapfrog, jitter)
+    return _hmc(potential(energy), _check_start(x0, "hmc"), *settings, generator)
+
+
+def _checked_settings(
+    where: str, n_steps: int, step_size: float, n_leapfrog: int = 1, jitter: float = 0.0
+) -> tuple[int, float, int, float]:
+    """A sampler's `(n_steps, step_size, n_leapfrog, jitter)`, checked."""
+    return (
+        check_number(n_steps, "n_steps", where=where, integer=True, low=1),
+        check_number(step_size, "step_size", where=where, positive=True),
+        check_number(n_leapfrog, "n_leapfrog", where=where, integer=True, low=1),
+        check_number(jitter, "jitter", where=where, low=0, below=1),
+    )
 
 
 def _hmc(
@@ -279,10 +287,8 @@ def mala(
     Returns:
         [`Chains`][flowkit.mcmc.Chains] of `n_steps` states per chain.
     """
-    step_size = check_number(step_size, "step_size", where="mala", positive=True)
-    n_steps = check_number(n_steps, "n_steps", where="mala", integer=True, low=1)
-    x = _check_start(x0, "mala")
-    return _mala(potential(energy), x, n_steps, step_size, generator)
+    n_steps, step_size, _, _ = _checked_settings("mala", n_steps, step_size)
+    return _mala(potential(energy), _check_start(x0, "mala"), n_steps, step_size, generator)
 
 
 def _mala(pot: Potential, x: Tensor, n_steps: int, eps: float, generator: torch.Generator | None) -> Chains:
@@ -310,18 +316,27 @@ def _mala(pot: Potential, x: Tensor, n_steps: int, eps: float, generator: torch.
     return Chains(out, accepted / n_steps, time.perf_counter() - start)
 
 
-def _latent_start(flow: Any, chains: int, z0: Tensor | None, where: str) -> Tensor:
+def _in_latent_space(
+    flow: Any,
+    target: Target,
+    chains: int,
+    z0: Tensor | None,
+    where: str,
+    sampler: Callable[[Potential, Tensor], Chains],
+) -> Chains:
+    """Run `sampler(potential, z0)` on the flow's latent energy; the states are mapped back to the data space."""
+    energy = latent_energy(flow, target)
     if z0 is not None:
-        return _check_start(z0, where)
-    chains = check_number(chains, "chains", where=where, integer=True, low=1)
+        z = _check_start(z0, where)
+    else:
+        chains = check_number(chains, "chains", where=where, integer=True, low=1)
+        with torch.no_grad():
+            z = flow.base.sample((chains,))
+    run = sampler(potential(energy), z)
+    n = run.samples.shape[0]
     with torch.no_grad():
-        return flow.base.sample((chains,))
-
-
-@torch.no_grad()
-def _to_data(flow: Any, latent: Tensor) -> Tensor:
-    n, chains = latent.shape[:2]
-    return flow.bijector.inverse(latent.flatten(0, 1))[0].unflatten(0, (n, chains))
+        samples = flow.bijector.inverse(run.samples.flatten(0, 1))[0].unflatten(0, (n, -1))
+    return Chains(samples, run.acceptance, run.seconds, latent=run.samples)
 
 
 def flow_hmc(
@@ -355,14 +370,8 @@ def flow_hmc(
     Returns:
         [`Chains`][flowkit.mcmc.Chains] with `samples = T(latent)`.
     """
-    energy = latent_energy(flow, target)
-    z = _latent_start(flow, chains, z0, "flow_hmc")
-    step_size = check_number(step_size, "step_size", where="flow_hmc", positive=True)
-    n_steps = check_number(n_steps, "n_steps", where="flow_hmc", integer=True, low=1)
-    n_leapfrog = check_number(n_leapfrog, "n_leapfrog", where="flow_hmc", integer=True, low=1)
-    jitter = check_number(jitter, "jitter", where="flow_hmc", low=0, below=1)
-    run = _hmc(potential(energy), z, n_steps, step_size, n_leapfrog, jitter, generator)
-    return Chains(_to_data(flow, run.samples), run.acceptance, run.seconds, latent=run.samples)
+    settings = _checked_settings("flow_hmc", n_steps, step_size, n_leapfrog, jitter)
+    return _in_latent_space(flow, target, chains, z0, "flow_hmc", lambda u, z: _hmc(u, z, *settings, generator))
 
 
 def neutra_mala(
@@ -390,12 +399,8 @@ def neutra_mala(
     Returns:
         [`Chains`][flowkit.mcmc.Chains] with `samples = T(latent)`.
     """
-    energy = latent_energy(flow, target)
-    z = _latent_start(flow, chains, z0, "neutra_mala")
-    step_size = check_number(step_size, "step_size", where="neutra_mala", positive=True)
-    n_steps = check_number(n_steps, "n_steps", where="neutra_mala", integer=True, low=1)
-    run = _mala(potential(energy), z, n_steps, step_size, generator)
-    return Chains(_to_data(flow, run.samples), run.acceptance, run.seconds, latent=run.samples)
+    n, eps, _, _ = _checked_settings("neutra_mala", n_steps, step_size)
+    return _in_latent_space(flow, target, chains, z0, "neutra_mala", lambda u, z: _mala(u, z, n, eps, generator))
 
 
 @torch.no_grad()
