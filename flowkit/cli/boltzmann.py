@@ -2,7 +2,10 @@
 
 TARGET is `double-well`, `many-well`, `gmm`, `phi4` or `alanine-dipeptide` (OpenMM, the `md`
 extra: an internal-coordinate flow, maximum likelihood on cached Langevin MD frames of
-`--md-ns` ns at `--temperature`, Ramachandran plot). The flow is
+`--md-ns` ns at `--temperature`, Ramachandran plot), or a rigid-body target on unit quaternions:
+`matrix-fisher`, `octupole` (`--kappa`; both with `--aux` auxiliary coordinates) or `dipoles`
+(`--bodies` rigid dipoles in a periodic box), with a
+[`RigidBodyFlow`][flowkit.flows.RigidBodyFlow] of `--transforms` blocks and an orientation plot. The flow is
 trained by [`BoltzmannGenerator`][flowkit.train.BoltzmannGenerator] (reverse KL with the
 chosen gradient estimator, plus maximum likelihood on `--samples` exact
 samples when the target can draw them). The output directory receives
@@ -30,7 +33,7 @@ from typing import Any
 __all__ = ["add_parser", "run", "TARGETS"]
 
 #: Built-in target names.
-TARGETS = ("double-well", "many-well", "gmm", "phi4", "alanine-dipeptide")
+TARGETS = ("double-well", "many-well", "gmm", "phi4", "alanine-dipeptide", "matrix-fisher", "octupole", "dipoles")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -72,6 +75,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--m2", type=float, default=-4.0, help="phi4 mass squared (default -4)")
     parser.add_argument("--lam", type=float, default=8.0, help="phi4 coupling (default 8)")
     parser.add_argument("--z2", action="store_true", help="phi4 with --flow lattice: Z2-symmetric conditioners")
+    parser.add_argument("--kappa", type=float, default=8.0, help="octupole field strength (default 8)")
+    parser.add_argument("--bodies", type=int, default=3, help="dipoles: number of rigid dipoles (default 3)")
+    parser.add_argument(
+        "--aux", type=int, default=4, help="matrix-fisher, octupole: auxiliary coordinates of the body (default 4)"
+    )
     parser.add_argument(
         "--hmc-steps", type=int, default=2000, help="phi4: HMC reference trajectories per chain (default 2000; 0: none)"
     )
@@ -114,9 +122,24 @@ def build_target(args: argparse.Namespace) -> Any:
         return targets.ManyWell(args.dim)
     if args.target == "gmm":
         return targets.GaussianMixture(seed=args.seed)
+    if args.target == "matrix-fisher":  # singular values 11, 10, 9 in fixed random frames (bench/rigid.py)
+        return targets.WithAuxiliaries(targets.MatrixFisher(_matrix_fisher_parameter()), args.aux)
+    if args.target == "octupole":
+        return targets.WithAuxiliaries(targets.Octupole(args.kappa), args.aux)
+    if args.target == "dipoles":
+        return targets.RigidDipoles(args.bodies)
     if args.target == "alanine-dipeptide":
         return targets.AlanineDipeptide(args.temperature, solvent=None if args.solvent == "vacuum" else args.solvent)
     return targets.Phi4(args.L, args.m2, args.lam)
+
+
+def _matrix_fisher_parameter() -> list[list[float]]:
+    """F = U diag(10, 9, 11) V^T with U, V two fixed random rotations (the matrix-Fisher target of bench/rigid.py)."""
+    import numpy as np
+    from scipy.spatial.transform import Rotation
+
+    u, v = Rotation.random(2, random_state=3).as_matrix()
+    return (u @ np.diag([10.0, 9.0, 11.0]) @ v.T).tolist()
 
 
 def build_flow(args: argparse.Namespace, target: Any, samples: Any) -> Any:
@@ -130,6 +153,10 @@ def build_flow(args: argparse.Namespace, target: Any, samples: Any) -> Any:
     shape = tuple(target.event_shape)
     features = math.prod(shape)
     hidden = parse_hidden(args.hidden)
+    if getattr(target, "segments", None):  # rigid bodies: double Moebius couplings (--transforms blocks)
+        from ..flows import RigidBodyFlow
+
+        return RigidBodyFlow(target.segments, blocks=args.transforms, hidden=hidden)
     if args.target == "alanine-dipeptide":
         from ..targets.alanine import alanine_internal_coordinates, internal_coordinate_flow
 
@@ -273,7 +300,13 @@ def _plots(flow: Any, target: Any, x: Any, log_w: Any, chain: Any, out: Path, hm
 
     from .. import plot
 
-    if hasattr(target, "topology"):  # a molecule: Ramachandran plot of the reweighted samples
+    if getattr(target, "segments", None):  # rigid bodies: orientation of the first body, raw and reweighted
+        q = x[:, :4]
+        sets = {"flow": q, "flow (reweighted)": q}
+        if target.has_samples:
+            sets["target"] = target.sample(len(q))[:, :4]
+        plot.orientations(sets, {"flow (reweighted)": log_w}).savefig(out / "orientations.png", dpi=100)
+    elif hasattr(target, "topology"):  # a molecule: Ramachandran plot of the reweighted samples
         from ..targets.alanine import backbone_dihedrals
 
         phi, psi = backbone_dihedrals(x)

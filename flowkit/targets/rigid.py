@@ -130,6 +130,7 @@ class MatrixFisher(Target):
         f = _matrix(F, "MatrixFisher")
         self.F = f.tolist()
         self.event_shape = torch.Size([4])
+        self.segments = ["quaternion"]
         self.log_normalizer = matrix_fisher_log_normalizer(f)
         self.log_Z = self.log_normalizer + _LOG_AREA_S3
         a = bingham_matrix(f)
@@ -214,6 +215,7 @@ class Octupole(Target):
         self.axis = (e / np.linalg.norm(e)).tolist()
         self.points = check_number(points, "points", where=where, integer=True, low=8)
         self.event_shape = torch.Size([4])
+        self.segments = ["quaternion"]
         self.register_buffer("bonds", torch.tensor(TETRAHEDRON, dtype=torch.get_default_dtype()))
         self.register_buffer("field", torch.tensor(self.axis, dtype=torch.get_default_dtype()))
         self.log_normalizer = self.log_haar_integral(self.kappa, self.points)
@@ -253,6 +255,8 @@ class WithAuxiliaries(Target):
     importance weights, ESS and $\hat Z$ of a flow over the joint are those of the
     target, exactly; the auxiliaries give couplings of a single rigid body
     something to condition on (as in the rigid-body flows of Köhler et al.).
+    Rigid targets carry their layout in `segments`; the extended target's is that
+    followed by `m` `"real"` segments.
 
     Arguments:
         target: the target, with events `(D,)`.
@@ -269,6 +273,8 @@ class WithAuxiliaries(Target):
         self.event_shape = torch.Size([self.dim + self.auxiliaries])
         self.log_Z = target.log_Z
         self.has_samples = target.has_samples
+        segments = getattr(target, "segments", None)
+        self.segments = None if segments is None else [*segments] + ["real"] * self.auxiliaries
 
     def _energy(self, x: Tensor) -> Tensor:
         a = x[..., self.dim :]
