@@ -66,12 +66,12 @@ def _report(name: str, samples: torch.Tensor, seconds: float, train_seconds: flo
     return out
 
 
-def _tune_hmc(energy, x0: torch.Tensor, seed: int) -> tuple[float, int]:
+def _tune_hmc(energy, x0: torch.Tensor, seed: int, pilot: int) -> tuple[float, int]:
     """The largest step size (trajectory length about 1) with a pilot acceptance of at least 0.75."""
     chosen = (0.02, 50)
     for eps in (0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5):
         n_lf = max(1, round(1.0 / eps))
-        run = mcmc.hmc(energy, x0, 30, eps, n_lf, generator=torch.Generator().manual_seed(seed))
+        run = mcmc.hmc(energy, x0, pilot, eps, n_lf, generator=torch.Generator().manual_seed(seed))
         if run.mean_acceptance >= 0.75:
             chosen = (eps, n_lf)
         else:
@@ -94,7 +94,7 @@ def run_point(args: argparse.Namespace) -> dict:
     }
     # ---- plain HMC: the reference (float64, batched chains)
     x0 = torch.zeros(args.hmc_chains, args.L, args.L, dtype=torch.float64)
-    eps, n_lf = _tune_hmc(target.double(), x0 + 0.1 * torch.randn_like(x0), args.seed)
+    eps, n_lf = _tune_hmc(target.double(), x0 + 0.1 * torch.randn_like(x0), args.seed, args.pilot)
     start = _cpu()
     total = args.hmc_steps + args.burn_in
     hmc = mcmc.hmc(target.double(), x0, total, eps, n_lf, generator=torch.Generator().manual_seed(args.seed))
@@ -143,7 +143,7 @@ def run_point(args: argparse.Namespace) -> dict:
     # ---- flow HMC
     z0 = flow.base.sample((args.flow_hmc_chains,))
     latent = mcmc.latent_energy(flow, target)
-    feps, fn_lf = _tune_hmc(latent, z0, args.seed)
+    feps, fn_lf = _tune_hmc(latent, z0, args.seed, args.pilot)
     start = _cpu()
     fhmc = mcmc.flow_hmc(
         flow,
@@ -185,6 +185,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--flow-hmc-chains", type=int, default=16)
     p.add_argument("--flow-hmc-steps", type=int, default=500)
     p.add_argument("--blocks", type=int, default=20)
+    p.add_argument("--pilot", type=int, default=30, help="trajectories of each step-size pilot run")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="JSON output path")
     return p.parse_args(argv)
