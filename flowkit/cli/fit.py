@@ -43,7 +43,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "data",
         metavar="DATA",
         help="built-in dataset (moons, circles, checkerboard, 8gaussians, "
-        "pinwheel, spirals, rings, digits, power, gas, hepmass, miniboone, bsds300) or a .csv/.npy file",
+        "pinwheel, spirals, rings, digits, power, gas, hepmass, miniboone, bsds300; images for --model: "
+        "digits-images, fashion-mnist, fashion-mnist-28) or a .csv/.npy file",
     )
     parser.add_argument("--flow", default="nsf", help="nsf, nsf-coupling, realnvp or maf (default: nsf)")
     parser.add_argument(
