@@ -1,34 +1,54 @@
-"""flowkit: normalizing flows in PyTorch, with the checks that make them trustworthy."""
+"""flowkit: normalizing flows in PyTorch, with the checks that make them trustworthy.
 
-from . import (
-    bijectors,
-    data,
-    distributions,
-    flows,
-    interop,
-    io,
-    lattice,
-    mcmc,
-    sampling,
-    stochastic,
-    targets,
-    testing,
-    train,
-    transformers,
-)
-from ._validation import set_validation
-from .flows import Flow
+The subpackages load on first use (`flowkit.flows`, `from flowkit import train`), so that
+`import flowkit` and `flowkit --help` do not import torch; `flowkit.io.load` imports them all
+before it builds a model from its config.
+"""
+
+import importlib as _importlib
 
 __version__ = "0.1.0"
 
+#: The subpackages, imported on first use; `flowkit.plot` (matplotlib) among them.
+_SUBPACKAGES = (
+    "bijectors",
+    "data",
+    "distributions",
+    "flows",
+    "interop",
+    "io",
+    "lattice",
+    "mcmc",
+    "sampling",
+    "stochastic",
+    "targets",
+    "testing",
+    "train",
+    "transformers",
+)
+
+#: Names of the package's namespace defined in a subpackage.
+_DEFINED_IN = {"Flow": "flows", "set_validation": "_validation"}
+
+
+def _import_all() -> None:
+    """Import every subpackage but `plot`: every saveable flowkit class is then registered (for `flowkit.io`)."""
+    for name in _SUBPACKAGES:
+        _importlib.import_module(f".{name}", __name__)
+
 
 def __getattr__(name: str):
-    # flowkit.plot imports matplotlib: load it on first use, not with flowkit.
-    if name == "plot":
-        import importlib
-
-        return importlib.import_module(".plot", __name__)
+    if name in _SUBPACKAGES or name == "plot":
+        return _importlib.import_module(f".{name}", __name__)
+    if name in _DEFINED_IN:
+        value = getattr(_importlib.import_module(f".{_DEFINED_IN[name]}", __name__), name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'flowkit' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
 
 
 __all__ = [

@@ -112,6 +112,10 @@ def _registered_class(config: Any, where: str, shape: str) -> tuple[type, str]:
     if not isinstance(config, dict) or set(config) != {"class", "args"} or not isinstance(config["args"], dict):
         raise ValueError(f"invalid model config at {where}: {shape}")
     name = config["class"]
+    if isinstance(name, str) and name not in registry:  # a class of a subpackage not imported yet
+        from . import _import_all
+
+        _import_all()
     cls = registry.get(name) if isinstance(name, str) else None
     if cls is None:
         raise ValueError(f"model config at {where} names {name!r}, which is not a flowkit class; refusing to build it")

@@ -318,3 +318,33 @@ def test_bench_table_has_no_nan_for_one_seed():
            "test_nll_2se_points": 0.01, "test_nll_2se_seeds": float("nan"), "wall_s": 1.0, "cpu_s": 1.0}  # fmt: skip
     line = markdown_table([row], 5).splitlines()[-1]
     assert "nan" not in line and "| 0.010 | - |" in line
+
+
+def test_help_and_version_answer_without_importing_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from flowkit.cli import main\n"
+        "for argv in (['--version'], ['--help'], ['fit', '--help'], ['sample', '--help'], ['check', '--help']):\n"
+        "    try:\n"
+        "        main(argv)\n"
+        "    except SystemExit as e:\n"
+        "        assert e.code == 0, argv\n"
+        "print('torch' in sys.modules)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert "flowkit 0.1.0" in result.stdout and "usage: flowkit fit" in result.stdout
+    assert result.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_io_load_builds_classes_of_subpackages_not_imported_yet(tmp_path):
+    import subprocess
+    import sys
+
+    flow = flowkit.data.standardize(flowkit.flows.NSF(2, transforms=1, hidden=(4,)), torch.randn(50, 2))
+    flowkit.io.save(flow, tmp_path / "model")
+    code = f"from flowkit.io import load\nprint(type(load({str(tmp_path / 'model')!r}).bijector[0]).__name__)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert result.stdout.strip() == "Standardization"

@@ -15,22 +15,40 @@ import argparse
 import importlib
 import sys
 import warnings
-from typing import Any
+from typing import Any as _Any
 
 __all__ = ["main", "build_parser", "COMMANDS"]
 
 #: Subcommand modules, in the order ``flowkit --help`` lists them.
 COMMANDS = ["fit", "sample", "check", "bench", "boltzmann"]
 
+#: One-line summaries for `flowkit --help`, which lists the subcommands without importing them (nor torch).
+_SUMMARIES = {
+    "fit": "fit a flow to data (built-in name or CSV/NPY file)",
+    "sample": "draw samples from a saved model",
+    "check": "run the correctness checks on a saved model",
+    "bench": "run a benchmark",
+    "boltzmann": "train a Boltzmann generator on a target energy",
+}
 
-def build_parser() -> argparse.ArgumentParser:
-    """The `flowkit` argument parser, with every subcommand that imports."""
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The `flowkit` argument parser, with every subcommand that imports.
+
+    Arguments:
+        command: build only this subcommand's parser in full, and list the others by name and
+            summary (what `main` does, so that `flowkit --help` and `flowkit --version` import
+            no subcommand, and torch not at all); None builds them all.
+    """
     from .. import __version__
 
     parser = argparse.ArgumentParser(prog="flowkit", description="Normalizing flows: fit, sample, check, benchmark.")
     parser.add_argument("--version", action="version", version=f"flowkit {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
+        if command is not None and name != command and name in _SUMMARIES:
+            sub.add_parser(name, help=_SUMMARIES[name], add_help=False)
+            continue
         try:
             module = importlib.import_module(f"{__name__}.{name}")
         except ModuleNotFoundError as error:
@@ -51,10 +69,10 @@ def _innermost_parser(parser: argparse.ArgumentParser, args: argparse.Namespace)
         parser = actions[0].choices[name]
 
 
-def _one_line_warnings(command: str) -> Any:
+def _one_line_warnings(command: str) -> _Any:
     """A `warnings.showwarning` that prints `flowkit COMMAND: warning: message` on one line, without source."""
 
-    def show(message: Any, category: type, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+    def show(message: _Any, category: type, filename: str, lineno: int, file: _Any = None, line: _Any = None) -> None:
         text = " ".join(str(message).split())
         print(f"flowkit {command}: warning: {text}", file=sys.stderr if file is None else file)
 
@@ -63,7 +81,9 @@ def _one_line_warnings(command: str) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    named = next((a for a in argv if not a.startswith("-")), None)  # the subcommand, if any
+    parser = build_parser(named if named in COMMANDS else "")
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # a typo in a subcommand's option: that subcommand's usage, not the top level's
         _innermost_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
