@@ -348,3 +348,19 @@ def test_io_load_builds_classes_of_subpackages_not_imported_yet(tmp_path):
     code = f"from flowkit.io import load\nprint(type(load({str(tmp_path / 'model')!r}).bijector[0]).__name__)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
     assert result.stdout.strip() == "Standardization"
+
+
+def test_jupyter_nbconvert_is_installed_with_the_dev_extra():
+    import configparser
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    config = configparser.ConfigParser()
+    config.read(Path(__file__).resolve().parents[1] / "setup.cfg")
+    assert "nbconvert" in config["options.extras_require"]["dev"]
+    jupyter = shutil.which("jupyter", path=str(Path(sys.executable).parent)) or shutil.which("jupyter")
+    assert jupyter is not None, "the jupyter command is not installed"
+    result = subprocess.run([jupyter, "nbconvert", "--version"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip()[0].isdigit()
