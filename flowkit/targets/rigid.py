@@ -6,7 +6,7 @@ symmetric. `log_Z` is the log normaliser of $e^{-u}$ against the *area measure*
 of $S^3$ (total $2\pi^2$) per quaternion, which is what a flow over
 [`SphereUniform`][flowkit.distributions.SphereUniform] estimates; against the unit Haar measure
 of SO(3) subtract $\log 2\pi^2$ per body (the `log_normalizer` of
-[`MatrixFisher`][flowkit.targets.MatrixFisher] and [`Octupole`][flowkit.targets.Octupole]).
+[`MatrixFisher`][flowkit.targets.rigid.MatrixFisher] and [`Octupole`][flowkit.targets.rigid.Octupole]).
 
 References:
     Köhler, Invernizzi, de Haan & Noé, *Rigid body flows for sampling molecular
@@ -182,7 +182,7 @@ class Octupole(Target):
     r"""A tetrahedral "octupole" in a field: $u(R) = -\kappa \sum_{i=1}^4 ((R b_i) \cdot \hat e)^3$, four modes.
 
     The $b_i$ are the unit bonds of a regular tetrahedron
-    ([`TETRAHEDRON`][flowkit.targets.rigid.TETRAHEDRON]), $\hat e$ the field axis
+    (`TETRAHEDRON`), $\hat e$ the field axis
     (`axis`, $\hat y$ by default). The energy depends on $R$ through
     $v = R^\top \hat e$ alone and is lowest when a bond points along the field
     ($v = b_i$), so the density has four modes of equal mass, each a circle of

@@ -264,3 +264,13 @@ def test_check_bijector_catches_a_wrong_tangent_ladj():
 
     report = check_bijector(randomize(Wrong(4), scale=1.0), raise_on_failure=False)
     assert not dict((c, ok) for c, ok, _ in report.results)["ladj = log|det| of the autograd Jacobian"]
+
+
+def test_rigid_flow_saves_and_loads(tmp_path):
+    from flowkit import io
+
+    flow = _rigid_flow()
+    io.save(flow, tmp_path / "model")
+    loaded = io.load(tmp_path / "model")
+    x = flow.sample((6,))
+    torch.testing.assert_close(loaded.double().log_prob(x), flow.log_prob(x))
