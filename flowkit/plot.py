@@ -300,7 +300,14 @@ def _finite_pairs(steps: Sequence, values: Sequence | None) -> tuple[list, list]
     return [p[0] for p in pairs], [float(p[1]) for p in pairs]
 
 
-def training_curves(history: Any, *, smooth: int = 0, title: str | None = None, ylabel: str = "loss") -> Figure:
+def training_curves(
+    history: Any,
+    *,
+    smooth: int = 0,
+    title: str | None = None,
+    ylabel: str = "loss",
+    bits_per_dim: tuple[int, int] | None = None,
+) -> Figure:
     """Training (and validation) loss against the step, with the learning rate in a second panel.
 
     Arguments:
@@ -311,6 +318,9 @@ def training_curves(history: Any, *, smooth: int = 0, title: str | None = None, 
         title: title of the loss panel.
         ylabel: label of the loss axis, with its unit (for maximum likelihood `"NLL (nats)"`,
             the mean negative log-likelihood per point).
+        bits_per_dim: `(D, K)` for an NLL in nats of dequantised data with `D` dimensions of `K`
+            levels: a second axis on the right gives it in bits/dim,
+            `(NLL + D log K) / (D ln 2)` ([`flowkit.data.bits_per_dim`][flowkit.data.bits_per_dim]).
     """
     loss = _column(history, "loss", "train_loss")
     if not loss:
@@ -337,6 +347,13 @@ def training_curves(history: Any, *, smooth: int = 0, title: str | None = None, 
     if vx:
         ax.plot(vx, vy, "o-", color="C1", ms=3, lw=1.2, label="validation")
     ax.set(ylabel=ylabel, title=title or "training curves")
+    if bits_per_dim is not None:
+        dims, levels = (int(v) for v in bits_per_dim)
+        if dims < 1 or levels < 1:
+            raise ValueError(f"plot.training_curves: bits_per_dim must be (D, K) with D, K >= 1, got {bits_per_dim}")
+        offset, scale = dims * math.log(levels), dims * math.log(2)
+        bits = ax.secondary_yaxis("right", functions=(lambda y: (y + offset) / scale, lambda b: b * scale - offset))
+        bits.set_ylabel("bits/dim")
     ax.legend(loc="upper right")
     if lr:
         lx, ly = _finite_pairs(steps, lr)

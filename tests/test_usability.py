@@ -199,6 +199,11 @@ def test_plots_take_column_names_units_and_fit_their_data():
     assert square.get_figheight() > wide.get_figheight()
     curves = plot.training_curves({"loss": [3.0, 2.0, 1.5]}, ylabel="NLL (nats)")
     assert curves.axes[0].get_ylabel() == "NLL (nats)"
+    curves = plot.training_curves({"loss": [-80.0, -90.0]}, ylabel="NLL (nats)", bits_per_dim=(64, 17))
+    bits = curves.axes[0].child_axes[0]
+    assert bits.get_ylabel() == "bits/dim"
+    to_bits = bits._functions[0]  # the conversion of flowkit.data.bits_per_dim
+    assert to_bits(-90.0) == pytest.approx(flowkit.data.bits_per_dim(90.0, 64, 17))
     with pytest.raises(ValueError, match="labels must name every dimension"):
         plot.pairwise(x, labels=["alcohol"])
 

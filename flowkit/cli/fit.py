@@ -279,7 +279,9 @@ def _plots(flow: Any, history: Any, data: Any, out: Path) -> None:
 
     labels = data.info.get("columns")
     title = f"{data.name}: training curves"
-    figures = {"training_curves": plot.training_curves(history, smooth=25, title=title, ylabel="NLL (nats)")}
+    bits = (data.features, data.levels) if data.levels else None
+    curves = plot.training_curves(history, smooth=25, title=title, ylabel="NLL (nats)", bits_per_dim=bits)
+    figures = {"training_curves": curves}
     if data.features == 2:
         title = f"{data.name}: flow density and test data"
         figures["density"] = plot.density(flow, data.test, title=title, labels=labels)
