@@ -75,7 +75,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--lr", type=float, default=1e-3, help="initial learning rate, cosine-decayed (default 1e-3)")
     parser.add_argument("--clip", type=float, default=5.0, help="gradient norm clip (default 5; 0 for none)")
     parser.add_argument(
-        "--patience", type=int, default=None, help="stop after this many validations without improvement"
+        "--patience",
+        type=int,
+        default=None,
+        help="stop after this many validations without improvement; validations are every max(1, steps // 20) "
+        "steps (at most an epoch apart), so that is patience x that many steps (the progress bar shows both)",
     )
     parser.add_argument("--no-standardize", action="store_true", help="do not standardise the data inside the model")
     parser.add_argument(
