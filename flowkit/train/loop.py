@@ -129,7 +129,7 @@ def train_step(
 def default_threads(features: int) -> int | None:
     """The number of torch CPU threads `fit` and the `flowkit` commands use by default for events of `features` numbers.
 
-    One thread up to [`SINGLE_THREAD_FEATURES`][flowkit.train.loop.SINGLE_THREAD_FEATURES] (16)
+    One thread up to `SINGLE_THREAD_FEATURES` (16)
     numbers per event, else None (torch's choice, one per core). The matrices of a small
     flow are so small that a second thread costs more in synchronisation than it gives; on a
     busy machine, where the threads wait for each other's core, tens of times more (measured
