@@ -138,6 +138,8 @@ def main() -> None:
     parser.add_argument("--data", nargs="+", default=list(DATASETS))
     parser.add_argument("--models", nargs="+", default=list(MODELS))
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--first-seed", type=int, default=0, help="run seeds first-seed .. seeds - 1")
+    parser.add_argument("--merge", nargs="+", default=None, help="JSON files of runs to merge into --out (no training)")
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--samples", type=int, default=100_000)
     parser.add_argument("--out", default="bench/results/tails.json")
@@ -148,10 +150,19 @@ def main() -> None:
         args.steps, args.seeds, args.samples = 30, 1, 5000
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    if args.merge:
+        runs = {
+            (r["data"], r["model"], r["seed"]): r for f in args.merge for r in json.loads(Path(f).read_text())["runs"]
+        }
+        merged = [runs[k] for k in sorted(runs, key=lambda k: (k[0], k[2], MODELS.index(k[1])))]
+        out.write_text(json.dumps({"steps": merged[0]["steps"], "samples": args.samples, "runs": merged}, indent=1))
+        out.with_suffix(".md").write_text(table(merged) + "\n")
+        print(table(merged))
+        return
     results: list[dict] = json.loads(out.read_text())["runs"] if out.exists() and not args.quick else []
     done = {(r["data"], r["model"], r["seed"]) for r in results}
     for name in args.data:
-        for seed in range(args.seeds):
+        for seed in range(args.first_seed, args.seeds):
             if name.startswith("mtaf") and args.quick:
                 _, features, heavy_count = name.split("-")
                 data = mtaf_synthetic(int(features), int(heavy_count), seed=seed, sizes=(3000, 500, 3000))
