@@ -425,7 +425,8 @@ class DependenceUpdate(Callback):
             kinship one $n \times n$ product the next step; with groups, every 10 to 20 steps is cheap).
         at_start: also update before the first step, on the latents of the untrained flow
             (otherwise the flow's first `every` steps use the objective's initial value, as in the
-            paper's code).
+            paper's code). A run resumed from a checkpoint always updates first: the value is
+            not part of the checkpoint.
     """
 
     def __init__(
@@ -447,7 +448,7 @@ class DependenceUpdate(Callback):
         self.last_update = state.step
 
     def on_start(self, state: TrainState) -> None:
-        if self.at_start:
+        if self.at_start or state.step > 0:  # a resumed run refits the value, which checkpoints do not hold
             self._update(state)
 
     def on_step_end(self, state: TrainState) -> None:

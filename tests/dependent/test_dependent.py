@@ -259,3 +259,21 @@ def test_fit_passes_contexts_and_indices_to_the_objective():
     assert len(history.loss) == 4 and objective.value != 0.3
     expected = objective.log_likelihood(flow, x, context) / n
     assert torch.isfinite(expected)
+
+
+def test_a_resumed_run_refits_the_value(tmp_path):
+    n = 64
+    x = torch.randn(n, 2)
+    groups = torch.arange(n) // 8
+
+    def run(steps, resume):
+        torch.manual_seed(0)
+        flow = flowkit.flows.RealNVP(2, transforms=1, hidden=(8,))
+        objective = DependentMaximumLikelihood(groups=groups)
+        update = DependenceUpdate(objective, flow, x, every=100)
+        options = dict(steps=steps, batch_size=16, progress=False, seed=0, checkpoint_dir=tmp_path, resume=resume)
+        return fit(flow, objective, with_indices(x), callbacks=[update], **options)
+
+    assert run(3, False).metrics["rho"] == [0.5] * 3  # no update before the first step by default
+    resumed = run(5, True)
+    assert len(resumed.metrics["rho"]) == 5 and resumed.metrics["rho"][3] != 0.5
