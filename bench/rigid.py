@@ -36,18 +36,32 @@ import torch
 from scipy.spatial.transform import Rotation
 
 from flowkit.distributions import rigid_domain
+from flowkit.domains import Sphere
 from flowkit.flows import RigidBodyFlow
 from flowkit.sampling import ess, imh, importance_sample, log_Z, metropolis, reweight
 from flowkit.targets import MatrixFisher, Octupole, RigidDipoles, WithAuxiliaries
-from flowkit.train import PathGradientVI, fit
+from flowkit.train import BoltzmannGenerator, PathGradientVI, fit
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def _train(flow, target, steps, batch, lr, seed):
+def _train(flow, target, steps, batch, lr, seed, samples=None):
     start = time.perf_counter()
-    history = fit(flow, PathGradientVI(target, "fast"), steps=steps, batch_size=batch, lr=lr, progress=False, seed=seed)
+    if samples is None:
+        objective = PathGradientVI(target, "fast")
+    else:  # reverse KL (fast path gradient) plus maximum likelihood on the samples
+        objective = BoltzmannGenerator(target, samples=samples, estimator="fast")
+    history = fit(flow, objective, steps=steps, batch_size=batch, lr=lr, progress=False, seed=seed)
     return time.perf_counter() - start, history
+
+
+def _metropolis_samples(target, n_chains, n_steps, seed, aux):
+    """Quaternions from random-walk Metropolis chains started uniformly (after burn-in), with N(0, 1) auxiliaries."""
+    gen = torch.Generator().manual_seed(seed)
+    x0 = Sphere(4).uniform((n_chains, 4), generator=gen)
+    states, acceptance = metropolis(target.double(), x0, n_steps, 0.3, Sphere(4), thin=10, generator=gen)
+    q = states[states.shape[0] // 5 :].reshape(-1, 4)
+    return torch.cat([q, torch.randn(len(q), aux, generator=gen, dtype=q.dtype)], -1).float(), acceptance
 
 
 def _evaluate(flow, target, n, exact_log_z):
@@ -91,8 +105,16 @@ def octupole(args) -> dict:
     torch.manual_seed(args.seed)
     flow = RigidBodyFlow(["quaternion"] + ["real"] * args.aux, blocks=args.blocks, heads=args.heads, hidden=args.hidden)
     joint = WithAuxiliaries(target, args.aux)
-    seconds, history = _train(flow, joint, args.steps, args.batch, args.lr, args.seed)
+    samples, acceptance = None, None
+    if args.ml_chains:
+        samples, acceptance = _metropolis_samples(target, args.ml_chains, args.mcmc_steps, args.seed, args.aux)
+        target.float()
+    seconds, history = _train(flow, joint, args.steps, args.batch, args.lr, args.seed, samples)
     x, log_w, out = _evaluate(flow, joint, args.eval, target.log_Z)
+    if samples is not None:
+        ml_modes = torch.bincount(target.mode(samples[:, :4]), minlength=4).double() / len(samples)
+        out.update(ml_samples=len(samples), ml_chains=args.ml_chains, ml_acceptance=acceptance)
+        out["ml_mode_fraction"] = ml_modes.tolist()
     mode = target.mode(x[:, :4])
     weights = torch.softmax(log_w, 0)
     reweighted = torch.zeros(4, dtype=torch.float64).index_add_(0, mode, weights)
@@ -174,6 +196,12 @@ def main() -> None:
     parser.add_argument("--eval", type=int, default=20_000, help="flow samples for ESS and log Z")
     parser.add_argument("--chains", type=int, default=256, help="Metropolis chains (dipoles)")
     parser.add_argument("--mcmc-steps", type=int, default=4000, help="Metropolis steps per chain (dipoles)")
+    parser.add_argument(
+        "--ml-chains",
+        type=int,
+        default=0,
+        help="octupole: add maximum likelihood on samples of this many Metropolis chains (default 0: reverse KL only)",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: faster on a busy machine)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="a smoke run (tiny budgets)")
