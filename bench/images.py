@@ -49,23 +49,24 @@ DIMS = 196
 LEVELS = 256
 
 
-def flat(preset: Flow) -> Flow:
+def flat(preset: Flow, alpha: float) -> Flow:
     """A vector flow on the logit of the flattened image (the same preprocessing as Glow's)."""
-    return Flow(Chain(Logit(SHAPE), Reshape(SHAPE, (DIMS,)), preset.bijector), preset.base)
+    return Flow(Chain(Logit(SHAPE, alpha), Reshape(SHAPE, (DIMS,)), preset.bijector), preset.base)
 
 
 def build(name: str, args: argparse.Namespace) -> nn.Module:
     hidden = (args.hidden, args.hidden)
     if name == "glow":
-        return Glow(SHAPE, args.levels, args.steps_per_level, hidden)
+        return Glow(SHAPE, args.levels, args.steps_per_level, hidden, alpha=args.alpha)
     if name == "eiw":
-        return EIW(SHAPE, args.levels, args.steps_per_level, hidden)
+        return EIW(SHAPE, args.levels, args.steps_per_level, hidden, alpha=args.alpha)
     if name == "realnvp":
-        return flat(RealNVP(DIMS, transforms=8, hidden=(256, 256)))
+        return flat(RealNVP(DIMS, transforms=8, hidden=(256, 256)), args.alpha)
     if name == "nsf":
-        return flat(NSF(DIMS, transforms=5, bins=8, hidden=(256, 256), coupling=True))
+        return flat(NSF(DIMS, transforms=5, bins=8, hidden=(256, 256), coupling=True), args.alpha)
     if name == "normflows-glow":
-        return peers.normflows_glow(SHAPE, levels=args.levels, steps=args.steps_per_level, hidden=args.hidden)
+        sizes = {"levels": args.levels, "steps": args.steps_per_level, "hidden": args.hidden}
+        return peers.normflows_glow(SHAPE, **sizes, alpha=args.alpha)
     raise ValueError(name)
 
 
@@ -180,6 +181,7 @@ def main() -> None:
     parser.add_argument("--levels", type=int, default=2)
     parser.add_argument("--steps-per-level", type=int, default=4)
     parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--alpha", type=float, default=0.0, help="logit squeeze of every model (default 0)")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds in 'peer'")
     parser.add_argument("--round-steps", type=int, default=5, help="steps per timing round in 'peer'")

@@ -289,7 +289,7 @@ def build_peer(
 
 
 def normflows_glow(
-    shape: tuple[int, int, int], *, levels: int, steps: int, hidden: int, alpha: float = 0.05
+    shape: tuple[int, int, int], *, levels: int, steps: int, hidden: int, alpha: float = 0.0
 ) -> nn.Module:
     """The Glow of normflows, matched to `flowkit.flows.Glow(shape, levels, steps, (hidden, hidden), alpha=alpha)`.
 

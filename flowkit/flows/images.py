@@ -146,7 +146,12 @@ class Glow(Flow):
         kernel: kernel size of the conditioners.
         activation: conditioner activation.
         alpha: the [`Logit`][flowkit.bijectors.Logit] squeeze `alpha`; `None` for data on the
-            real line (no preprocessing).
+            real line (no preprocessing). The default 0 maps `(0, 1)` onto the real line, so samples
+            stay in `[0, 1]` and the density is normalised there. A positive `alpha` (RealNVP's 0.05)
+            maps `[0, 1]` onto a bounded interval: the flow then puts mass outside `[0, 1]`, its
+            samples can fall outside (which its own `log_prob` refuses), and it learns much more
+            slowly: `Glow((1, 14, 14), 2, 2, hidden=(32, 32))` reached 5.81 test bits/dim with
+            `alpha=0.05` against 4.73 with 0 after 120 Adam steps on Fashion-MNIST.
         transformer: the coupling transformer instead of [`Affine`][flowkit.transformers.Affine]
             (e.g. a [`RationalQuadraticSpline`][flowkit.transformers.RationalQuadraticSpline]).
         conditioner: a factory `conditioner(in_channels, out_channels, context=0)` for each
@@ -174,7 +179,7 @@ class Glow(Flow):
         hidden: Sequence[int] = (64, 64),
         kernel: int = 3,
         activation: str = "relu",
-        alpha: float | None = 0.05,
+        alpha: float | None = 0.0,
         *,
         transformer: Transformer | None = None,
         conditioner: ConditionerFactory | None = None,
@@ -229,7 +234,7 @@ class EIW(Glow):
         hidden: hidden channels of each coupling's conditioner.
         kernel: kernel size of the conditioners.
         activation: conditioner activation.
-        alpha: the logit squeeze (`None`: no preprocessing).
+        alpha: the logit squeeze (`None`: no preprocessing; see [`Glow`][flowkit.flows.Glow]).
         reduction: the squeeze-excitation reduction ratio of each shuffle.
         weight: the regulariser weight (the reference's 1e-3).
         transformer: the coupling transformer instead of [`Affine`][flowkit.transformers.Affine].
@@ -248,7 +253,7 @@ class EIW(Glow):
         hidden: Sequence[int] = (64, 64),
         kernel: int = 3,
         activation: str = "relu",
-        alpha: float | None = 0.05,
+        alpha: float | None = 0.0,
         reduction: int = 16,
         weight: float = 1e-3,
         *,

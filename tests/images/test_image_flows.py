@@ -24,7 +24,7 @@ def test_a_fresh_flow_is_the_logit_and_a_rotation_for_any_number_of_levels(prese
         pytest.skip("EIW needs a split")
     flow = preset((1, 8, 8), levels=levels, steps=2, hidden=(4,)).double().eval()
     x = torch.rand(6, 1, 8, 8, dtype=torch.float64) * 0.98 + 0.01
-    z, ladj = Logit((1, 8, 8)).double()(x)
+    z, ladj = Logit((1, 8, 8), alpha=0.0).double()(x)
     # ActNorm is uninitialised (identity) in eval mode, couplings start at the identity and the
     # 1x1 convolutions at rotations (orthogonal to float32 precision, drawn before .double()),
     # so log p(x) is the standard normal of logit(x) plus its ladj
