@@ -28,7 +28,7 @@ _SUBPACKAGES = (
 )
 
 #: Names of the package's namespace defined in a subpackage.
-_DEFINED_IN = {"Flow": "flows", "set_validation": "_validation"}
+_DEFINED_IN = {"Flow": "flows", "set_validation": "_validation", "compile": "compiled"}
 
 
 def _import_all() -> None:
@@ -69,4 +69,5 @@ __all__ = [
     "interop",
     "Flow",
     "set_validation",
+    "compile",
 ]
