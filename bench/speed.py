@@ -25,8 +25,37 @@ saves for backward during one training step (through
 ``torch.autograd.graph.saved_tensors_hooks``): the activation memory, which
 is what grows with batch size and depth.
 
+Two tables: ``matched`` (every library builds the architecture above) and
+``default`` (each library's own NSF as a user builds it, with the same number
+of layers, bins and hidden widths: ``zuko.flows.NSF`` (``passes=2`` for
+coupling), nflows' spline transforms with their default ``ResidualNet`` /
+residual MADE blocks and reversed permutations, normflows'
+``CoupledRationalQuadraticSpline`` / ``AutoregressiveRationalQuadraticSpline``
+with ``LULinearPermute`` between layers; flowkit's ``NSF`` as in the matched
+table, since that is its default).
+
+Behind flags (each off in a default run, which stays short):
+
+* ``--scaling``: flowkit's train-step time against D (``--scaling-features``,
+  8 to 1024, batch 512) and against the batch (``--scaling-batches``, 64 to
+  8192, D=64), coupling and autoregressive, with the exponent of a least-squares
+  fit of ``log t`` on ``log D`` (or ``log batch``);
+* ``--memory-784``: the peak memory of one training step at batch 8192, D=784,
+  for every library (fresh subprocesses, as above);
+* ``--fit-overhead``: ``flowkit.train.fit`` (validation and progress off, no
+  schedule) against a bare PyTorch loop (the same flow, Adam, batches drawn
+  from the same permutations) on a small flow, interleaved;
+* ``--compile``: a training step and ``log_prob`` through
+  ``flowkit.compile(flow)`` (Inductor) against eager, with the compile time,
+  and the per-step time with that compile time amortised over
+  ``--compile-steps`` steps (a typical run).
+
+Timings on a shared machine: the ratios come from interleaved runs in one
+process, which drifts in machine speed hit alike; the absolute times are only
+comparable within one run.
+
 Run: ``python bench/speed.py`` (default workload D=8 and D=64, 5 layers,
-K=8, B=3, 2x128, batch 512, 2 threads). Results go to
+K=8, B=3, 2x128, batch 512, 2 threads; both tables). Results go to
 ``bench/results/speed.json``.
 """
 
@@ -64,9 +93,74 @@ def build(library: str, kind: str, features: int, layers: int, bins: int, bound:
     return (model, *peers.interface(library, model))
 
 
-def operations(library, kind, features, args):
+def build_default(library: str, kind: str, features: int, layers: int, bins: int, bound: float, hidden: int):
+    """Return ``(module, log_prob(x), sample(n))`` for one library's own NSF, as its documentation builds it."""
+    coupling = kind == "coupling"
+    if library == "flowkit":
+        return build(library, kind, features, layers, bins, bound, hidden)
+    if library == "zuko":
+        import zuko
+
+        model = zuko.flows.NSF(
+            features, transforms=layers, bins=bins, hidden_features=(hidden, hidden), passes=2 if coupling else None
+        )
+    elif library == "nflows":
+        from nflows.distributions import StandardNormal
+        from nflows.flows import Flow
+        from nflows.nn.nets import ResidualNet
+        from nflows.transforms import (
+            CompositeTransform,
+            MaskedPiecewiseRationalQuadraticAutoregressiveTransform,
+            PiecewiseRationalQuadraticCouplingTransform,
+            ReversePermutation,
+        )
+        from nflows.utils import create_alternating_binary_mask
+
+        chain = []
+        for i in range(layers):
+            if i:
+                chain.append(ReversePermutation(features))
+            if coupling:
+                chain.append(
+                    PiecewiseRationalQuadraticCouplingTransform(
+                        mask=create_alternating_binary_mask(features, even=i % 2 == 0),
+                        transform_net_create_fn=lambda a, b: ResidualNet(a, b, hidden_features=hidden, num_blocks=2),
+                        num_bins=bins,
+                        tails="linear",
+                        tail_bound=bound,
+                    )
+                )
+            else:
+                chain.append(
+                    MaskedPiecewiseRationalQuadraticAutoregressiveTransform(
+                        features, hidden, num_bins=bins, tails="linear", tail_bound=bound, num_blocks=2
+                    )
+                )
+        model = Flow(CompositeTransform(chain), StandardNormal([features]))
+    else:
+        import normflows as nf
+
+        flows = []
+        for i in range(layers):
+            if coupling:
+                flows.append(
+                    nf.flows.CoupledRationalQuadraticSpline(
+                        features, 2, hidden, num_bins=bins, tail_bound=bound, reverse_mask=i % 2 == 1
+                    )
+                )
+            else:
+                flows.append(
+                    nf.flows.AutoregressiveRationalQuadraticSpline(features, 2, hidden, num_bins=bins, tail_bound=bound)
+                )
+            flows.append(nf.flows.LULinearPermute(features))
+        model = nf.NormalizingFlow(nf.distributions.DiagGaussian(features, trainable=False), flows)
+    return (model, *peers.interface(library, model))
+
+
+def operations(library, kind, features, args, style: str = "matched"):
     torch.manual_seed(0)
-    module, log_prob, sample = build(library, kind, features, args.layers, args.bins, args.bound, args.hidden)
+    builder = build if style == "matched" else build_default
+    module, log_prob, sample = builder(library, kind, features, args.layers, args.bins, args.bound, args.hidden)
     x = torch.randn(args.batch, features)
     optimizer = torch.optim.Adam(module.parameters(), lr=1e-4)
 
@@ -135,9 +229,9 @@ def _forward_args(args) -> list[str]:
     ]
 
 
-def time_config(kind: str, features: int, args) -> dict:
+def time_config(kind: str, features: int, args, style: str = "matched") -> dict:
     libraries = args.libraries
-    ops = {lib: operations(lib, kind, features, args) for lib in libraries}
+    ops = {lib: operations(lib, kind, features, args, style) for lib in libraries}
     results: dict = {}
     for op in ("train", "log_prob", "sample"):
         if op == "sample" and kind == "autoregressive" and features > 8:
@@ -164,6 +258,172 @@ def time_config(kind: str, features: int, args) -> dict:
     return results
 
 
+def _median_ms(functions: dict, repeats: int) -> dict:
+    """Median milliseconds per call of each function, interleaved over repeats (after two warm-up calls each)."""
+    for function in functions.values():
+        function()
+        function()
+    times: dict = {key: [] for key in functions}
+    keys = list(functions)
+    for r in range(repeats):
+        for key in keys[r % len(keys) :] + keys[: r % len(keys)]:
+            start = time.perf_counter()
+            functions[key]()
+            times[key].append(time.perf_counter() - start)
+    return {key: statistics.median(t) * 1e3 for key, t in times.items()}
+
+
+def fitted_exponent(sizes: list[int], ms: list[float]) -> float:
+    """The slope of the least-squares line of `log ms` on `log size`."""
+    import math
+
+    xs, ys = [math.log(v) for v in sizes], [math.log(v) for v in ms]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+
+
+def scaling(args) -> dict:
+    """Flowkit's train-step time against D (batch ``args.batch``) and against the batch (D=64), with exponents."""
+    report: dict = {}
+    for kind in args.kinds:
+        for axis, sizes in (("features", args.scaling_features), ("batch", args.scaling_batches)):
+            steps = {}
+            for size in sizes:
+                features, batch = (size, args.batch) if axis == "features" else (64, size)
+                steps[size] = operations(
+                    "flowkit", kind, features, argparse.Namespace(**{**vars(args), "batch": batch})
+                )["train"]
+            ms = _median_ms(steps, args.scaling_repeats)
+            exponent = fitted_exponent(list(ms), list(ms.values()))
+            report[f"{kind} vs {axis}"] = {"ms": ms, "exponent": exponent}
+            print(
+                f"scaling {kind:<15} train ms vs {axis:<9}"
+                + "".join(f"{size:>7}:{t:<9.1f}" for size, t in ms.items())
+                + f" exponent {exponent:.2f}"
+            )
+            sys.stdout.flush()
+    return report
+
+
+def memory_784(args) -> dict:
+    """Peak memory (MiB, resident-set growth) of a training step at batch 8192, D=784, per library and kind."""
+    big = argparse.Namespace(**{**vars(args), "batch": 8192})
+    report = {}
+    for kind in args.kinds:
+        report[kind] = {lib: peak_memory(lib, kind, 784, big) for lib in args.libraries}
+        print(
+            f"peak MiB, batch 8192, D=784, {kind:<15}"
+            + "".join(f"{lib:>10}:{m:<9.0f}" for lib, m in report[kind].items())
+        )
+        sys.stdout.flush()
+    return report
+
+
+def fit_overhead(args) -> dict:
+    """Seconds of ``flowkit.train.fit`` against a bare PyTorch loop doing the same steps, on a small flow."""
+    import flowkit
+    from flowkit.train import MaximumLikelihood, fit
+
+    features, batch, steps = 2, 256, args.fit_steps
+    data = torch.randn(8 * batch, features)
+
+    def small_flow():
+        torch.manual_seed(0)
+        return flowkit.flows.NSF(features, transforms=2, bins=8, hidden=(32, 32), coupling=False, bound=3.0)
+
+    def run_fit():
+        flow = small_flow()
+        fit(
+            flow,
+            MaximumLikelihood(),
+            data,
+            steps=steps,
+            batch_size=batch,
+            schedule=None,
+            progress=False,
+            seed=0,
+            threads=args.threads,
+        )
+
+    def run_bare():
+        flow = small_flow()
+        optimizer = torch.optim.Adam(flow.parameters(), lr=1e-3)
+        generator = torch.Generator().manual_seed(0)
+        done = 0
+        while done < steps:
+            order = torch.randperm(len(data), generator=generator)
+            for start in range(0, len(data) - batch + 1, batch):
+                optimizer.zero_grad()
+                loss = -flow.log_prob(data[order[start : start + batch]]).mean()
+                loss.backward()
+                optimizer.step()
+                done += 1
+                if done == steps:
+                    break
+
+    ms = _median_ms({"fit": run_fit, "bare": run_bare}, args.fit_repeats)
+    overhead = ms["fit"] / ms["bare"] - 1
+    print(
+        f"fit overhead: fit {ms['fit'] / steps:.3f} ms/step, bare loop {ms['bare'] / steps:.3f} ms/step, "
+        f"overhead {100 * overhead:.1f}% (target <= 5%)"
+    )
+    return {"ms_per_step": {k: v / steps for k, v in ms.items()}, "overhead": overhead, "steps": steps}
+
+
+def compiled(args) -> dict:
+    """``flowkit.compile`` (Inductor) against eager: compile seconds, ms per call, and ms with compile amortised."""
+    import flowkit
+
+    report = {}
+    for kind in args.kinds:
+        for features in args.features:
+            torch.manual_seed(0)
+            flow = flowkit.flows.NSF(
+                features,
+                transforms=args.layers,
+                bins=args.bins,
+                hidden=(args.hidden, args.hidden),
+                coupling=kind == "coupling",
+                bound=args.bound,
+            )
+            fast = flowkit.compile(flow, backend=args.compile_backend)
+            x = torch.randn(args.batch, features)
+            optimizer = torch.optim.Adam(flow.parameters(), lr=1e-4)
+
+            def train(model, x=x, optimizer=optimizer):
+                def step():
+                    optimizer.zero_grad()
+                    (-model.log_prob(x).mean()).backward()
+                    optimizer.step()
+
+                return step
+
+            def log_prob(model, x=x):
+                def call():
+                    with torch.no_grad():
+                        model.log_prob(x)
+
+                return call
+
+            entry = {}
+            for op, make in (("train", train), ("log_prob", log_prob)):
+                start = time.perf_counter()
+                make(fast)()  # the first call compiles
+                compile_s = time.perf_counter() - start
+                ms = _median_ms({"eager": make(flow), "compiled": make(fast)}, args.repeats)
+                amortised = (compile_s * 1e3 + args.compile_steps * ms["compiled"]) / args.compile_steps
+                entry[op] = {"compile_s": compile_s, **ms, "amortised": amortised}
+                print(
+                    f"compile {kind[:4]} D={features:<5} {op:<9} compile {compile_s:6.1f} s, "
+                    f"eager {ms['eager']:.2f} ms, "
+                    f"compiled {ms['compiled']:.2f} ms ({ms['eager'] / ms['compiled']:.2f}x), "
+                    f"amortised over {args.compile_steps} steps {amortised:.2f} ms ({ms['eager'] / amortised:.2f}x)"
+                )
+                sys.stdout.flush()
+            report[f"{kind} D={features}"] = entry
+    return report
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--features", type=int, nargs="+", default=[8, 64])
@@ -178,6 +438,21 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
+    parser.add_argument(
+        "--styles", nargs="+", default=["matched", "default"], help="matched architecture, and each library's own"
+    )
+    parser.add_argument("--scaling", action="store_true", help="train-step time against D and batch (flowkit)")
+    parser.add_argument("--scaling-features", type=int, nargs="+", default=[8, 32, 128, 512, 1024])
+    parser.add_argument("--scaling-batches", type=int, nargs="+", default=[64, 512, 2048, 8192])
+    parser.add_argument("--scaling-repeats", type=int, default=5)
+    parser.add_argument("--memory-784", action="store_true", help="peak memory at batch 8192, D=784")
+    parser.add_argument("--fit-overhead", action="store_true", help="fit against a bare PyTorch loop")
+    parser.add_argument("--fit-steps", type=int, default=200)
+    parser.add_argument("--fit-repeats", type=int, default=5)
+    parser.add_argument("--compile", action="store_true", help="flowkit.compile (Inductor) against eager")
+    parser.add_argument("--compile-backend", default="inductor")
+    parser.add_argument("--compile-steps", type=int, default=10_000, help="steps to amortise the compile time over")
+    parser.add_argument("--only", action="store_true", help="run only the flagged extras, not the speed tables")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "speed.json"))
     args = parser.parse_args()
@@ -192,34 +467,54 @@ def main() -> None:
         "configs": [],
     }
     header = f"{'config':<20}{'op':<10}" + "".join(f"{lib:>12}" for lib in args.libraries) + f"{'best peer/fk':>14}"
-    print(f"times in ms (median of {args.repeats} repeats), ratio = fastest peer time / flowkit time")
-    print(header)
-    for features in args.features:
-        for kind in args.kinds:
-            res = time_config(kind, features, args)
-            memory = {} if args.no_memory else {lib: peak_memory(lib, kind, features, args) for lib in args.libraries}
-            saved = {lib: saved_for_backward_mib(lib, kind, features, args) for lib in args.libraries}
-            entry = {
-                "kind": kind,
-                "features": features,
-                "ms": res,
-                "peak_train_mib": memory,
-                "saved_for_backward_mib": saved,
-                "ratio": {},
-            }
-            rows = list(res.items()) + ([("mem MiB", memory)] if memory else []) + [("saved MiB", saved)]
-            for op, row in rows:
-                peers = {lib: t for lib, t in row.items() if lib != "flowkit"}
-                best = min(peers.values()) if peers else float("nan")
-                ratio = best / row["flowkit"] if "flowkit" in row else float("nan")
-                if op not in ("mem MiB", "saved MiB"):
-                    entry["ratio"][op] = {lib: t / row["flowkit"] for lib, t in peers.items()}
-                name = f"{kind[:4]} D={features}"
-                print(
-                    f"{name:<20}{op:<10}" + "".join(f"{row[lib]:>12.2f}" for lib in args.libraries) + f"{ratio:>14.2f}"
+    styles = [] if args.only else args.styles
+    for style in styles:
+        print(f"{style} construction: times in ms (median of {args.repeats} repeats), ratio = fastest peer / flowkit")
+        print(header)
+        for features in args.features:
+            for kind in args.kinds:
+                res = time_config(kind, features, args, style)
+                memory, saved = {}, {}
+                if style == "matched":
+                    if not args.no_memory:
+                        memory = {lib: peak_memory(lib, kind, features, args) for lib in args.libraries}
+                    saved = {lib: saved_for_backward_mib(lib, kind, features, args) for lib in args.libraries}
+                entry = {
+                    "style": style,
+                    "kind": kind,
+                    "features": features,
+                    "ms": res,
+                    "peak_train_mib": memory,
+                    "saved_for_backward_mib": saved,
+                    "ratio": {},
+                }
+                rows = (
+                    list(res.items())
+                    + ([("mem MiB", memory)] if memory else [])
+                    + ([("saved MiB", saved)] if saved else [])
                 )
-            report["configs"].append(entry)
-            sys.stdout.flush()
+                for op, row in rows:
+                    peers = {lib: t for lib, t in row.items() if lib != "flowkit"}
+                    best = min(peers.values()) if peers else float("nan")
+                    ratio = best / row["flowkit"] if "flowkit" in row else float("nan")
+                    if op not in ("mem MiB", "saved MiB"):
+                        entry["ratio"][op] = {lib: t / row["flowkit"] for lib, t in peers.items()}
+                    name = f"{kind[:4]} D={features}"
+                    print(
+                        f"{name:<20}{op:<10}"
+                        + "".join(f"{row[lib]:>12.2f}" for lib in args.libraries)
+                        + f"{ratio:>14.2f}"
+                    )
+                report["configs"].append(entry)
+                sys.stdout.flush()
+    if args.scaling:
+        report["scaling"] = scaling(args)
+    if args.memory_784:
+        report["memory_784"] = memory_784(args)
+    if args.fit_overhead:
+        report["fit_overhead"] = fit_overhead(args)
+    if args.compile:
+        report["compile"] = compiled(args)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
     print(f"wrote {args.out}")
