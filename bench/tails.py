@@ -7,8 +7,11 @@ df 2, 15k/10k/75k points), ``mtaf-50-5``/``mtaf-50-10`` (D = 50; slow on a lapto
 Models (reference settings of mTAF's NSF runs: 5 layers, 3 bins, B = 2, identity tails; hidden (32, 32)):
 
 * ``nsf``: [`NSF`] over N(0, I) with the data standardised inside the model;
-* ``mtaf-fix``, ``mtaf``: [`TailAdaptive.from_data`] (df estimated on the training set, fixed or trained);
-* ``gtaf``: every marginal Student-t with trained df (start 10), no estimation;
+* ``mtaf-fix``, ``mtaf``: [`TailAdaptive.from_data`] (df estimated on the training set, fixed or trained),
+  which standardises by the median and the interquartile range (a standard deviation, dominated by the
+  tails, leaves the unit-scale t base far too wide: with it, mTAF's tVaR(0.99) error was 1.0 against
+  NSF's 0.37 on ``mtaf-8-4`` seed 0, 300 steps);
+* ``gtaf``: every marginal Student-t with trained df (start 10), no estimation, scaled alike;
 * ``comet``: [`COMET.from_data`] (KDE/GPD marginals, Gaussian copula, 5 spline couplings, B = 4).
 
 All train by maximum likelihood with Adam (lr 1e-3, cosine), batch 512, gradient clip 5, the same number
@@ -51,7 +54,7 @@ def build(name: str, train: torch.Tensor) -> torch.nn.Module:
         return standardize(NSF(train.shape[1], bound=2.0, **SIZES), train)
     if name == "comet":
         return COMET.from_data(train, bound=4.0, **SIZES)
-    return standardize(TailAdaptive.from_data(train, name, bound=2.0, bootstraps=100, **SIZES), train)
+    return TailAdaptive.from_data(train, name, bound=2.0, bootstraps=100, **SIZES)  # median/IQR scaling inside
 
 
 @torch.no_grad()

@@ -1,5 +1,7 @@
 """TailAdaptive (mTAF fix, mTAF, gTAF) and COMET: structure, tails of samples, estimation, training, save/load."""
 
+import math
+
 import pytest
 import torch
 
@@ -54,6 +56,24 @@ def test_from_data_estimates_the_tails_and_keeps_df_above_the_floor():
     assert torch.isinf(df[[0, 2]]).all() and 1.4 < float(df[1]) < 2.8
     gtaf = TailAdaptive.from_data(_heavy_data(), "gtaf", transforms=1, hidden=(8,))
     assert torch.isfinite(gtaf.df).all()
+
+
+def test_from_data_standardises_by_median_and_iqr_and_is_scale_equivariant():
+    x = _heavy_data(3000)
+    flow = TailAdaptive.from_data(x, transforms=1, hidden=(8,), bootstraps=20)
+    first = flow.bijector[0]
+    assert isinstance(first, flowkit.bijectors.Standardization)
+    torch.testing.assert_close(first.loc, x.median(0).values)
+    torch.testing.assert_close(first.scale, (x.quantile(0.75, 0) - x.quantile(0.25, 0)) / 1.349)
+    torch.manual_seed(0)
+    flow = TailAdaptive.from_data(x, "mtaf-fix", transforms=1, hidden=(8,), bootstraps=20)
+    torch.manual_seed(0)
+    scaled = TailAdaptive.from_data(1000 * x, "mtaf-fix", transforms=1, hidden=(8,), bootstraps=20)
+    torch.testing.assert_close(scaled.df, flow.df)
+    torch.testing.assert_close(scaled.log_prob(1000 * x[:10]), flow.log_prob(x[:10]) - 3 * math.log(1000))
+    assert not isinstance(
+        TailAdaptive.from_data(x, standardize=False, transforms=1).bijector[0], flowkit.bijectors.Standardization
+    )
 
 
 @pytest.mark.parametrize("name", [name for name in DATA_PRESETS if name != "mtaf"])  # mtaf = tail-adaptive

@@ -54,7 +54,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="a multiscale image flow instead of --flow, for digits-images, fashion-mnist or fashion-mnist-28 "
         "(--levels: default 2; --transforms: steps per level, default 4; --hidden: default 64,64); or a flow "
         "for heavy tails fitted to the training data: tail-adaptive (= mtaf), mtaf-fix, gtaf, comet "
-        "(--transforms default 5, --hidden default 64,64, --bins; comet is not standardised)",
+        "(--transforms default 5, --hidden default 64,64, --bins; they scale the data themselves)",
     )
     parser.add_argument(
         "--base",
@@ -257,14 +257,13 @@ def prepare_output(out: Path, *, force: bool, resume: bool, steps: int) -> int |
 
 
 def _tail_flow(args: argparse.Namespace, data: Any, hidden: Any) -> Any:
-    """The `--model` flow for heavy tails, fitted to the training split (TailAdaptive standardised unless asked not)."""
-    from ..data import standardize
+    """The `--model` flow for heavy tails, fitted to the training split."""
     from ..flows.registry import build_data_flow
 
     if data.train.dim() != 2:
         raise ValueError(f"--model {args.model} needs tabular data of shape (N, D)")
     flow = build_data_flow(args.model, data.train, transforms=args.transforms, hidden=hidden, bins=args.bins)
-    return flow if args.model == "comet" or args.no_standardize else standardize(flow, data.train)
+    return flow  # tail-adaptive flows standardise by median and IQR themselves, COMET's marginals scale the data
 
 
 def _image_flow(args: argparse.Namespace, data: Any, hidden: Any) -> Any:

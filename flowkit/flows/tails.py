@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from .._validation import check_number
-from ..bijectors import Bijector, Chain, MarginalTailCDF, Permutation, TailLU
+from ..bijectors import Bijector, Chain, MarginalTailCDF, Permutation, Standardization, TailLU
 from ..distributions import Distribution, TailAdaptiveBase
 from ..transformers import RationalQuadraticSpline, Transformer
 from .flow import Flow
@@ -44,7 +44,8 @@ class TailAdaptive(Flow):
 
     With `df[j]` `None` for a light-tailed feature and $\nu_j$ for a heavy-tailed one, the flow
 
-    1. permutes the features so that the light ones come first (undone when sampling);
+    1. (optionally) standardises each feature with a fixed `loc` and `scale`, then permutes the
+       features so that the light ones come first (undone when sampling);
     2. applies `transforms` masked autoregressive layers (rational-quadratic splines on
        $[-B, B]$ with identity tails, natural order), with, between consecutive layers, a
        permutation within each group and a [`TailLU`][flowkit.bijectors.TailLU];
@@ -72,6 +73,9 @@ class TailAdaptive(Flow):
         context: number of context features.
         activation: conditioner activation.
         min_df: the floor of the degrees of freedom.
+        loc: per-feature location of a fixed [`Standardization`][flowkit.bijectors.Standardization] put
+            first (with `scale`; [`from_data`][flowkit.flows.TailAdaptive.from_data] sets the median).
+        scale: per-feature scale of that standardisation (`from_data`: the interquartile range / 1.349).
         transformer: the transformer instead of the spline (e.g. [`Affine`][flowkit.transformers.Affine]
             for MAF layers).
         conditioner: a factory `conditioner(features, params_per_feature, context=context)` of
@@ -103,6 +107,8 @@ class TailAdaptive(Flow):
         context: int = 0,
         activation: str = "relu",
         min_df: float = 1.0,
+        loc: Sequence[float] | None = None,
+        scale: Sequence[float] | None = None,
         *,
         transformer: Transformer | None = None,
         conditioner: ConditionerFactory | None = None,
@@ -129,6 +135,10 @@ class TailAdaptive(Flow):
         sort = Permutation(features, seed=0)
         sort.perm.copy_(torch.tensor(order))
         layers: list[Bijector] = [sort]
+        if loc is not None or scale is not None:
+            if loc is None or scale is None:
+                raise ValueError(f"{where}: give both loc and scale of the standardisation, or neither")
+            layers.insert(0, Standardization(loc, scale))
         for i in range(transforms):
             if i:
                 layers += [_group_permutation(light, features, seed=i), TailLU(features, light)]
@@ -139,7 +149,7 @@ class TailAdaptive(Flow):
     @property
     def df(self) -> Tensor:
         """Degrees of freedom per data feature (`inf` for a light one), in the data's order."""
-        sort = self.bijector[0].perm
+        sort = next(layer for layer in self.bijector if isinstance(layer, Permutation)).perm
         return self.base.df.detach()[torch.argsort(sort)]
 
     @classmethod
@@ -151,6 +161,7 @@ class TailAdaptive(Flow):
         light_below: float = 0.1,
         bootstraps: int = 200,
         seed: int = 0,
+        standardize: bool = True,
         **kwargs: object,
     ) -> TailAdaptive:
         r"""Estimate each feature's tail on training data `x` (`(N, D)`) and build the flow.
@@ -159,12 +170,19 @@ class TailAdaptive(Flow):
         [`estimate_tails`][flowkit.tails.estimate_tails]; a $\nu_j$ below the floor is raised to
         `1.05 * min_df`. gTAF estimates nothing.
 
+        With `standardize`, the flow starts with a fixed robust standardisation (`loc` the median,
+        `scale` the interquartile range / 1.349, per feature): the bases have unit scale, and a
+        standard deviation is dominated by (or, at $\nu \le 2$, does not exist for) the very tails the
+        flow should model; scaling by it squeezes the body of a heavy marginal and leaves the base's
+        tail far too wide. Do not standardise the data again around this flow.
+
         Arguments:
             x: training data, `(N, D)`.
             variant: `"mtaf-fix"`, `"mtaf"` or `"gtaf"`.
             light_below: the light threshold of [`estimate_tail`][flowkit.tails.estimate_tail].
             bootstraps: double-bootstrap resamples per stage.
             seed: seed of the resampling.
+            standardize: put the robust standardisation first.
             **kwargs: the other arguments of `TailAdaptive`.
         """
         from ..tails import estimate_tails
@@ -172,6 +190,12 @@ class TailAdaptive(Flow):
         if not isinstance(x, Tensor) or x.dim() != 2:
             raise ValueError(f"TailAdaptive.from_data: x must be a tensor of shape (N, D), got {type(x).__name__}")
         features = x.shape[1]
+        if standardize:
+            data = x.detach().double()
+            loc = data.median(0).values
+            spread = (data.quantile(0.75, 0) - data.quantile(0.25, 0)) / 1.349
+            spread = torch.where(spread > 0, spread, data.std(0)).clamp_min(1e-6)
+            kwargs = {"loc": loc.tolist(), "scale": spread.tolist(), **kwargs}
         if variant == "gtaf":
             return cls(features, variant=variant, **kwargs)  # type: ignore[arg-type]
         floor = 1.05 * check_number(kwargs.get("min_df", 1.0), "min_df", where="TailAdaptive", positive=True)

@@ -23,7 +23,7 @@ def csv(tmp_path_factory):
 @pytest.mark.parametrize(
     ("options", "kind"),
     [
-        (["--model", "tail-adaptive"], "Flow"),  # standardised, so a plain Flow around the TailAdaptive layers
+        (["--model", "tail-adaptive"], "TailAdaptive"),
         (["--model", "comet"], "COMET"),
         (["--flow", "nsf", "--base", "student-t", "--df", "4"], "Flow"),
     ],
