@@ -87,8 +87,11 @@ def matrix_fisher(args) -> dict:
     target = MatrixFisher(f.tolist())
     torch.manual_seed(args.seed)
     flow = RigidBodyFlow(["quaternion"] + ["real"] * args.aux, blocks=args.blocks, heads=args.heads, hidden=args.hidden)
-    seconds, history = _train(flow, WithAuxiliaries(target, args.aux), args.steps, args.batch, args.lr, args.seed)
-    _, _, out = _evaluate(flow, WithAuxiliaries(target, args.aux), args.eval, target.log_Z)
+    joint = WithAuxiliaries(target, args.aux)
+    samples = joint.sample(args.ml_exact, generator=torch.Generator().manual_seed(args.seed)) if args.ml_exact else None
+    seconds, history = _train(flow, joint, args.steps, args.batch, args.lr, args.seed, samples)
+    _, _, out = _evaluate(flow, joint, args.eval, target.log_Z)
+    out["ml_exact_samples"] = args.ml_exact
     out.update(
         singular_values=np.linalg.svd(f, compute_uv=False).tolist(),
         log_normalizer=target.log_normalizer,
@@ -201,6 +204,12 @@ def main() -> None:
         type=int,
         default=0,
         help="octupole: add maximum likelihood on samples of this many Metropolis chains (default 0: reverse KL only)",
+    )
+    parser.add_argument(
+        "--ml-exact",
+        type=int,
+        default=0,
+        help="matrix-fisher: add maximum likelihood on this many exact samples (default 0: reverse KL only)",
     )
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: faster on a busy machine)")
     parser.add_argument("--seed", type=int, default=0)
