@@ -62,6 +62,7 @@ K=8, B=3, 2x128, batch 512, 2 threads; both tables). Results go to
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -161,22 +162,32 @@ def operations(library, kind, features, args, style: str = "matched"):
     torch.manual_seed(0)
     builder = build if style == "matched" else build_default
     module, log_prob, sample = builder(library, kind, features, args.layers, args.bins, args.bound, args.hidden)
-    x = torch.randn(args.batch, features)
+    device = getattr(args, "device", "cpu")
+    module.to(device)
+    x = torch.randn(args.batch, features, device=device)
     optimizer = torch.optim.Adam(module.parameters(), lr=1e-4)
+    # bf16 autocast (on CUDA) around the density and sampling passes; the optimiser step stays float32.
+    bf16 = getattr(args, "autocast", None) == "bf16"
+    cast = (lambda: torch.autocast(device_type="cuda", dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
 
     def train():
         optimizer.zero_grad()
-        loss = -log_prob(x).mean()
+        with cast():
+            loss = -log_prob(x).float().mean()
         loss.backward()
         optimizer.step()
+        sync()
 
     def log_prob_no_grad():
-        with torch.no_grad():
+        with torch.no_grad(), cast():
             log_prob(x)
+        sync()
 
     def draw():
-        with torch.no_grad():
+        with torch.no_grad(), cast():
             sample(args.batch)
+        sync()
 
     return {"train": train, "log_prob": log_prob_no_grad, "sample": draw}
 
@@ -190,6 +201,13 @@ def peak_memory_child(library: str, kind: str, features: int, args) -> None:
     """Print the resident-set growth (MiB) over a few training steps, in this (fresh) process."""
     torch.set_num_threads(args.threads)
     ops = operations(library, kind, features, args)
+    if args.device.startswith("cuda"):  # the allocator's high-water mark over the step
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        for _ in range(5):
+            ops["train"]()
+        print(json.dumps({"peak_mib": (torch.cuda.max_memory_allocated() - before) / 2**20}))
+        return
     before = _rss_kib()
     for _ in range(5):
         ops["train"]()
@@ -226,6 +244,8 @@ def _forward_args(args) -> list[str]:
         f"--hidden={args.hidden}",
         f"--batch={args.batch}",
         f"--threads={args.threads}",
+        f"--device={args.device}",
+        *([f"--autocast={args.autocast}"] if args.autocast else []),
     ]
 
 
@@ -239,16 +259,21 @@ def time_config(kind: str, features: int, args, style: str = "matched") -> dict:
         else:
             iters = args.iters
         slowest = 0.0
+        running = []
         for lib in libraries:  # warm-up, and the time of one call
-            for _ in range(2):
-                start = time.perf_counter()
-                ops[lib][op]()
-                slowest = max(slowest, time.perf_counter() - start)
+            try:
+                for _ in range(2):
+                    start = time.perf_counter()
+                    ops[lib][op]()
+                    slowest = max(slowest, time.perf_counter() - start)
+                running.append(lib)
+            except (RuntimeError, NotImplementedError, ValueError) as error:  # bf16 where a library cannot
+                print(f"  {lib} {op} failed, recorded as NaN: {type(error).__name__}: {str(error).splitlines()[0]}")
         # Seconds-long calls (autoregressive sampling at large D) get fewer repeats.
         repeats = args.repeats if slowest < 1.0 else min(args.repeats, 3)
-        times: dict[str, list[float]] = {lib: [] for lib in libraries}
+        times: dict[str, list[float]] = {lib: [] if lib in running else [float("nan")] for lib in libraries}
         for r in range(repeats):
-            order = libraries[r % len(libraries) :] + libraries[: r % len(libraries)]
+            order = running[r % len(running) :] + running[: r % len(running)] if running else []
             for lib in order:
                 start = time.perf_counter()
                 for _ in range(iters):
@@ -386,22 +411,26 @@ def compiled(args) -> dict:
                 coupling=kind == "coupling",
                 bound=args.bound,
             )
+            flow.to(args.device)
             fast = flowkit.compile(flow, backend=args.compile_backend)
-            x = torch.randn(args.batch, features)
+            x = torch.randn(args.batch, features, device=args.device)
+            sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
             optimizer = torch.optim.Adam(flow.parameters(), lr=1e-4)
 
-            def train(model, x=x, optimizer=optimizer):
+            def train(model, x=x, optimizer=optimizer, sync=sync):
                 def step():
                     optimizer.zero_grad()
                     (-model.log_prob(x).mean()).backward()
                     optimizer.step()
+                    sync()
 
                 return step
 
-            def log_prob(model, x=x):
+            def log_prob(model, x=x, sync=sync):
                 def call():
                     with torch.no_grad():
                         model.log_prob(x)
+                    sync()
 
                 return call
 
@@ -438,6 +467,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (see bench/gpu.sh)")
+    parser.add_argument("--autocast", choices=["bf16"], default=None, help="bf16 autocast on CUDA")
     parser.add_argument(
         "--styles", nargs="+", default=["matched", "default"], help="matched architecture, and each library's own"
     )
