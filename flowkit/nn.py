@@ -399,6 +399,10 @@ class MADE(Conditioner):
             degree = degree_h
         degree_out = rank.repeat_interleave(params_per_feature)
         self.last = MaskedLinear(degree_out[:, None] > degree[None, :])
+        # For the incremental inverse: hidden units by increasing degree, and for each rank r = 1..D the
+        # number of units of each layer with degree < r (a prefix once sorted), fixed at construction.
+        self._unit_order = [torch.argsort(d, stable=True) for d in self._hidden_degrees]
+        self._prefixes = [[int((d < r).sum()) for d in self._hidden_degrees] for r in range(1, features + 1)]
 
     def zero_last(self, bias: Tensor | None = None) -> None:
         _zero_linear(self.last, bias)
@@ -443,7 +447,7 @@ class MADE(Conditioner):
         """
         weights = self.masked_weights()
         device = weights[0][0].device
-        perms = [torch.argsort(degree, stable=True).to(device) for degree in self._hidden_degrees]
+        perms = [order.to(device) for order in self._unit_order]
         step = 3 if self.residual_blocks is not None else 1
         out: list[tuple[Tensor, Tensor]] = []
         for index, (w, b) in enumerate(weights[:-1]):
@@ -454,12 +458,7 @@ class MADE(Conditioner):
             out.append((w, b[rows]))
         w_last, b_last = weights[-1]
         out.append((w_last[:, perms[-1]], b_last))
-        ranks = torch.arange(1, self.features + 1)
-        prefixes = [
-            torch.searchsorted(torch.sort(degree).values, ranks, side="left").tolist()
-            for degree in self._hidden_degrees
-        ]
-        return out, [list(sizes) for sizes in zip(*prefixes, strict=True)]
+        return out, self._prefixes
 
     def invert(self, solve: Callable[[int, Tensor], Tensor], z: Tensor, context: Tensor | None = None) -> Tensor:
         """The incremental version of [`Conditioner.invert`][flowkit.nn.Conditioner.invert].
