@@ -44,6 +44,14 @@ def _raw_df(df: Sequence[float], min_df: float, where: str) -> Tensor:
     return (gap + torch.log(-torch.expm1(-gap))).to(torch.get_default_dtype())  # log(expm1(gap)), stable
 
 
+def _hold_df(module: nn.Module, raw: Tensor, learn: bool) -> None:
+    """Keep the unconstrained degrees of freedom as the parameter `df_raw` (`learn`) or as a buffer."""
+    if learn:
+        module.df_raw = nn.Parameter(raw)
+    else:
+        module.register_buffer("df_raw", raw)
+
+
 def _student_log_density(x: Tensor, df: Tensor) -> Tensor:
     r"""Elementwise $\log t_\nu(x)$ of the standard Student-t."""
     half = 0.5 * (df + 1)
@@ -105,11 +113,7 @@ class StudentT(Distribution):
                 f"StudentT: a list of df needs one value per element of a vector event {tuple(self.event_shape)}, "
                 f"got {len(values)}"
             )
-        raw = _raw_df(values, self.min_df, "StudentT").expand(self.event_shape).clone()
-        if learn_df:
-            self.df_raw = nn.Parameter(raw)
-        else:
-            self.register_buffer("df_raw", raw)
+        _hold_df(self, _raw_df(values, self.min_df, "StudentT").expand(self.event_shape).clone(), learn_df)
 
     @property
     def df(self) -> Tensor:
@@ -163,11 +167,7 @@ class TailAdaptiveBase(Distribution):
         if any(heavy):
             values = [float(check_number(v, "df", where="TailAdaptiveBase")) for v in df if v is not None]
             raw[torch.tensor(heavy)] = _raw_df(values, self.min_df, "TailAdaptiveBase")
-        # A Gaussian marginal's entry is unused (and gets no gradient).
-        if learn_df:
-            self.df_raw = nn.Parameter(raw)
-        else:
-            self.register_buffer("df_raw", raw)
+        _hold_df(self, raw, learn_df)  # a Gaussian marginal's entry is unused (and gets no gradient)
 
     @property
     def df(self) -> Tensor:
