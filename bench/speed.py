@@ -52,7 +52,9 @@ Behind flags (each off in a default run, which stays short):
 
 Timings on a shared machine: the ratios come from interleaved runs in one
 process, which drifts in machine speed hit alike; the absolute times are only
-comparable within one run.
+comparable within one run. On a loaded machine use ``--clock cpu --threads 1``:
+the process's CPU time instead of wall time, so the time other processes held
+the cores is not counted (cache and memory-bandwidth contention still is).
 
 Run: ``python bench/speed.py`` (default workload D=8 and D=64, 5 layers,
 K=8, B=3, 2x128, batch 512, 2 threads; both tables). Results go to
@@ -76,6 +78,10 @@ import peers
 import torch
 
 LIBRARIES = ["flowkit", *peers.LIBRARIES]
+
+#: The clock of every timing: wall time, or with ``--clock cpu`` this process's CPU time (with one thread,
+#: the time the computation itself took, not the time other processes held the cores: on a loaded machine).
+CLOCK = time.perf_counter
 
 
 def build(library: str, kind: str, features: int, layers: int, bins: int, bound: float, hidden: int):
@@ -263,9 +269,9 @@ def time_config(kind: str, features: int, args, style: str = "matched") -> dict:
         for lib in libraries:  # warm-up, and the time of one call
             try:
                 for _ in range(2):
-                    start = time.perf_counter()
+                    start = CLOCK()
                     ops[lib][op]()
-                    slowest = max(slowest, time.perf_counter() - start)
+                    slowest = max(slowest, CLOCK() - start)
                 running.append(lib)
             except (RuntimeError, NotImplementedError, ValueError) as error:  # bf16 where a library cannot
                 print(f"  {lib} {op} failed, recorded as NaN: {type(error).__name__}: {str(error).splitlines()[0]}")
@@ -275,10 +281,10 @@ def time_config(kind: str, features: int, args, style: str = "matched") -> dict:
         for r in range(repeats):
             order = running[r % len(running) :] + running[: r % len(running)] if running else []
             for lib in order:
-                start = time.perf_counter()
+                start = CLOCK()
                 for _ in range(iters):
                     ops[lib][op]()
-                times[lib].append((time.perf_counter() - start) / iters)
+                times[lib].append((CLOCK() - start) / iters)
         results[op] = {lib: statistics.median(t) * 1e3 for lib, t in times.items()}
     return results
 
@@ -292,9 +298,9 @@ def _median_ms(functions: dict, repeats: int) -> dict:
     keys = list(functions)
     for r in range(repeats):
         for key in keys[r % len(keys) :] + keys[: r % len(keys)]:
-            start = time.perf_counter()
+            start = CLOCK()
             functions[key]()
-            times[key].append(time.perf_counter() - start)
+            times[key].append(CLOCK() - start)
     return {key: statistics.median(t) * 1e3 for key, t in times.items()}
 
 
@@ -436,7 +442,7 @@ def compiled(args) -> dict:
 
             entry = {}
             for op, make in (("train", train), ("log_prob", log_prob)):
-                start = time.perf_counter()
+                start = time.perf_counter()  # wall time: Inductor compiles in worker processes
                 make(fast)()  # the first call compiles
                 compile_s = time.perf_counter() - start
                 ms = _median_ms({"eager": make(flow), "compiled": make(fast)}, args.repeats)
@@ -468,6 +474,9 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (see bench/gpu.sh)")
+    parser.add_argument(
+        "--clock", choices=["wall", "cpu"], default="wall", help="cpu: process CPU time (loaded machine, --threads 1)"
+    )
     parser.add_argument("--autocast", choices=["bf16"], default=None, help="bf16 autocast on CUDA")
     parser.add_argument(
         "--styles", nargs="+", default=["matched", "default"], help="matched architecture, and each library's own"
@@ -491,6 +500,8 @@ def main() -> None:
         peak_memory_child(args.child[0], args.child[1], int(args.child[2]), args)
         return
     torch.set_num_threads(args.threads)
+    global CLOCK
+    CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
 
     report = {
         "settings": {k: v for k, v in vars(args).items() if k not in ("child", "out")},
