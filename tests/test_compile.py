@@ -6,11 +6,14 @@ values must agree exactly, the gradients to rounding): Inductor's C++ build take
 machine. ``bench/speed.py --compile`` measures Inductor itself.
 """
 
+import copy
+
 import pytest
 import torch
 
 import flowkit
 from flowkit.compiled import CompiledFlow
+from flowkit.train import MaximumLikelihood, fit
 
 
 @pytest.fixture(scope="module")
@@ -68,3 +71,16 @@ def test_refuses_non_flows(flows):
         flowkit.compile(torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match="already compiled"):
         flowkit.compile(flows[1])
+
+
+def test_fit_trains_the_compiled_flow_as_eager(flows):
+    flow, fast = flows
+    twin = copy.deepcopy(flow)
+    before = [p.detach().clone() for p in flow.parameters()]
+    data = 1.5 * torch.randn(64, 3, dtype=torch.float64)
+    options = dict(steps=3, batch_size=16, schedule=None, progress=False, seed=0)
+    fit(twin, MaximumLikelihood(), data, **options)
+    fit(fast, MaximumLikelihood(), data, **options)  # trains `flow`, whose parameters it shares
+    assert any(not torch.equal(p, b) for p, b in zip(flow.parameters(), before, strict=True))
+    for a, b in zip(flow.parameters(), twin.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
