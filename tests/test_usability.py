@@ -369,3 +369,13 @@ def test_jupyter_nbconvert_is_installed_with_the_dev_extra():
     assert jupyter is not None, "the jupyter command is not installed"
     result = subprocess.run([jupyter, "nbconvert", "--version"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.strip()[0].isdigit()
+
+
+def test_a_threads_option_reaches_fit_even_when_it_equals_torchs_default(two_threads):
+    from flowkit.train.loop import chosen_threads
+
+    seen = _Threads()
+    with chosen_threads(2):  # what `flowkit boltzmann --threads 2` does around its call of fit
+        fit(flowkit.flows.RealNVP(2, transforms=1, hidden=(8,)), MaximumLikelihood(), torch.randn(64, 2), steps=2,
+            progress=False, callbacks=[seen])  # fmt: skip
+    assert seen.seen == {2}

@@ -12,9 +12,11 @@ subcommand it was given to.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import sys
 import warnings
+from collections.abc import Iterator as _Iterator
 from typing import Any as _Any
 
 __all__ = ["main", "build_parser", "COMMANDS"]
@@ -79,6 +81,18 @@ def _one_line_warnings(command: str) -> _Any:
     return show
 
 
+@contextlib.contextmanager
+def _chosen_threads(threads: int | None) -> _Iterator[None]:
+    """Inside the block, `fit` uses the `--threads` a user gave (None: nothing chosen; torch is not imported)."""
+    if threads is None:
+        yield
+        return
+    from ..train.loop import chosen_threads
+
+    with chosen_threads(threads):
+        yield
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -87,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # a typo in a subcommand's option: that subcommand's usage, not the top level's
         _innermost_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _chosen_threads(getattr(args, "threads", None)):
         warnings.showwarning = _one_line_warnings(args.command)
         try:
             return int(args.func(args) or 0)

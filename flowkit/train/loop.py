@@ -18,10 +18,12 @@ Data-parallel training under `torchrun` is in [`distributed`][flowkit.train.dist
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import os
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +49,20 @@ SINGLE_THREAD_FEATURES = 16
 
 #: torch's thread count when flowkit was imported: `fit` keeps a count the user has set since.
 _THREADS_AT_IMPORT = torch.get_num_threads()
+
+#: A thread count chosen by the user for the calls of `fit` inside `chosen_threads` (the `--threads` option).
+_CHOSEN_THREADS: contextvars.ContextVar[int | None] = contextvars.ContextVar("flowkit_threads", default=None)
+
+
+@contextlib.contextmanager
+def chosen_threads(threads: int | None) -> Iterator[None]:
+    """Inside the block, `fit(threads=None)` uses `threads` (a user's choice, e.g. `--threads`) over its default."""
+    token = _CHOSEN_THREADS.set(threads)
+    try:
+        yield
+    finally:
+        _CHOSEN_THREADS.reset(token)
+
 
 #: Above this fraction of data points outside the splines' bound, `fit` warns (without `standardize=True`).
 _OUTSIDE_BOUND_WARNING = 0.5
@@ -579,6 +595,8 @@ def fit(
     """
     args = _Arguments(**locals())  # locals(): the arguments above
     chosen = torch.get_num_threads() != _THREADS_AT_IMPORT  # torch.set_num_threads was called: keep it
+    if args.threads is None:
+        args.threads = _CHOSEN_THREADS.get()
     if args.threads is None and not chosen and not any(p.is_cuda for p in flow.parameters()):
         args.threads = default_threads(_event_features(flow) or 0)
     previous = torch.get_num_threads()
