@@ -16,7 +16,9 @@ The flow for one body is ``RigidBodyFlow(["quaternion"] + ["real"] * m)``: doubl
 couplings of the quaternion conditioned on m standard-normal auxiliaries
 (``WithAuxiliaries``: the joint target is the rigid target times N(0, I), so weights, ESS
 and Z are the rigid target's exactly). Training: reverse KL with the fast path gradient
-(``PathGradientVI(estimator="fast")``), Adam with a cosine schedule; one torch thread
+(``PathGradientVI(estimator="fast")``), or with ``--ml-exact N`` (matrix Fisher: N exact samples) or
+``--ml-chains C`` (octupole: samples of C Metropolis chains started uniformly) ``BoltzmannGenerator``
+(the same reverse KL plus maximum likelihood on the samples); Adam with a cosine schedule; one torch thread
 (two threads are many times slower on a busy 2-core machine).
 
 Run: ``nice -n 5 python bench/rigid.py`` (all targets) or ``--targets matrix-fisher``; ``--quick``
