@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 import flowkit
-from flowkit import lattice, mcmc, sampling
+from flowkit import io, lattice, mcmc, sampling
 from flowkit.flows import LatticeFlow
 from flowkit.targets import Phi4
 from flowkit.train import BoltzmannGenerator, fit
@@ -127,6 +127,8 @@ def run_point(args: argparse.Namespace) -> dict:
     )
     flow.eval()
     print(f"trained in {train_seconds:.0f} CPU s", flush=True)
+    if args.save_model:
+        io.save(flow, args.save_model)
 
     # ---- importance sampling
     _, log_w = sampling.importance_sample(flow, target, args.eval_samples, batch_size=2048)
@@ -188,6 +190,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--pilot", type=int, default=30, help="trajectories of each step-size pilot run")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="JSON output path")
+    p.add_argument("--save-model", default=None, help="directory to save the trained flow in (flowkit.io)")
     return p.parse_args(argv)
 
 
