@@ -4,7 +4,8 @@ TARGET is `double-well`, `many-well`, `gmm`, `phi4` or `alanine-dipeptide` (Open
 extra: an internal-coordinate flow, maximum likelihood on cached Langevin MD frames of
 `--md-ns` ns at `--temperature`, Ramachandran plot), or a rigid-body target on unit quaternions:
 `matrix-fisher`, `octupole` (`--kappa`; both with `--aux` auxiliary coordinates) or `dipoles`
-(`--bodies` rigid dipoles in a periodic box), with a
+(`--bodies` rigid dipoles in a periodic box; `--samples` are Metropolis states for targets without exact
+samples), with a
 [`RigidBodyFlow`][flowkit.flows.RigidBodyFlow] of `--transforms` blocks and an orientation plot. The flow is
 trained by [`BoltzmannGenerator`][flowkit.train.BoltzmannGenerator] (reverse KL with the
 chosen gradient estimator, plus maximum likelihood on `--samples` exact
@@ -133,6 +134,22 @@ def build_target(args: argparse.Namespace) -> Any:
     return targets.Phi4(args.L, args.m2, args.lam)
 
 
+def _metropolis_samples(target: Any, n: int, seed: int) -> Any:
+    """`n` states of random-walk Metropolis chains on a rigid target's manifold (the first fifth dropped)."""
+    import torch
+
+    from ..distributions import rigid_domain
+    from ..sampling import metropolis
+
+    domain = rigid_domain(target.segments)
+    generator = torch.Generator().manual_seed(seed)
+    chains = min(n, 512)
+    per_chain = -(-n // chains)
+    x0 = domain.sample((chains, *target.event_shape), generator=generator).to(target.dtype)
+    states, _ = metropolis(target, x0, 10 * (per_chain + -(-per_chain // 4)), 0.3, domain, thin=10, generator=generator)
+    return states[-per_chain:].reshape(-1, *target.event_shape)[:n].float()
+
+
 def _matrix_fisher_parameter() -> list[list[float]]:
     """F = U diag(10, 9, 11) V^T with U, V two fixed random rotations (the matrix-Fisher target of bench/rigid.py)."""
     import numpy as np
@@ -206,6 +223,8 @@ def train_boltzmann(args: argparse.Namespace) -> dict[str, Any]:
 
         solvent = None if args.solvent == "vacuum" else args.solvent
         samples = alanine_dipeptide_md(args.temperature, args.md_ns, args.seed, solvent=solvent).float()
+    elif args.samples and getattr(target, "segments", None) and not target.has_samples:
+        samples = _metropolis_samples(target, args.samples, args.seed)  # rigid bodies: Metropolis on the manifold
     elif args.samples:
         if not target.has_samples:
             raise ValueError(f"--samples: the target {args.target} cannot draw exact samples with these parameters")
