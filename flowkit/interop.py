@@ -61,6 +61,24 @@ def _context_features(value: Any, where: str) -> int:
     return value
 
 
+def _set_shapes(
+    bijector: Bijector,
+    event_shape: int | Sequence[int],
+    context_features: int,
+    latent_shape: int | Sequence[int] | None,
+    domain: Domain | None,
+    where: str,
+) -> None:
+    """Check and set a wrapper's event and latent shapes, context size and domain."""
+    bijector.context_features = _context_features(context_features, where)
+    bijector.event_shape = _shape(event_shape, "event_shape", where)
+    if latent_shape is not None:
+        bijector.latent_shape = _shape(latent_shape, "latent_shape", where)
+    bijector.domain = domain if domain is not None else Real()
+    if not isinstance(bijector.domain, Domain):
+        raise ValueError(f"{where}: domain must be a flowkit Domain, got {type(bijector.domain).__name__}")
+
+
 def _to_batch(ladj: Tensor, x: Tensor, event_dims: int, where: str) -> Tensor:
     """The log-determinant summed over the event dimensions (a univariate transform gives one per element)."""
     batch = x.shape[: x.dim() - event_dims]
@@ -128,15 +146,9 @@ class ZukoBijector(Bijector):
                 f"{where}: transform must be a zuko (torch.distributions) Transform or a lazy transform module, "
                 f"got {type(transform).__name__}"
             )
-        self.context_features = _context_features(context_features, where)
+        _set_shapes(self, event_shape, context_features, latent_shape, domain, where)
         if self.context_features and not self.lazy:
             raise ValueError(f"{where}: a fixed transform takes no context; pass a lazy transform for context")
-        self.event_shape = _shape(event_shape, "event_shape", where)
-        if latent_shape is not None:
-            self.latent_shape = _shape(latent_shape, "latent_shape", where)
-        self.domain = domain if domain is not None else Real()
-        if not isinstance(self.domain, Domain):
-            raise ValueError(f"{where}: domain must be a flowkit Domain, got {type(self.domain).__name__}")
 
     def build(self, context: Tensor | None = None) -> TorchTransform:
         """The transform at `context`: `transform(context)` for a lazy transform, else the transform."""
@@ -205,11 +217,7 @@ class NflowsBijector(Bijector):
                 f"got {type(transform).__name__}"
             )
         self.transform = transform
-        self.context_features = _context_features(context_features, where)
-        self.event_shape = _shape(event_shape, "event_shape", where)
-        if latent_shape is not None:
-            self.latent_shape = _shape(latent_shape, "latent_shape", where)
-        self.domain = domain if domain is not None else Real()
+        _set_shapes(self, event_shape, context_features, latent_shape, domain, where)
 
     def _apply_flat(
         self, method: Callable[..., tuple[Tensor, Tensor]], x: Tensor, context: Tensor | None, shapes: tuple
