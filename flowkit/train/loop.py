@@ -148,8 +148,9 @@ def default_threads(features: int) -> int | None:
     One thread up to `SINGLE_THREAD_FEATURES` (16)
     numbers per event, else None (torch's choice, one per core). The matrices of a small
     flow are so small that a second thread costs more in synchronisation than it gives; on a
-    busy machine, where the threads wait for each other's core, tens of times more (measured
-    on 2 shared cores: 63 s instead of 0.6 s for 200 steps of RealNVP on moons).
+    busy machine, where the threads wait for each other's core, tens of times more (on 2 cores
+    shared with about 20 busy processes, 200 steps of `RealNVP(2)` on moons took 414-470 s on
+    two threads and 15-31 s on one).
     """
     return 1 if features <= SINGLE_THREAD_FEATURES else None
 
