@@ -7,7 +7,7 @@ Protocol (Noé et al. 2019; Midgley et al. 2023 for the coordinates, at CPU scal
    independent reference run (seed 1), cached under ``--data``.
 2. The flow (``flowkit.targets.alanine.internal_coordinate_flow``): internal coordinates
    (Z-matrix, three anchors, normalised around the minimum-energy frame; 60 coordinates of
-   which 9 circular dihedrals), blocks of rational-quadratic and circular spline couplings,
+   which 10 circular dihedrals), blocks of rational-quadratic and circular spline couplings,
    base uniform on the circular coordinates and N(0, 1) on the others.
 3. Maximum likelihood on the training frames, then ``BoltzmannGenerator`` (ML on the frames
    plus the reverse KL to the OpenMM energy, path-gradient estimator).
