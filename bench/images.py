@@ -54,6 +54,10 @@ def flat(preset: Flow, alpha: float) -> Flow:
     return Flow(Chain(Logit(SHAPE, alpha), Reshape(SHAPE, (DIMS,)), preset.bijector), preset.base)
 
 
+def _flat_alpha(args: argparse.Namespace) -> float:
+    return args.alpha if args.flat_alpha is None else args.flat_alpha
+
+
 def build(name: str, args: argparse.Namespace) -> nn.Module:
     hidden = (args.hidden, args.hidden)
     if name == "glow":
@@ -61,9 +65,9 @@ def build(name: str, args: argparse.Namespace) -> nn.Module:
     if name == "eiw":
         return EIW(SHAPE, args.levels, args.steps_per_level, hidden, alpha=args.alpha)
     if name == "realnvp":
-        return flat(RealNVP(DIMS, transforms=8, hidden=(256, 256)), args.alpha)
+        return flat(RealNVP(DIMS, transforms=8, hidden=(256, 256)), _flat_alpha(args))
     if name == "nsf":
-        return flat(NSF(DIMS, transforms=5, bins=8, hidden=(256, 256), coupling=True), args.alpha)
+        return flat(NSF(DIMS, transforms=5, bins=8, hidden=(256, 256), coupling=True), _flat_alpha(args))
     if name == "normflows-glow":
         sizes = {"levels": args.levels, "steps": args.steps_per_level, "hidden": args.hidden}
         return peers.normflows_glow(SHAPE, **sizes, alpha=args.alpha)
@@ -182,6 +186,13 @@ def main() -> None:
     parser.add_argument("--steps-per-level", type=int, default=4)
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--alpha", type=float, default=0.0, help="logit squeeze of every model (default 0)")
+    parser.add_argument(
+        "--flat-alpha",
+        type=float,
+        default=None,
+        help="logit squeeze of the flat RealNVP and NSF (default: --alpha); the NSF's splines act on [-5, 5] "
+        "and are the identity outside, so it needs a bounded logit (0.05)",
+    )
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds in 'peer'")
     parser.add_argument("--round-steps", type=int, default=5, help="steps per timing round in 'peer'")
