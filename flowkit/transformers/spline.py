@@ -46,6 +46,7 @@ References:
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any
 
@@ -335,6 +336,11 @@ class _RationalQuadraticBin(torch.autograd.Function):
         t_out = sum(d_out[i] * t for i, t in pairs)
         t_ladj = sum(d_ladj[i] * t for i, t in pairs)
         return t_out, t_ladj, None
+
+
+# `autograd.Function.apply` binds its arguments with `inspect.signature(forward)` on every call
+# (some 15 us, about 1% of a small flow's step): give it the signature ready-made.
+_RationalQuadraticBin.forward.__signature__ = inspect.signature(_RationalQuadraticBin.forward)  # type: ignore[attr-defined]
 
 
 def _spline(
