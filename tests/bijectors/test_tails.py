@@ -189,3 +189,30 @@ def test_unfitted_layer_and_bad_data_are_value_errors():
     state["tail_params"][0, 0, 0] = -0.5
     with pytest.raises(ValueError, match="tail_params"):
         MarginalTailCDF(2).load_state_dict(state)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("output", ["normal", "logit"])
+def test_inverse_far_in_the_latent_tails_has_finite_values_and_gradients(dtype, output):
+    # A latent 1e6 out maps beyond the float range in a heavy tail: the output saturates at a
+    # quarter of the largest float instead of inf, and the gradients stay finite (torch's
+    # log_ndtr gradient is NaN there in float32).
+    layer = _fitted(_student_data(), output=output).to(dtype)
+    z = torch.tensor([[1e6, -1e6, 0.5], [-1e4, 1e4, 40.0]], dtype=dtype, requires_grad=True)
+    x, ladj = layer.inverse(z)
+    (grad,) = torch.autograd.grad(x.sum() + ladj.sum(), z)
+    assert torch.isfinite(x).all() and torch.isfinite(ladj).all() and torch.isfinite(grad).all()
+    assert x[0, 0] > 1e30 and x[0, 1] < -1e30
+
+
+def test_log_ndtr_and_its_gradient_are_accurate_far_out():
+    from flowkit.bijectors.tails import _log_ndtr
+
+    z = torch.tensor([-50.0, -1e3, -1e6], dtype=torch.float64, requires_grad=True)
+    value = _log_ndtr(z)
+    (grad,) = torch.autograd.grad(value.sum(), z)
+    exact = [float(stats.norm.logcdf(v)) for v in z.tolist()]
+    torch.testing.assert_close(value, torch.tensor(exact, dtype=torch.float64), rtol=1e-12, atol=0)
+    # d/dz log Phi(z) = phi(z) / Phi(z), which is -z - 1/z + 2/z^3 + ... far out
+    v = z.detach()
+    torch.testing.assert_close(grad, -v - 1 / v + 2 / v**3, rtol=1e-9, atol=0)
