@@ -196,7 +196,7 @@ def fit_dataset(args: argparse.Namespace) -> dict[str, Any]:
         "best_step": history.best_step,
         "skipped_steps": len(history.skipped),
         "train_seconds": round(seconds, 2),
-        "standardized": not args.no_standardize,
+        "standardized": not args.no_standardize and not getattr(args, "model", None),
         "seed": args.seed,
     }
     if "columns" in data.info:

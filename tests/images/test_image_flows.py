@@ -98,6 +98,7 @@ def test_flowkit_fit_model_glow_on_image_data(tmp_path, capsys):
     assert main([*args, "--transforms", "1", "--out", str(out), "--no-progress"]) == 0
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["flow"] == "eiw" and metrics["features"] == 64 and metrics["test_bits_per_dim"] > 0
+    assert metrics["standardized"] is False  # the logit layer preprocesses
     assert (out / "samples.png").is_file() and (out / "bits_per_dim.png").is_file()
     assert isinstance(io.load(out / "model"), EIW)
     assert main(["fit", "moons", "--model", "glow", "--steps", "1", "--out", str(tmp_path / "m")]) == 2
