@@ -155,6 +155,18 @@ class Sphere(Domain):
     def contains(self, x: Tensor) -> Tensor:
         return ((x.norm(dim=-1, keepdim=True) - 1).abs() < 1e-4).expand_as(x)
 
+    def admits(self, x: Tensor) -> Tensor:
+        """Points of unit norm (every block of `n` coordinates), to `10 sqrt(eps)` of the dtype.
+
+        A quaternion that was not normalised is refused with a clear error
+        instead of giving a silent NaN or a wrong density.
+        """
+        if x.shape[-1] % self.n:
+            return torch.zeros_like(x, dtype=torch.bool)
+        tol = 10 * torch.finfo(x.dtype).eps ** 0.5
+        norms = x.unflatten(-1, (-1, self.n)).norm(dim=-1, keepdim=True)
+        return ((norms - 1).abs() <= tol).expand(*x.shape[:-1], -1, self.n).flatten(-2)
+
     def propose(self, x: Tensor, step: float, generator: torch.Generator | None = None) -> Tensor:
         # normalise(x + step * noise): its density depends on the angle to x only, so the move is symmetric
         y = super().propose(x, step, generator).unflatten(-1, (-1, self.n))

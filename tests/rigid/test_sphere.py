@@ -274,3 +274,13 @@ def test_rigid_flow_saves_and_loads(tmp_path):
     loaded = io.load(tmp_path / "model")
     x = flow.sample((6,))
     torch.testing.assert_close(loaded.double().log_prob(x), flow.log_prob(x))
+
+
+def test_quaternions_that_are_not_unit_are_refused_with_a_clear_error():
+    from flowkit.bijectors import DoubleMoebius
+
+    layer = DoubleMoebius(4)
+    q = torch.randn(3, 4, dtype=torch.float64)
+    layer(q / q.norm(dim=-1, keepdim=True))  # on the sphere: fine
+    with pytest.raises(ValueError, match="outside Sphere"):
+        layer(2 * q / q.norm(dim=-1, keepdim=True))
