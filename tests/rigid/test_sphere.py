@@ -280,7 +280,7 @@ def test_quaternions_that_are_not_unit_are_refused_with_a_clear_error():
     from flowkit.bijectors import DoubleMoebius
 
     layer = DoubleMoebius(4)
-    q = torch.randn(3, 4, dtype=torch.float64)
+    q = torch.randn(3, 4)
     layer(q / q.norm(dim=-1, keepdim=True))  # on the sphere: fine
     with pytest.raises(ValueError, match="outside Sphere"):
         layer(2 * q / q.norm(dim=-1, keepdim=True))
