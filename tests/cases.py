@@ -34,6 +34,7 @@ from flowkit.bijectors import (
     Linear,
     Logit,
     LULinear,
+    MarginalTailCDF,
     MaskedAffineAutoregressive,
     MaskedAutoregressive,
     MaskedCoupling,
@@ -48,7 +49,6 @@ from flowkit.bijectors import (
     SplineCoupling,
     Standardization,
     TailLU,
-    MarginalTailCDF,
 )
 from flowkit.bijectors.image import Conv1x1, EIWShuffle, FactorOut, Squeeze
 from flowkit.distributions import (

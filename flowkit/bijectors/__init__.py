@@ -5,8 +5,8 @@ from .activations import Logit, SmoothLeakyReLU, SmoothTanh
 from .autoregressive import MaskedAffineAutoregressive, MaskedAutoregressive, MaskedSplineAutoregressive
 from .base import Bijector, Chain, Invert, Reshape
 from .coupling import AffineCoupling, Coupling
-from .internal import InternalCoordinates
 from .image import Conv1x1, EIWShuffle, FactorOut, Squeeze
+from .internal import InternalCoordinates
 from .linear import Linear, LULinear
 from .masked_coupling import MaskedCoupling
 from .normalization import ActNorm
