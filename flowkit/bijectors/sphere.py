@@ -327,7 +327,7 @@ class RigidCoupling(Bijector):
         >>> import torch
         >>> from flowkit.distributions import RigidBase
         >>> segments = ["quaternion", "angle", "quaternion", "angle"]
-        >>> layer = RigidCoupling(segments, transformed=[0, 3], hidden=(16,))
+        >>> layer = RigidCoupling(segments, transformed=[0, 3], hidden=(16,), init=0.0)  # the identity
         >>> x = RigidBase(segments).sample((5,))
         >>> z, ladj = layer(x)
         >>> bool((z - x).abs().max() < 1e-6), ladj.shape

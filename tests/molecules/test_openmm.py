@@ -60,7 +60,9 @@ def test_energies_equal_openmm(vacuum, solvent):
     assert u.dtype == torch.float64 and u.shape == (6,)
     implicit = None if solvent is None else app.OBC1
     expected = _openmm_energies(x, implicit, target.platform) / target.kT
-    np.testing.assert_allclose(u.numpy(), expected, rtol=1e-6, atol=1e-6)
+    # the CPU platform (used for OBC) sums in mixed precision: two contexts agree to about 1e-5
+    tol = 1e-6 if target.platform == "Reference" else 2e-5
+    np.testing.assert_allclose(u.numpy(), expected, rtol=tol, atol=tol)
     # float32 input: energies stay float64 (of the float32-rounded positions)
     u32 = target.energy(x.float())
     assert u32.dtype == torch.float64
