@@ -31,7 +31,23 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_parser", "run", "TARGETS"]
+from .fit import prepare_output
+
+__all__ = ["add_parser", "run", "TARGETS", "OUTPUTS"]
+
+#: What `flowkit boltzmann` writes in its output directory (removed by `--force` before a new run).
+OUTPUTS = (
+    "model",
+    "metrics.json",
+    "history.csv",
+    "orientations.png",
+    "ramachandran.png",
+    "density.png",
+    "target.png",
+    "configurations.png",
+    "magnetization.png",
+    "autocorrelation.png",
+)
 
 #: Built-in target names.
 TARGETS = ("double-well", "many-well", "gmm", "phi4", "alanine-dipeptide", "matrix-fisher", "octupole", "dipoles")
@@ -107,6 +123,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "on a busy machine)",
     )
     parser.add_argument("--out", default=None, help="output directory (default runs/boltzmann-<target>)")
+    parser.add_argument(
+        "--force", action="store_true", help="replace the run in --out (its model, metrics, history and plots)"
+    )
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
@@ -232,6 +251,7 @@ def train_boltzmann(args: argparse.Namespace) -> dict[str, Any]:
     flow = build_flow(args, target, samples)
     objective = BoltzmannGenerator(target, samples=samples, w_ml=args.w_ml, w_kl=args.w_kl, estimator=args.estimator)
     out = Path(args.out or Path("runs") / f"boltzmann-{args.target}")
+    prepare_output(out, force=args.force, resume=False, steps=args.steps, outputs=OUTPUTS)
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     history = fit(

@@ -217,11 +217,14 @@ def fit_dataset(args: argparse.Namespace) -> dict[str, Any]:
     return metrics
 
 
-def prepare_output(out: Path, *, force: bool, resume: bool, steps: int) -> int | None:
+def prepare_output(
+    out: Path, *, force: bool, resume: bool, steps: int, outputs: tuple[str, ...] = OUTPUTS
+) -> int | None:
     """Check the output directory before a run; returns the step a resumed run continues from (None: a new run).
 
     A directory holding a run is refused unless `force` (its outputs are removed) or
-    `resume` (its checkpoint is continued to `steps` in all).
+    `resume` (its checkpoint is continued to `steps` in all). `outputs` names what the
+    command writes (a run is there when one of them is; `--force` removes them).
 
     Raises:
         ValueError: a run is there and neither `force` nor `resume` is given; `resume` without a
@@ -233,7 +236,7 @@ def prepare_output(out: Path, *, force: bool, resume: bool, steps: int) -> int |
 
     if force and resume:
         raise ValueError("--force starts the run in --out again and --resume continues it; give one")
-    found = [name for name in OUTPUTS if (out / name).exists()]
+    found = [name for name in outputs if (out / name).exists()]
     if resume:
         checkpoint = out / "checkpoint.safetensors"
         if not checkpoint.exists():

@@ -80,3 +80,14 @@ def test_boltzmann_bad_arguments_exit_2(tmp_path, capsys):
     assert main(["boltzmann", "double-well", "--threads", "-2", "--steps", "1", "--out", str(tmp_path)]) == 2
     assert "--threads must be a positive integer" in capsys.readouterr().err
     assert not (tmp_path / "model").exists()  # refused before any training
+
+
+def test_boltzmann_refuses_to_overwrite_a_run_unless_forced(tmp_path, capsys):
+    args = ["boltzmann", "double-well", "--steps", "2", "--transforms", "1", "--hidden", "4", "--eval-samples", "50"]
+    args += ["--imh-steps", "10", "--no-plots", "--no-progress", "--out", str(tmp_path)]
+    assert main(args) == 0
+    first = (tmp_path / "metrics.json").read_text()
+    assert main(args) == 2
+    assert "pass --force" in capsys.readouterr().err
+    assert (tmp_path / "metrics.json").read_text() == first  # the old run is untouched
+    assert main([*args, "--force"]) == 0
