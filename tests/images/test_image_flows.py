@@ -17,11 +17,9 @@ from flowkit.testing import randomize
 from flowkit.train import MaximumLikelihood, fit
 
 
-@pytest.mark.parametrize("levels", [1, 2, 3])
-@pytest.mark.parametrize("preset", [Glow, EIW])
+# EIW shuffles the channels before a split, so it needs at least two levels
+@pytest.mark.parametrize("preset, levels", [(Glow, 1), (Glow, 2), (Glow, 3), (EIW, 2), (EIW, 3)])
 def test_a_fresh_flow_is_the_logit_and_a_rotation_for_any_number_of_levels(preset, levels):
-    if preset is EIW and levels == 1:
-        pytest.skip("EIW needs a split")
     flow = preset((1, 8, 8), levels=levels, steps=2, hidden=(4,)).double().eval()
     x = torch.rand(6, 1, 8, 8, dtype=torch.float64) * 0.98 + 0.01
     z, ladj = Logit((1, 8, 8), alpha=0.0).double()(x)
