@@ -193,7 +193,12 @@ def solve_monotone(
             below = value <= target
             lo, hi = torch.where(below, u, lo), torch.where(below, hi, u)
             step = u - (value - target) / slope
-            u = torch.where((step >= lo) & (step <= hi), step, 0.5 * (lo + hi))
+            # A root at an end of the bracket (a grid node or bisection point hit exactly) draws Newton
+            # steps just outside it: within a bracket's width they are clamped onto the bracket, not
+            # replaced by its midpoint (which would halve the error per step instead of squaring it).
+            width = hi - lo
+            near = (step >= lo - width) & (step <= hi + width)
+            u = torch.where(near, torch.minimum(torch.maximum(step, lo), hi), 0.5 * (lo + hi))
         return u
 
 

@@ -224,3 +224,18 @@ def test_torus_flow_density_integrates_to_one_and_saves(tmp_path):
     loaded = flowkit.io.load(tmp_path / "model")
     with torch.no_grad():
         torch.testing.assert_close(loaded.log_prob(points[:50]), log_q[:50], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("circular", [False, True])
+def test_inverse_is_exact_where_the_root_is_a_grid_node_or_a_bisection_point(circular):
+    # Dyadic points (0.5, 0.75, 17/32, ...) are hit exactly by the bracketing; the Newton steps
+    # then land just outside the bracket and were replaced by midpoints (errors of 5e-7).
+    t = SmoothMixture(circular=circular).double()
+    u = torch.tensor([0.25, 0.5, 0.75, 17 / 32, 0.3], dtype=torch.float64)
+    x = t._from_unit(u)
+    g = torch.Generator().manual_seed(8)
+    params = 0.1 * torch.randn(1, t.params_per_element, generator=g, dtype=torch.float64) + t.identity_params()
+    params = params.double().expand(len(u), -1)
+    y, _ = t(x, params)
+    back, _ = t.inverse(y, params)
+    torch.testing.assert_close(back, x, atol=1e-12, rtol=0)
