@@ -315,7 +315,11 @@ def _run(b: Bijector, x: torch.Tensor, context: torch.Tensor | None, inverse: bo
     x = x.clone().requires_grad_(True)
     out, ladj = (b.inverse if inverse else b.forward)(x, context)
     weights = [p for p in b.parameters() if p.requires_grad]
-    cotangent = torch.randn_like(out)
+    # The same cotangent for every sample and dtype, so that a sample re-run alone in float64 (to
+    # classify a float32 failure) sees the gradient the batch run saw.
+    per_sample = out[0].numel()
+    pattern = torch.cos(1.7 * torch.arange(per_sample, dtype=torch.float64) + 0.3).reshape(out.shape[1:])
+    cotangent = pattern.to(out.dtype).expand_as(out)
     grads = torch.autograd.grad((out * cotangent).sum() + ladj.sum(), [x, *weights], allow_unused=True)
     grad_x = grads[0] if grads[0] is not None else torch.zeros_like(x)
     weight_ok = all(g is None or torch.isfinite(g).all() for g in grads[1:])
