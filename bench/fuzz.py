@@ -374,6 +374,19 @@ def _unresolved(b64: Bijector, x: torch.Tensor, context: torch.Tensor | None, in
     return largest[0] > UNRESOLVED
 
 
+def _nonfinite_class(
+    b64: Bijector, x: torch.Tensor, context: torch.Tensor | None, inverse: bool, dtype: torch.dtype, gradients: bool
+) -> str:
+    """Why a float32 value (or, with `gradients`, gradient) is not finite at `x`: its class, or `unexplained`."""
+    if dtype != torch.float32:
+        return "unexplained"
+    if _overflows(b64, x, context, inverse, torch.finfo(dtype).max):
+        return "overflow"
+    if gradients and _unresolved(b64, x, context, inverse):
+        return "unresolved parameters"
+    return "unexplained"
+
+
 def _overflows(b64: Bijector, x: torch.Tensor, context: torch.Tensor | None, inverse: bool, limit: float) -> bool:
     """Whether the float64 copy is finite at `x` and computes, forward or backward, a value beyond `limit`.
 
@@ -414,6 +427,16 @@ def fuzz(minutes: float, seed: int, replay: int | None = None) -> dict:
         counts["samples"] += x.shape[0]
         limit = torch.finfo(dtype).max
         forward_out = forward_ok = None
+
+        def record(kind, label, why, count=None, *, name=name, dtype=dtype, **details) -> None:
+            """Count one failure of `kind` in class `why`, and keep it as an example (labelled `label`)."""
+            classes[kind][why] += 1
+            by_family[f"{kind}: {name.split('(')[0]} ({str(dtype)[6:]}), {why}"] += 1
+            counts[count or kind] += 1
+            if _keep(examples, name, label, why):
+                example = {"config": name, "index": counts["configurations"], "dtype": str(dtype), "kind": label}
+                examples.append({**example, "class": why, **details})
+
         try:
             for inverse in (False, True):
                 # The inverse runs from the same points (as latent points) and, below, from the forward's outputs.
@@ -437,45 +460,12 @@ def fuzz(minutes: float, seed: int, replay: int | None = None) -> dict:
                 for kind, ok in (("nonfinite values", finite), ("nonfinite gradients", finite_grad)):
                     for i in (~ok).nonzero().flatten().tolist():
                         c_i = None if context is None else context[i : i + 1]
-                        over = dtype == torch.float32 and _overflows(b64, source[i : i + 1], c_i, inverse, limit)
-                        why = "overflow" if over else "unexplained"
-                        if why == "unexplained" and kind == "nonfinite gradients" and dtype == torch.float32:
-                            if _unresolved(b64, source[i : i + 1], c_i, inverse):
-                                why = "unresolved parameters"
-                        classes[kind][why] += 1
-                        by_family[f"{kind}: {name.split('(')[0]} ({str(dtype)[6:]}), {why}"] += 1
-                        counts[kind] += 1
-                        if _keep(examples, name, kind, why):
-                            examples.append(
-                                {
-                                    "config": name,
-                                    "index": counts["configurations"],
-                                    "dtype": str(dtype),
-                                    "direction": direction,
-                                    "kind": kind,
-                                    "class": why,
-                                    "input": source[i].reshape(-1).tolist()[:8],
-                                }
-                            )
+                        gradients = kind == "nonfinite gradients"
+                        why = _nonfinite_class(b64, source[i : i + 1], c_i, inverse, dtype, gradients)
+                        record(kind, kind, why, direction=direction, input=source[i].reshape(-1).tolist()[:8])
                 if not weight_ok:  # the weights' gradients sum over the batch: one count per direction
-                    over = dtype == torch.float32 and _overflows(b64, source, context, inverse, limit)
-                    why = "overflow" if over else "unexplained"
-                    if why == "unexplained" and dtype == torch.float32 and _unresolved(b64, source, context, inverse):
-                        why = "unresolved parameters"
-                    classes["nonfinite gradients"][why] += 1
-                    by_family[f"{'nonfinite gradients'}: {name.split('(')[0]} ({str(dtype)[6:]}), {why}"] += 1
-                    counts["nonfinite gradients"] += 1
-                    if _keep(examples, name, "nonfinite weight gradients", why):
-                        examples.append(
-                            {
-                                "config": name,
-                                "index": counts["configurations"],
-                                "dtype": str(dtype),
-                                "direction": direction,
-                                "kind": "nonfinite weight gradients",
-                                "class": why,
-                            }
-                        )
+                    why = _nonfinite_class(b64, source, context, inverse, dtype, True)
+                    record("nonfinite gradients", "nonfinite weight gradients", why, direction=direction)
                 if inverse:
                     continue
                 # Round trip from the forward's finite outputs.
@@ -519,23 +509,15 @@ def fuzz(minutes: float, seed: int, replay: int | None = None) -> dict:
                         b_back, _ = b64.inverse(b64(x64, c64)[0], c64)
                         e64 = _wrapped(b_back - x64, b.domain).abs().max().item()
                         why = "unexplained"
-                    classes["round trip"][why] += 1
-                    by_family[f"{'round trip'}: {name.split('(')[0]} ({str(dtype)[6:]}), {why}"] += 1
-                    counts["round trip failures"] += 1
-                    if _keep(examples, name, "round trip", why):
-                        examples.append(
-                            {
-                                "config": name,
-                                "index": counts["configurations"],
-                                "dtype": str(dtype),
-                                "kind": "round trip",
-                                "class": why,
-                                "error": err[j].item(),
-                                "rounding bound": bound,
-                                "float64 error": e64 if why == "unexplained" else None,
-                                "input": x[i].reshape(-1).tolist()[:8],
-                            }
-                        )
+                    record(
+                        "round trip",
+                        "round trip",
+                        why,
+                        count="round trip failures",
+                        error=err[j].item(),
+                        **{"rounding bound": bound, "float64 error": e64 if why == "unexplained" else None},
+                        input=x[i].reshape(-1).tolist()[:8],
+                    )
         except Exception as error:  # noqa: BLE001 - a crash is a finding, recorded with its configuration
             counts["exceptions"] += 1
             classes["exceptions"][type(error).__name__] += 1
