@@ -99,7 +99,51 @@ class Linear(Bijector):
         return self.inverse_call(z), -self.log_abs_det().expand(z.shape[:-1])
 
 
-class LULinear(Bijector):
+class _TriangularFactors(Bijector):
+    """`z = P L U x + b` from triangular factors: the maps shared by `LULinear` and `TailLU`.
+
+    Subclasses define `_factors()` (unit lower `L`, upper `U` with diagonal `exp(s)`),
+    `log_diag`, `bias`, and `permutation` (a buffer, or the attribute `None` for `P = I`).
+    """
+
+    _flowkit_register = False
+    ladj_is_constant = True
+
+    def _factors(self) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+    @property
+    def weight(self) -> Tensor:
+        """The dense matrix `W = P L U`."""
+        lower, upper = self._factors()
+        w = lower @ upper
+        return w if self.permutation is None else self.permutation @ w
+
+    def log_abs_det(self) -> Tensor:
+        r"""$\log|\det W| = \sum_i s_i$ (a scalar)."""
+        return self.log_diag.sum()
+
+    def call(self, x: Tensor, context: Tensor | None = None) -> Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        return self.call(x), self.log_abs_det().expand(x.shape[:-1])
+
+    def inverse_call(self, z: Tensor, context: Tensor | None = None) -> Tensor:
+        if self.bias is not None:
+            z = z - self.bias
+        lower, upper = self._factors()
+        rows = z.reshape(-1, z.shape[-1])
+        rhs = (rows if self.permutation is None else rows @ self.permutation).T  # P^T y, as columns
+        y = torch.linalg.solve_triangular(lower, rhs, upper=False, unitriangular=True)
+        x = torch.linalg.solve_triangular(upper, y, upper=True)
+        return x.T.reshape(z.shape)
+
+    def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        return self.inverse_call(z), -self.log_abs_det().expand(z.shape[:-1])
+
+
+class LULinear(_TriangularFactors):
     """Linear layer with an LU-factorised matrix `W = P L U`.
 
     `P` is a fixed permutation, `L` unit lower triangular and `U` upper
@@ -115,8 +159,6 @@ class LULinear(Bijector):
         Kingma & Dhariwal, *Glow: Generative Flow with Invertible 1x1
         Convolutions*, NeurIPS 2018 (arXiv:1807.03039).
     """
-
-    ladj_is_constant = True
 
     def __init__(self, features: int, bias: bool = True) -> None:
         super().__init__()
@@ -136,14 +178,6 @@ class LULinear(Bijector):
         lower = torch.tril(self.lower, -1) + self._eye
         upper = torch.triu(self.upper, 1) + torch.diag(self.log_diag.exp())
         return lower, upper
-
-    @property
-    def weight(self) -> Tensor:
-        lower, upper = self._factors()
-        return self.permutation @ lower @ upper
-
-    def log_abs_det(self) -> Tensor:
-        return self.log_diag.sum()
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
         loaded = _loaded(self, state_dict, prefix, ("permutation", "lower", "upper", "log_diag", "bias"))
@@ -168,21 +202,3 @@ class LULinear(Bijector):
             p = loaded.get("permutation", self.permutation.detach().to("cpu", torch.float64))
             _check_overflow(self, p.abs() @ (lower @ (upper @ torch.ones(len(s), dtype=torch.float64))), dtype)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-
-    def call(self, x: Tensor, context: Tensor | None = None) -> Tensor:
-        return F.linear(x, self.weight, self.bias)
-
-    def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        return self.call(x), self.log_abs_det().expand(x.shape[:-1])
-
-    def inverse_call(self, z: Tensor, context: Tensor | None = None) -> Tensor:
-        if self.bias is not None:
-            z = z - self.bias
-        lower, upper = self._factors()
-        rhs = (z.reshape(-1, z.shape[-1]) @ self.permutation).T  # P^T y, as columns
-        y = torch.linalg.solve_triangular(lower, rhs, upper=False, unitriangular=True)
-        x = torch.linalg.solve_triangular(upper, y, upper=True)
-        return x.T.reshape(z.shape)
-
-    def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        return self.inverse_call(z), -self.log_abs_det().expand(z.shape[:-1])

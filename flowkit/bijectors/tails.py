@@ -19,12 +19,12 @@ from torch.nn import functional as F
 from .._validation import check_number
 from ..transformers.spline import _RationalQuadraticBin
 from .base import Bijector
-from .linear import _check_overflow, _loaded
+from .linear import _check_overflow, _loaded, _TriangularFactors
 
 __all__ = ["TailLU", "MarginalTailCDF", "MARGINAL_OUTPUTS"]
 
 
-class TailLU(Bijector):
+class TailLU(_TriangularFactors):
     r"""Block lower-triangular linear layer that keeps heavy-tailed features out of light-tailed ones (mTAF).
 
     With the first `light` features light-tailed and the rest heavy-tailed,
@@ -55,8 +55,6 @@ class TailLU(Bijector):
         Laszkiewicz, Lederer & Fischer, *Marginal Tail-Adaptive Normalizing Flows*, ICML 2022 (arXiv:2206.10311).
     """
 
-    ladj_is_constant = True
-
     def __init__(self, features: int, light: int, bias: bool = True) -> None:
         super().__init__()
         features = check_number(features, "features", where="TailLU", integer=True, low=1)
@@ -73,21 +71,12 @@ class TailLU(Bijector):
         self.upper = nn.Parameter(torch.zeros(features, features))
         self.log_diag = nn.Parameter(torch.zeros(features))
         self.bias = nn.Parameter(torch.zeros(features)) if bias else None
+        self.permutation = None  # P = I
 
     def _factors(self) -> tuple[Tensor, Tensor]:
         lower = self.lower * self._lower_mask + self._eye
         upper = self.upper * self._upper_mask + torch.diag(self.log_diag.exp())
         return lower, upper
-
-    @property
-    def weight(self) -> Tensor:
-        """The dense matrix `W = L U`."""
-        lower, upper = self._factors()
-        return lower @ upper
-
-    def log_abs_det(self) -> Tensor:
-        r"""$\log|\det W_1| + \log|\det W_3| = \sum_i s_i$ (a scalar)."""
-        return self.log_diag.sum()
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
         loaded = _loaded(self, state_dict, prefix, ("lower", "upper", "log_diag", "bias"))
@@ -102,24 +91,6 @@ class TailLU(Bijector):
             upper = (loaded["upper"] * masks[1]).abs() + torch.diag(s.exp())
             _check_overflow(self, lower @ (upper @ torch.ones(len(s), dtype=torch.float64)), dtype)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-
-    def call(self, x: Tensor, context: Tensor | None = None) -> Tensor:
-        return F.linear(x, self.weight, self.bias)
-
-    def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        return self.call(x), self.log_abs_det().expand(x.shape[:-1])
-
-    def inverse_call(self, z: Tensor, context: Tensor | None = None) -> Tensor:
-        if self.bias is not None:
-            z = z - self.bias
-        lower, upper = self._factors()
-        rhs = z.reshape(-1, z.shape[-1]).T
-        y = torch.linalg.solve_triangular(lower, rhs, upper=False, unitriangular=True)
-        x = torch.linalg.solve_triangular(upper, y, upper=True)
-        return x.T.reshape(z.shape)
-
-    def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        return self.inverse_call(z), -self.log_abs_det().expand(z.shape[:-1])
 
     def extra_repr(self) -> str:
         return f"features={self.event_shape[0]}, light={self.light}"
