@@ -66,7 +66,8 @@ def test_energies_equal_openmm(vacuum, solvent):
     # float32 input: energies stay float64 (of the float32-rounded positions)
     u32 = target.energy(x.float())
     assert u32.dtype == torch.float64
-    np.testing.assert_allclose(u32.numpy(), target.energy(x.float().double()).numpy(), rtol=1e-12)
+    same = 1e-12 if target.platform == "Reference" else tol  # the CPU platform is not bit-reproducible
+    np.testing.assert_allclose(u32.numpy(), target.energy(x.float().double()).numpy(), rtol=same)
 
 
 def test_forces_are_minus_the_gradient(vacuum):
