@@ -45,16 +45,25 @@ from flowkit.train import MaximumLikelihood, fit
 
 MODELS = ("nsf", "mtaf-fix", "mtaf", "gtaf", "comet")
 DATASETS = ("mtaf-8-1", "mtaf-8-4", "returns")
-SIZES = {"transforms": 5, "bins": 3, "hidden": (32, 32)}
+SIZES = {"transforms": 5, "bins": 3}
+
+
+def hidden(features: int) -> tuple[int, int]:
+    """MADE/coupling widths: the reference's 30 (as 32) at D = 8; at D = 50 64, the least power of 2 above D.
+
+    A MADE layer narrower than D leaves degrees without units; the reference's 200 at D = 50 does not fit this CPU.
+    """
+    return (32, 32) if features <= 8 else (64, 64)
 
 
 def build(name: str, train: torch.Tensor) -> torch.nn.Module:
     """One model of the comparison, fitted to (or estimated on) the training data where it needs them."""
+    sizes = {**SIZES, "hidden": hidden(train.shape[1])}
     if name == "nsf":
-        return standardize(NSF(train.shape[1], bound=2.0, **SIZES), train)
+        return standardize(NSF(train.shape[1], bound=2.0, **sizes), train)
     if name == "comet":
-        return COMET.from_data(train, bound=4.0, **SIZES)
-    return TailAdaptive.from_data(train, name, bound=2.0, bootstraps=100, **SIZES)  # median/IQR scaling inside
+        return COMET.from_data(train, bound=4.0, **sizes)
+    return TailAdaptive.from_data(train, name, bound=2.0, bootstraps=100, **sizes)  # median/IQR scaling inside
 
 
 @torch.no_grad()
@@ -202,7 +211,8 @@ def main() -> None:
                 print(json.dumps({k: row[k] for k in ("data", "model", "seed", "test_nll", "sample_df")}), flush=True)
                 out.write_text(json.dumps({"steps": args.steps, "samples": args.samples, "runs": results}, indent=1))
             if seed == 0 and samples:
-                loglog_plot(out.with_name(f"tails_{name}.png"), data, heavy, samples)
+                tag = "" if set(samples) == set(MODELS) else "_" + "_".join(samples)  # a subset: its own file
+                loglog_plot(out.with_name(f"{out.stem}_{name}{tag}.png"), data, heavy, samples)
     text = table(results)
     out.with_suffix(".md").write_text(text + "\n")
     print(text)

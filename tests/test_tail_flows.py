@@ -2,11 +2,14 @@
 
 import math
 
+import numpy as np
 import pytest
 import torch
+from scipy import stats
 
 import flowkit
 from flowkit import tails
+from flowkit.bijectors import Standardization
 from flowkit.flows import COMET, DATA_PRESETS, TailAdaptive, build_data_flow
 from flowkit.testing import check_flow, randomize
 from flowkit.train import MaximumLikelihood, fit
@@ -63,8 +66,9 @@ def test_from_data_standardises_by_median_and_iqr_and_is_scale_equivariant():
     flow = TailAdaptive.from_data(x, transforms=1, hidden=(8,), bootstraps=20)
     first = flow.bijector[0]
     assert isinstance(first, flowkit.bijectors.Standardization)
-    torch.testing.assert_close(first.loc, x.median(0).values)
-    torch.testing.assert_close(first.scale, (x.quantile(0.75, 0) - x.quantile(0.25, 0)) / 1.349)
+    lower, median, upper = np.quantile(x.double().numpy(), [0.25, 0.5, 0.75], axis=0)
+    np.testing.assert_allclose(first.loc.numpy(), median, rtol=1e-6)
+    np.testing.assert_allclose(first.scale.numpy(), (upper - lower) / (2 * stats.norm.ppf(0.75)), rtol=1e-6)
     torch.manual_seed(0)
     flow = TailAdaptive.from_data(x, "mtaf-fix", transforms=1, hidden=(8,), bootstraps=20)
     torch.manual_seed(0)
@@ -74,6 +78,37 @@ def test_from_data_standardises_by_median_and_iqr_and_is_scale_equivariant():
     assert not isinstance(
         TailAdaptive.from_data(x, standardize=False, transforms=1).bijector[0], flowkit.bijectors.Standardization
     )
+
+
+def test_robust_standardization_matches_numpy_and_the_exact_quartiles():
+    torch.manual_seed(1)
+    x = torch.cat([torch.randn(100_000, 1), torch.distributions.StudentT(1.5).sample((100_000, 1))], 1)
+    x = x.double() * torch.tensor([3.0, 0.5], dtype=torch.float64) + torch.tensor([1.0, -2.0], dtype=torch.float64)
+    loc, scale = Standardization.statistics(x, robust=True)
+    lower, median, upper = np.quantile(x.numpy(), [0.25, 0.5, 0.75], axis=0)
+    np.testing.assert_allclose(loc.numpy(), median, rtol=1e-12)
+    np.testing.assert_allclose(scale.numpy(), (upper - lower) / (2 * stats.norm.ppf(0.75)), rtol=1e-12)
+    # the exact values: sigma of the Gaussian, and the t1.5 quartile / Phi^-1(3/4) (about 5 sampling SEs)
+    np.testing.assert_allclose(loc.numpy(), [1.0, -2.0], atol=0.03)
+    np.testing.assert_allclose(scale.numpy(), [3.0, 0.5 * stats.t.ppf(0.75, 1.5) / stats.norm.ppf(0.75)], rtol=0.03)
+    # the moments are the wrong scale for t1.5 (no variance): the standard deviation is far larger
+    assert Standardization.from_data(x).scale[1] > 2 * Standardization.from_data(x, robust=True).scale[1]
+    torch.testing.assert_close(Standardization.statistics(x)[1], x.std(0))
+
+
+def test_robust_standardization_falls_back_on_ties_and_rejects_bad_data():
+    x = torch.zeros(100, 2, dtype=torch.float64)
+    x[:10, 0] = torch.arange(1.0, 11.0, dtype=torch.float64)  # 90% zeros: IQR 0
+    x[:, 1] = torch.arange(100.0, dtype=torch.float64)
+    loc, scale = Standardization.statistics(x, robust=True)
+    assert float(loc[0]) == 0.0 and float(scale[0]) == pytest.approx(float(x[:, 0].std()))
+    with pytest.warns(RuntimeWarning, match="constant"):
+        assert float(Standardization.statistics(torch.ones(5, 1), robust=True)[1][0]) == 1e-6
+    for bad in (torch.tensor([[1.0], [float("nan")]]), torch.tensor([[1.0], [float("inf")]])):
+        with pytest.raises(ValueError, match="non-finite"):
+            Standardization.from_data(bad, robust=True)
+    with pytest.raises(ValueError, match="non-finite"):
+        TailAdaptive.from_data(torch.tensor([[1.0, 2.0], [float("nan"), 1.0], [0.0, 3.0]]))
 
 
 @pytest.mark.parametrize("name", [name for name in DATA_PRESETS if name != "mtaf"])  # mtaf = tail-adaptive

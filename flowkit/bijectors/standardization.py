@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
+from statistics import NormalDist
 
 import torch
 from torch import Tensor
@@ -11,6 +12,22 @@ from torch import Tensor
 from .base import Bijector
 
 __all__ = ["Standardization"]
+
+#: The interquartile range of a standard normal, $2\,\Phi^{-1}(3/4) \approx 1.349$.
+_IQR_PER_SIGMA = 2 * NormalDist().inv_cdf(0.75)
+
+
+def _column_quantiles(x: Tensor, probs: Sequence[float]) -> Tensor:
+    """Quantiles of each column of `x` (`(N, D)`) at `probs`, `(len(probs), D)`, by linear interpolation.
+
+    One sort instead of `torch.quantile`, which refuses inputs of more than 2**24 elements.
+    """
+    ordered = x.sort(0).values
+    position = torch.tensor(probs, dtype=x.dtype, device=x.device) * (x.shape[0] - 1)
+    below = position.floor().long()
+    above = torch.clamp(below + 1, max=x.shape[0] - 1)
+    weight = (position - below)[:, None]
+    return ordered[below] * (1 - weight) + ordered[above] * weight
 
 
 class Standardization(Bijector):
@@ -69,27 +86,73 @@ class Standardization(Bijector):
         self.scale = self._exact[1].to(self.scale)
         return self
 
-    @classmethod
-    def from_data(cls, x: Tensor, min_scale: float = 1e-6) -> Standardization:
-        """Standardisation with the mean and standard deviation of `x` (shape `(N, D)`).
+    @staticmethod
+    def statistics(x: Tensor, robust: bool = False, min_scale: float = 1e-6) -> tuple[Tensor, Tensor]:
+        r"""Per-feature `(loc, scale)` of `x` (shape `(N, D)`), in float64.
+
+        By default the mean and the standard deviation. With `robust`, the median and the
+        interquartile range in units of a Gaussian standard deviation,
+
+        $$
+        m = \operatorname{median}(x), \qquad s = \frac{q_{0.75} - q_{0.25}}{2\,\Phi^{-1}(0.75)}
+        \approx \frac{\mathrm{IQR}}{1.349},
+        $$
+
+        (quantiles by linear interpolation, as numpy's default), which equals the standard deviation
+        on Gaussian data. For heavy tails the moments are the wrong scale: the standard deviation is
+        dominated by the few extreme points (and at tail index $\nu \le 2$ does not exist), so dividing
+        by it squeezes the body of the distribution. A feature whose IQR is 0 (more than half of
+        its points tied) falls back to its standard deviation.
 
         Arguments:
-            x: training data.
-            min_scale: lower bound on the scale, for constant features.
+            x: training data, `(N, D)` with `N >= 2`, finite.
+            robust: median and IQR / 1.349 instead of mean and standard deviation.
+            min_scale: lower bound on the scale, for constant features (warned about).
+
+        Raises:
+            ValueError: for a non-tensor, a shape other than `(N >= 2, D)`, or non-finite values.
         """
         if not isinstance(x, Tensor) or x.dim() != 2 or x.shape[0] < 2:
             raise ValueError("Standardization.from_data: x must be a tensor of shape (N, D) with N >= 2")
         x = x.detach().double()
+        if not bool(torch.isfinite(x).all()):
+            raise ValueError("Standardization.from_data: x has non-finite values (NaN or inf)")
         std = x.std(0)
-        constant = torch.nonzero(std < min_scale).flatten().tolist()
+        if robust:
+            lower, loc, upper = _column_quantiles(x, (0.25, 0.5, 0.75))
+            scale = torch.where(upper > lower, (upper - lower) / _IQR_PER_SIGMA, std)
+        else:
+            loc, scale = x.mean(0), std
+        constant = torch.nonzero(scale < min_scale).flatten().tolist()
         if constant:
             warnings.warn(
                 f"Standardization.from_data: feature(s) {constant} are constant in the data; their scale is set to "
                 f"{min_scale}, so a density there is a spike and log-likelihoods are not meaningful",
                 RuntimeWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
-        return cls(x.mean(0).tolist(), std.clamp_min(min_scale).tolist())
+        return loc, scale.clamp_min(min_scale)
+
+    @classmethod
+    def from_data(cls, x: Tensor, min_scale: float = 1e-6, robust: bool = False) -> Standardization:
+        """Standardisation with the mean and standard deviation of `x` (shape `(N, D)`), or robust statistics.
+
+        Arguments:
+            x: training data.
+            min_scale: lower bound on the scale, for constant features.
+            robust: the median and the interquartile range / 1.349 (see
+                [`statistics`][flowkit.bijectors.standardization.Standardization.statistics]), for heavy tails.
+
+        Examples:
+            >>> import torch, flowkit
+            >>> x = torch.distributions.StudentT(1.5).sample((10_000, 1))
+            >>> plain = flowkit.bijectors.Standardization.from_data(x)
+            >>> robust = flowkit.bijectors.Standardization.from_data(x, robust=True)
+            >>> bool(robust.scale < plain.scale)
+            True
+        """
+        loc, scale = cls.statistics(x, robust, min_scale)
+        return cls(loc.tolist(), scale.tolist())
 
     def _ladj(self, batch: torch.Size) -> Tensor:
         return (-self.scale.log().sum()).expand(batch)

@@ -171,7 +171,9 @@ class TailAdaptive(Flow):
         `1.05 * min_df`. gTAF estimates nothing.
 
         With `standardize`, the flow starts with a fixed robust standardisation (`loc` the median,
-        `scale` the interquartile range / 1.349, per feature): the bases have unit scale, and a
+        `scale` the interquartile range / 1.349, per feature, by
+        [`Standardization.statistics`][flowkit.bijectors.standardization.Standardization.statistics]
+        with `robust=True`): the bases have unit scale, and a
         standard deviation is dominated by (or, at $\nu \le 2$, does not exist for) the very tails the
         flow should model; scaling by it squeezes the body of a heavy marginal and leaves the base's
         tail far too wide. Do not standardise the data again around this flow.
@@ -191,11 +193,8 @@ class TailAdaptive(Flow):
             raise ValueError(f"TailAdaptive.from_data: x must be a tensor of shape (N, D), got {type(x).__name__}")
         features = x.shape[1]
         if standardize:
-            data = x.detach().double()
-            loc = data.median(0).values
-            spread = (data.quantile(0.75, 0) - data.quantile(0.25, 0)) / 1.349
-            spread = torch.where(spread > 0, spread, data.std(0)).clamp_min(1e-6)
-            kwargs = {"loc": loc.tolist(), "scale": spread.tolist(), **kwargs}
+            loc, scale = Standardization.statistics(x, robust=True)
+            kwargs = {"loc": loc.tolist(), "scale": scale.tolist(), **kwargs}
         if variant == "gtaf":
             return cls(features, variant=variant, **kwargs)  # type: ignore[arg-type]
         floor = 1.05 * check_number(kwargs.get("min_df", 1.0), "min_df", where="TailAdaptive", positive=True)
