@@ -53,6 +53,28 @@ def test_samples_of_an_untrained_flow_have_the_base_tails():
     assert not light.heavy and heavy.heavy and abs(heavy.df - 2.0) < 0.5
 
 
+@pytest.mark.parametrize("variant", ["mtaf", "gtaf", "mtaf-fix"])
+def test_parameter_groups_split_layers_and_df_and_adam_moves_df_by_its_own_rate(variant):
+    torch.manual_seed(0)
+    df = None if variant == "gtaf" else [None, 4.0, 3.0]
+    flow = TailAdaptive(3, df=df, variant=variant, transforms=2, hidden=(8,))
+    groups = flow.parameter_groups(1e-3, df_lr=0.05)
+    ids = [id(p) for group in groups for p in group["params"]]
+    assert sorted(ids) == sorted(id(p) for p in flow.parameters()) and len(set(ids)) == len(ids)
+    assert len(groups) == (1 if variant == "mtaf-fix" else 2)
+    if variant == "mtaf-fix":
+        return
+    assert groups[1]["params"] == [flow.base.df_raw] and groups[1]["lr"] == 0.05
+    before = flow.base.df_raw.detach().clone()
+    optimizer = torch.optim.Adam(groups)
+    flow.log_prob(torch.distributions.StudentT(2.0).sample((256, 3))).mean().neg().backward()
+    optimizer.step()
+    moved = (flow.base.df_raw.detach() - before).abs()[flow.base.heavy]
+    torch.testing.assert_close(moved, torch.full_like(moved, 0.05), rtol=1e-4, atol=0)  # Adam's first step: lr
+    with pytest.raises(ValueError, match="df_lr"):
+        flow.parameter_groups(1e-3, df_lr=0.0)
+
+
 def test_from_data_estimates_the_tails_and_keeps_df_above_the_floor():
     flow = TailAdaptive.from_data(_heavy_data(), transforms=1, hidden=(8,), bootstraps=30)
     df = flow.df
