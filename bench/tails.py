@@ -234,8 +234,8 @@ def main() -> None:
                 row, x = metrics(flow, data, heavy, df, args.samples)
                 row.update(data=name, model=model, seed=seed, steps=args.steps, train_seconds=round(seconds, 1))
                 row.update(df_lr=args.df_lr if model in ("mtaf", "gtaf") else None, cpu_seconds=round(cpu, 1))
-                if hasattr(flow, "base") and hasattr(flow.base, "df"):
-                    row["base_df"] = [None if math.isinf(v) else v for v in flow.base.df.detach().tolist()]
+                if isinstance(flow, TailAdaptive):  # the base's df after training, in the data's order
+                    row["base_df"] = [None if math.isinf(v) else v for v in flow.df.tolist()]
                 results.append(row)
                 samples[model] = x
                 print(json.dumps({k: row[k] for k in ("data", "model", "seed", "test_nll", "sample_df")}), flush=True)
