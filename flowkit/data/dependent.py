@@ -6,7 +6,8 @@ through a fixed 2-D map (`abs`, `sign`, `cres`, `sine`, `ccube`, after the paper
 `to_abs`, ...). Two kinds of $\Sigma$:
 
 - [`equicorrelated_groups`][flowkit.data.equicorrelated_groups]: groups of Pareto
-  sizes, correlation $\rho$ within a group (the paper's `equi_*` sets, with one $\rho$);
+  sizes, correlation $\rho_g$ within group $g$, one $\rho$ for all groups or, as the
+  paper's `equi_*` sets, $\rho_g \sim U(0.5, 0.99)$ per group (`rho=(0.5, 0.99)`);
 - [`random_kinship`][flowkit.data.random_kinship]: $\Sigma = \lambda I + (1 - \lambda) K$
   with a random dense correlation matrix $K$ (built as scikit-learn's
   `make_sparse_spd_matrix`, like the paper's `rm_*` sets).
@@ -70,11 +71,16 @@ class DependentSplits(Splits):
         groups: the group label of each training point (equicorrelated groups), else None.
         kinship: the `(n, n)` float64 kinship matrix of the training points, else None.
         truth: the true parameters of synthetic sets (`{"rho": ...}` or `{"lam": ...}`), else empty.
+        val_groups: the group labels of the validation points when they are related among
+            themselves (real data), else None (independent points).
+        test_groups: the same for the test points.
     """
 
     groups: Tensor | None = None
     kinship: Tensor | None = None
     truth: dict = field(default_factory=dict)
+    val_groups: Tensor | None = None
+    test_groups: Tensor | None = None
 
     def __repr__(self) -> str:
         kind = "groups" if self.groups is not None else "kinship"
@@ -102,7 +108,7 @@ def _pareto_sizes(n: int, alpha: float, max_group: int, rng: np.random.Generator
 def equicorrelated_groups(
     shape: str = "cres",
     n: int = 2000,
-    rho: float = 0.7,
+    rho: float | tuple[float, float] = 0.7,
     *,
     alpha: float = 0.5,
     max_group: int = 100,
@@ -110,17 +116,21 @@ def equicorrelated_groups(
     n_test: int = 5000,
     seed: int = 0,
 ) -> DependentSplits:
-    r"""Equicorrelated groups of points (the paper's `equi_*` sets, with one $\rho$ for every group).
+    r"""Equicorrelated groups of points (the paper's `equi_*` sets).
 
     Group sizes are $1 + \operatorname{round}(\operatorname{Pareto}(\alpha))$, capped at
-    `max_group`, until `n` points; within a group the latents are
-    $z_i = \sqrt\rho\, u_g + \sqrt{1 - \rho}\, e_i$ (correlation $\rho$), and the data are
-    `DEPENDENT_SHAPES[shape](z)`. Validation and test points are independent.
+    `max_group`, until `n` points; within group $g$ the latents are
+    $z_i = \sqrt{\rho_g}\, u_g + \sqrt{1 - \rho_g}\, e_i$ (correlation $\rho_g$), and the data
+    are `DEPENDENT_SHAPES[shape](z)`. Validation and test points are independent. The paper's
+    sets draw $\rho_g \sim U(0.5, 0.99)$ per group (`rho=(0.5, 0.99)`), with $n = 10^4$ and
+    groups of up to 1000 points; `truth["rho"]` is then the list of the $\rho_g$ (in group order,
+    the order of the labels in `groups`).
 
     Arguments:
         shape: one of `abs`, `sign`, `cres`, `sine`, `ccube`.
         n: number of training points.
-        rho: the correlation within a group, in `[0, 1)`.
+        rho: the correlation within every group, in `[0, 1)`, or a range `(low, high)` in
+            `[0, 1)` from which each group draws its own uniformly.
         alpha: the Pareto shape of the group sizes (smaller: larger groups).
         max_group: the largest group.
         n_val: independent validation points.
@@ -130,18 +140,33 @@ def equicorrelated_groups(
     where = "equicorrelated_groups"
     fn = _shape(shape, where)
     n = int(check_number(n, "n", where=where, integer=True, low=2))
-    rho = check_number(rho, "rho", where=where, low=0.0, below=1.0)
+    if isinstance(rho, (tuple, list)):
+        if len(rho) != 2:
+            raise ValueError(f"{where}: rho must be a number or a range (low, high), got {len(rho)} numbers")
+        low, high = (check_number(r, "rho", where=where, low=0.0, below=1.0) for r in rho)
+        if low > high:
+            raise ValueError(f"{where}: the range rho = ({low}, {high}) must have low <= high")
+    else:
+        low = high = check_number(rho, "rho", where=where, low=0.0, below=1.0)
     alpha = check_number(alpha, "alpha", where=where, positive=True)
     max_group = int(check_number(max_group, "max_group", where=where, integer=True, low=1))
     rng = np.random.default_rng(seed)
     sizes = _pareto_sizes(n, alpha, max_group, rng)
     groups = np.repeat(np.arange(len(sizes)), sizes)
+    rhos = rng.uniform(low, high, len(sizes)) if low < high else np.full(len(sizes), low)
     shared = rng.standard_normal((len(sizes), 2))[groups]
-    z = np.sqrt(rho) * shared + np.sqrt(1 - rho) * rng.standard_normal((n, 2))
+    r = rhos[groups, None]
+    z = np.sqrt(r) * shared + np.sqrt(1 - r) * rng.standard_normal((n, 2))
     val, test = _independent(fn, n_val, n_test, rng)
     info = {"source": "generated", "seed": seed, "group_sizes": sizes.tolist()}
     return DependentSplits(
-        f"equi_{shape}", _tensor(fn(z)), val, test, info=info, groups=torch.as_tensor(groups), truth={"rho": rho}
+        f"equi_{shape}",
+        _tensor(fn(z)),
+        val,
+        test,
+        info=info,
+        groups=torch.as_tensor(groups),
+        truth={"rho": low if low == high else rhos.tolist()},
     )
 
 
@@ -208,7 +233,8 @@ def stock_pairs(*, val: float = 0.15, test: float = 0.15) -> DependentSplits:
     the high/low range, in percent, each standardised with the training days' mean and
     standard deviation. The two indices move together, so each day is a group of two
     equicorrelated points. Days are split in time order: the first `1 - val - test` for
-    training, then validation, then test.
+    training, then validation, then test; the validation and test days are groups too
+    (`val_groups`, `test_groups`).
 
     Arguments:
         val: fraction of days for validation.
@@ -238,6 +264,8 @@ def stock_pairs(*, val: float = 0.15, test: float = 0.15) -> DependentSplits:
     parts = np.split(points, cuts)
     mean, std = parts[0].reshape(-1, 2).mean(0), parts[0].reshape(-1, 2).std(0)
     train, val_x, test_x = (_tensor(((p - mean) / std).reshape(-1, 2)) for p in parts)
-    groups = torch.arange(len(parts[0])).repeat_interleave(2)
+    groups = [torch.arange(len(part)).repeat_interleave(2) for part in parts]
     info = {"source": "arch.data.sp500, arch.data.nasdaq", "days": n_days, "features": ["log return", "log range"]}
-    return DependentSplits("stock_pairs", train, val_x, test_x, info=info, groups=groups)
+    return DependentSplits(
+        "stock_pairs", train, val_x, test_x, info=info, groups=groups[0], val_groups=groups[1], test_groups=groups[2]
+    )

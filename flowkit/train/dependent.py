@@ -8,8 +8,10 @@ correlation matrix between points:
 - a known kinship (relatedness) matrix $K$: $\Sigma = \lambda I + (1 - \lambda) K$
   ([`Kinship`][flowkit.train.dependent.Kinship]);
 - equicorrelated groups (repeated measures, stocks on one day):
-  $\Sigma_{gg} = (1 - \rho) I + \rho \mathbf 1 \mathbf 1^\top$ within a group, 0 across
-  ([`EquicorrelatedGroups`][flowkit.train.dependent.EquicorrelatedGroups]).
+  $\Sigma_{gg} = (1 - \rho_g) I + \rho_g \mathbf 1 \mathbf 1^\top$ within group $g$, 0 across
+  ([`EquicorrelatedGroups`][flowkit.train.dependent.EquicorrelatedGroups]), with one $\rho$
+  shared by all groups, one per group (as the paper's model and its `equi_*` data) or one
+  per group size.
 
 The joint log-likelihood is
 
@@ -24,7 +26,10 @@ $\rho$) held fixed; [`DependenceUpdate`][flowkit.train.DependenceUpdate], a call
 [`fit`][flowkit.train.fit], alternates those steps with full-batch updates of
 $\lambda$ (or $\rho$) on the latents of all training points, as the paper's reference
 code does. Every point of a marginal test set is scored by the flow alone,
-`flow.log_prob(x)` (its base is $\mathcal N(0, I)$, the marginal of each $z_i$).
+`flow.log_prob(x)` (its base is $\mathcal N(0, I)$, the marginal of each $z_i$); held-out
+points that are related among themselves (test days of a stock pair, test relatives) have
+a joint likelihood under their own $\Sigma$ with the learned parameter,
+[`held_out`][flowkit.train.dependent.DependentMaximumLikelihood.held_out]`(...).log_likelihood`.
 
 Reference: M. Kirchler, C. Lippert, M. Kloft, *Training Normalizing Flows from
 Dependent Data*, ICML 2023 (code: `mkirchler/dependent_data_flows`).
@@ -37,7 +42,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from scipy.optimize import minimize_scalar
 from torch import Tensor
 
 from .._validation import check_number, check_point, outermost
@@ -53,9 +57,51 @@ __all__ = ["DependentMaximumLikelihood", "DependenceUpdate", "Kinship", "Equicor
 
 _LOG_2PI = math.log(2 * math.pi)
 
+#: How the correlation of equicorrelated groups is tied: one for all, one per group, one per group size.
+RHO_TYINGS = ("shared", "group", "size")
+
 
 def _logit(p: float) -> float:
     return math.log(p) - math.log1p(-p)
+
+
+def _as_values(value: float | Tensor) -> Tensor:
+    """A parameter value (a float or a tensor of them) as float64 on the CPU."""
+    return torch.as_tensor(value, dtype=torch.float64).cpu()
+
+
+def _minimise_separable(negative: Any, low: float, high: float, size: int, points: int = 65) -> Tensor:
+    r"""Minimise `negative(u)`, a sum of terms each in one coordinate of `u` (shape `(size,)`), per coordinate.
+
+    A grid of `points` values on $[\text{low}, \text{high}]$ for every coordinate at once, then
+    golden-section search in the bracket around each coordinate's best grid point (to the
+    float64 resolution of the logit); the better of the two is kept.
+
+    Arguments:
+        negative: maps a float64 tensor `(size,)` to the `(size,)` terms to minimise.
+        low: lower end of each coordinate's range.
+        high: upper end.
+        size: number of coordinates.
+        points: grid points.
+    """
+    grid = torch.linspace(low, high, points, dtype=torch.float64)
+    values = torch.stack([negative(torch.full((size,), float(u), dtype=torch.float64)) for u in grid])
+    best = values.argmin(0)
+    a, b = grid[(best - 1).clamp(min=0)], grid[(best + 1).clamp(max=points - 1)]
+    ratio = (math.sqrt(5) - 1) / 2
+    c, d = b - ratio * (b - a), a + ratio * (b - a)
+    fc, fd = negative(c), negative(d)
+    for _ in range(80):  # the bracket shrinks by 0.618 per iteration: 80 take two grid steps below 1e-15
+        left = fc < fd
+        b, fd_new = torch.where(left, d, b), fc
+        a = torch.where(left, a, c)
+        c_next = torch.where(left, b - ratio * (b - a), d)
+        d_next = torch.where(left, c, a + ratio * (b - a))
+        fresh = negative(torch.where(left, c_next, d_next))
+        fc, fd = torch.where(left, fresh, fd), torch.where(left, fd_new, fresh)
+        c, d = c_next, d_next
+    found = (a + b) / 2
+    return torch.where(negative(found) <= values.min(0).values, found, grid[best])
 
 
 class Kinship:
@@ -69,8 +115,9 @@ class Kinship:
     $$
 
     and $\operatorname{tr}(Z^\top \Sigma^{-1} Z) = \sum_k |(Q^\top Z)_k|^2 / (\lambda + (1-\lambda)\kappa_k)$
-    is a sum over the rotated latents. The dense $\Sigma^{-1}$ ($n \times n$, float64) is
-    cached for each value of $\lambda$, for the mini-batch estimator's blocks.
+    is a sum over the rotated latents. For the mini-batch estimator, $W = Q
+    \operatorname{diag}(\lambda + (1-\lambda)\kappa)^{-1/2}$ is cached for each value of
+    $\lambda$ ($O(n^2)$) and a batch's block is $(\Sigma^{-1})_{BB} = W_B W_B^\top$ ($O(b^2 n)$).
 
     Arguments:
         kinship: a symmetric positive semi-definite $n \times n$ matrix with unit diagonal
@@ -82,10 +129,12 @@ class Kinship:
     """
 
     name = "lam"
+    #: The number of free parameters (one $\lambda$).
+    parameters = 1
 
     def __init__(self, kinship: Any, where: str = "Kinship") -> None:
         try:
-            k = torch.as_tensor(np.asarray(kinship, dtype=np.float64))
+            k = torch.as_tensor(np.asarray(kinship.cpu() if isinstance(kinship, Tensor) else kinship, dtype=np.float64))
         except (TypeError, ValueError):
             raise ValueError(f"{where}: kinship must be a matrix of numbers, got {type(kinship).__name__}") from None
         if k.dim() != 2 or k.shape[0] != k.shape[1] or k.shape[0] < 2:
@@ -111,81 +160,133 @@ class Kinship:
         self.n = int(k.shape[0])
         self.eigenvalues = eigenvalues.clamp(min=0.0)
         self.eigenvectors = q
-        self._precision: tuple[float, Tensor] | None = None
+        self._root: tuple[float, Tensor] | None = None
 
-    def _diagonal(self, value: Tensor) -> Tensor:
+    def _diagonal(self, value: float | Tensor) -> Tensor:
+        value = _as_values(value).reshape(())
         return value + (1 - value) * self.eigenvalues
 
-    def log_det(self, value: Tensor) -> Tensor:
+    def log_det(self, value: float | Tensor) -> Tensor:
         r"""$\log|\Sigma(\lambda)|$ from the eigenvalues (float64)."""
         return torch.log(self._diagonal(value)).sum()
 
-    def precision(self, value: float, index: Tensor) -> Tensor:
-        r"""The block $(\Sigma^{-1})_{BB}$ of the rows and columns `index` (float64)."""
-        if self._precision is None or self._precision[0] != value:
-            q = self.eigenvectors
-            self._precision = (value, (q / self._diagonal(torch.tensor(value, dtype=torch.float64))) @ q.T)
-        dense = self._precision[1]
-        index = index.cpu()
-        return dense[index[:, None], index[None, :]]
+    def precision(self, value: float | Tensor, index: Tensor) -> Tensor:
+        r"""The block $(\Sigma^{-1})_{BB} = W_B W_B^\top$ of the rows and columns `index` (float64)."""
+        key = float(_as_values(value).reshape(()))
+        if self._root is None or self._root[0] != key:
+            self._root = (key, self.eigenvectors * self._diagonal(key).rsqrt())
+        rows = self._root[1][index.cpu()]
+        return rows @ rows.T
 
     def statistics(self, z: Tensor) -> Tensor:
         r"""The squared norms $|(Q^\top Z)_k|^2$ of the rotated latents `z` (all $n$ points, in order)."""
         rotated = self.eigenvectors.T @ z.double().cpu()
         return rotated.square().sum(1)
 
-    def quadratic(self, statistics: Tensor, value: Tensor) -> Tensor:
+    def quadratic(self, statistics: Tensor, value: float | Tensor) -> Tensor:
         r"""$\operatorname{tr}(Z^\top \Sigma^{-1} Z)$ from the rotated latents' `statistics`."""
         return (statistics / self._diagonal(value)).sum()
 
+    def terms(self, statistics: Tensor, values: Tensor, p: int) -> Tensor:
+        r"""Minus twice the log-likelihood less its constant, one term per parameter, shape `(1,)`.
+
+        That is $p \log|\Sigma| + \operatorname{tr}(Z^\top \Sigma^{-1} Z)$.
+        """
+        return (p * self.log_det(values) + self.quadratic(statistics, values)).reshape(1)
+
+    def identified(self) -> Tensor:
+        """Whether each parameter enters the likelihood (λ does: K has n >= 2 points)."""
+        return torch.ones(1, dtype=torch.bool)
+
 
 class EquicorrelatedGroups:
-    r"""Equicorrelated groups: $\Sigma = \bigoplus_g \big((1 - \rho) I_{m_g} + \rho \mathbf 1 \mathbf 1^\top\big)$.
+    r"""Equicorrelated groups: $\Sigma = \bigoplus_g \big((1 - \rho_g) I_{m_g} + \rho_g \mathbf 1 \mathbf 1^\top\big)$.
 
-    Points of one group (of size $m_g$) have correlation $\rho$, points of different
-    groups none. In closed form, with $S_g = \sum_{i \in g} |z_i|^2$ and
+    Points of one group (of size $m_g$) have correlation $\rho_g$, points of different groups
+    none. The correlations are tied by `rho`: one $\rho$ for every group (`"shared"`), one per
+    group (`"group"`, the paper's model: its `equi_*` sets draw $\rho_g \sim U(0.5, 0.99)$), or
+    one per group size (`"size"`). In closed form, with $S_g = \sum_{i \in g} |z_i|^2$ and
     $T_g = |\sum_{i \in g} z_i|^2$,
 
     $$
-    \log|\Sigma| = \sum_g (m_g - 1)\log(1 - \rho) + \log(1 + (m_g - 1)\rho), \qquad
-    \operatorname{tr}(Z^\top \Sigma^{-1} Z) = \sum_g \frac{S_g - \rho T_g / (1 + (m_g - 1)\rho)}{1 - \rho},
+    \log|\Sigma| = \sum_g (m_g - 1)\log(1 - \rho_g) + \log(1 + (m_g - 1)\rho_g), \qquad
+    \operatorname{tr}(Z^\top \Sigma^{-1} Z) = \sum_g \frac{S_g - \rho_g T_g / (1 + (m_g - 1)\rho_g)}{1 - \rho_g},
     $$
 
-    and $(\Sigma^{-1})_{ij} = \big(\delta_{ij} - \rho / (1 + (m_g - 1)\rho)\big) / (1 - \rho)$ within group $g$.
+    and $(\Sigma^{-1})_{ij} = \big(\delta_{ij} - \rho_g / (1 + (m_g - 1)\rho_g)\big) / (1 - \rho_g)$
+    within group $g$. Each group's terms involve its own $\rho_g$ alone, so the full-batch
+    update is one 1-D problem per parameter. A group of one point has no correlation: its
+    terms do not depend on $\rho_g$ (a parameter of singletons only is left as it is).
 
     Arguments:
-        groups: one integer label per point (length $n$); points with the same label form a group.
+        groups: one integer label per point (length $n$); points with the same label form a
+            group. Groups are numbered by sorted label.
+        rho: `"shared"`, `"group"` or `"size"`.
 
     Raises:
-        ValueError: if `groups` is not a 1-D sequence of at least 2 integers.
+        ValueError: if `groups` is not a 1-D sequence of at least 2 integers, or `rho` is not
+            one of the three.
     """
 
     name = "rho"
 
-    def __init__(self, groups: Any, where: str = "EquicorrelatedGroups") -> None:
+    def __init__(self, groups: Any, where: str = "EquicorrelatedGroups", rho: str = "shared") -> None:
         labels = np.asarray(groups.cpu() if isinstance(groups, Tensor) else groups)
         if labels.ndim != 1 or labels.shape[0] < 2 or not np.issubdtype(labels.dtype, np.integer):
             raise ValueError(
                 f"{where}: groups must be a 1-D sequence of at least 2 integer labels, "
                 f"got dtype {labels.dtype} and shape {labels.shape}"
             )
+        if not isinstance(rho, str) or rho not in RHO_TYINGS:
+            raise ValueError(f"{where}: rho must be one of {', '.join(map(repr, RHO_TYINGS))}, got {rho!r}")
         _, inverse, sizes = np.unique(labels, return_inverse=True, return_counts=True)
         self.n = int(labels.shape[0])
+        self.tying = rho
         self.labels = torch.as_tensor(inverse.reshape(-1), dtype=torch.int64)
         self.sizes = torch.as_tensor(sizes, dtype=torch.float64)
+        if rho == "shared":
+            parameter = np.zeros(len(sizes), dtype=np.int64)
+            self.parameter_sizes: Tensor | None = None
+        elif rho == "group":
+            parameter = np.arange(len(sizes))
+            self.parameter_sizes = None
+        else:
+            distinct, parameter = np.unique(sizes, return_inverse=True)
+            #: The group size of each parameter (`rho="size"`), else None.
+            self.parameter_sizes = torch.as_tensor(distinct, dtype=torch.int64)
+        #: The parameter of each group, `(groups,)`.
+        self.parameter = torch.as_tensor(parameter.reshape(-1), dtype=torch.int64)
+        #: The number of free parameters.
+        self.parameters = int(self.parameter.max()) + 1
 
-    def log_det(self, value: Tensor) -> Tensor:
-        r"""$\log|\Sigma(\rho)|$ in closed form (float64)."""
-        m = self.sizes
-        return ((m - 1) * torch.log1p(-value) + torch.log1p((m - 1) * value)).sum()
+    def _rho(self, value: float | Tensor) -> Tensor:
+        """The correlation of each group, `(groups,)`, from one value or one per parameter."""
+        value = _as_values(value)
+        if value.dim() == 0 or value.numel() == 1:
+            return value.reshape(()).expand(len(self.sizes))
+        if value.shape != (self.parameters,):
+            raise ValueError(f"EquicorrelatedGroups: expected {self.parameters} values, got shape {tuple(value.shape)}")
+        return value[self.parameter]
 
-    def precision(self, value: float, index: Tensor) -> Tensor:
+    def _group_log_det(self, value: float | Tensor) -> Tensor:
+        m, rho = self.sizes, self._rho(value)
+        return (m - 1) * torch.log1p(-rho) + torch.log1p((m - 1) * rho)
+
+    def _group_quadratic(self, statistics: Tensor, value: float | Tensor) -> Tensor:
+        m, rho = self.sizes, self._rho(value)
+        return (statistics[:, 0] - rho / (1 + (m - 1) * rho) * statistics[:, 1]) / (1 - rho)
+
+    def log_det(self, value: float | Tensor) -> Tensor:
+        r"""$\log|\Sigma|$ in closed form, summed over the groups (float64)."""
+        return self._group_log_det(value).sum()
+
+    def precision(self, value: float | Tensor, index: Tensor) -> Tensor:
         r"""The block $(\Sigma^{-1})_{BB}$ of the rows and columns `index` (float64)."""
         groups = self.labels[index.cpu()]
-        m = self.sizes[groups]
-        shared = value / (1 + (m - 1) * value) / (1 - value)
+        m, rho = self.sizes[groups], self._rho(value)[groups]
+        shared = rho / (1 + (m - 1) * rho) / (1 - rho)
         same = (groups[:, None] == groups[None, :]).double()
-        return torch.diag(torch.full_like(m, 1 / (1 - value))) - same * shared[:, None]
+        return torch.diag(1 / (1 - rho)) - same * shared[:, None]
 
     def statistics(self, z: Tensor) -> Tensor:
         """Per group, $S_g$ and $T_g$ of the latents `z` (all $n$ points, in order), shape `(groups, 2)`."""
@@ -195,21 +296,29 @@ class EquicorrelatedGroups:
         squares = torch.zeros(groups, dtype=torch.float64).index_add_(0, self.labels, z.square().sum(1))
         return torch.stack([squares, sums.square().sum(1)], 1)
 
-    def quadratic(self, statistics: Tensor, value: Tensor) -> Tensor:
+    def quadratic(self, statistics: Tensor, value: float | Tensor) -> Tensor:
         r"""$\operatorname{tr}(Z^\top \Sigma^{-1} Z)$ from the groups' `statistics`."""
-        m = self.sizes
-        return ((statistics[:, 0] - value / (1 + (m - 1) * value) * statistics[:, 1]) / (1 - value)).sum()
+        return self._group_quadratic(statistics, value).sum()
+
+    def terms(self, statistics: Tensor, values: Tensor, p: int) -> Tensor:
+        r"""$p \log|\Sigma| + \operatorname{tr}(Z^\top \Sigma^{-1} Z)$, summed per parameter, shape `(parameters,)`."""
+        per_group = p * self._group_log_det(values) + self._group_quadratic(statistics, values)
+        return torch.zeros(self.parameters, dtype=torch.float64).index_add_(0, self.parameter, per_group)
+
+    def identified(self) -> Tensor:
+        """Whether each parameter has a group of two or more points (else the likelihood ignores it)."""
+        return torch.zeros(self.parameters, dtype=torch.bool).index_fill_(0, self.parameter[self.sizes > 1], True)
 
 
 class DependentMaximumLikelihood(Objective):
     r"""Maximum likelihood of a flow on dependent points, $\operatorname{vec} Z \sim \mathcal N(0, \Sigma \otimes I)$.
 
     Give `kinship=K` for $\Sigma = \lambda I + (1 - \lambda) K$ or `groups=g` for
-    equicorrelated groups with correlation $\rho$ (see the
-    [module][flowkit.train.dependent] for the likelihood). Batches carry the indices of their
-    points: train on [`with_indices`][flowkit.train.with_indices]`(x)`. With $A = \Sigma^{-1}$
-    and a batch $B$ of $b$ points drawn uniformly without replacement, the loss is minus the
-    batch mean of
+    equicorrelated groups with correlation $\rho$ (shared, or one per group or group size with
+    `rho=`; see the [module][flowkit.train.dependent] for the likelihood). Batches carry the
+    indices of their points: train on [`with_indices`][flowkit.train.with_indices]`(x)`. With
+    $A = \Sigma^{-1}$ and a batch $B$ of $b$ points drawn uniformly without replacement, the
+    loss is minus the batch mean of
 
     $$
     \ell_i = \log|\det J_f(x_i)| - \frac p2 \log 2\pi - \frac p{2n}\log|\Sigma|
@@ -228,13 +337,24 @@ class DependentMaximumLikelihood(Objective):
     The flow must be a [`Flow`][flowkit.flows.Flow] with a
     [`StandardNormal`][flowkit.distributions.StandardNormal] base: each $z_i$ is then
     marginally $\mathcal N(0, I)$, and `flow.log_prob` is the model's marginal density,
-    the validation loss (the mean marginal NLL, of points with or without indices).
+    the validation loss (the mean marginal NLL, of points with or without indices). That is the
+    exact likelihood of independent held-out points (the synthetic sets' validation and test
+    points; the paper selects its checkpoints by it); for related held-out points,
+    [`held_out`][flowkit.train.dependent.DependentMaximumLikelihood.held_out] gives their joint
+    likelihood.
 
     Arguments:
         kinship: an $n \times n$ kinship (correlation) matrix of the training points.
         groups: a group label per training point (give `kinship` or `groups`).
-        value: the initial $\lambda$ (kinship) or $\rho$ (groups), in $[\epsilon, 1 - \epsilon]$.
+        value: the initial $\lambda$ (kinship) or $\rho$ (groups, every parameter), in
+            $[\epsilon, 1 - \epsilon]$.
         eps: the margin $\epsilon$ that keeps the parameter away from 0 and 1.
+        rho: with `groups`: `"shared"` (one $\rho$), `"group"` (one per group, as the paper) or
+            `"size"` (one per group size).
+
+    Raises:
+        ValueError: for a bad kinship matrix or group labels, `value` or `eps` out of range, or
+            `rho` other than `"shared"` with a kinship.
 
     Examples:
         >>> import torch, flowkit
@@ -246,20 +366,34 @@ class DependentMaximumLikelihood(Objective):
         >>> history = fit(flow, objective, with_indices(x), steps=10, batch_size=50, callbacks=[update], progress=False)
         >>> 0 < objective.value < 1
         True
+        >>> per_group = DependentMaximumLikelihood(groups=groups, rho="group")
+        >>> per_group.values.shape  # one rho per group of 4
+        torch.Size([50])
     """
 
     needs_data = True
 
-    def __init__(self, kinship: Any = None, groups: Any = None, *, value: float = 0.5, eps: float = 1e-3) -> None:
+    def __init__(
+        self,
+        kinship: Any = None,
+        groups: Any = None,
+        *,
+        value: float = 0.5,
+        eps: float = 1e-3,
+        rho: str = "shared",
+    ) -> None:
         where = type(self).__name__
         if (kinship is None) == (groups is None):
             raise ValueError(f"{where}: give kinship= or groups=, exactly one")
         self.eps = check_number(eps, "eps", where=where, positive=True, below=0.5)
         value = check_number(value, "value", where=where, low=self.eps, high=1 - self.eps)
+        if kinship is not None and rho != "shared":
+            raise ValueError(f"{where}: rho={rho!r} is for groups; a kinship has one lambda (rho='shared')")
         self.structure: Kinship | EquicorrelatedGroups = (
-            Kinship(kinship, where) if kinship is not None else EquicorrelatedGroups(groups, where)
+            Kinship(kinship, where) if kinship is not None else EquicorrelatedGroups(groups, where, rho)
         )
-        self.logit = _logit(value)
+        #: The logits of the parameters, float64 `(parameters,)`.
+        self.logits = torch.full((self.structure.parameters,), _logit(value), dtype=torch.float64)
 
     @property
     def n(self) -> int:
@@ -267,12 +401,32 @@ class DependentMaximumLikelihood(Objective):
         return self.structure.n
 
     @property
-    def value(self) -> float:
-        r"""The current $\lambda$ (kinship) or $\rho$ (groups)."""
-        return 1 / (1 + math.exp(-self.logit))
+    def values(self) -> Tensor:
+        r"""The current parameters, float64 `(parameters,)`: $\lambda$, $\rho$, or a $\rho$ per group or size."""
+        return torch.sigmoid(self.logits)
 
-    def _value_tensor(self) -> Tensor:
-        return torch.tensor(self.value, dtype=torch.float64)
+    @property
+    def value(self) -> float | Tensor:
+        r"""The current $\lambda$ (kinship) or shared $\rho$ as a float.
+
+        With several parameters (a $\rho$ per group or size), the tensor
+        [`values`][flowkit.train.dependent.DependentMaximumLikelihood.values].
+        """
+        values = self.values
+        return float(values[0]) if values.numel() == 1 else values
+
+    @property
+    def logit(self) -> float:
+        """The logit of a single parameter (kinship or shared rho)."""
+        if self.logits.numel() != 1:
+            raise ValueError(f"{type(self).__name__}: {self.logits.numel()} parameters; use logits")
+        return float(self.logits[0])
+
+    @logit.setter
+    def logit(self, logit: float) -> None:
+        if self.logits.numel() != 1:
+            raise ValueError(f"{type(self).__name__}: {self.logits.numel()} parameters; set logits")
+        self.logits = torch.tensor([float(logit)], dtype=torch.float64)
 
     def latents(self, flow: Any, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """`(z, ladj)` of points `x` through the flow's bijector, `z` flattened to `(b, p)`."""
@@ -307,14 +461,14 @@ class DependentMaximumLikelihood(Objective):
         r"""The base terms $\ell_i - \log|\det J_f(x_i)|$ of a batch of latents `z` `(b, p)` at `index`."""
         self._check_index(index)
         b, p = z.shape
-        value = self.value
-        a = self.structure.precision(value, index).to(device=z.device, dtype=z.dtype)
+        values = self.values
+        a = self.structure.precision(values, index).to(device=z.device, dtype=z.dtype)
         norms = z.square().sum(1)
         quadratic = a.diagonal() * norms
         if b > 1:
             off = (a * (z @ z.T)).sum(1) - quadratic
             quadratic = quadratic + (self.n - 1) / (b - 1) * off
-        log_det = float(self.structure.log_det(self._value_tensor()))
+        log_det = float(self.structure.log_det(values))
         return -0.5 * p * _LOG_2PI - 0.5 * p * log_det / self.n - 0.5 * quadratic
 
     def loss(self, flow: Any, batch: Any) -> Tensor:
@@ -322,28 +476,70 @@ class DependentMaximumLikelihood(Objective):
         z, ladj = self.latents(flow, x, context)
         return -(ladj + self.point_terms(z, index)).mean()
 
-    def latent_log_likelihood(self, z: Tensor, value: float | None = None) -> Tensor:
+    def latent_log_likelihood(self, z: Tensor, value: float | Tensor | None = None) -> Tensor:
         r"""$\log \mathcal N(\operatorname{vec} Z; 0, \Sigma \otimes I)$ of the latents `z` `(n, p)` of all points."""
         if z.dim() != 2 or z.shape[0] != self.n:
             raise ValueError(f"{type(self).__name__}: z must have shape ({self.n}, p), got {tuple(z.shape)}")
-        v = self._value_tensor() if value is None else torch.tensor(value, dtype=torch.float64)
+        v = self.values if value is None else _as_values(value)
         p = z.shape[1]
         statistics = self.structure.statistics(z)
         return -0.5 * (self.n * p * _LOG_2PI + p * self.structure.log_det(v) + self.structure.quadratic(statistics, v))
 
     def log_likelihood(self, flow: Any, x: Tensor, context: Tensor | None = None) -> Tensor:
-        r"""The joint (full-batch) $\log p(X)$ of all $n$ training points `x`, in their order (float64)."""
+        r"""The joint (full-batch) $\log p(X)$ of all $n$ points `x`, in their order (float64)."""
         z, ladj = self.latents(flow, x, context)
         return ladj.double().sum().cpu() + self.latent_log_likelihood(z)
 
+    def held_out(self, kinship: Any = None, groups: Any = None) -> DependentMaximumLikelihood:
+        r"""The same model over other points that are related among themselves (test relatives, test days).
+
+        The held-out points get their own $\Sigma$ (their kinship matrix or group labels) with this
+        objective's parameter: the same $\lambda$, the shared $\rho$, or each group size's $\rho$
+        (`rho="size"`). `held_out(...).log_likelihood(flow, x)` is then the joint log-likelihood
+        of the held-out points `x`, which are independent of the training points.
+
+        Arguments:
+            kinship: the held-out points' kinship matrix (for a kinship objective).
+            groups: the held-out points' group labels (for an objective of groups).
+
+        Raises:
+            ValueError: for the other kind of structure than this objective's, `rho="group"`
+                (the per-group values belong to the training groups), or a group size without a
+                training group of that size (`rho="size"`).
+        """
+        where = f"{type(self).__name__}.held_out"
+        if (kinship is None) == (groups is None):
+            raise ValueError(f"{where}: give kinship= or groups=, exactly one")
+        mine = self.structure
+        if (kinship is not None) != isinstance(mine, Kinship):
+            kind = "kinship" if isinstance(mine, Kinship) else "groups"
+            raise ValueError(f"{where}: this objective has a {kind}; give the held-out points' {kind}")
+        tying = mine.tying if isinstance(mine, EquicorrelatedGroups) else "shared"
+        if tying == "group":
+            raise ValueError(f"{where}: a rho per training group does not carry to new groups; use rho='shared'/'size'")
+        other = DependentMaximumLikelihood(kinship, groups, value=0.5, eps=self.eps, rho=tying)
+        if tying == "size":
+            theirs = other.structure.parameter_sizes
+            ours = mine.parameter_sizes
+            found = theirs[:, None] == ours[None, :]
+            if not bool(found.any(1).all()):
+                missing = theirs[~found.any(1)].tolist()
+                raise ValueError(f"{where}: no training group has size {missing[0]} (held-out sizes {missing})")
+            other.logits = self.logits[found.int().argmax(1)].clone()
+        else:
+            other.logits = self.logits.clone()
+        return other
+
     @torch.no_grad()
-    def update(self, flow: Any, data: Any, batch_size: int = 4096) -> float:
-        r"""Refit $\lambda$ (or $\rho$) to the latents of all training points, with the flow fixed.
+    def update(self, flow: Any, data: Any, batch_size: int = 4096) -> float | Tensor:
+        r"""Refit $\lambda$ (or the $\rho$'s) to the latents of all training points, with the flow fixed.
 
         Computes $z_i = f(x_i)$ for every point (in eval mode, without gradients), then
-        maximises the full-batch log-likelihood over the logit of the parameter on
-        $[\epsilon, 1 - \epsilon]$: a grid of 65 logits, then bounded Brent search around the
-        best (the paper's reference code takes gradient steps on the same full-batch loss).
+        maximises the full-batch log-likelihood over the logit of each parameter on
+        $[\epsilon, 1 - \epsilon]$ (the likelihood is a sum of one term per parameter): a grid
+        of 65 logits, then golden-section search around the best (the paper's reference code
+        takes gradient steps on the same full-batch loss). A parameter of singleton groups only,
+        which the likelihood ignores, keeps its value.
 
         Arguments:
             flow: the flow.
@@ -351,7 +547,7 @@ class DependentMaximumLikelihood(Objective):
             batch_size: points per pass through the flow.
 
         Returns:
-            The new value (also in [`value`][flowkit.train.dependent.DependentMaximumLikelihood.value]).
+            The new [`value`][flowkit.train.dependent.DependentMaximumLikelihood.value].
         """
         x, context = _points(data, type(self).__name__)
         anchor = next((t for t in flow.parameters() if t.is_floating_point()), x)
@@ -373,16 +569,11 @@ class DependentMaximumLikelihood(Objective):
             return self.value
         statistics, p = self.structure.statistics(z), z.shape[1]
 
-        def negative(logit: float) -> float:
-            v = torch.tensor(1 / (1 + math.exp(-logit)), dtype=torch.float64)
-            return float(p * self.structure.log_det(v) + self.structure.quadratic(statistics, v))
+        def negative(logits: Tensor) -> Tensor:
+            return self.structure.terms(statistics, torch.sigmoid(logits), p)
 
-        low, high = _logit(self.eps), _logit(1 - self.eps)
-        grid = np.linspace(low, high, 65)
-        best = int(np.argmin([negative(u) for u in grid]))
-        bracket = (grid[max(best - 1, 0)], grid[min(best + 1, len(grid) - 1)])
-        result = minimize_scalar(negative, bounds=bracket, method="bounded", options={"xatol": 1e-10})
-        self.logit = float(result.x) if result.fun <= negative(grid[best]) else float(grid[best])
+        found = _minimise_separable(negative, _logit(self.eps), _logit(1 - self.eps), self.structure.parameters)
+        self.logits = torch.where(self.structure.identified(), found, self.logits)
         return self.value
 
     def validation_loss(self, flow: Any, batch: Any) -> Tensor:
@@ -391,8 +582,17 @@ class DependentMaximumLikelihood(Objective):
         return MaximumLikelihood.negative_log_likelihood(flow, x if context is None else (x, context))
 
     def metrics(self) -> dict[str, float]:
-        r"""The current $\lambda$ (`lam`) or $\rho$ (`rho`), logged at each step."""
-        return {self.structure.name: self.value}
+        r"""The current $\lambda$ (`lam`) or $\rho$ (`rho`), logged at each step.
+
+        With a $\rho$ per group or size, `rho_mean`: their mean over the points of groups of two or more.
+        """
+        values = self.values
+        if values.numel() == 1:
+            return {self.structure.name: float(values[0])}
+        structure = self.structure
+        rho, m = structure._rho(values), structure.sizes
+        weight = torch.where(m > 1, m, torch.zeros_like(m))
+        return {"rho_mean": float((rho * weight).sum() / weight.sum()) if weight.sum() > 0 else float("nan")}
 
 
 def _points(data: Any, where: str) -> tuple[Tensor, Tensor | None]:
@@ -410,11 +610,13 @@ def _points(data: Any, where: str) -> tuple[Tensor, Tensor | None]:
 class DependenceUpdate(Callback):
     r"""Alternate the flow's steps with full-batch updates of $\lambda$ (or $\rho$), as in Kirchler et al. 2023.
 
-    Every `every` steps of [`fit`][flowkit.train.fit] and after the last one (and before the
-    first, with `at_start`) it calls
+    Every `every` steps of [`fit`][flowkit.train.fit] (and before the first, with `at_start`)
+    it calls
     [`DependentMaximumLikelihood.update`][flowkit.train.dependent.DependentMaximumLikelihood.update]
     on the latents of all training points; between updates the flow trains with the
-    parameter fixed, so each mini-batch loss is unbiased.
+    parameter fixed, so each mini-batch loss is unbiased. At the very end it updates once more,
+    on the flow's final weights: those of the best validation when `fit` restores them
+    (`restore_best`), so that the parameter belongs to the flow that is returned.
 
     Arguments:
         objective: the [`DependentMaximumLikelihood`][flowkit.train.DependentMaximumLikelihood] being minimised.
@@ -455,6 +657,5 @@ class DependenceUpdate(Callback):
         if state.step % self.every == 0:
             self._update(state)
 
-    def on_train_end(self, state: TrainState) -> None:
-        if self.last_update != state.step:
-            self._update(state)
+    def on_end(self, state: TrainState) -> None:  # after fit's own callbacks have put the final weights in
+        self._update(state)

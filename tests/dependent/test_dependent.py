@@ -277,3 +277,215 @@ def test_a_resumed_run_refits_the_value(tmp_path):
     assert run(3, False).metrics["rho"] == [0.5] * 3  # no update before the first step by default
     resumed = run(5, True)
     assert len(resumed.metrics["rho"]) == 5 and resumed.metrics["rho"][3] != 0.5
+
+
+# ---- a rho per group or per group size (the paper's equicorrelated model), held-out relatives
+
+
+def _groups_sigma_per_group(groups: torch.Tensor, rho_of_group: torch.Tensor) -> torch.Tensor:
+    same = groups[:, None] == groups[None, :]
+    rho = rho_of_group[groups]
+    sigma = torch.where(same, rho[:, None].expand(len(groups), len(groups)), torch.zeros((), dtype=F64))
+    return sigma.fill_diagonal_(1.0)
+
+
+_GROUPS = torch.tensor([3, 3, 3, 0, 7, 7, 5, 5, 5, 5, 9, 3, 0, 0])  # labels unsorted; sizes 4, 3, 2, 4, 1 (+ label 0)
+
+
+def test_per_group_log_determinant_precision_and_likelihood_match_dense():
+    objective = DependentMaximumLikelihood(groups=_GROUPS, rho="group")
+    labels = torch.unique(_GROUPS, return_inverse=True)[1]
+    values = torch.tensor([0.15, 0.4, 0.9, 0.6, 0.3], dtype=F64)  # groups in sorted-label order: 0, 3, 5, 7, 9
+    objective.logits = torch.logit(values)
+    sigma = _groups_sigma_per_group(labels, values)
+    sign, logdet = torch.linalg.slogdet(sigma)
+    assert sign == 1 and math.isclose(float(objective.structure.log_det(values)), float(logdet), rel_tol=1e-12)
+    index = torch.tensor([9, 0, 13, 4, 1, 10, 6])
+    inverse = torch.linalg.inv(sigma)
+    assert torch.allclose(objective.structure.precision(values, index), inverse[index][:, index], atol=1e-12)
+    z = torch.randn(len(_GROUPS), 3, dtype=F64)
+    dense = torch.distributions.MultivariateNormal(torch.zeros(len(_GROUPS), dtype=F64), sigma)
+    assert torch.allclose(objective.latent_log_likelihood(z), dense.log_prob(z.T).sum(), rtol=1e-12)
+
+
+def test_kinship_precision_block_matches_the_dense_inverse():
+    n = 40
+    k = _kinship(n, rank=10)
+    objective = DependentMaximumLikelihood(kinship=k)
+    inverse = torch.linalg.inv(0.3 * torch.eye(n, dtype=F64) + 0.7 * k)
+    index = torch.tensor([5, 0, 39, 17, 2])
+    assert torch.allclose(objective.structure.precision(0.3, index), inverse[index][:, index], rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("rho", ["group", "size"])
+def test_per_group_minibatch_term_averages_to_the_full_batch_value(rho):
+    n, b = 120, 16
+    groups = torch.arange(n) // 7 + (torch.arange(n) >= 100) * torch.arange(n)  # groups of 7, then singletons
+    objective = DependentMaximumLikelihood(groups=groups, rho=rho)
+    g = torch.Generator().manual_seed(3)
+    objective.logits = torch.logit(torch.rand(objective.structure.parameters, generator=g, dtype=F64) * 0.9 + 0.05)
+    flow = _flow()
+    x = torch.randn(n, 2, dtype=F64, generator=g) * 1.5 + 0.3
+    with torch.no_grad():
+        full = float(objective.log_likelihood(flow, x)) / n
+        z, ladj = objective.latents(flow, x)
+        batches = (torch.randperm(n, generator=g)[:b] for _ in range(2000))
+        draws = torch.stack([(ladj[i] + objective.point_terms(z[i], i)).mean() for i in batches])
+    mean, se = float(draws.mean()), float(draws.std()) / math.sqrt(len(draws))
+    assert abs(mean - full) < 3 * se, (mean, full, se)
+    assert se < 0.05 * abs(full)
+
+
+def _dense_optimum(z: torch.Tensor, eps: float = 1e-3) -> float:
+    """The maximum-likelihood rho of one equicorrelated group's latents z (m, p), by the dense Gaussian."""
+    from scipy.optimize import minimize_scalar
+
+    m = z.shape[0]
+
+    def negative(rho: float) -> float:
+        sigma = (1 - rho) * torch.eye(m, dtype=F64) + rho
+        return -float(torch.distributions.MultivariateNormal(torch.zeros(m, dtype=F64), sigma).log_prob(z.T).sum())
+
+    grid = np.linspace(eps, 1 - eps, 400)
+    best = grid[int(np.argmin([negative(r) for r in grid]))]
+    step = grid[1] - grid[0]
+    bounds = (max(eps, best - step), min(1 - eps, best + step))
+    return float(minimize_scalar(negative, bounds=bounds, method="bounded", options={"xatol": 1e-12}).x)
+
+
+def test_per_group_update_is_the_dense_maximum_likelihood_of_each_group():
+    sizes, truth = [40, 7, 120, 2, 1, 15], [0.8, 0.3, 0.55, 0.9, 0.5, 0.05]
+    groups = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
+    g = torch.Generator().manual_seed(5)
+    rho = torch.tensor(truth, dtype=F64)[groups, None]
+    shared = torch.randn(len(sizes), 2, generator=g, dtype=F64)[groups]
+    z = rho.sqrt() * shared + (1 - rho).sqrt() * torch.randn(len(groups), 2, generator=g, dtype=F64)
+    objective = DependentMaximumLikelihood(groups=groups, rho="group", value=0.2)
+    estimate = objective.update(_identity_flow(), z)
+    assert estimate.shape == (len(sizes),)
+    for k, size in enumerate(sizes):
+        if size == 1:
+            assert math.isclose(float(estimate[k]), 0.2, rel_tol=1e-12)  # a singleton's rho is not identified: kept
+        else:
+            assert abs(float(estimate[k]) - _dense_optimum(z[groups == k])) < 1e-6, k
+    shared_fit = DependentMaximumLikelihood(groups=groups).update(_identity_flow(), z)  # one rho: the dense optimum too
+    everything = [z[groups == k] for k in range(len(sizes))]
+
+    def negative(r: float) -> float:
+        return -sum(
+            float(
+                torch.distributions.MultivariateNormal(
+                    torch.zeros(len(w), dtype=F64), (1 - r) * torch.eye(len(w), dtype=F64) + r
+                )
+                .log_prob(w.T)
+                .sum()
+            )
+            for w in everything
+        )
+
+    from scipy.optimize import minimize_scalar
+
+    dense = minimize_scalar(negative, bounds=(1e-3, 1 - 1e-3), method="bounded", options={"xatol": 1e-12}).x
+    assert abs(shared_fit - dense) < 1e-6
+
+
+def test_rho_per_size_ties_groups_of_one_size():
+    groups = torch.repeat_interleave(torch.arange(6), torch.tensor([3, 5, 3, 5, 5, 1]))
+    objective = DependentMaximumLikelihood(groups=groups, rho="size")
+    assert objective.structure.parameter_sizes.tolist() == [1, 3, 5]
+    assert objective.structure.identified().tolist() == [False, True, True]
+    z = torch.randn(len(groups), 2, dtype=F64)
+    values = objective.update(_identity_flow(), z)
+    rho = objective.structure._rho(values)
+    assert rho[0] == rho[2] and rho[1] == rho[3] == rho[4] and rho[0] != rho[1]
+    equal, w = torch.arange(60) // 6, torch.randn(60, 2, dtype=F64)  # groups all of one size: "size" is "shared"
+    one = DependentMaximumLikelihood(groups=equal, rho="size").update(_identity_flow(), w)
+    two = DependentMaximumLikelihood(groups=equal).update(_identity_flow(), w)
+    assert math.isclose(float(one), two, rel_tol=1e-12)
+
+
+def test_per_group_rho_recovered_by_fit_on_the_papers_design():
+    data = equicorrelated_groups("cres", n=3000, rho=(0.5, 0.99), max_group=1000, seed=1)
+    truth = torch.tensor(data.truth["rho"], dtype=F64)
+    assert len(truth) == int(data.groups.max()) + 1 and bool(((truth >= 0.5) & (truth <= 0.99)).all())
+    groups = data.groups
+    g = torch.Generator().manual_seed(0)
+    shared = torch.randn(len(truth), 2, generator=g, dtype=F64)[groups]
+    rho = truth[groups, None]
+    z = rho.sqrt() * shared + (1 - rho).sqrt() * torch.randn(len(groups), 2, generator=g, dtype=F64)
+    objective = DependentMaximumLikelihood(groups=groups, rho="group")
+    estimate = objective.update(_identity_flow(), z)
+    m, p = objective.structure.sizes, 2
+    big = m >= 200
+    assert int(big.sum()) >= 2
+    # the Fisher information of one group's rho: p/2 [(m-1)/(1-rho)^2 + (m-1)^2/(1+(m-1)rho)^2]
+    information = p / 2 * ((m - 1) / (1 - truth) ** 2 + (m - 1) ** 2 / (1 + (m - 1) * truth) ** 2)
+    se = information.rsqrt()
+    assert bool(((estimate - truth).abs()[big] < 4 * se[big]).all()), (estimate[big], truth[big], se[big])
+
+
+def test_held_out_joint_likelihood_of_related_test_points():
+    train_groups = torch.arange(40) // 4
+    objective = DependentMaximumLikelihood(groups=train_groups, value=0.35)
+    flow = _flow()
+    test_groups = torch.tensor([0, 0, 1, 1, 1, 2])
+    held = objective.held_out(groups=test_groups)
+    assert held.n == 6 and held.value == pytest.approx(0.35)
+    x = torch.randn(6, 2, dtype=F64)
+    with torch.no_grad():
+        z, ladj = held.latents(flow, x)
+        sigma = _groups_sigma(test_groups, 0.35)
+        dense = torch.distributions.MultivariateNormal(torch.zeros(6, dtype=F64), sigma).log_prob(z.T).sum()
+        assert torch.allclose(held.log_likelihood(flow, x), ladj.sum() + dense, rtol=1e-12)
+    sized = DependentMaximumLikelihood(groups=torch.tensor([0, 0, 1, 1, 1, 2, 2, 2]), rho="size")
+    sized.logits = torch.logit(torch.tensor([0.2, 0.7], dtype=F64))  # sizes 2 and 3
+    other = sized.held_out(groups=torch.tensor([5, 5, 5, 1, 1]))  # groups by sorted label: 1 (size 2), 5 (size 3)
+    assert other.structure._rho(other.values).tolist() == pytest.approx([0.2, 0.7])
+    with pytest.raises(ValueError, match="size 4"):
+        sized.held_out(groups=torch.tensor([0, 0, 0, 0]))
+    with pytest.raises(ValueError, match="does not carry"):
+        DependentMaximumLikelihood(groups=train_groups, rho="group").held_out(groups=test_groups)
+    with pytest.raises(ValueError, match="give the held-out points' groups"):
+        objective.held_out(kinship=torch.eye(3))
+    with pytest.raises(ValueError, match="exactly one"):
+        objective.held_out()
+    kin = DependentMaximumLikelihood(kinship=_kinship(20), value=0.6).held_out(kinship=_kinship(5, rank=3))
+    assert kin.n == 5 and kin.value == pytest.approx(0.6)
+
+
+def test_the_value_belongs_to_the_restored_best_weights():
+    n = 200
+    g = torch.Generator().manual_seed(0)
+    groups = torch.arange(n) // 10
+    x = torch.randn(n, 2, generator=g) * 0.5 + 0.5 * torch.randn(n // 10, 2, generator=g)[groups]
+    torch.manual_seed(0)
+    flow = flowkit.flows.RealNVP(2, transforms=2, hidden=(16,))
+    objective = DependentMaximumLikelihood(groups=groups)
+    update = DependenceUpdate(objective, flow, x, every=1000)
+    val = torch.randn(100, 2, generator=g) + 4.0  # far from the training points: training makes it worse
+    history = fit(
+        flow, objective, with_indices(x), steps=40, batch_size=50, lr=5e-2, val_data=val, val_every=5,
+        restore_best=True, callbacks=[update], progress=False,
+    )  # fmt: skip
+    assert history.best_step < 40  # the best weights are not the last ones
+    final = objective.value
+    assert objective.update(flow, x) == pytest.approx(final, abs=1e-12)  # the value was fitted to the returned flow
+
+
+def test_bad_rho_tyings_and_ranges():
+    with pytest.raises(ValueError, match="rho must be one of"):
+        DependentMaximumLikelihood(groups=torch.arange(6) // 2, rho="block")
+    with pytest.raises(ValueError, match="for groups"):
+        DependentMaximumLikelihood(kinship=torch.eye(4), rho="group")
+    objective = DependentMaximumLikelihood(groups=torch.arange(6) // 2, rho="group")
+    with pytest.raises(ValueError, match="3 parameters"):
+        objective.logit  # noqa: B018
+    with pytest.raises(ValueError, match="expected 3 values"):
+        objective.structure.log_det(torch.tensor([0.5, 0.5], dtype=F64))
+    with pytest.raises(ValueError, match="low <= high"):
+        equicorrelated_groups(rho=(0.9, 0.5))
+    with pytest.raises(ValueError, match="a range"):
+        equicorrelated_groups(rho=(0.1, 0.5, 0.9))
+    with pytest.raises(ValueError, match="rho"):
+        equicorrelated_groups(rho=(0.5, 1.0))
+    assert objective.metrics().keys() == {"rho_mean"}
