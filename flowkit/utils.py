@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["sum_event", "TensorAnchor", "auxiliary_loss", "aggregates_auxiliary_loss"]
+__all__ = ["sum_event", "TensorAnchor", "auxiliary_loss", "auxiliary_loss_modules", "aggregates_auxiliary_loss"]
 
 
 def sum_event(t: Tensor, event_dims: int) -> Tensor:
@@ -34,7 +34,23 @@ class TensorAnchor(nn.Module):
         return self._anchor.device
 
 
-def auxiliary_loss(module: nn.Module) -> Tensor | None:
+def auxiliary_loss_modules(module: nn.Module) -> list[nn.Module]:
+    """The submodules of `module` (itself included) whose `auxiliary_loss()` counts.
+
+    Those that define one, less those whose method is marked with
+    `aggregates_auxiliary_loss` (a flow's, which sums its own submodules'). The fit
+    loop finds them once per run and sums [`auxiliary_loss`][flowkit.utils.auxiliary_loss]
+    over that list at each step, without walking the module tree again.
+    """
+    found = []
+    for sub in module.modules():
+        method = getattr(type(sub), "auxiliary_loss", None)
+        if method is not None and not getattr(method, "_aggregates", False):
+            found.append(sub)
+    return found
+
+
+def auxiliary_loss(module: nn.Module | Sequence[nn.Module]) -> Tensor | None:
     """Sum of `auxiliary_loss()` over `module` and its submodules that define one (`None` when none does).
 
     A layer with a regulariser (such as EIW's channel-weight penalty) defines a
@@ -42,13 +58,15 @@ def auxiliary_loss(module: nn.Module) -> Tensor | None:
     the objective, so neither the loop nor the containers need to know which
     layers have one. Methods marked with `aggregates_auxiliary_loss`
     (a flow's, which calls this function) are skipped, so nothing counts twice.
+
+    Arguments:
+        module: a module, or the list [`auxiliary_loss_modules`][flowkit.utils.auxiliary_loss_modules]
+            returned for one (then the tree is not walked again).
     """
+    modules = auxiliary_loss_modules(module) if isinstance(module, nn.Module) else module
     total: Tensor | None = None
-    for sub in module.modules():
-        method = getattr(type(sub), "auxiliary_loss", None)
-        if method is None or getattr(method, "_aggregates", False):
-            continue
-        value = method(sub)
+    for sub in modules:
+        value = sub.auxiliary_loss()
         if value is not None:
             total = value if total is None else total + value
     return total

@@ -147,12 +147,13 @@ class ShardedBatchSampler(Sampler[list[int]]):
         self.epoch, self.skip = epoch, skip
 
     def _indices(self) -> Tensor:
-        if self.shuffle:
-            sampler = DistributedSampler(
-                range(self.n), num_replicas=self.world_size, rank=self.rank, shuffle=True, seed=self.seed
-            )
-            sampler.set_epoch(self.epoch)
-            return torch.tensor(list(sampler), dtype=torch.int64)
+        if self.shuffle:  # DistributedSampler's order (shuffled, padded by wrapping), as one tensor
+            generator = torch.Generator().manual_seed(self.seed + self.epoch)
+            order = torch.randperm(self.n, generator=generator)
+            total = math.ceil(self.n / self.world_size) * self.world_size
+            if total > self.n:
+                order = torch.cat([order, order.repeat(math.ceil((total - self.n) / self.n))[: total - self.n]])
+            return order[self.rank : total : self.world_size]
         return torch.arange(self.rank, self.n, self.world_size)
 
     def index_batches(self) -> Iterator[Tensor]:

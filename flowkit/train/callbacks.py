@@ -308,6 +308,8 @@ class Progress(Callback):
         self.bar = tqdm(total=self.total, initial=state.step, disable=None if self.enabled else True, desc=self.desc)
 
     def on_step_end(self, state: TrainState) -> None:
+        if self.bar.disable:  # no bar (progress=False, not a terminal, another rank): nothing to format
+            return
         self.bar.update(1)
         self.bar.set_postfix(loss=f"{state.last.loss:.4g}", refresh=False)
 

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler, ReduceLROnPlateau
 
-from ..utils import auxiliary_loss
+from ..utils import auxiliary_loss, auxiliary_loss_modules
 from .batches import LatentBatches, make_batches
 from .callbacks import CHECKPOINT_FILE, EMA, Callback, CallbackList, Checkpoint, Progress, SaveModel, Validation
 from .checkpoint import load_checkpoint
@@ -82,9 +82,10 @@ class _LossModule(nn.Module):
         super().__init__()
         self.flow = flow
         self.objectives = [objective]  # a plain list: the objective is not part of the model
+        self.auxiliary_modules = auxiliary_loss_modules(flow)  # found once per run, not at every step
 
     def forward(self, batch: Any) -> tuple[Tensor, Tensor | None]:
-        return self.objectives[0].loss(self.flow, batch), auxiliary_loss(self.flow)
+        return self.objectives[0].loss(self.flow, batch), auxiliary_loss(self.auxiliary_modules)
 
 
 def train_step(
@@ -99,10 +100,10 @@ def train_step(
     """One optimisation step on `batch`; the update is skipped when the loss or the gradient norm is not finite.
 
     Arguments:
-        model: a module whose forward maps the batch to `(loss, auxiliary loss or None)`; the
-            global gradient norm is taken over its trainable parameters.
+        model: a module whose forward maps the batch to `(loss, auxiliary loss or None)`.
         objective: the objective (for its `metrics()`).
-        optimizer: the optimiser.
+        optimizer: the optimiser; the global gradient norm (clipped, and checked for
+            finiteness) is taken over the trainable parameters it updates.
         batch: the batch.
         clip: maximum global gradient norm (None: no clipping).
         ctx: the distributed context; the logged numbers are averaged over its ranks.
@@ -121,16 +122,19 @@ def train_step(
     metrics = {k: float(v) for k, v in objective.metrics().items()}
     if auxiliary is not None:
         metrics["auxiliary_loss"] = float(auxiliary.detach())
-    names = sorted(metrics)
-    stats = ctx.mean(torch.tensor([float(total.detach()), *(metrics[n] for n in names)], dtype=torch.float64))
-    value, metrics = stats[0].item(), dict(zip(names, stats[1:].tolist(), strict=True))
+    if ctx.active:
+        names = sorted(metrics)
+        stats = ctx.mean(torch.tensor([float(total.detach()), *(metrics[n] for n in names)], dtype=torch.float64))
+        value, metrics = stats[0].item(), dict(zip(names, stats[1:].tolist(), strict=True))
+    else:  # one process: no tensor of statistics to average
+        value = float(total.detach())
     lr = optimizer.param_groups[0]["lr"]
     if not math.isfinite(value):
         return StepOutcome(value, lr, math.nan, metrics, skipped="loss")
     if not total.requires_grad:
         raise ValueError(f"fit: {name}.loss returned a tensor without gradient")
     total.backward()
-    params = [p for p in model.parameters() if p.requires_grad]
+    params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
     if clip is not None:
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
     else:

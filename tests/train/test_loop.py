@@ -60,6 +60,22 @@ def test_tensor_data_epochs_and_batches_cover_the_data():
     assert not torch.equal(torch.cat(objective.batches[:4]), torch.cat(objective.batches[4:]))  # reshuffled
 
 
+@pytest.mark.parametrize("n, world_size", [(1, 3), (7, 1), (7, 3), (100, 8)])
+def test_shuffled_order_is_distributed_samplers(n, world_size):
+    # the sharded batches follow torch's DistributedSampler exactly (same seed, epoch, padding by wrapping)
+    from torch.utils.data import DistributedSampler
+
+    from flowkit.train.batches import ShardedBatchSampler
+
+    for rank in range(world_size):
+        for epoch in (0, 5):
+            ours = ShardedBatchSampler(n, 4, world_size=world_size, rank=rank, seed=11)
+            ours.set_epoch(epoch)
+            torchs = DistributedSampler(range(n), num_replicas=world_size, rank=rank, shuffle=True, seed=11)
+            torchs.set_epoch(epoch)
+            assert torch.cat(list(ours.index_batches())).tolist() == list(torchs)
+
+
 def test_pairs_keep_context_aligned_and_reach_the_flow():
     x = torch.randn(64, 2)
     context = x.sum(-1, keepdim=True)  # a function of x: alignment is checkable
