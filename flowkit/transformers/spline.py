@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -102,6 +102,26 @@ def _identity_derivative(min_derivative: float) -> float:
     return math.log(math.expm1(1 - min_derivative))
 
 
+def _scale_and_offset(
+    total: Tensor, bins: int, low: float, high: float, min_bin_width: float, min_bin_height: float
+) -> tuple[Tensor, Tensor]:
+    """`scale = span (1 - K m) / C_K`, shaped like `total`, and `offset_k = k span m + low`.
+
+    `total` has the rows (widths, heights) in dim -2: `(..., 2, 1)` for the reference, `(2, n)` fused.
+
+    `offset` is `(K,)` when both minimums agree, else `(2, K)` (rows for the widths and the heights).
+    Knot `k >= 1` on either axis sits at `offset_{k-1} + C_{k-1} scale`, with `C` the cumulative sum
+    of the exponentiated logits and `C_K = total`; the reference and the fused knot constructions
+    share this arithmetic.
+    """
+    span = high - low
+    ramp = torch.arange(1, bins + 1, dtype=total.dtype, device=total.device)
+    if min_bin_width == min_bin_height:
+        return span * (1 - bins * min_bin_width) / total, ramp * (span * min_bin_width) + low
+    minimum = total.new_tensor([[min_bin_width], [min_bin_height]])
+    return span * (1 - bins * minimum) / total, ramp * (span * minimum) + low
+
+
 def _knots(
     unnormalized_bins: Tensor,
     derivatives: Tensor,
@@ -130,18 +150,10 @@ def _knots(
     conditioner's output, are copied first (strided kernels are slow); the max
     is taken on detached logits (any shift is exact).
     """
-    bins = unnormalized_bins.shape[-1]
-    span = high - low
     logits = unnormalized_bins.contiguous()
     cumulative = torch.cumsum(torch.exp(logits - logits.detach().amax(dim=-1, keepdim=True)), dim=-1)
-    ramp = torch.arange(1, bins + 1, dtype=cumulative.dtype, device=cumulative.device)
-    if min_bin_width == min_bin_height:
-        scale = span * (1 - bins * min_bin_width) / cumulative[..., -1:]
-        offset = ramp * (span * min_bin_width) + low
-    else:
-        minimum = cumulative.new_tensor([[min_bin_width], [min_bin_height]])
-        scale = span * (1 - bins * minimum) / cumulative[..., -1:]
-        offset = ramp * (span * minimum) + low
+    bins = unnormalized_bins.shape[-1]
+    scale, offset = _scale_and_offset(cumulative[..., -1:], bins, low, high, min_bin_width, min_bin_height)
     # The last knot is high up to rounding; the bin search uses the interior
     # knots only, inputs are clamped to [low, high] and the bin-relative
     # coordinate to [0, 1], so a point in a rounding gap at the end (an angle
@@ -395,6 +407,259 @@ def _linear_tail_derivatives(unnormalized_derivatives: Tensor, min_derivative: f
     return F.pad(_softplus(unnormalized_derivatives) + min_derivative, (1, 1), value=1.0)
 
 
+class _Layout(NamedTuple):
+    """What a spline's parameter vector means: `K` width and `K` height logits, then the derivatives.
+
+    Linear tails (`circular=False`): `K - 1` interior pre-softplus derivatives, boundary derivatives 1 and
+    the identity outside `[low, high]`. Circular: `K` derivatives, the last one shared by both ends, and
+    no tails (inputs are clamped). Columns past the spline's own are ignored (the circle's rotation).
+    """
+
+    bins: int
+    low: float
+    high: float
+    min_bin_width: float
+    min_bin_height: float
+    min_derivative: float
+    circular: bool
+
+
+def _layout_knots(params: Tensor, layout: _Layout) -> tuple[Tensor, Tensor]:
+    """The knot table of `_knots` from a parameter tensor `(..., P)` laid out as `layout` says."""
+    k = layout.bins
+    if layout.circular:
+        derivatives = _softplus(params[..., 2 * k : 3 * k]) + layout.min_derivative
+        derivatives = torch.cat([derivatives[..., -1:], derivatives], dim=-1)
+    else:
+        derivatives = _linear_tail_derivatives(params[..., 2 * k : 3 * k - 1], layout.min_derivative)
+    bins = params[..., : 2 * k].unflatten(-1, (2, k))
+    return _knots(bins, derivatives, layout.low, layout.high, layout.min_bin_width, layout.min_bin_height)
+
+
+def _reference_map(
+    x: Tensor, params: Tensor, layout: _Layout, inverse: bool, derivative: bool
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """The spline through the full knot table and autograd's chain rule: the reference of `_FusedSpline`.
+
+    Returns `(out, ladj, d)` with `d` the derivative of `ladj` in the input (None unless `derivative`).
+    """
+    out, ladj, clamped, d = _spline(x, _layout_knots(params, layout), layout.low, layout.high, inverse, derivative)
+    if layout.circular:
+        return out, ladj, d
+    if derivative:
+        return _tails(x, clamped, out, ladj, d)
+    return (*_tails(x, clamped, out, ladj), None)
+
+
+#: `log2(e)`: `exp(t) = 2^(t log2 e)`; torch's CPU `exp2` kernel is about three times faster than `exp`.
+_LOG2E = 1.4426950408889634
+
+
+def _fused_forward(v: Tensor, p: Tensor, layout: _Layout, inverse: bool, derivative: bool) -> tuple[Tensor, ...]:
+    r"""The spline at `v` `(n,)` from parameters `p` `(n, P)`, touching only the bin each point falls in.
+
+    Only a few passes need all `K` bins of a row: the exponentiated, shifted logits and their cumulative
+    sum `C` (both rows, shifted by the row maximum), and the knots of the searched axis (`x` forward,
+    `y` inverse) for `torch.searchsorted`, as in `_knots`. Everything else (the bin's two knots on both
+    axes, its two derivatives, softplus included) is gathered per point through flat indices, so the
+    `(n, 2, K + 1)` knot and `(n, K + 1)` derivative tables of the reference are never built. Per-point
+    pieces are stacked along a leading axis (`(2, n)`, `(4, n)`): torch's CPU kernels are slow on a short
+    last axis (a broadcast over it, a reduction along it, a stack into it).
+
+    Returns `(out, ladj, dlog, saved)`, where `saved` holds what `_fused_backward` needs.
+    """
+    k, low, high = layout.bins, layout.low, layout.high
+    n, width = p.shape
+    logits = p[:, : 2 * k].reshape(2 * n, k)  # a contiguous copy (a view only if p has no other columns)
+    shift = logits.amax(-1, keepdim=True)
+    # (logits - shift) log2(e) in one pass (a rank-1 product: faster than the broadcast subtraction), 2^(.) in place.
+    exps = torch.addmm(logits, shift, logits.new_full((1, k), -1.0), beta=_LOG2E, alpha=_LOG2E).exp2_()
+    cumulative = exps.cumsum(-1)  # (2n, K): rows 2i (widths) and 2i + 1 (heights) of point i
+    total = cumulative[:, -1].view(n, 2).t()  # (2, n)
+    scale, offset = _scale_and_offset(total, k, low, high, layout.min_bin_width, layout.min_bin_height)
+    axis = 1 if inverse else 0
+    clamped = v.clamp(low, high)
+    if k > 1:
+        # The interior knots of the searched axis as `_knots` computes them; the bin is the number of them
+        # strictly below the point.
+        row = offset if offset.dim() == 1 else offset[axis]
+        inner = torch.addcmul(row[: k - 1], cumulative.view(n, 2, k)[:, axis, : k - 1], scale[axis].unsqueeze(-1))
+        bin_ = torch.searchsorted(inner, clamped.unsqueeze(-1)).view(n)
+    else:
+        bin_ = torch.zeros(n, dtype=torch.long, device=v.device)
+    first = bin_ == 0
+    below = (bin_ - 1).clamp_min(0)  # the cumulative sum ending at the bin's lower knot (none at k = 0)
+    rows = torch.arange(n, device=v.device)
+    ends = torch.stack([below, bin_, below + k, bin_ + k])  # (4, n): lower and upper knot on the x, y rows
+    sums = cumulative.view(-1).index_select(0, (ends + rows * (2 * k)).view(-1)).view(2, 2, n)
+    offsets = offset.expand(2, k).reshape(-1).index_select(0, ends.view(-1)).view(2, 2, n)
+    knots = torch.addcmul(offsets, sums, scale.unsqueeze(1))  # (axis, lower/upper, n)
+    knots[:, 0].masked_fill_(first, low)  # knot 0 is low
+    (x0, x1), (y0, y1) = knots
+    # Derivatives at the bin's two knots: softplus of two gathered columns.
+    columns = None
+    if layout.circular:
+        columns = torch.stack([torch.where(first, k - 1, bin_ - 1), bin_])
+    elif k > 1:
+        columns = torch.stack([below, bin_.clamp_max(k - 2)])
+    raw, last = None, bin_ == k - 1
+    if columns is None:
+        d0 = d1 = softened = torch.ones_like(v)
+    else:
+        raw = p.reshape(-1).index_select(0, (columns + (rows * width + 2 * k)).view(-1)).view(2, n)
+        softened = F.softplus(raw) + layout.min_derivative
+        if not layout.circular:
+            softened = torch.where(torch.stack([first, last]), 1.0, softened)  # boundary derivatives 1
+        d0, d1 = softened.clamp_max(_MAX_DERIVATIVE)
+    out, ladj, dlog = _RationalQuadraticBin.forward(clamped, x0, x1, y0, y1, d0, d1, inverse, derivative)
+    inside = v == clamped
+    if not layout.circular:
+        out, ladj = torch.where(inside, out, v), torch.where(inside, ladj, 0.0)
+        if dlog is not None:
+            dlog = torch.where(inside, dlog, 0.0)
+    point = out if inverse else clamped
+    saved = (point, x0, x1, y0, y1, d0, d1, inside, bin_, exps, sums, total, scale)
+    return out, ladj, dlog, (saved, raw, softened, columns)
+
+
+def _fused_backward(
+    saved: tuple[Tensor, ...],
+    raw: Tensor | None,
+    softened: Tensor,
+    columns: Tensor | None,
+    layout: _Layout,
+    inverse: bool,
+    width: int,
+    g_out: Tensor,
+    g_ladj: Tensor,
+) -> tuple[Tensor, Tensor]:
+    r"""Cotangents of `(out, ladj)` `(n,)` pulled back to the input `(n,)` and the parameters `(n, P)`.
+
+    The bin's part is `_bin_pullback`. Knot `j` of a row is `low + A F_j + j\,span\,m`, with
+    `F_j = \sum_{b<j} p_b`, `p = softmax(l)` and `A = span (1 - K m)`, so
+    $\partial F_j / \partial l_i = p_i ([i<j] - F_j)$; the bin's two knots `k`, `k + 1` with cotangents
+    `g_0`, `g_1` give
+
+    $$ \bar l_i = A p_i \big( (g_0 + g_1 - c) - [i \ge k]\,g_0 - [i \ge k+1]\,g_1 \big),
+       \qquad c = g_0 F_k + g_1 F_{k+1}, $$
+
+    the cumulative sum of three spikes per row (at 0, `k` and `k + 1`): two passes over the `K` bins
+    instead of the reference's chain. Knots 0 and `K` are constant (`low`, `high`). The derivatives'
+    cotangents go to their two softplus columns.
+    """
+    point, x0, x1, y0, y1, d0, d1, inside, bin_, exps, sums, total, scale = saved
+    k = layout.bins
+    n = point.shape[0]
+    g_in, g_ladj_in = g_out, g_ladj
+    if not layout.circular:
+        g_in, g_ladj_in = torch.where(inside, g_out, 0.0), torch.where(inside, g_ladj, 0.0)
+    g_v, g_x0, g_x1, g_y0, g_y1, g_d0, g_d1 = _bin_pullback(point, (x0, x1, y0, y1, d0, d1), inverse, g_in, g_ladj_in)
+    g_params = torch.zeros(n, width, dtype=point.dtype, device=point.device)
+    rows = torch.arange(n, device=point.device)
+    first, last = bin_ == 0, bin_ == k - 1
+    # Width and height logits.
+    g_lower = torch.where(first, 0.0, torch.stack([g_x0, g_y0]))  # (2, n)
+    g_upper = torch.where(last, 0.0, torch.stack([g_x1, g_y1]))
+    fractions = sums / total.unsqueeze(1)  # F_k, F_{k+1} of both rows, (2, 2, n)
+    c = g_lower * fractions[:, 0] + g_upper * fractions[:, 1]
+    spikes = torch.stack([(g_lower + g_upper - c) * scale, -g_lower * scale, -g_upper * scale], dim=1)  # (2, 3, n)
+    at = torch.stack([torch.zeros_like(bin_), bin_, (bin_ + 1).clamp_max(k - 1)]) + rows * (2 * k)
+    at = torch.stack([at, at + k])  # (2, 3, n)
+    steps = torch.zeros(n * 2 * k, dtype=point.dtype, device=point.device).index_add_(0, at.view(-1), spikes.view(-1))
+    torch.mul(exps.view(n, 2, k), steps.view(n, 2, k).cumsum_(-1), out=g_params[:, : 2 * k].view(n, 2, k))
+    # Derivatives: d = m + softplus(raw), capped, 1 at the linear tails' boundaries.
+    if raw is not None:
+        keep = softened <= _MAX_DERIVATIVE
+        if not layout.circular:
+            keep = keep & ~torch.stack([first, last])
+        g_d = torch.where(keep, torch.stack([g_d0, g_d1]), 0.0)
+        g_raw = torch.ops.aten.softplus_backward(g_d, raw, 1.0, 20.0)
+        g_params.view(-1).index_add_(0, (columns + (rows * width + 2 * k)).view(-1), g_raw.view(-1))
+    g_x = torch.where(inside, g_v, g_out if not layout.circular else 0.0)
+    return g_x, g_params
+
+
+class _FusedSpline(torch.autograd.Function):
+    """The whole spline (knots, bin search, bin, tails) as one autograd node with a hand-written backward.
+
+    Saves the exponentiated logits and the per-point bin (knots, derivatives) of the forward pass; the
+    backward pass is `_fused_backward`. A backward pass that records a graph (`create_graph=True`,
+    for higher derivatives) differentiates `_reference_map` on the saved inputs instead, so every
+    order of derivative is that of the reference.
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, x: Tensor, params: Tensor, layout: _Layout, inverse: bool, derivative: bool
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        batch = x.shape
+        out, ladj, dlog, (saved, raw, softened, columns) = _fused_forward(
+            x.reshape(-1), params.reshape(-1, params.shape[-1]), layout, inverse, derivative
+        )
+        ctx.layout, ctx.inverse, ctx.derivative, ctx.width = layout, inverse, derivative, params.shape[-1]
+        ctx.has_raw = raw is not None
+        extra = (raw, softened, columns) if raw is not None else ()
+        ctx.save_for_backward(x, params, *saved, *extra)
+        if dlog is not None:
+            dlog = dlog.view(batch)
+            ctx.mark_non_differentiable(dlog)
+        return out.view(batch), ladj.view(batch), dlog
+
+    @staticmethod
+    def backward(ctx: Any, g_out: Tensor, g_ladj: Tensor, _: Any) -> tuple:  # type: ignore[override]
+        x, params, *rest = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph: the reference, differentiable to any order
+            wanted = [t for t, need in zip((x, params), ctx.needs_input_grad[:2], strict=True) if need]
+            out, ladj, _ = _reference_map(x, params, ctx.layout, ctx.inverse, False)
+            grads = iter(
+                torch.autograd.grad((out, ladj), wanted, (g_out, g_ladj), create_graph=True, allow_unused=True)
+            )
+            g_x, g_params = (next(grads) if need else None for need in ctx.needs_input_grad[:2])
+            return g_x, g_params, None, None, None
+        saved, extra = rest[:13], rest[13:]
+        raw, softened, columns = extra if ctx.has_raw else (None, None, None)
+        g_x, g_params = _fused_backward(
+            tuple(saved),
+            raw,
+            softened,
+            columns,
+            ctx.layout,
+            ctx.inverse,
+            ctx.width,
+            g_out.reshape(-1),
+            g_ladj.reshape(-1),
+        )
+        return g_x.view(x.shape), g_params.view(params.shape), None, None, None
+
+
+_FusedSpline.forward.__signature__ = inspect.signature(_FusedSpline.forward)  # type: ignore[attr-defined]
+
+
+#: Switch for the fused path (tests compare it with the reference by turning it off).
+_FUSED = True
+
+
+def _evaluate(
+    x: Tensor, params: Tensor, layout: _Layout, inverse: bool, derivative: bool = False
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """The spline (or its inverse) with its log-derivative and, if asked, that one's derivative in the input.
+
+    Fused (`_FusedSpline`) in eager mode; `_reference_map` under `torch.compile` (which fuses the
+    elementwise maths itself), inside `torch.func` transforms and in forward-mode AD, which the fused
+    node does not implement.
+    """
+    if (
+        not _FUSED
+        or torch.compiler.is_compiling()
+        or torch._C._functorch.peek_interpreter_stack() is not None
+        or torch.autograd.forward_ad._current_level >= 0
+    ):
+        return _reference_map(x, params, layout, inverse, derivative)
+    batch = torch.broadcast_shapes(x.shape, params.shape[:-1])
+    x, params = x.expand(batch), params.expand(*batch, params.shape[-1])
+    return _FusedSpline.apply(x, params, layout, inverse, derivative)
+
+
 def unconstrained_rqs(
     x: Tensor,
     unnormalized_widths: Tensor,
@@ -487,22 +752,19 @@ class RationalQuadraticSpline(Transformer):
         self.min_derivative = float(min_derivative)
         self.params_per_element = 3 * self.bins - 1
 
-    def _knots(self, params: Tensor) -> Tensor:
-        k = self.bins
-        derivatives = _linear_tail_derivatives(params[..., 2 * k :], self.min_derivative)
-        return _knots(
-            params[..., : 2 * k].unflatten(-1, (2, k)),
-            derivatives,
-            -self.bound,
-            self.bound,
-            self.min_bin_width,
-            self.min_bin_height,
+    @property
+    def _layout(self) -> _Layout:
+        return _Layout(
+            self.bins, -self.bound, self.bound, self.min_bin_width, self.min_bin_height, self.min_derivative, False
         )
+
+    def _knots(self, params: Tensor) -> tuple[Tensor, Tensor]:
+        """The reference knot table `(positions, derivatives)` of `_knots`."""
+        return _layout_knots(params, self._layout)
 
     def _map(self, x: Tensor, params: Tensor, inverse: bool, derivative: bool) -> tuple[Tensor, Tensor, Tensor | None]:
         """The spline (or its inverse) with its log-derivative and, if asked, that one's derivative."""
-        out, ladj, clamped, d = _spline(x, self._knots(params), -self.bound, self.bound, inverse, derivative)
-        return _tails(x, clamped, out, ladj, d) if derivative else (*_tails(x, clamped, out, ladj), None)
+        return _evaluate(x, params, self._layout, inverse, derivative)
 
     def forward(self, x: Tensor, params: Tensor) -> tuple[Tensor, Tensor]:
         return self._map(x, params, False, False)[:2]
@@ -557,19 +819,13 @@ class CircularSpline(Transformer):
         self.min_derivative = float(min_derivative)
         self.params_per_element = 3 * self.bins + 1
 
-    def _knots_and_shift(self, params: Tensor) -> tuple[Tensor, Tensor]:
-        k = self.bins
-        derivatives = _softplus(params[..., 2 * k : 3 * k]) + self.min_derivative
-        derivatives = torch.cat([derivatives[..., -1:], derivatives], dim=-1)
-        knots = _knots(
-            params[..., : 2 * k].unflatten(-1, (2, k)),
-            derivatives,
-            -math.pi,
-            math.pi,
-            self.min_bin_width,
-            self.min_bin_height,
-        )
-        return knots, params[..., 3 * k]
+    @property
+    def _layout(self) -> _Layout:
+        return _Layout(self.bins, -math.pi, math.pi, self.min_bin_width, self.min_bin_height, self.min_derivative, True)
+
+    def _knots_and_shift(self, params: Tensor) -> tuple[tuple[Tensor, Tensor], Tensor]:
+        """The reference knot table of `_knots` and the rotation angle."""
+        return _layout_knots(params, self._layout), params[..., 3 * self.bins]
 
     @staticmethod
     def _wrap(angle: Tensor) -> Tensor:
@@ -577,11 +833,10 @@ class CircularSpline(Transformer):
 
     def _map(self, x: Tensor, params: Tensor, inverse: bool, derivative: bool) -> tuple[Tensor, Tensor, Tensor | None]:
         """The circle map (or its inverse) with its log-derivative and, if asked, that one's derivative."""
-        knots, shift = self._knots_and_shift(params)
+        shift = params[..., 3 * self.bins]
         if inverse:
-            out, ladj, _, d = _spline(self._wrap(x - shift), knots, -math.pi, math.pi, True, derivative)
-            return out, ladj, d
-        out, ladj, _, d = _spline(x, knots, -math.pi, math.pi, False, derivative)
+            return _evaluate(self._wrap(x - shift), params, self._layout, True, derivative)
+        out, ladj, d = _evaluate(x, params, self._layout, False, derivative)
         return self._wrap(out + shift), ladj, d
 
     def forward(self, x: Tensor, params: Tensor) -> tuple[Tensor, Tensor]:
