@@ -493,6 +493,12 @@ def main() -> None:
     parser.add_argument("--compile-backend", default="inductor")
     parser.add_argument("--compile-steps", type=int, default=10_000, help="steps to amortise the compile time over")
     parser.add_argument("--only", action="store_true", help="run only the flagged extras, not the speed tables")
+    parser.add_argument(
+        "--spline-path",
+        choices=["fused", "reference"],
+        default="fused",
+        help="flowkit's spline: the fused node, or the reference path (knot table, autograd chain rule)",
+    )
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "speed.json"))
     args = parser.parse_args()
@@ -500,6 +506,10 @@ def main() -> None:
         peak_memory_child(args.child[0], args.child[1], int(args.child[2]), args)
         return
     torch.set_num_threads(args.threads)
+    if args.spline_path == "reference":
+        import flowkit.transformers.spline
+
+        flowkit.transformers.spline._FUSED = False
     global CLOCK
     CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
 
