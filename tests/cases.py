@@ -27,6 +27,8 @@ from flowkit.bijectors import (
     Bijector,
     Chain,
     CircularSplineCoupling,
+    ConvexDoubleMoebius,
+    ConvexMoebius,
     Coupling,
     DoubleMoebius,
     InternalCoordinates,
@@ -257,6 +259,26 @@ BIJECTORS: dict[str, Case] = {
     "DoubleMoebius(context)": lambda: (
         randomize(DoubleMoebius(4, heads=2, context=3, hidden=(8,)), scale=1.0),
         _quaternions(6),
+    ),
+    "ConvexDoubleMoebius(3 components, 2 heads)": lambda: (
+        randomize(ConvexDoubleMoebius(4, components=3, heads=2), scale=1.0),
+        _quaternions(6),
+    ),
+    "ConvexDoubleMoebius(context)": lambda: (
+        randomize(ConvexDoubleMoebius(4, components=2, context=3, hidden=(8,)), scale=1.0),
+        _quaternions(6),
+    ),
+    "ConvexMoebius(torus, 3 components, 2 heads)": lambda: (
+        randomize(ConvexMoebius(3, components=3, heads=2), scale=1.0),
+        Circle().sample((6, 3)),
+    ),
+    "ConvexMoebius(context)": lambda: (
+        randomize(ConvexMoebius(2, components=2, context=2, hidden=(8,)), scale=0.5),
+        Circle().sample((6, 2)),
+    ),
+    "RigidCoupling(convex, quaternions and angles)": lambda: (
+        randomize(RigidCoupling(_RIGID, [0, 1, 2, 3], heads=2, hidden=(16,), components=3), scale=0.3),
+        RigidBase(_RIGID).sample((6,)),
     ),
     "RigidCoupling(quaternions)": lambda: (
         randomize(RigidCoupling(_RIGID, [0, 4], heads=2, hidden=(16,)), scale=0.5),

@@ -11,7 +11,7 @@ from .linear import Linear, LULinear
 from .masked_coupling import MaskedCoupling
 from .normalization import ActNorm
 from .permutations import Permutation, Reverse
-from .sphere import DoubleMoebius, Moebius, RigidCoupling
+from .sphere import ConvexDoubleMoebius, ConvexMoebius, DoubleMoebius, Moebius, RigidCoupling
 from .spline_coupling import CircularSplineCoupling, SplineCoupling
 from .standardization import Standardization
 from .tails import MarginalTailCDF, TailLU
@@ -46,6 +46,8 @@ __all__ = [
     "MaskedSplineAutoregressive",
     "Moebius",
     "DoubleMoebius",
+    "ConvexMoebius",
+    "ConvexDoubleMoebius",
     "RigidCoupling",
     "InternalCoordinates",
     "Domain",

@@ -37,6 +37,40 @@ $$
 
 smooth in $w$, also at $w = 0$ (the identity).
 
+**Convex combinations.** A convex combination of maps is not a bijection of a sphere in
+general, but it is one of monotone maps of an interval with fixed ends. On the circle
+(Rezende et al. 2020, section 3.1) each Möbius map, lifted so that it fixes $-\pi$,
+$h_{w}(\theta) = \arg\bigl(m_w(e^{i\theta})\, \overline{m_w(e^{-i\pi})}\bigr) \bmod 2\pi - \pi$, is an
+increasing map of $[-\pi, \pi)$ onto itself, so
+
+$$
+f(\theta) = \Bigl(\sum_k \rho_k h_{w_k}(\theta) + t\Bigr) \bmod 2\pi, \qquad
+f'(\theta) = \sum_k \rho_k \frac{1 - |w_k|^2}{|w_k - e^{i\theta}|^2},
+$$
+
+with weights $\rho$ on the simplex and a rotation $t$, is a diffeomorphism of the circle
+([`convex_circle_moebius`][flowkit.bijectors.sphere.convex_circle_moebius]). On $S^{n-1}$ the double Möbius
+map $D_w$ moves a point along the great circle through $\hat w$: with $\varphi \in [0, \pi]$
+the angle between $p$ and the axis $\hat w$ it keeps the direction $e$ of $p - (p \cdot \hat w)\hat w$
+and maps $\varphi \mapsto \arctan_2\bigl(e^\beta \sin\varphi, \cos\varphi\bigr)$ with
+$e^\beta = (1 + |w|^2) / (1 - |w|^2)$ (and $\beta < 0$ gives $D_w^{-1}$). Maps that share the axis
+can therefore be combined on the angle,
+
+$$
+g(\varphi) = \sum_k \rho_k \arctan_2\bigl(e^{\beta_k} \sin\varphi, \cos\varphi\bigr), \qquad
+\log|\det| = \log g'(\varphi) + (n - 2) \log\frac{\sin g(\varphi)}{\sin\varphi}, \qquad
+g'(\varphi) = \sum_k \frac{\rho_k e^{\beta_k}}{\cos^2\varphi + e^{2\beta_k} \sin^2\varphi},
+$$
+
+([`convex_double_moebius`][flowkit.bijectors.sphere.convex_double_moebius]): an increasing map of
+$[0, \pi]$ with $g(\pi - \varphi) = \pi - g(\varphi)$, hence antipodally equivariant, smooth at the
+poles, and, unlike a composition of maps on one axis (which is again one such map,
+$e^{\beta_1 + \beta_2}$), free in its radial profile. The reference code of Köhler et al. has no
+convex variant on $S^3$: it stacks one double Möbius map per coupling layer, as `heads` does here.
+The inverses solve the monotone one-dimensional equation by a bracketed search
+([`solve_monotone`][flowkit.transformers.smooth.solve_monotone]) and one Newton step with the graph
+(the implicit derivative).
+
 Conditioners emit an unconstrained vector $v$ and a gate $g$ per map; the centre is
 $w = 0.95\, \tilde w / (1 + |\tilde w|)$ with $\tilde w = v\, \sigma(g - 3)$ (the
 reference's gated parameterisation: zero outputs give the identity, and
@@ -59,23 +93,36 @@ from torch import Tensor, nn
 
 from .._validation import check_number
 from ..distributions.sphere import SEGMENTS, _check_segments, quaternion_to_matrix, rigid_domain, segment_slices
-from ..domains import Sphere
+from ..domains import Circle, Sphere
 from ..nn import MLP, _check_conditioner
+from ..transformers.smooth import solve_monotone
 from .base import Bijector
 
 __all__ = [
     "Moebius",
     "DoubleMoebius",
+    "ConvexMoebius",
+    "ConvexDoubleMoebius",
     "RigidCoupling",
     "moebius",
     "double_moebius",
     "double_moebius_inverse",
     "circle_moebius",
+    "convex_circle_moebius",
+    "convex_circle_moebius_inverse",
+    "convex_double_moebius",
+    "convex_double_moebius_inverse",
     "gated_center",
 ]
 
 #: The reference's defaults: the largest |w| and the gate offset that makes zero outputs nearly the identity.
 SLACK, GATE = 0.95, 3.0
+#: Default bound on the log-stretches |beta| of the convex double Möbius maps (e^6 ~ 400: |w| up to 0.9975).
+STRETCH = 6.0
+#: The root finding of the convex inverses (grid cells, bisection steps, Newton steps of
+#: `solve_monotone`) on S^{n-1} (a well-conditioned search: each component is a shift there) and on
+#: the circle; both converge to the conditioning of the map in float64 (tests/rigid).
+SOLVER, CIRCLE_SOLVER = (8, 4, 4), (16, 16, 4)
 
 
 def gated_center(raw: Tensor, gate: Tensor, offset: float = GATE, slack: float = SLACK) -> Tensor:
@@ -141,27 +188,234 @@ def circle_moebius(theta: Tensor, w: Tensor) -> tuple[Tensor, Tensor]:
     return torch.where(out >= math.pi, out - 2 * math.pi, out), ladj
 
 
-class _Centres(nn.Module):
-    """Learnable unconstrained vectors and gates for `heads` maps, or a conditioner from a context."""
+def _axial(c: Tensor, s: Tensor, beta: Tensor, log_weights: Tensor) -> tuple[Tensor, Tensor]:
+    r"""$g = \sum_k \rho_k \arctan_2(e^{\beta_k} s, c)$ and $\log g'$ for the angle $\varphi = \arctan_2(s, c)$.
 
-    def __init__(self, n: int, heads: int, context: int, hidden: Sequence[int], offset: float, init: float) -> None:
+    `c`, `s` `(...)` need not be normalised (the map depends on their ratio); `beta`,
+    `log_weights` `(..., K)`.
+    """
+    cu, su = c.unsqueeze(-1), s.unsqueeze(-1)
+    stretch = torch.exp(beta)
+    g = (torch.exp(log_weights) * torch.atan2(stretch * su, cu)).sum(-1)
+    log_slope = torch.logsumexp(
+        log_weights + beta + torch.log(cu.square() + su.square()) - torch.log(cu.square() + (stretch * su).square()),
+        dim=-1,
+    )
+    return g, log_slope
+
+
+def _polar(p: Tensor, axis: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """`p . axis`, the part of `p` orthogonal to the axis and its norm (kept above zero)."""
+    c = _dot(p, axis)
+    perp = p - c.unsqueeze(-1) * axis
+    s = torch.sqrt(perp.square().sum(-1) + torch.finfo(p.dtype).tiny)
+    return c, perp, s
+
+
+def _from_polar(angle: Tensor, axis: Tensor, perp: Tensor, s: Tensor) -> Tensor:
+    """The unit vector at `angle` from the axis in the direction of `perp`."""
+    y = torch.cos(angle).unsqueeze(-1) * axis + (torch.sin(angle) / s).unsqueeze(-1) * perp
+    return y / y.norm(dim=-1, keepdim=True)
+
+
+def _check_weights(weights: Tensor, where: str) -> Tensor:
+    """Log-weights from weights on the simplex (last dimension)."""
+    if not bool(((weights.sum(-1) - 1).abs() < 1e-4).all()) or bool((weights < 0).any()):
+        raise ValueError(f"{where}: weights must be non-negative and sum to 1 over the last dimension")
+    return torch.log(weights)
+
+
+def convex_double_moebius(p: Tensor, axis: Tensor, beta: Tensor, weights: Tensor) -> tuple[Tensor, Tensor]:
+    r"""A convex combination of double Möbius maps on one axis, on the angle to it (module docstring).
+
+    Arguments:
+        p: points `(..., n)` on $S^{n-1}$.
+        axis: unit axes $\hat w$ `(..., n)`.
+        beta: log-stretches $\beta_k$ `(..., K)` (component $k$ is $D_{r_k \hat w}$ with
+            $r_k^2 = \tanh(\beta_k / 2)$ for $\beta_k \ge 0$, and its inverse for $\beta_k < 0$).
+        weights: convex weights $\rho_k$ `(..., K)`.
+
+    Returns:
+        The image and the log-determinant on the tangent spaces, `(...)`.
+    """
+    return _convex_double_moebius(p, axis, beta, _check_weights(weights, "convex_double_moebius"))
+
+
+def _convex_double_moebius(p: Tensor, axis: Tensor, beta: Tensor, log_weights: Tensor) -> tuple[Tensor, Tensor]:
+    c, perp, s = _polar(p, axis)
+    g, log_slope = _axial(c, s, beta, log_weights)
+    sin_g = torch.sin(g)
+    ladj = log_slope + (p.shape[-1] - 2) * (torch.log(sin_g) - torch.log(s / torch.hypot(c, s)))
+    return _from_polar(g, axis, perp, s), ladj
+
+
+def convex_double_moebius_inverse(y: Tensor, axis: Tensor, beta: Tensor, weights: Tensor) -> tuple[Tensor, Tensor]:
+    r"""The inverse of [`convex_double_moebius`][flowkit.bijectors.sphere.convex_double_moebius] and its log-det.
+
+    The angle $\varphi \in [0, \pi]$ with $g(\varphi) = \arctan_2(|y_\perp|, y \cdot \hat w)$ is found by a
+    bracketed root search on $\log|\cot\varphi|$ (see the source); gradients flow by the implicit-function rule.
+    """
+    return _convex_double_moebius_inverse(y, axis, beta, _check_weights(weights, "convex_double_moebius_inverse"))
+
+
+def _half_angle_residual(v: Tensor, v0: Tensor, beta: Tensor, log_weights: Tensor) -> tuple[Tensor, Tensor]:
+    r"""$F(v) - F_0$ and $F'(v)$ for $F(v) = \sum_k \rho_k \arctan e^{v - \beta_k}$ and $F_0 = \arctan e^{v_0}$.
+
+    Where $v_0 > 0$ (near a pole) the complements $\arctan e^{-x} = \pi/2 - \arctan e^{x}$ are
+    subtracted instead, so that the residual keeps its relative precision.
+    """
+    x = v.unsqueeze(-1) - beta
+    weights = torch.exp(log_weights)
+    near_pole = v0 > 0
+    direct = (weights * torch.atan(torch.exp(x))).sum(-1) - torch.atan(torch.exp(v0))
+    complement = torch.atan(torch.exp(-v0)) - (weights * torch.atan(torch.exp(-x))).sum(-1)
+    slope = (weights * 0.5 / torch.cosh(x)).sum(-1)
+    return torch.where(near_pole, complement, direct), slope
+
+
+def _convex_double_moebius_inverse(y: Tensor, axis: Tensor, beta: Tensor, log_weights: Tensor) -> tuple[Tensor, Tensor]:
+    r"""The inverse, solved on $v = \log|\cot\varphi|$.
+
+    There $g$ is $\sum_k \rho_k \arctan e^{v - \beta_k}$ against
+    $\arctan e^{v_0}$, $v_0 = \log|\cot\gamma|$ (each component is the shift $v_0 = v - \beta_k$), the root
+    lies in $[v_0 + \min\beta, v_0 + \max\beta]$, and $\varphi$ is on the side of the equator of $\gamma$.
+    [`solve_monotone`][flowkit.transformers.smooth.solve_monotone] searches that bracket (`SOLVER`).
+    """
+    c, perp, s = _polar(y, axis)
+    tiny = torch.finfo(y.dtype).tiny
+    v0 = torch.log(c.abs() + tiny) - torch.log(s)
+    b, lw, w0 = beta.detach(), log_weights.detach(), v0.detach()
+    low = w0 + b.min(-1).values
+    width = b.max(-1).values - b.min(-1).values + torch.finfo(y.dtype).eps
+
+    def residual(u: Tensor, cells: int, slope: bool) -> tuple[Tensor, Tensor | None]:
+        lead = (lambda t: t.unsqueeze(-1)) if cells else (lambda t: t)
+        v = lead(low) + lead(width) * u
+        beta_, lw_ = (b.unsqueeze(-2), lw.unsqueeze(-2)) if cells else (b, lw)
+        r, d = _half_angle_residual(v, lead(w0), beta_, lw_)
+        return r, (d * lead(width) if slope else None)
+
+    v = low + width * solve_monotone(residual, torch.zeros_like(w0), *SOLVER)
+    r, d = _half_angle_residual(v, v0, beta, log_weights)
+    v = v - r / d  # one Newton step with the graph: the implicit derivatives at the root
+    log_sin = -0.5 * nn.functional.softplus(2 * v)
+    sin_phi, cos_phi = torch.exp(log_sin), torch.sign(c) * torch.exp(v + log_sin)
+    p = cos_phi.unsqueeze(-1) * axis + (sin_phi / s).unsqueeze(-1) * perp
+    log_slope = _axial(cos_phi, sin_phi, beta, log_weights)[1]
+    ladj = -log_slope - (y.shape[-1] - 2) * (torch.log(s / torch.hypot(c, s)) - log_sin)
+    return p / p.norm(dim=-1, keepdim=True), ladj
+
+
+def _wrap(theta: Tensor) -> Tensor:
+    return torch.remainder(theta + math.pi, 2 * math.pi) - math.pi
+
+
+def _fixing(theta: Tensor, log_scale: Tensor, offset: Tensor) -> tuple[Tensor, Tensor]:
+    r"""Circle Möbius maps fixing $-\pi$, `(..., K)`: $t \mapsto e^{a} t + b$ on $t = \tan(\theta/2)$, and $\log h'$."""
+    c, s = torch.cos(0.5 * theta), torch.sin(0.5 * theta)
+    scale = torch.exp(log_scale)
+    num = scale * s + offset * c
+    return 2 * torch.atan2(num, c), log_scale - torch.log(c.square() + num.square())
+
+
+def convex_circle_moebius(
+    theta: Tensor, log_scale: Tensor, offset: Tensor, weights: Tensor, shift: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    r"""A convex combination of circle Möbius maps that fix $-\pi$ (Rezende et al. 2020), then a rotation.
+
+    Component $k$ is $h_k(\theta) = 2 \arctan\bigl(e^{a_k} \tan(\theta/2) + b_k\bigr)$: on the
+    stereographic coordinate $t = \tan(\theta / 2)$ (the Cayley transform of the circle to the
+    line) the Möbius maps of the circle that fix $-\pi$ are the affine maps $t \mapsto e^{a} t + b$,
+    so these are the maps $m_w$ followed by the rotation that takes $m_w(e^{-i\pi})$ back to $-\pi$.
+
+    Arguments:
+        theta: angles `(...)` in $[-\pi, \pi)$.
+        log_scale: $a_k$ `(..., K)`.
+        offset: $b_k$ `(..., K)`.
+        weights: convex weights $\rho_k$ `(..., K)`.
+        shift: the rotation $t$ `(...)` (default 0).
+
+    Returns:
+        The angles $\sum_k \rho_k h_k(\theta) + t$ wrapped to $[-\pi, \pi)$ and $\log \sum_k \rho_k h_k'(\theta)$.
+    """
+    return _convex_circle(theta, log_scale, offset, _check_weights(weights, "convex_circle_moebius"), shift)
+
+
+def _convex_circle(
+    theta: Tensor, log_scale: Tensor, offset: Tensor, log_weights: Tensor, shift: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    h, log_d = _fixing(theta.unsqueeze(-1), log_scale, offset)
+    out = (torch.exp(log_weights) * h).sum(-1)
+    ladj = torch.logsumexp(log_weights + log_d, dim=-1)
+    return (out if shift is None else _wrap(out + shift)), ladj
+
+
+def convex_circle_moebius_inverse(
+    theta: Tensor, log_scale: Tensor, offset: Tensor, weights: Tensor, shift: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """The inverse of [`convex_circle_moebius`][flowkit.bijectors.sphere.convex_circle_moebius] and its log-derivative.
+
+    The root lies between the components' own inverses (explicit); a bracketed search there
+    (`CIRCLE_SOLVER`) and one Newton step with the graph (the implicit derivatives) find it.
+    """
+    log_weights = _check_weights(weights, "convex_circle_moebius_inverse")
+    return _convex_circle_inverse(theta, log_scale, offset, log_weights, shift)
+
+
+def _convex_circle_inverse(
+    theta: Tensor, log_scale: Tensor, offset: Tensor, log_weights: Tensor, shift: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    target = theta if shift is None else _wrap(theta - shift)
+    a, b, lw, y = log_scale.detach(), offset.detach(), log_weights.detach(), target.detach()
+    # each component's own root, as a half angle in (-pi/2, pi/2): tan(x/2) = (tan(y/2) - b) e^-a
+    half = 0.5 * y.unsqueeze(-1)
+    roots = torch.atan2((torch.sin(half) - b * torch.cos(half)) * torch.exp(-a), torch.cos(half))
+    low = roots.min(-1).values
+    width = roots.max(-1).values - low + torch.finfo(y.dtype).eps
+
+    def residual(u: Tensor, cells: int, slope: bool) -> tuple[Tensor, Tensor | None]:
+        lead = (lambda t: t.unsqueeze(-1)) if cells else (lambda t: t)
+        a_, b_, lw_ = (a.unsqueeze(-2), b.unsqueeze(-2), lw.unsqueeze(-2)) if cells else (a, b, lw)
+        x = 2 * (lead(low) + lead(width) * u)
+        value, log_d = _convex_circle(x, a_, b_, lw_, None)
+        return value - lead(y), (2 * lead(width) * torch.exp(log_d) if slope else None)
+
+    x = 2 * (low + width * solve_monotone(residual, torch.zeros_like(y), *CIRCLE_SOLVER))
+    value, log_d = _convex_circle(x, log_scale, offset, log_weights, None)
+    x = x - (value - target) / torch.exp(log_d)  # one Newton step with the graph: the implicit derivatives
+    return x, -_convex_circle(x, log_scale, offset, log_weights, None)[1]
+
+
+class _Raw(nn.Module):
+    """Unconstrained outputs `(..., heads, size)`: learnable parameters, or an MLP of a context that starts constant."""
+
+    def __init__(self, heads: int, size: int, context: int, hidden: Sequence[int], initial: Tensor) -> None:
         super().__init__()
-        self.n, self.heads, self.offset = n, heads, offset
+        self.heads, self.size = heads, size
         if context:
-            self.net: nn.Module | None = MLP(context, heads * (n + 1), hidden, "silu", context=0)
-            bias = torch.zeros(heads, n + 1)
-            bias[:, :n] = init * torch.randn(heads, n)
-            self.net.zero_last(bias.flatten())
+            self.net: nn.Module | None = MLP(context, heads * size, hidden, "silu", context=0)
+            self.net.zero_last(initial.flatten())
             self.raw = None
         else:
             self.net = None
-            raw = torch.zeros(heads, n + 1)
-            raw[:, :n] = init * torch.randn(heads, n)  # w = 0 is a stationary point of the double map
-            self.raw = nn.Parameter(raw)
+            self.raw = nn.Parameter(initial.clone())
+
+    def outputs(self, like: Tensor, batch: torch.Size, context: Tensor | None) -> Tensor:
+        out = self.raw.to(like) if self.net is None else self.net(context).unflatten(-1, (self.heads, self.size))
+        return out.expand(*batch, self.heads, self.size)
+
+
+class _Centres(_Raw):
+    """Learnable unconstrained vectors and gates for `heads` maps, or a conditioner from a context."""
+
+    def __init__(self, n: int, heads: int, context: int, hidden: Sequence[int], offset: float, init: float) -> None:
+        initial = torch.zeros(heads, n + 1)
+        initial[:, :n] = init * torch.randn(heads, n)  # w = 0 is a stationary point of the double map
+        super().__init__(heads, n + 1, context, hidden, initial)
+        self.n, self.offset = n, offset
 
     def forward(self, like: Tensor, batch: torch.Size, context: Tensor | None) -> Tensor:
-        out = self.raw.to(like) if self.net is None else self.net(context).unflatten(-1, (self.heads, self.n + 1))
-        out = out.expand(*batch, self.heads, self.n + 1)
+        out = self.outputs(like, batch, context)
         return gated_center(out[..., : self.n], out[..., self.n], self.offset)
 
 
@@ -265,6 +519,197 @@ class DoubleMoebius(Moebius):
         return double_moebius_inverse(y, w)
 
 
+def _axial_parameters(out: Tensor, n: int, clamp: float) -> tuple[Tensor, Tensor, Tensor]:
+    """Unit axes, bounded log-stretches and log-weights from unconstrained outputs `(..., n + 2K)`."""
+    v, raw_beta, logits = out[..., :n], *out[..., n:].chunk(2, dim=-1)
+    axis = v / torch.sqrt(v.square().sum(-1, keepdim=True) + torch.finfo(v.dtype).tiny)
+    return axis, clamp * torch.tanh(raw_beta / clamp), torch.log_softmax(logits, dim=-1)
+
+
+def _axial_initial(heads: int, n: int, components: int, init: float) -> Tensor:
+    """Random axes (any non-zero vector), log-stretches of standard deviation `init`, equal weights."""
+    return torch.cat([torch.randn(heads, n), init * torch.randn(heads, components), torch.zeros(heads, components)], -1)
+
+
+def _circle_parameters(out: Tensor, clamp: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Log-scales (below `clamp`), offsets, log-weights `(..., K)` and the rotation `(...)` from `(..., 3K + 1)`."""
+    raw_scale, offset, logits = out[..., :-1].chunk(3, dim=-1)
+    return clamp * torch.tanh(raw_scale / clamp), offset, torch.log_softmax(logits, dim=-1), out[..., -1]
+
+
+def _circle_initial(heads: int, components: int, init: float) -> Tensor:
+    """Log-scales and offsets of standard deviation `init` (distinct components), equal weights, no rotation."""
+    return torch.cat([init * torch.randn(heads, 2 * components), torch.zeros(heads, components + 1)], -1)
+
+
+class ConvexDoubleMoebius(Bijector):
+    r"""Convex combinations of `components` double Möbius maps on a shared axis, on $S^{n-1}$.
+
+    Each of the `heads` maps, applied in turn, has a learnt (or context-conditioned) axis
+    $\hat w$, log-stretches $\beta_k$ (bounded by `clamp`) and weights $\rho_k$ and maps the angle
+    to the axis by $g(\varphi) = \sum_k \rho_k \arctan_2(e^{\beta_k} \sin\varphi, \cos\varphi)$
+    (see [`convex_double_moebius`][flowkit.bijectors.sphere.convex_double_moebius]). It is
+    antipodally equivariant with equal log-determinants, like
+    [`DoubleMoebius`][flowkit.bijectors.DoubleMoebius], which it contains (`components=1`,
+    $\beta \ge 0$). The forward direction is explicit; the inverse solves for the angle
+    (wrap the layer in [`Invert`][flowkit.bijectors.Invert] to make sampling the explicit direction).
+
+    At $\beta = 0$ the map is the identity whatever the axis, and the log-stretches enter to
+    first order, so training leaves it (unlike $w = 0$ of the double Möbius map); `init`
+    spreads the initial $\beta_k$ so that the components differ.
+
+    Arguments:
+        n: the ambient dimension (4 for quaternions).
+        components: the number $K$ of maps in each convex combination.
+        heads: the number of convex combinations applied in turn.
+        context: number of context features (0: the parameters are learnt directly).
+        hidden: hidden sizes of the context network.
+        clamp: bound on $|\beta_k|$ (soft, by `tanh`).
+        init: standard deviation of the initial log-stretches (0: exactly the identity).
+
+    Examples:
+        >>> import torch
+        >>> from flowkit.testing import randomize
+        >>> layer = randomize(ConvexDoubleMoebius(4, components=3), scale=1.0).double()
+        >>> q = torch.nn.functional.normalize(torch.randn(5, 4, dtype=torch.float64), dim=-1)
+        >>> (z, ladj), (z_neg, ladj_neg) = layer(q), layer(-q)
+        >>> torch.allclose(z_neg, -z) and torch.allclose(ladj_neg, ladj)
+        True
+        >>> bool((layer.inverse(z)[0] - q).abs().max() < 1e-12)
+        True
+
+    References:
+        Rezende, Papamakarios, Racanière et al., *Normalizing flows on tori and spheres*,
+        ICML 2020 (arXiv:2002.02428), section 3.1 (convex combinations);
+        Köhler, Invernizzi, de Haan & Noé, ICML 2023 (arXiv:2301.11355) (double Möbius maps).
+    """
+
+    def __init__(
+        self,
+        n: int = 4,
+        components: int = 4,
+        heads: int = 1,
+        context: int = 0,
+        hidden: Sequence[int] = (64,),
+        clamp: float = STRETCH,
+        init: float = 0.5,
+    ) -> None:
+        super().__init__()
+        where = type(self).__name__
+        n = check_number(n, "n", where=where, integer=True, low=2)
+        self.components = check_number(components, "components", where=where, integer=True, low=1)
+        heads = check_number(heads, "heads", where=where, integer=True, low=1)
+        self.context_features = check_number(context, "context", where=where, integer=True, low=0)
+        self.clamp = check_number(clamp, "clamp", where=where, positive=True)
+        init = check_number(init, "init", where=where, low=0)
+        self.event_shape = torch.Size([n])
+        self.domain = Sphere(n)
+        initial = _axial_initial(heads, n, self.components, init)
+        self.params = _Raw(heads, n + 2 * self.components, self.context_features, hidden, initial)
+
+    def _heads(self, x: Tensor, context: Tensor | None) -> list[tuple[Tensor, Tensor, Tensor]]:
+        out = _axial_parameters(self.params.outputs(x, x.shape[:-1], context), x.shape[-1], self.clamp)
+        return list(zip(*(t.unbind(-2) for t in out), strict=True))
+
+    def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        total = x.new_zeros(x.shape[:-1])
+        for axis, beta, log_weights in self._heads(x, context):
+            x, ladj = _convex_double_moebius(x, axis, beta, log_weights)
+            total = total + ladj
+        return x, total
+
+    def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        total = z.new_zeros(z.shape[:-1])
+        for axis, beta, log_weights in reversed(self._heads(z, context)):
+            z, ladj = _convex_double_moebius_inverse(z, axis, beta, log_weights)
+            total = total + ladj
+        return z, total
+
+    def extra_repr(self) -> str:
+        return f"n={self.event_shape[0]}, components={self.components}, heads={self.params.heads}"
+
+
+class ConvexMoebius(Bijector):
+    r"""Convex combinations of `components` circle Möbius maps per angle (Rezende et al. 2020), for periodic positions.
+
+    The event is `features` angles in $[-\pi, \pi)$ (a torus), each mapped by `heads`
+    maps in turn, $\theta \mapsto \sum_k \rho_k h_k(\theta) + t \pmod{2\pi}$ with Möbius maps
+    $h_k(\theta) = 2\arctan(e^{a_k}\tan(\theta/2) + b_k)$ that fix $-\pi$, weights $\rho_k$ and a
+    rotation $t$ (see [`convex_circle_moebius`][flowkit.bijectors.sphere.convex_circle_moebius]);
+    $|a_k| <$ `clamp`. Zero parameters give the identity, and every parameter enters to first
+    order there; `init` spreads the initial $a_k, b_k$ so that the components differ. The
+    forward direction is explicit, the inverse solves a monotone equation.
+
+    Arguments:
+        features: the number of angles.
+        components: the number $K$ of Möbius maps in each combination.
+        heads: the number of combinations applied in turn.
+        context: number of context features (0: the parameters are learnt directly).
+        hidden: hidden sizes of the context network.
+        clamp: bound on the log-scales $|a_k|$ (soft, by `tanh`).
+        init: standard deviation of the initial $a_k$, $b_k$ (0: exactly the identity).
+
+    Examples:
+        >>> import math, torch
+        >>> from flowkit.testing import randomize
+        >>> layer = randomize(ConvexMoebius(2, components=3), scale=1.0).double()
+        >>> theta = (torch.rand(5, 2, dtype=torch.float64) * 2 - 1) * math.pi
+        >>> z, ladj = layer(theta)
+        >>> bool((layer.inverse(z)[0] - theta).abs().max() < 1e-12)
+        True
+
+    References:
+        Rezende, Papamakarios, Racanière et al., *Normalizing flows on tori and spheres*,
+        ICML 2020 (arXiv:2002.02428), section 3.1.
+    """
+
+    def __init__(
+        self,
+        features: int = 1,
+        components: int = 4,
+        heads: int = 1,
+        context: int = 0,
+        hidden: Sequence[int] = (64,),
+        clamp: float = STRETCH,
+        init: float = 0.5,
+    ) -> None:
+        super().__init__()
+        where = type(self).__name__
+        features = check_number(features, "features", where=where, integer=True, low=1)
+        self.components = check_number(components, "components", where=where, integer=True, low=1)
+        heads = check_number(heads, "heads", where=where, integer=True, low=1)
+        self.context_features = check_number(context, "context", where=where, integer=True, low=0)
+        init = check_number(init, "init", where=where, low=0)
+        self.clamp = check_number(clamp, "clamp", where=where, positive=True)
+        self.event_shape = torch.Size([features])
+        self.domain = Circle()
+        size = 3 * self.components + 1
+        initial = torch.stack([_circle_initial(heads, self.components, init) for _ in range(features)], 1)
+        self.params = _Raw(heads, features * size, self.context_features, hidden, initial.flatten(1))
+
+    def _heads(self, x: Tensor, context: Tensor | None) -> list[tuple[Tensor, ...]]:
+        out = self.params.outputs(x, x.shape[:-1], context).unflatten(-1, (x.shape[-1], -1))
+        params = _circle_parameters(out, self.clamp)  # (..., heads, D, K) and (..., heads, D)
+        return list(zip(*(p.unbind(x.ndim - 1) for p in params), strict=True))
+
+    def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        total = x.new_zeros(x.shape)
+        for params in self._heads(x, context):
+            x, ladj = _convex_circle(x, *params)
+            total = total + ladj
+        return x, total.sum(-1)
+
+    def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        total = z.new_zeros(z.shape)
+        for params in reversed(self._heads(z, context)):
+            z, ladj = _convex_circle_inverse(z, *params)
+            total = total + ladj
+        return z, total.sum(-1)
+
+    def extra_repr(self) -> str:
+        return f"features={self.event_shape[0]}, components={self.components}, heads={self.params.heads}"
+
+
 def _embed(x: Tensor, segments: Sequence[str], slices: Sequence[slice], keep: Sequence[int]) -> Tensor:
     """Conditioner features of the kept segments, invariant under `q -> -q`: rotation matrices, (cos, sin), values."""
     parts = []
@@ -296,6 +741,15 @@ class RigidCoupling(Bijector):
       ([`circle_moebius`][flowkit.bijectors.sphere.circle_moebius]);
     - a real (auxiliary) coordinate by an affine map $x e^s + t$, $|s| <$ `clamp`.
 
+    With `components=K`, each quaternion map is instead a convex combination of $K$ double
+    Möbius maps on a shared axis ([`convex_double_moebius`][flowkit.bijectors.sphere.convex_double_moebius])
+    and each angle map a convex combination of $K$ circle Möbius maps and a rotation
+    ([`convex_circle_moebius`][flowkit.bijectors.sphere.convex_circle_moebius]), log-stretches and
+    log-scales bounded by `stretch`; the gates do not apply to them.
+    These are explicit in the sampling (`inverse`) direction, so sampling and reverse-KL
+    training need no root finding; `forward` (the density of given data) solves a monotone
+    one-dimensional equation per map.
+
     Centres come from gated outputs ([`gated_center`][flowkit.bijectors.sphere.gated_center];
     gate offset `gate` for quaternions, `position_gate` for angles). The
     conditioner sees the kept quaternions as rotation matrices (so flipping
@@ -320,8 +774,12 @@ class RigidCoupling(Bijector):
         conditioner: a [`Conditioner`][flowkit.nn.Conditioner] from the embedded kept
             segments (9 numbers per quaternion, 2 per angle, 1 per real) and the context
             to `out_features` parameters (`heads (4 + 1)` per quaternion, `heads (2 + 1)`
-            per angle, 2 per real, in the order of `transformed`).
-        init: standard deviation of the initial centre vectors $v$ (0: exactly the identity).
+            per angle, 2 per real, in the order of `transformed`; with `components=K`,
+            `heads (4 + 2K)` per quaternion and `heads (3K + 1)` per angle).
+        init: standard deviation of the initial centre vectors $v$ (0: exactly the identity);
+            with `components`, also of the log-stretches, which makes the components differ.
+        components: the number $K$ of maps in each convex combination (None: single maps).
+        stretch: bound on the log-stretches of the convex quaternion maps.
 
     Examples:
         >>> import torch
@@ -347,6 +805,8 @@ class RigidCoupling(Bijector):
         clamp: float = 3.0,
         conditioner: nn.Module | None = None,
         init: float = 0.5,
+        components: int | None = None,
+        stretch: float = STRETCH,
     ) -> None:
         super().__init__()
         where = "RigidCoupling"
@@ -363,10 +823,17 @@ class RigidCoupling(Bijector):
         self.gate, self.position_gate = float(gate), float(position_gate)
         self.clamp = check_number(clamp, "clamp", where=where, positive=True)
         init = check_number(init, "init", where=where, low=0)
+        self.components = (
+            None if components is None else check_number(components, "components", where=where, integer=True, low=1)
+        )
+        self.stretch = check_number(stretch, "stretch", where=where, positive=True)
         self.slices = segment_slices(self.segments)
         self.domain = rigid_domain(self.segments)
         self.event_shape = torch.Size([self.domain.width])
+        k = self.components
         sizes = {"quaternion": self.heads * 5, "angle": self.heads * 3, "real": 2}
+        if k is not None:
+            sizes.update(quaternion=self.heads * (4 + 2 * k), angle=self.heads * (3 * k + 1))
         self._sizes = [sizes[self.segments[i]] for i in transformed]
         n_in = sum(_FEATURES[self.segments[i]] for i in self.keep)
         n_out = sum(self._sizes)
@@ -384,6 +851,14 @@ class RigidCoupling(Bijector):
             kind = self.segments[i]
             if kind == "real":
                 parts.append(torch.zeros(size))
+                continue
+            if self.components is not None:
+                block = (
+                    _axial_initial(self.heads, 4, self.components, init)
+                    if kind == "quaternion"
+                    else _circle_initial(self.heads, self.components, init)
+                )
+                parts.append(block.flatten())
                 continue
             n = SEGMENTS[kind] if kind == "quaternion" else 2
             block = torch.zeros(self.heads, n + 1)
@@ -410,6 +885,10 @@ class RigidCoupling(Bijector):
                 total = total + (-s if inverse else s)
                 out[sl.start] = y
                 continue
+            if self.components is not None:
+                out[sl], ladj = self._convex(kind, c, theta, inverse)
+                total = total + ladj
+                continue
             n = 4 if kind == "quaternion" else 2
             centres = theta.unflatten(-1, (self.heads, n + 1))
             offset = self.gate if kind == "quaternion" else self.position_gate
@@ -428,6 +907,24 @@ class RigidCoupling(Bijector):
         out = [o.expand(batch) for o in out]
         return torch.stack(out, dim=-1), total
 
+    def _convex(self, kind: str, c: Tensor, theta: Tensor, inverse: bool) -> tuple[list[Tensor], Tensor]:
+        """A quaternion or angle through `heads` convex combinations: explicit when `inverse` (sampling)."""
+        if kind == "quaternion":
+            heads = _axial_parameters(theta.unflatten(-1, (self.heads, -1)), 4, self.stretch)
+            y = c
+        else:
+            heads = _circle_parameters(theta.unflatten(-1, (self.heads, -1)), self.stretch)
+            y = c[..., 0]
+        heads = list(zip(*(t.unbind(theta.ndim - 1) for t in heads), strict=True))  # the head dimension
+        total = y.new_zeros(())
+        for params in heads if inverse else reversed(heads):
+            if kind == "quaternion":
+                y, ladj = _convex_double_moebius(y, *params) if inverse else _convex_double_moebius_inverse(y, *params)
+            else:
+                y, ladj = _convex_circle(y, *params) if inverse else _convex_circle_inverse(y, *params)
+            total = total + ladj
+        return (list(y.unbind(-1)) if kind == "quaternion" else [y]), total
+
     def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         return self._run(x, context, inverse=False)
 
@@ -435,4 +932,5 @@ class RigidCoupling(Bijector):
         return self._run(z, context, inverse=True)
 
     def extra_repr(self) -> str:
-        return f"segments={list(self.segments)}, transformed={self.transformed}, heads={self.heads}"
+        extra = "" if self.components is None else f", components={self.components}"
+        return f"segments={list(self.segments)}, transformed={self.transformed}, heads={self.heads}{extra}"

@@ -22,6 +22,7 @@ def RigidBodyFlow(
     activation: str = "silu",
     gate: float = GATE,
     position_gate: float = GATE,
+    components: int | None = None,
 ) -> Flow:
     r"""Flow over a rigid-body layout: blocks of [`RigidCoupling`][flowkit.bijectors.RigidCoupling] layers.
 
@@ -45,6 +46,8 @@ def RigidBodyFlow(
         activation: activation of the conditioners.
         gate: gate offset of the quaternion maps.
         position_gate: gate offset of the angle maps.
+        components: maps per convex combination (None: single double and circle Möbius maps); see
+            [`RigidCoupling`][flowkit.bijectors.RigidCoupling].
 
     Examples:
         >>> flow = RigidBodyFlow(["quaternion", "angle", "angle", "angle"] * 2, blocks=1, hidden=(16,))
@@ -69,7 +72,7 @@ def RigidBodyFlow(
     groups = [g for g in groups if len(g) < len(segments)]
     if not groups:
         raise ValueError(f"RigidBodyFlow: the layout {list(segments)} has nothing to condition a coupling on")
-    kwargs = dict(heads=heads, hidden=hidden, context=context, activation=activation)
+    kwargs = dict(heads=heads, hidden=hidden, context=context, activation=activation, components=components)
     layers = [
         RigidCoupling(segments, group, gate=gate, position_gate=position_gate, **kwargs)  # type: ignore[arg-type]
         for _ in range(blocks)
