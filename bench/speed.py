@@ -251,6 +251,7 @@ def _forward_args(args) -> list[str]:
         f"--batch={args.batch}",
         f"--threads={args.threads}",
         f"--device={args.device}",
+        f"--spline-path={args.spline_path}",
         *([f"--autocast={args.autocast}"] if args.autocast else []),
     ]
 
@@ -502,14 +503,14 @@ def main() -> None:
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "speed.json"))
     args = parser.parse_args()
-    if args.child:
-        peak_memory_child(args.child[0], args.child[1], int(args.child[2]), args)
-        return
-    torch.set_num_threads(args.threads)
     if args.spline_path == "reference":
         import flowkit.transformers.spline
 
         flowkit.transformers.spline._FUSED = False
+    if args.child:
+        peak_memory_child(args.child[0], args.child[1], int(args.child[2]), args)
+        return
+    torch.set_num_threads(args.threads)
     global CLOCK
     CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
 
