@@ -166,10 +166,12 @@ class LULinear(_TriangularFactors):
         self.event_shape = torch.Size([features])
         p, lower, u = torch.linalg.lu(_random_orthogonal(features))
         diag = torch.diagonal(u)
-        # Fold the signs of U's diagonal into P so that the diagonal can be exp(s).
-        self.register_buffer("permutation", p * torch.sign(diag).unsqueeze(0))
-        self.lower = nn.Parameter(torch.tril(lower, -1))
-        self.upper = nn.Parameter(torch.triu(u, 1) * torch.sign(diag).unsqueeze(1))
+        sign = torch.sign(diag)
+        # Q = P L U = (P S)(S L S)(S U) with S = diag(sign(diag U)), S^2 = I: the signs go into P, U gets the
+        # positive diagonal exp(s), and S L S is still unit lower triangular, so W = Q exactly.
+        self.register_buffer("permutation", p * sign.unsqueeze(0))
+        self.lower = nn.Parameter(torch.tril(lower, -1) * sign.unsqueeze(1) * sign.unsqueeze(0))
+        self.upper = nn.Parameter(torch.triu(u, 1) * sign.unsqueeze(1))
         self.log_diag = nn.Parameter(diag.abs().log())
         self.bias = nn.Parameter(torch.zeros(features)) if bias else None
         self.register_buffer("_eye", torch.eye(features), persistent=False)
