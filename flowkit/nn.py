@@ -292,7 +292,8 @@ class ConvNet(Conditioner):
             x = x.expand(*batch, *x.shape[-3:])
             planes = context.expand(*batch, context.shape[-1])[..., None, None].expand(*batch, -1, *x.shape[-2:])
             x = torch.cat([x, planes], dim=-3)
-        h = self.net(x.reshape(-1, *x.shape[-3:]))
+        # Channels-last (NHWC) is the layout oneDNN's CPU convolutions run natively: no reorder per call.
+        h = self.net(x.reshape(-1, *x.shape[-3:]).contiguous(memory_format=torch.channels_last))
         return h.reshape(*x.shape[:-3], *h.shape[-3:])
 
     def zero_last(self, bias: Tensor | None = None) -> None:

@@ -167,6 +167,8 @@ class MaskedCoupling(Bijector):
         return out.flatten(-4, -2)[..., self.transformed_idx, :]
 
     def _couple(self, x: Tensor, context: Tensor | None, inverse: bool) -> tuple[Tensor, Tensor]:
+        if self._halves:
+            return self._couple_halves(x, context, inverse)
         params = self.transformed_params(x, context)
         flat = x.flatten(-len(self.event_shape))
         x_tr = flat[..., self.transformed_idx].expand(params.shape[:-1])
@@ -175,6 +177,18 @@ class MaskedCoupling(Bijector):
         x_id = flat[..., self.identity_idx].expand(*z_tr.shape[:-1], -1)
         z = torch.cat([x_id, z_tr], dim=-1)[..., self.unsort_idx]
         return z.unflatten(-1, self.event_shape), ladj.sum(-1)
+
+    def _couple_halves(self, x: Tensor, context: Tensor | None, inverse: bool) -> tuple[Tensor, Tensor]:
+        # A channel mask: slices and one concatenation instead of index gathers (same numbers, fewer copies).
+        half = self._channels // 2
+        first, second = x[..., :half, :, :], x[..., half:, :, :]
+        x_tr, x_id = (first, second) if self._parity == 0 else (second, first)
+        params = self.transformed_params(x, context)  # (..., C_tr H W, P), channel-major like x_tr.flatten(-3)
+        step = self.transformer.inverse if inverse else self.transformer
+        z_tr, ladj = step(x_tr.flatten(-3).expand(params.shape[:-1]), params)
+        z_tr = z_tr.unflatten(-1, x_tr.shape[-3:])
+        x_id = x_id.expand(*z_tr.shape[:-3], -1, -1, -1)
+        return torch.cat([z_tr, x_id] if self._parity == 0 else [x_id, z_tr], dim=-3), ladj.sum(-1)
 
     def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         return self._couple(x, context, inverse=False)
