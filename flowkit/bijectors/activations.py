@@ -218,13 +218,21 @@ class SmoothTanh(Elementwise):
 
 
 class Logit(Bijector):
-    """Logit preprocessing of data in `[0, 1]`: `z = logit(alpha + (1 - 2 alpha) x)`.
+    r"""Logit preprocessing of data in `[0, 1]`: `z = logit(alpha + (1 - 2 alpha) x)`.
 
     The usual preprocessing of dequantised images (RealNVP, Glow, EBFlow):
     squeeze `[0, 1]` into `[alpha, 1 - alpha]` so that the logit stays
     finite, then map to the real line. Per element,
     `log|dz/dx| = log(1 - 2 alpha) - log p - log(1 - p)` with
     `p = alpha + (1 - 2 alpha) x`.
+
+    The map is a bijection from the open interval
+    $I_\alpha = \big(-\tfrac{\alpha}{1 - 2\alpha}, \tfrac{1 - \alpha}{1 - 2\alpha}\big)$, where
+    $p \in (0, 1)$, onto the real line, and that interval is its
+    [`domain`][flowkit.domains.Interval]: `(0, 1)` for `alpha = 0`, a little wider than `[0, 1]`
+    for `alpha > 0`. The inverse maps every `z` into $I_\alpha$, so a flow on this layer is a
+    normalised density on $I_\alpha$: with `alpha > 0` it puts some mass (and some of its
+    samples) just outside `[0, 1]`, and its `log_prob` accepts its own samples.
 
     EBFlow keeps this map *outside* the model that is trained by score matching
     ("match after preprocessing", MaP) and adds its log-determinant back when
@@ -235,20 +243,20 @@ class Logit(Bijector):
         event_shape: `D` or a shape such as `(C, H, W)`.
         alpha: the squeeze, in `[0, 0.5)`; `0` gives the plain logit on `(0, 1)`.
 
-    Inputs outside `[0, 1]` (the closure of its [`domain`][flowkit.domains.Interval])
-    raise a `ValueError` at the outermost call while validation is on.
+    Inputs outside the closure of $I_\alpha$ raise a `ValueError` at the outermost call
+    while validation is on.
 
     References:
         Dinh, Sohl-Dickstein & Bengio, *Density estimation using Real NVP*,
         ICLR 2017 (arXiv:1605.08803); Chao et al., NeurIPS 2023 (arXiv:2305.15267).
     """
 
-    domain = Interval(0.0, 1.0)
-
     def __init__(self, event_shape: int | Sequence[int], alpha: float = 0.05) -> None:
         super().__init__()
         self.alpha = check_number(alpha, "alpha", where="Logit", low=0, below=0.5)
         self.event_shape = as_shape(event_shape)
+        width = 1 - 2 * self.alpha
+        self.domain = Interval(-self.alpha / width, (1 - self.alpha) / width)
 
     def _squeeze(self, x: Tensor) -> Tensor:
         return self.alpha + (1 - 2 * self.alpha) * x

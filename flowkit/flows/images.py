@@ -148,8 +148,9 @@ class Glow(Flow):
         alpha: the [`Logit`][flowkit.bijectors.Logit] squeeze `alpha`; `None` for data on the
             real line (no preprocessing). The default 0 maps `(0, 1)` onto the real line, so samples
             stay in `[0, 1]` and the density is normalised there. A positive `alpha` (RealNVP's 0.05)
-            maps `[0, 1]` onto a bounded interval: the flow then puts mass outside `[0, 1]`, its
-            samples can fall outside (which its own `log_prob` refuses), and it learns much more
+            maps `[0, 1]` onto a bounded interval: the flow is then a density on the logit's wider
+            domain $(-\alpha / (1 - 2\alpha), (1 - \alpha) / (1 - 2\alpha))$, puts mass outside
+            `[0, 1]` (its samples can fall there; clamp them to show images), and it learns much more
             slowly: `Glow((1, 14, 14), 2, 2, hidden=(32, 32))` reached 5.81 test bits/dim with
             `alpha=0.05` against 4.73 with 0 after 120 Adam steps on Fashion-MNIST.
         transformer: the coupling transformer instead of [`Affine`][flowkit.transformers.Affine]

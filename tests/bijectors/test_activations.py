@@ -87,6 +87,26 @@ def test_logit_domain_and_checks():
     assert check_bijector(b).passed
 
 
+@pytest.mark.parametrize("alpha", [0.0, 0.05, 0.3])
+def test_logit_inverse_stays_in_its_domain_and_a_flow_on_it_is_normalised_there(alpha):
+    from flowkit import Flow
+    from flowkit.distributions import StandardNormal
+
+    b = Logit(1, alpha=alpha).double()
+    # the domain is the preimage of the real line: p = alpha + (1 - 2 alpha) x is 0 and 1 at its ends
+    assert alpha + (1 - 2 * alpha) * b.domain.low == pytest.approx(0, abs=1e-15)
+    assert alpha + (1 - 2 * alpha) * b.domain.high == pytest.approx(1, abs=1e-15)
+    x, _ = b.inverse(torch.linspace(-30, 30, 601, dtype=torch.float64).unsqueeze(-1))
+    assert b.domain.admits(x).all()
+    flow = Flow(b, StandardNormal(1)).double()
+    torch.manual_seed(0)
+    samples = flow.sample((4000,))
+    assert torch.isfinite(flow.log_prob(samples)).all()  # its own samples, also those outside [0, 1]
+    grid = torch.linspace(b.domain.low, b.domain.high, 200001, dtype=torch.float64)[1:-1].unsqueeze(-1)
+    mass = torch.trapezoid(flow.log_prob(grid).exp(), grid[:, 0])
+    assert float(mass) == pytest.approx(1.0, abs=1e-6)
+
+
 def test_activation_in_a_chain_passes_the_checks():
     chain = Chain(Linear(3), SmoothLeakyReLU(3, 0.3), Linear(3), SmoothTanh(3))
     assert check_bijector(chain, torch.randn(6, 3) * 2).passed
