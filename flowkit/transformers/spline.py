@@ -475,21 +475,23 @@ def _fused_forward(v: Tensor, p: Tensor, layout: _Layout, inverse: bool, derivat
     # (logits - shift) log2(e) in one pass (a rank-1 product: faster than the broadcast subtraction), 2^(.) in place.
     exps = torch.addmm(logits, shift, logits.new_full((1, k), -1.0), beta=_LOG2E, alpha=_LOG2E).exp2_()
     cumulative = exps.cumsum(-1)  # (2n, K): rows 2i (widths) and 2i + 1 (heights) of point i
-    total = cumulative[:, -1].view(n, 2).t()  # (2, n)
+    total = cumulative[:, -1].view(n, 2).t().contiguous()  # (2, n)
     scale, offset = _scale_and_offset(total, k, low, high, layout.min_bin_width, layout.min_bin_height)
     axis = 1 if inverse else 0
     clamped = v.clamp(low, high)
+    small = n * max(width, 2 * k) < 2**31  # int32 flat indices (half the memory traffic of int64)
+    index = torch.int32 if small else torch.long
     if k > 1:
         # The interior knots of the searched axis as `_knots` computes them; the bin is the number of them
         # strictly below the point.
         row = offset if offset.dim() == 1 else offset[axis]
         inner = torch.addcmul(row[: k - 1], cumulative.view(n, 2, k)[:, axis, : k - 1], scale[axis].unsqueeze(-1))
-        bin_ = torch.searchsorted(inner, clamped.unsqueeze(-1)).view(n)
+        bin_ = torch.searchsorted(inner, clamped.unsqueeze(-1), out_int32=small).view(n)
     else:
-        bin_ = torch.zeros(n, dtype=torch.long, device=v.device)
-    first = bin_ == 0
+        bin_ = torch.zeros(n, dtype=index, device=v.device)
+    first, last = bin_ == 0, bin_ == k - 1
     below = (bin_ - 1).clamp_min(0)  # the cumulative sum ending at the bin's lower knot (none at k = 0)
-    rows = torch.arange(n, device=v.device)
+    rows = torch.arange(n, dtype=index, device=v.device)
     ends = torch.stack([below, bin_, below + k, bin_ + k])  # (4, n): lower and upper knot on the x, y rows
     sums = cumulative.view(-1).index_select(0, (ends + rows * (2 * k)).view(-1)).view(2, 2, n)
     offsets = offset.expand(2, k).reshape(-1).index_select(0, ends.view(-1)).view(2, 2, n)
@@ -502,14 +504,15 @@ def _fused_forward(v: Tensor, p: Tensor, layout: _Layout, inverse: bool, derivat
         columns = torch.stack([torch.where(first, k - 1, bin_ - 1), bin_])
     elif k > 1:
         columns = torch.stack([below, bin_.clamp_max(k - 2)])
-    raw, last = None, bin_ == k - 1
+    raw = None
     if columns is None:
         d0 = d1 = softened = torch.ones_like(v)
     else:
-        raw = p.reshape(-1).index_select(0, (columns + (rows * width + 2 * k)).view(-1)).view(2, n)
+        columns = columns + (rows * width + 2 * k)  # flat indices into p
+        raw = p.reshape(-1).index_select(0, columns.view(-1)).view(2, n)
         softened = F.softplus(raw) + layout.min_derivative
         if not layout.circular:
-            softened = torch.where(torch.stack([first, last]), 1.0, softened)  # boundary derivatives 1
+            softened.masked_fill_(torch.stack([first, last]), 1.0)  # boundary derivatives 1
         d0, d1 = softened.clamp_max(_MAX_DERIVATIVE)
     out, ladj, dlog = _RationalQuadraticBin.forward(clamped, x0, x1, y0, y1, d0, d1, inverse, derivative)
     inside = v == clamped
@@ -554,27 +557,31 @@ def _fused_backward(
     if not layout.circular:
         g_in, g_ladj_in = torch.where(inside, g_out, 0.0), torch.where(inside, g_ladj, 0.0)
     g_v, g_x0, g_x1, g_y0, g_y1, g_d0, g_d1 = _bin_pullback(point, (x0, x1, y0, y1, d0, d1), inverse, g_in, g_ladj_in)
-    g_params = torch.zeros(n, width, dtype=point.dtype, device=point.device)
-    rows = torch.arange(n, device=point.device)
+    g_params = torch.empty(n, width, dtype=point.dtype, device=point.device)
+    if width > 2 * k:
+        g_params[:, 2 * k :].zero_()
     first, last = bin_ == 0, bin_ == k - 1
-    # Width and height logits.
-    g_lower = torch.where(first, 0.0, torch.stack([g_x0, g_y0]))  # (2, n)
-    g_upper = torch.where(last, 0.0, torch.stack([g_x1, g_y1]))
-    fractions = sums / total.unsqueeze(1)  # F_k, F_{k+1} of both rows, (2, 2, n)
-    c = g_lower * fractions[:, 0] + g_upper * fractions[:, 1]
-    spikes = torch.stack([(g_lower + g_upper - c) * scale, -g_lower * scale, -g_upper * scale], dim=1)  # (2, 3, n)
-    at = torch.stack([torch.zeros_like(bin_), bin_, (bin_ + 1).clamp_max(k - 1)]) + rows * (2 * k)
-    at = torch.stack([at, at + k])  # (2, 3, n)
+    # Width and height logits: the knot cotangents times A / C_K (knots 0 and K are constant), spikes
+    # g_0 (1 - F_k) + g_1 (1 - F_{k+1}) at 0, -g_0 at k and -g_1 at k + 1, summed cumulatively, times e_i.
+    g_knots = torch.stack([g_x0, g_x1, g_y0, g_y1]).view(2, 2, n).masked_fill_(torch.stack([first, last]), 0.0)
+    g_knots.mul_(scale.unsqueeze(1))
+    spikes = torch.empty(2, 3, n, dtype=point.dtype, device=point.device)
+    total = total.unsqueeze(1)
+    torch.mul(g_knots, (total - sums) / total, out=spikes[:, 1:])
+    torch.add(spikes[:, 1], spikes[:, 2], out=spikes[:, 0])
+    torch.neg(g_knots, out=spikes[:, 1:])
+    base = torch.arange(0, n * 2 * k, 2 * k, dtype=bin_.dtype, device=point.device)
+    lower, upper = base + bin_, base + (bin_ + 1).clamp_max(k - 1)
+    at = torch.stack([base, lower, upper, base + k, lower + k, upper + k])  # as spikes: (axis, spike, n)
     steps = torch.zeros(n * 2 * k, dtype=point.dtype, device=point.device).index_add_(0, at.view(-1), spikes.view(-1))
     torch.mul(exps.view(n, 2, k), steps.view(n, 2, k).cumsum_(-1), out=g_params[:, : 2 * k].view(n, 2, k))
     # Derivatives: d = m + softplus(raw), capped, 1 at the linear tails' boundaries.
     if raw is not None:
         keep = softened <= _MAX_DERIVATIVE
         if not layout.circular:
-            keep = keep & ~torch.stack([first, last])
-        g_d = torch.where(keep, torch.stack([g_d0, g_d1]), 0.0)
-        g_raw = torch.ops.aten.softplus_backward(g_d, raw, 1.0, 20.0)
-        g_params.view(-1).index_add_(0, (columns + (rows * width + 2 * k)).view(-1), g_raw.view(-1))
+            keep &= ~torch.stack([first, last])
+        g_raw = torch.ops.aten.softplus_backward(torch.stack([g_d0, g_d1]).mul_(keep), raw, 1.0, 20.0)
+        g_params.view(-1).index_add_(0, columns.view(-1), g_raw.view(-1))
     g_x = torch.where(inside, g_v, g_out if not layout.circular else 0.0)
     return g_x, g_params
 
