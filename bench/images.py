@@ -268,7 +268,7 @@ def summarise(rows: list[dict], names: tuple[str, ...]) -> dict:
     return summary
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", default=None, help="folder of Fashion-MNIST's idx files")
     parser.add_argument("--parts", default="peer,wall,eiw,digits", help="comma-separated: peer, wall, eiw, digits")
@@ -290,7 +290,7 @@ def main() -> None:
     parser.add_argument("--test-points", type=int, default=2000, help="test images evaluated")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "images.json"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     now = clock(args)
     parts = set(args.parts.split(","))
@@ -352,6 +352,7 @@ def main() -> None:
                 save()
     save()
     print(table(results))
+    return 0
 
 
 def table(results: dict) -> str:
@@ -386,4 +387,4 @@ def table(results: dict) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
