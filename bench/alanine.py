@@ -58,6 +58,7 @@ from flowkit.sampling import ess, importance_sample
 from flowkit.targets import AlanineDipeptide
 from flowkit.targets.alanine import (
     ALANINE_CHIRAL_CENTRES,
+    ALANINE_Z_MATRIX,
     alanine_internal_coordinates,
     backbone_dihedrals,
     internal_coordinate_flow,
@@ -66,6 +67,7 @@ from flowkit.train import BoltzmannGenerator, MaximumLikelihood, fit
 from flowkit.train.callbacks import Callback
 
 RESULTS = Path(__file__).resolve().parent / "results"
+EDGES = np.linspace(-math.pi, math.pi, 37)
 
 
 class _Report(Callback):
@@ -81,12 +83,27 @@ class _Report(Callback):
             print(f"{self.name} {state.step} loss {state.last.loss:.3f} {extra} {elapsed:.0f} s", flush=True)
 
 
-def free_energy(phi: torch.Tensor, edges: np.ndarray, log_w: torch.Tensor | None = None) -> np.ndarray:
-    """-log of the (weighted) histogram density of phi, in kT (inf in empty bins)."""
-    w = None if log_w is None else torch.softmax(log_w.double(), 0).numpy()
-    hist, _ = np.histogram(phi.numpy(), bins=edges, weights=w, density=True)
+def free_energy(phi: np.ndarray, log_w: np.ndarray | None = None) -> np.ndarray:
+    """-log of the (weighted) histogram density of phi on `EDGES`, in kT (inf in empty bins)."""
+    w = None if log_w is None else np.exp(log_w - log_w.max())
+    hist, _ = np.histogram(phi, bins=EDGES, weights=w, density=True)
     with np.errstate(divide="ignore"):
         return -np.log(hist)
+
+
+def bootstrap_error(phi: np.ndarray, log_w: np.ndarray, reps: int, seed: int) -> np.ndarray:
+    """Per-bin standard deviation of the reweighted free energy over `reps` bootstrap resamples of the flow samples."""
+    rng = np.random.default_rng(seed)
+    profiles = np.array([free_energy(phi[idx], log_w[idx]) for idx in rng.integers(0, len(phi), (reps, len(phi)))])
+    profiles[~np.isfinite(profiles)] = np.nan
+    return np.nanstd(profiles, axis=0)
+
+
+def block_error(phi: np.ndarray, blocks: int) -> np.ndarray:
+    """Per-bin standard error of the MD free energy from `blocks` contiguous blocks (correlated frames)."""
+    profiles = np.array([free_energy(p) for p in np.array_split(phi, blocks)])
+    profiles[~np.isfinite(profiles)] = np.nan
+    return np.nanstd(profiles, axis=0, ddof=1) / math.sqrt(blocks)
 
 
 def forward_ess(log_w: torch.Tensor) -> float:
@@ -96,31 +113,90 @@ def forward_ess(log_w: torch.Tensor) -> float:
     return float(torch.exp(-(a + b)))
 
 
-def profile_errors(f_flow: np.ndarray, f_md: np.ndarray, cut: float) -> dict:
+def profile_errors(f_flow: np.ndarray, f_md: np.ndarray, cut: float, err: np.ndarray | None = None) -> dict:
+    """Errors of a free-energy profile against MD on the bins where MD is below `cut` kT (no fitted shift)."""
     keep = f_md - f_md[np.isfinite(f_md)].min() < cut
     diff = f_flow[keep] - f_md[keep]
-    out = {"bins": int(keep.sum()), "max_abs_kT": float(np.max(np.abs(diff))) if np.isfinite(diff).all() else None}
-    if np.isfinite(diff).all():
-        shifted = diff - diff.mean()
-        out.update(rms_kT=float(np.sqrt(np.mean(diff**2))), max_abs_after_shift_kT=float(np.max(np.abs(shifted))))
+    if not np.isfinite(diff).all():
+        return {"bins": int(keep.sum()), "max_abs_kT": None, "empty_bins": int((~np.isfinite(diff)).sum())}
+    out = {
+        "bins": int(keep.sum()),
+        "max_abs_kT": float(np.max(np.abs(diff))),
+        "bins_within_0.5kT": int((np.abs(diff) <= 0.5).sum()),
+        "rms_kT": float(np.sqrt(np.mean(diff**2))),
+        "max_abs_after_shift_kT": float(np.max(np.abs(diff - diff.mean()))),
+    }
+    if err is not None:
+        out["max_abs_over_combined_error"] = float(np.max(np.abs(diff) / err[keep]))
     return out
+
+
+def coordinate_diagnosis(internal, x: torch.Tensor, log_w: torch.Tensor, md: torch.Tensor, top: int = 6) -> list:
+    """Which latent coordinates carry the heavy weights.
+
+    For each internal coordinate, the share of the normalised importance weight on flow samples beyond the
+    99.5% quantile of the MD frames' distance from their mean (circular distance for circular dihedrals);
+    a well-fitted flow puts about 0.5% of the weight there. Returns the `top` largest.
+    """
+    names = [f"bond {a}" for a, _ in ALANINE_Z_MATRIX] + ["anchor bond 1", "anchor bond 2"]
+    names += [f"angle {a}" for a, _ in ALANINE_Z_MATRIX] + ["anchor angle"]
+    names += [f"dihedral {a} (row {k})" for k, (a, _) in enumerate(ALANINE_Z_MATRIX)]
+    ic = internal.double()
+    zs, zm = ic(x.double())[0], ic(md.double())[0]
+    w = torch.softmax(log_w, 0)
+    rows = []
+    for i in range(zs.shape[1]):
+        if i in internal.circular_idx:
+            mean = torch.atan2(zm[:, i].sin().mean(), zm[:, i].cos().mean())
+            ds, dm = ((torch.remainder(z[:, i] - mean + math.pi, 2 * math.pi) - math.pi).abs() for z in (zs, zm))
+        else:
+            ds, dm = (zs[:, i] - zm[:, i].mean()).abs(), (zm[:, i] - zm[:, i].mean()).abs()
+        beyond = ds > torch.quantile(dm, 0.995)
+        rows.append(
+            {
+                "coordinate": names[i],
+                "circular": i in internal.circular_idx,
+                "weight_beyond_md_q995": float(w[beyond].sum()),
+                "flow_fraction_beyond": float(beyond.double().mean()),
+            }
+        )
+    return sorted(rows, key=lambda r: -r["weight_beyond_md_q995"])[:top]
+
+
+def md_frames(spec: str, temperature: float, root) -> torch.Tensor:
+    """MD frames of the runs in `spec` ("ns:seed,ns:seed"), concatenated run by run."""
+    runs = []
+    for item in spec.split(","):
+        ns, seed = item.split(":")
+        runs.append(alanine_dipeptide_md(temperature, float(ns), seed=int(seed), root=root, progress=True))
+    return torch.cat(runs)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--temperature", type=float, default=1000.0)
-    parser.add_argument("--train-ns", type=float, default=5.0, help="training MD length (ns)")
-    parser.add_argument("--ref-ns", type=float, default=10.0, help="reference MD length (ns)")
+    parser.add_argument(
+        "--train-md", default="5:0,20:2", help="training MD runs, 'ns:seed,...' (seeds other than the reference's)"
+    )
+    parser.add_argument("--ref-md", default="10:1", help="independent reference MD runs, 'ns:seed,...'")
+    parser.add_argument("--val-fraction", type=float, default=0.1, help="last part of the training frames held out")
     parser.add_argument("--ml-steps", type=int, default=3000)
-    parser.add_argument("--bg-steps", type=int, default=1000)
+    parser.add_argument("--bg-steps", type=int, default=400)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--bg-lr", type=float, default=2e-4)
+    parser.add_argument("--bg-lr", type=float, default=1e-4)
     parser.add_argument("--w-kl", type=float, default=0.1, help="weight of the reverse KL in the BG stage")
-    parser.add_argument("--blocks", type=int, default=4)
+    parser.add_argument(
+        "--ml-estimator", choices=("nll", "path"), default="nll", help="ML term of the BG stage (path: uses forces)"
+    )
+    parser.add_argument("--ema", type=float, default=None, help="EMA decay of the weights in the ML stage")
+    parser.add_argument("--blocks", type=int, default=3)
     parser.add_argument("--hidden", default="128,128")
     parser.add_argument("--bins", type=int, default=8)
-    parser.add_argument("--samples", type=int, default=100_000, help="flow samples for the evaluation")
+    parser.add_argument("--init", type=Path, default=None, help="start from a saved .ml.model")
+    parser.add_argument("--probe", type=int, default=10_000, help="flow samples for the ESS after the ML stage")
+    parser.add_argument("--samples", type=int, default=200_000, help="flow samples for the evaluation")
+    parser.add_argument("--bootstrap", type=int, default=200, help="bootstrap resamples of the reweighted profile")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--data", default=None, help="MD cache directory (default $FLOWKIT_DATA or ./data)")
@@ -129,50 +205,84 @@ def main() -> None:
     parser.add_argument("--progress", action="store_true", help="progress bars")
     args = parser.parse_args()
     if args.quick:
-        args.train_ns, args.ref_ns, args.ml_steps, args.bg_steps, args.samples = 0.2, 0.2, 30, 10, 2000
+        args.train_md, args.ref_md, args.ml_steps, args.bg_steps = "0.2:0", "0.2:1", 30, 10
+        args.samples, args.probe, args.bootstrap = 2000, 500, 20
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     hidden = tuple(int(h) for h in args.hidden.split(","))
     timings: dict[str, float] = {}
+    cpu0 = time.process_time()
 
     t0 = time.time()
-    train = alanine_dipeptide_md(args.temperature, args.train_ns, seed=args.seed, root=args.data, progress=True)
-    ref = alanine_dipeptide_md(args.temperature, args.ref_ns, seed=args.seed + 1, root=args.data, progress=True)
-    timings["md_s (or cache read)"] = time.time() - t0
-
     target = AlanineDipeptide(args.temperature)
     internal = alanine_internal_coordinates(target.minimum())
-    flow = internal_coordinate_flow(internal, args.blocks, hidden, args.bins, seed=args.seed)
+    frame = internal.domain.to_frame  # frames in the anchored frame, where the forces match the flow's output
+    frames = frame(md_frames(args.train_md, args.temperature, args.data))
+    ref = frame(md_frames(args.ref_md, args.temperature, args.data))
+    n_val = int(args.val_fraction * len(frames))
+    train, val = frames[: len(frames) - n_val], frames[len(frames) - n_val :]
+    timings["md_s (or cache read)"] = time.time() - t0
+
+    if args.init is not None:
+        flow = flowkit.io.load(args.init)
+    else:
+        flow = internal_coordinate_flow(internal, args.blocks, hidden, args.bins, seed=args.seed)
     n_params = sum(p.numel() for p in flow.parameters())
+    results: dict = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}}
+
+    def val_nll() -> float:
+        with torch.no_grad():
+            return float(-torch.cat([flow.log_prob(c.float()) for c in val.split(5000)]).mean())
+
+    def probe(stage: str) -> None:
+        flow.eval()
+        with torch.no_grad():
+            _, lw = importance_sample(flow, target, args.probe, batch_size=5000)
+        results[f"after_{stage}"] = {"val_nll": val_nll() if n_val else None, "reverse_ess_probe": ess(lw)}
+        print(stage, results[f"after_{stage}"], flush=True)
+        flow.train()
 
     t0 = time.time()
-    hist_ml = fit(
-        flow,
-        MaximumLikelihood(),
-        train.float(),
-        steps=args.ml_steps,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        clip=10.0,
-        progress=args.progress,
-        seed=args.seed,
-        callbacks=[_Report("ml")],
-    )
+    hist_ml = None
+    if args.ml_steps > 0:
+        hist_ml = fit(
+            flow,
+            MaximumLikelihood(),
+            train.float(),
+            steps=args.ml_steps,
+            batch_size=args.batch_size,
+            lr=args.lr,
+            clip=10.0,
+            val_data=val.float() if n_val else None,
+            val_every=max(args.ml_steps // 20, 1),
+            ema=args.ema,
+            progress=args.progress,
+            seed=args.seed,
+            callbacks=[_Report("ml")],
+        )
+        probe("ml")
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        flowkit.io.save(flow, args.out.with_suffix(".ml.model"))  # for BG variants from the same start (--init)
     timings["ml_s"] = time.time() - t0
     evals_before = target.evaluations
     t0 = time.time()
-    objective = BoltzmannGenerator(target, samples=train.float(), w_ml=1.0, w_kl=args.w_kl)
-    hist_bg = fit(
-        flow,
-        objective,
-        steps=args.bg_steps,
-        batch_size=args.batch_size,
-        lr=args.bg_lr,
-        clip=10.0,
-        progress=args.progress,
-        seed=args.seed + 1,
-        callbacks=[_Report("bg", 50)],
-    )
+    hist_bg = None
+    if args.bg_steps > 0:
+        objective = BoltzmannGenerator(
+            target, samples=train.float(), w_ml=1.0, w_kl=args.w_kl, ml_estimator=args.ml_estimator
+        )
+        hist_bg = fit(
+            flow,
+            objective,
+            steps=args.bg_steps,
+            batch_size=args.batch_size,
+            lr=args.bg_lr,
+            clip=10.0,
+            progress=args.progress,
+            seed=args.seed + 1,
+            callbacks=[_Report("bg", 50)],
+        )
+        probe("bg")
     timings["bg_s"] = time.time() - t0
     train_evals = target.evaluations - evals_before
 
@@ -187,47 +297,64 @@ def main() -> None:
         phi, psi = backbone_dihedrals(x)
         log_q_ref = torch.cat([flow.log_prob(chunk.float()).double() for chunk in ref.split(5000)])
         log_w_ref = -target.energy(ref) - log_q_ref
+        diagnosis = coordinate_diagnosis(internal, x[:50_000], log_w[:50_000], ref[::5])
     timings["eval_s"] = time.time() - t0
     phi_ref, psi_ref = backbone_dihedrals(ref)
 
-    edges = np.linspace(-math.pi, math.pi, 37)
-    f_md = free_energy(phi_ref, edges)
-    f_raw = free_energy(phi, edges)
-    f_rew = free_energy(phi, edges, log_w)
-    blocks = [free_energy(p, edges) for p in phi_ref.chunk(5)]
-    block_err = np.nanstd(np.where(np.isfinite(blocks), blocks, np.nan), axis=0) / math.sqrt(5)
+    phi_np, lw_np, phi_ref_np = phi.numpy(), log_w.numpy(), phi_ref.numpy()
+    f_md = free_energy(phi_ref_np)
+    f_raw = free_energy(phi_np)
+    f_rew = free_energy(phi_np, lw_np)
+    err_flow = bootstrap_error(phi_np, lw_np, args.bootstrap, args.seed)
+    err_md = block_error(phi_ref_np, 10)
+    err = np.sqrt(err_flow**2 + err_md**2)
     low = f_md - f_md[np.isfinite(f_md)].min() < 5.0
     w = torch.softmax(log_w, 0)
-    results = {
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "flow": {"parameters": n_params, "latent": 60, "circular": len(internal.circular_idx)},
-        "md": {"train_frames": len(train), "reference_frames": len(ref)},
-        "ml_final_nll": float(np.mean([r for r in hist_ml.loss[-50:]])),
-        "bg_final_loss": float(np.mean([r for r in hist_bg.loss[-50:]])),
-        "mirror_fraction": float(1 - ok.double().mean()),
-        "nonfinite_weights": int((~finite).sum()),
-        "reverse_ess": ess(log_w),
-        "forward_ess": forward_ess(log_w_ref),
-        "p_phi_positive": {
-            "md": float((phi_ref > 0).double().mean()),
-            "md_block_err": float((torch.stack([(p > 0).double().mean() for p in phi_ref.chunk(5)])).std() / 5**0.5),
-            "flow_raw": float((phi > 0).double().mean()),
-            "flow_reweighted": float((w * (phi > 0).double()).sum()),
-        },
-        "free_energy_phi": {
-            "bins_below_5kT": int(low.sum()),
-            "raw": profile_errors(f_raw, f_md, 5.0),
-            "reweighted": profile_errors(f_rew, f_md, 5.0),
-            "md_block_err_max_kT": float(np.nanmax(block_err[low])),
-            "edges": edges.tolist(),
-            "md": f_md.tolist(),
-            "flow_raw": f_raw.tolist(),
-            "flow_reweighted": f_rew.tolist(),
-        },
-        "energy_evaluations": {"bg_training": train_evals, "total": target.evaluations},
-        "time_s": timings,
-        "torch_threads": args.threads,
-    }
+    positive = (phi > 0).double()
+    p_rew = float((w * positive).sum())  # delta-method error of the self-normalised estimate below
+    timings["process_cpu_s"] = time.process_time() - cpu0
+    blocks = np.array_split(phi_ref_np, 10)
+    results.update(
+        {
+            "flow": {"parameters": n_params, "latent": 60, "circular": len(internal.circular_idx)},
+            "md": {"train_frames": len(train), "validation_frames": n_val, "reference_frames": len(ref)},
+            "ml_final_nll": None if hist_ml is None else float(np.mean(hist_ml.loss[-50:])),
+            "ml_validation": None if hist_ml is None else {"step": hist_ml.val_step, "nll": hist_ml.val_loss},
+            "bg_final_loss": None if hist_bg is None else float(np.mean(hist_bg.loss[-50:])),
+            "reference_nll": float(-log_q_ref.mean()),
+            "mirror_fraction": float(1 - ok.double().mean()),
+            "nonfinite_weights": int((~finite).sum()),
+            "reverse_ess": ess(log_w),
+            "reverse_ess_samples": len(log_w),
+            "forward_ess": forward_ess(log_w_ref),
+            "heaviest_weight": float(w.max()),
+            "weights_by_coordinate": diagnosis,
+            "p_phi_positive": {
+                "md": float((phi_ref > 0).double().mean()),
+                "md_block_err": float(np.std([(b > 0).mean() for b in blocks], ddof=1) / math.sqrt(10)),
+                "train_md": float((backbone_dihedrals(train)[0] > 0).double().mean()),
+                "flow_raw": float((phi > 0).double().mean()),
+                "flow_reweighted": p_rew,
+                "flow_reweighted_err": float(torch.sqrt((w**2 * (positive - p_rew) ** 2).sum())),
+            },
+            "free_energy_phi": {
+                "bins_below_5kT": int(low.sum()),
+                "raw": profile_errors(f_raw, f_md, 5.0),
+                "reweighted": profile_errors(f_rew, f_md, 5.0, err),
+                "md_block_err_max_kT": float(np.nanmax(err_md[low])),
+                "flow_bootstrap_err_max_kT": float(np.nanmax(err_flow[low])),
+                "edges": EDGES.tolist(),
+                "md": f_md.tolist(),
+                "md_err": err_md.tolist(),
+                "flow_raw": f_raw.tolist(),
+                "flow_reweighted": f_rew.tolist(),
+                "flow_reweighted_err": err_flow.tolist(),
+            },
+            "energy_evaluations": {"bg_training": train_evals, "total": target.evaluations},
+            "time_s": timings,
+            "torch_threads": args.threads,
+        }
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2, default=float))
     flowkit.io.save(flow, args.out.with_suffix(".model"))
@@ -240,17 +367,22 @@ def main() -> None:
 
     fig = Figure(figsize=(5.5, 4), layout="constrained")
     ax = fig.add_subplot()
-    centres = 0.5 * (edges[1:] + edges[:-1])
+    centres = 0.5 * (EDGES[1:] + EDGES[:-1])
     base = np.nanmin(np.where(np.isfinite(f_md), f_md, np.nan))
-    ax.plot(centres, f_md - base, "k-", label="MD reference")
+    ax.errorbar(centres, f_md - base, err_md, fmt="k-", label="MD reference")
     ax.plot(centres, f_raw - base, "C0--", label="flow (raw)")
-    ax.plot(centres, f_rew - base, "C1-", label="flow (reweighted)")
+    ax.errorbar(centres, f_rew - base, err_flow, fmt="C1-", label="flow (reweighted)")
     ax.set(xlabel=r"$\phi$", ylabel="free energy / kT", title=f"alanine dipeptide, {args.temperature:g} K, vacuum")
     ax.legend()
     fig.savefig(args.out.with_suffix(".phi.png"), dpi=120)
-    summary = {k: results[k] for k in ("reverse_ess", "forward_ess", "p_phi_positive", "mirror_fraction")}
+    keys = ("reverse_ess", "forward_ess", "heaviest_weight", "p_phi_positive", "mirror_fraction", "reference_nll")
+    summary = {k: results[k] for k in keys}
+    for stage in ("after_ml", "after_bg"):
+        summary[stage] = results.get(stage)
     summary["F(phi) reweighted"] = results["free_energy_phi"]["reweighted"]
     summary["F(phi) raw"] = results["free_energy_phi"]["raw"]
+    summary["errors"] = {k: results["free_energy_phi"][k] for k in ("md_block_err_max_kT", "flow_bootstrap_err_max_kT")}
+    summary["weights_by_coordinate"] = diagnosis[:3]
     summary["time_s"] = timings
     summary["energy_evaluations"] = results["energy_evaluations"]
     print(json.dumps(summary, indent=2, default=float))
