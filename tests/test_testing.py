@@ -177,3 +177,39 @@ def test_flowkit_check_names_the_failing_layer(monkeypatch, capsys):
     assert main(["check", "broken"]) == 1
     out = capsys.readouterr().out
     assert "FAIL" in out and "layer 17 (_OffLadj): FAIL" in out
+
+
+# ---------------------------------------------------------------- check_flow on bounded domains
+
+
+def _bounded_flows():
+    from flowkit.bijectors import CircularSplineCoupling, Logit
+    from flowkit.distributions import RigidBase, StandardNormal
+    from flowkit.flows import NSF, Flow
+
+    torch.manual_seed(0)
+
+    def logit_normal(d):  # a flow on (0, 1)^d: the density lives on the box, not on the real line
+        return Flow(Chain(Logit((d,), alpha=0.0), randomize(NSF(d, transforms=2, hidden=(8,)).bijector, 0.1)),
+                    StandardNormal((d,)))  # fmt: skip
+
+    torus = Flow(randomize(CircularSplineCoupling(2, bins=5, hidden=(16,)), 0.3), RigidBase(["angle", "angle"]))
+    return {"interval 1-D": logit_normal(1), "interval 2-D": logit_normal(2), "torus": torus}
+
+
+@pytest.mark.parametrize("name", ["interval 1-D", "interval 2-D", "torus"])
+def test_check_flow_integrates_over_a_bounded_domain(name):
+    from flowkit.testing import check_flow
+
+    flow = _bounded_flows()[name]
+    mass = dict((c, d) for c, _, d in check_flow(flow).results)["density integrates to 1"]
+    assert "quadrature on" in mass
+
+    class HalfMass(type(flow)):  # the same flow with half its density: the mass check must fail
+        def log_prob(self, x, context=None):
+            return super().log_prob(x, context) - math.log(2)
+
+    half = HalfMass.__new__(HalfMass)
+    half.__dict__ = flow.__dict__
+    failed = [c for c, ok, _ in check_flow(half, raise_on_failure=False).results if not ok]
+    assert "density integrates to 1" in failed
