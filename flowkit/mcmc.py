@@ -414,20 +414,24 @@ def independent_metropolis(
 ) -> Chains:
     r"""Independent Metropolis-Hastings with the flow as proposal, batched over chains.
 
-    Each chain starts at its first proposal and replaces its state $x$ by a
-    fresh proposal $x' \sim q$ with probability $\min(1, w(x')/w(x))$,
-    $w = e^{-u}/q$. With $q = p$ every proposal is accepted.
+    Each chain starts at its first proposal of non-zero weight (the states
+    before it repeat it, so no state has zero density) and then replaces its
+    state $x$ by a fresh proposal $x' \sim q$ with probability
+    $\min(1, w(x')/w(x))$, $w = e^{-u}/q$. With $q = p$ every proposal is accepted.
 
     Arguments:
         flow: the proposal flow (a [`StochasticFlow`][flowkit.stochastic.StochasticFlow] uses its path weights).
         target: the [`Target`][flowkit.targets.Target].
-        n_steps: proposals per chain (the first one is the starting state).
+        n_steps: proposals per chain (the first one of non-zero weight is the starting state).
         chains: number of independent chains.
         batch_size: proposals drawn per pass.
         generator: random generator of the accept draws.
 
     Returns:
-        [`Chains`][flowkit.mcmc.Chains]; the acceptance counts the `n_steps - 1` proposals after the first.
+        [`Chains`][flowkit.mcmc.Chains]; the acceptance counts the proposals after each chain's starting one.
+
+    Raises:
+        ValueError: when every proposal of some chain has zero weight under the target.
     """
     from .sampling import importance_sample
 
@@ -438,18 +442,22 @@ def independent_metropolis(
     proposals = proposals.unflatten(0, (n_steps, chains))
     lw = log_w.reshape(n_steps, chains).cpu().numpy()
     log_u = torch.rand(n_steps, chains, generator=generator, dtype=torch.float64).log().numpy()
-    index = np.zeros((n_steps, chains), dtype=np.int64)
-    current = np.zeros(chains, dtype=np.int64)
-    columns = np.arange(chains)
+    finite = np.isfinite(lw)
+    if not finite.any(0).all():
+        bad = np.flatnonzero(~finite.any(0)).tolist()
+        raise ValueError(f"independent_metropolis: every proposal of chain(s) {bad} has zero weight under the target")
+    first = finite.argmax(0)  # each chain's starting state: its first proposal of non-zero weight
+    index = np.empty((n_steps, chains), dtype=np.int64)
+    current, columns = first.copy(), np.arange(chains)
+    index[0] = current
     accepted = np.zeros(chains)
     for t in range(1, n_steps):
-        # a state of zero weight (lw = -inf) is left by any proposal of non-zero weight
-        accept = (log_u[t] < lw[t] - lw[current, columns]) | (np.isneginf(lw[current, columns]) & ~np.isneginf(lw[t]))
+        accept = (t > first) & (log_u[t] < lw[t] - lw[current, columns])
         current = np.where(accept, t, current)
         accepted += accept
         index[t] = current
     samples = proposals[torch.from_numpy(index).to(proposals.device), torch.from_numpy(columns).to(proposals.device)]
-    acceptance = torch.from_numpy(accepted / (n_steps - 1))
+    acceptance = torch.from_numpy(accepted / np.maximum(n_steps - 1 - first, 1))
     return Chains(samples, acceptance, time.perf_counter() - start)
 
 

@@ -20,7 +20,6 @@ import math
 import warnings
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -199,7 +198,7 @@ def reweight(observable: Tensor, log_w: Tensor) -> tuple[Tensor, Tensor]:
 def imh(
     flow: Any, target: Target, n_steps: int, batch_size: int = 10_000, generator: torch.Generator | None = None
 ) -> tuple[Tensor, float]:
-    r"""Independent Metropolis-Hastings with the flow as proposal.
+    r"""Independent Metropolis-Hastings with the flow as proposal (one chain of `independent_metropolis`).
 
     A proposal $x' \sim q$ replaces the state $x$ with probability
     $\min(1, w(x') / w(x))$, $w = e^{-u}/q$; the chain has the
@@ -216,27 +215,13 @@ def imh(
 
     Returns:
         `(chain, acceptance)`: the states `(n_steps, *event_shape)` and the
-        fraction of the proposals after the starting one that were accepted.
+        fraction of the proposals after the starting one that were accepted; the same as
+        [`independent_metropolis`][flowkit.mcmc.independent_metropolis] with one chain.
     """
     if n_steps < 2:
         raise ValueError(f"imh: n_steps must be at least 2, got {n_steps}")
-    proposals, log_w = importance_sample(flow, target, n_steps, batch_size)
-    log_u = torch.rand(n_steps, generator=generator, dtype=torch.float64).log().numpy()
-    lw = log_w.cpu().numpy()
-    finite = np.flatnonzero(np.isfinite(lw))
-    if len(finite) == 0:
-        raise ValueError("imh: every proposal has zero weight under the target")
-    index = np.empty(n_steps, dtype=np.int64)
-    # The chain starts at the first proposal of non-zero weight (the ones before repeat it).
-    start = current = int(finite[0])
-    accepted = 0
-    index[: start + 1] = start
-    for t in range(start + 1, n_steps):
-        if log_u[t] < lw[t] - lw[current]:
-            current = t
-            accepted += 1
-        index[t] = current
-    return proposals[torch.from_numpy(index).to(proposals.device)], accepted / max(n_steps - 1 - start, 1)
+    run = independent_metropolis(flow, target, n_steps, chains=1, batch_size=batch_size, generator=generator)
+    return run.samples[:, 0], float(run.acceptance[0])
 
 
 @torch.no_grad()

@@ -150,6 +150,24 @@ def test_imh_starts_at_the_first_proposal_of_non_zero_weight():
     assert 0 < acceptance <= 1
 
 
+def test_imh_is_one_chain_of_the_batched_sampler_and_every_chain_starts_at_non_zero_weight():
+    from flowkit.mcmc import independent_metropolis
+
+    flow = flowkit.flows.RealNVP(2, transforms=1, hidden=(4,))
+    wall = Energy(lambda x: torch.where(x[..., 0] > 0, 0.5 * x.square().sum(-1), math.inf), 2)
+    torch.manual_seed(1)
+    chain, acceptance = imh(flow, wall, 300, generator=torch.Generator().manual_seed(2))
+    torch.manual_seed(1)
+    run = independent_metropolis(flow, wall, 300, chains=1, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(chain, run.samples[:, 0]) and acceptance == float(run.acceptance[0])
+    run = independent_metropolis(flow, wall, 50, chains=16, generator=torch.Generator().manual_seed(3))
+    assert bool((run.samples[..., 0] > 0).all())  # about half the proposals have zero weight; no state does
+    assert bool(((run.acceptance > 0) & (run.acceptance <= 1)).all())
+    nowhere = Energy(lambda x: torch.full(x.shape[:-1], math.inf, dtype=x.dtype), 2)
+    with pytest.raises(ValueError, match="zero weight"):
+        independent_metropolis(flow, nowhere, 10, chains=2)
+
+
 def test_log_Z_warns_when_a_few_weights_dominate():
     with pytest.warns(RuntimeWarning, match="fewer than 10 effective samples"):
         estimate, error = log_Z(torch.tensor([1000.0, 0.0, 0.0], dtype=torch.float64))
