@@ -67,6 +67,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 #: The models trained on each set: the name and the `rho=` tying of the dependent objective (None: i.i.d.).
 MODELS = {"equi": {"iid": None, "dependent": "group", "dependent_shared": "shared"}}
 DEFAULT_MODELS = {"iid": None, "dependent": "shared"}
+#: On request (``--models``): equi with each group's true rho, fixed (no update), a diagnosis.
+EXTRA_MODELS = {"equi": {"dependent_oracle": "oracle"}}
 
 
 def make_flow(seed: int) -> flowkit.Flow:
@@ -74,11 +76,13 @@ def make_flow(seed: int) -> flowkit.Flow:
     return flowkit.flows.NSF(2, transforms=3, bins=16, hidden=(64, 64), bound=8.0)
 
 
-def load(name: str, seed: int, quick: bool) -> flowkit.data.DependentSplits:
+def load(name: str, seed: int, args) -> flowkit.data.DependentSplits:
+    quick = args.quick
     held_out = dict(n_val=500, n_test=500) if quick else dict(n_val=5000, n_test=5000)
     if name == "equi":
-        n = 1000 if quick else 10000
-        return equicorrelated_groups("cres", n=n, rho=(0.5, 0.99), max_group=1000, seed=seed, **held_out)
+        n = 1000 if quick else args.equi_n
+        rho = args.equi_rho[0] if len(args.equi_rho) == 1 else tuple(args.equi_rho)
+        return equicorrelated_groups("cres", n=n, rho=rho, max_group=args.equi_max_group, seed=seed, **held_out)
     if name == "rm":
         return random_kinship("cres", n=400 if quick else 5000, lam=0.5, seed=seed, **held_out)
     return stock_pairs()
@@ -101,10 +105,14 @@ def train(data, tying: str | None, seed: int, args) -> tuple[flowkit.Flow, Depen
         history = fit(flow, MaximumLikelihood(), data.train, **settings)
         objective = None
     else:
-        structure = {"groups": data.groups, "rho": tying} if data.groups is not None else {"kinship": data.kinship}
-        objective = DependentMaximumLikelihood(**structure, value=0.5)
-        update = DependenceUpdate(objective, flow, data.train, every=args.update_every)
-        history = fit(flow, objective, with_indices(data.train), callbacks=[update], **settings)
+        oracle = tying == "oracle"
+        structure = {"groups": data.groups, "rho": "group" if oracle else tying} if data.groups is not None else {}
+        objective = DependentMaximumLikelihood(**(structure or {"kinship": data.kinship}), value=0.5)
+        if oracle:  # each group's true rho, kept fixed
+            truth = torch.as_tensor(data.truth["rho"], dtype=torch.float64).expand(objective.structure.parameters)
+            objective.logits = torch.logit(truth.clamp(objective.eps, 1 - objective.eps))
+        callbacks = [] if oracle else [DependenceUpdate(objective, flow, data.train, every=args.update_every)]
+        history = fit(flow, objective, with_indices(data.train), callbacks=callbacks, **settings)
     seconds = time.process_time() - start
     info = {"cpu_seconds": seconds, "best_step": history.best_step, "best_val": history.best_val_loss}
     return flow, objective, info
@@ -138,7 +146,7 @@ def summarise(runs: list[dict], models: list[str]) -> dict:
     for model in models:
         summary[f"{model}_nll"] = float(np.mean([r["nll"][model] for r in runs]))
     for model in models:
-        if model == "iid":
+        if model == "iid" or "iid" not in models:
             continue
         gains = np.array([r["gain"][model]["mean"] for r in runs])
         se = float(gains.std(ddof=1) / math.sqrt(len(gains))) if len(gains) > 1 else float("nan")
@@ -159,6 +167,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--update-every", type=int, default=100)
     parser.add_argument("--val-every", type=int, default=50)
+    parser.add_argument("--equi-n", type=int, default=10000, help="training points of equi (the paper's 10000)")
+    parser.add_argument("--equi-rho", type=float, nargs="+", default=[0.5, 0.99], help="one rho, or a range per group")
+    parser.add_argument("--equi-max-group", type=int, default=1000, help="the largest group of equi (the paper's 1000)")
+    parser.add_argument("--models", nargs="+", help="train only these models (e.g. iid); gains need iid and another")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 1 seed, 60 steps, small sets")
     parser.add_argument("--out", type=Path, default=RESULTS / "dependent.json")
     args = parser.parse_args()
@@ -171,10 +183,12 @@ def main() -> None:
         "threads": torch.get_num_threads(),
     }
     for name in args.sets:
-        models = MODELS.get(name, DEFAULT_MODELS)
+        available = {**MODELS.get(name, DEFAULT_MODELS), **EXTRA_MODELS.get(name, {})}
+        chosen = args.models or list(MODELS.get(name, DEFAULT_MODELS))
+        models = {m: t for m, t in available.items() if m in chosen}
         runs = []
         for seed in range(args.seeds):
-            data = load(name, seed, args.quick)
+            data = load(name, seed, args)
             run: dict = {"seed": seed, "n_train": len(data.train), "n_val": len(data.val), "n_test": len(data.test)}
             nll, run["nll"], run["nll_se"], run["train"], run["parameters"] = {}, {}, {}, {}, {}
             joint = {}
@@ -196,7 +210,7 @@ def main() -> None:
                             joint[model] = -float(held.log_likelihood(flow, data.test.to(torch.float32))) / len(points)
             run["gain"] = {}
             for model in models:
-                if model != "iid":
+                if model != "iid" and "iid" in models:
                     gain = nll["iid"] - nll[model]
                     se = float(gain.std() / math.sqrt(len(gain)))
                     run["gain"][model] = {"mean": float(gain.mean()), "se_points": se}
