@@ -32,10 +32,20 @@ Both branches are therefore finite everywhere, and so are the gradients,
 also far outside the bound. Nothing in the hot path
 synchronises with the device, so the code runs under `torch.compile`.
 
-Speed: the bin arithmetic is one autograd node with a hand-written backward
-(the inverse by the implicit-function rule), forward mode and `torch.func`
-support; the transformers also return the derivative of their log-derivative
-in the input, which the fast path-gradient rule of coupling layers uses.
+Speed: in eager mode a transformer's whole map (knot construction, bin
+search, bin arithmetic, tails) is one autograd node with a hand-written
+backward pass (`_FusedSpline`): it exponentiates and accumulates the logits
+once, searches the bin, and then gathers only that bin's two knots and
+derivatives per point, where the reference builds the full knot and derivative
+tables; the backward pass maps the bin's cotangents to the logits in closed
+form (a cumulative sum of three spikes per row) and the inverse uses the
+implicit-function rule. A backward pass that records a graph (higher
+derivatives, as in score and force matching), `torch.func` transforms,
+forward-mode AD and `torch.compile` use the reference path (a full knot table
+and a bin node, `_RationalQuadraticBin`, that supports all of them); both give
+the same numbers. The transformers also return the derivative of their
+log-derivative in the input, which the fast path-gradient rule of coupling
+layers uses.
 
 References:
     Durkan, Bekasov, Murray & Papamakarios, *Neural Spline Flows*, NeurIPS 2019
@@ -228,6 +238,20 @@ def _bin_vjp(
     return g_x, -g_x - g_w, g_w, g_y - g_h, g_h, g_d0, g_d1
 
 
+def _terms_pullback(
+    terms: tuple[Tensor, ...], d0: Tensor, d1: Tensor, inverse: bool, g_out: Tensor, g_ladj: Tensor
+) -> tuple[Tensor, ...]:
+    """`_bin_pullback` from the bin's `terms` (`_xi_terms` where the forward map is evaluated)."""
+    dp = _dp_dxi(terms, d0, d1)
+    if not inverse:
+        return _bin_vjp(terms, dp, d0, d1, g_out, g_ladj)
+    # x = tau^{-1}(v; theta), ladj = -L(x; theta): the cotangent on x picks up -g_ladj dL/dx,
+    # and dx/dv = e^{-L}, dx/dtheta = -e^{-L} dtau/dtheta.
+    _, _, s, _, _, _, _, den, _, p = terms
+    g_v = (g_out - g_ladj * _dlog_dx(terms, dp)) * (den * den / (s * s * p))
+    return (g_v, *_bin_vjp(terms, dp, d0, d1, -g_v, -g_ladj)[1:])
+
+
 def _bin_pullback(
     point: Tensor, knots: tuple[Tensor, ...], inverse: bool, g_out: Tensor, g_ladj: Tensor
 ) -> tuple[Tensor, ...]:
@@ -238,14 +262,7 @@ def _bin_pullback(
     """
     x0, x1, y0, y1, d0, d1 = knots
     terms = _bin_terms(point, x0, _bin_shape(x0, x1, y0, y1, d0, d1), d0, d1)
-    dp = _dp_dxi(terms, d0, d1)
-    if not inverse:
-        return _bin_vjp(terms, dp, d0, d1, g_out, g_ladj)
-    # x = tau^{-1}(v; theta), ladj = -L(x; theta): the cotangent on x picks up -g_ladj dL/dx,
-    # and dx/dv = e^{-L}, dx/dtheta = -e^{-L} dtau/dtheta.
-    _, _, s, _, _, _, _, den, _, p = terms
-    g_v = (g_out - g_ladj * _dlog_dx(terms, dp)) * (den * den / (s * s * p))
-    return (g_v, *_bin_vjp(terms, dp, d0, d1, -g_v, -g_ladj)[1:])
+    return _terms_pullback(terms, d0, d1, inverse, g_out, g_ladj)
 
 
 def _solve_bin(dy: Tensor, shape: tuple[Tensor, ...], d0: Tensor) -> Tensor:
@@ -269,6 +286,34 @@ def _solve_bin(dy: Tensor, shape: tuple[Tensor, ...], d0: Tensor) -> Tensor:
     numerator = torch.where(positive, s_dy + s_dy, root - b)
     denominator = torch.where(positive, b + root, a + a).clamp_min(torch.finfo(dy.dtype).tiny)
     return (numerator / denominator).clamp(0, 1)
+
+
+def _bin_forward(
+    v: Tensor, x0: Tensor, x1: Tensor, y0: Tensor, y1: Tensor, d0: Tensor, d1: Tensor, inverse: bool, derivative: bool
+) -> tuple[Tensor, Tensor, Tensor | None, tuple[Tensor, ...]]:
+    """The bin's map (or its inverse) at `v`: `(out, ladj, dlog, terms)`.
+
+    `dlog` is the derivative of `ladj` in `v` (None unless `derivative`); `terms` are those of
+    `_xi_terms` where the forward map is evaluated (at `v` forward, at the solved output inverse).
+    """
+    shape = _bin_shape(x0, x1, y0, y1, d0, d1)
+    if inverse:
+        xi = _solve_bin(v - y0, shape, d0)
+        point = torch.lerp(x0, x1, xi)  # exactly x0 at xi = 0 and x1 at xi = 1
+        terms = _xi_terms(xi, shape, d0, d1)
+    else:
+        point = v
+        terms = _bin_terms(point, x0, shape, d0, d1)
+    _, h, s, _, _, _, _, den, n, p = terms
+    log_derivative = torch.log(s * s * p / (den * den))
+    dlog = None
+    if derivative:
+        dlog = _dlog_dx(terms, _dp_dxi(terms, d0, d1))
+        if inverse:
+            dlog = -dlog * torch.exp(-log_derivative)
+    if inverse:
+        return point, -log_derivative, dlog, terms
+    return y0 + h * n / den, log_derivative, dlog, terms
 
 
 class _RationalQuadraticBin(torch.autograd.Function):
@@ -301,24 +346,7 @@ class _RationalQuadraticBin(torch.autograd.Function):
         inverse: bool,
         derivative: bool,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-        shape = _bin_shape(x0, x1, y0, y1, d0, d1)
-        if inverse:
-            xi = _solve_bin(v - y0, shape, d0)
-            point = torch.lerp(x0, x1, xi)  # exactly x0 at xi = 0 and x1 at xi = 1
-            terms = _xi_terms(xi, shape, d0, d1)
-        else:
-            point = v
-            terms = _bin_terms(point, x0, shape, d0, d1)
-        _, h, s, _, _, _, _, den, n, p = terms
-        log_derivative = torch.log(s * s * p / (den * den))
-        dlog = None
-        if derivative:
-            dlog = _dlog_dx(terms, _dp_dxi(terms, d0, d1))
-            if inverse:
-                dlog = -dlog * torch.exp(-log_derivative)
-        if inverse:
-            return point, -log_derivative, dlog
-        return y0 + h * n / den, log_derivative, dlog
+        return _bin_forward(v, x0, x1, y0, y1, d0, d1, inverse, derivative)[:3]
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:  # type: ignore[override]
@@ -514,14 +542,13 @@ def _fused_forward(v: Tensor, p: Tensor, layout: _Layout, inverse: bool, derivat
         if not layout.circular:
             softened.masked_fill_(torch.stack([first, last]), 1.0)  # boundary derivatives 1
         d0, d1 = softened.clamp_max(_MAX_DERIVATIVE)
-    out, ladj, dlog = _RationalQuadraticBin.forward(clamped, x0, x1, y0, y1, d0, d1, inverse, derivative)
+    out, ladj, dlog, terms = _bin_forward(clamped, x0, x1, y0, y1, d0, d1, inverse, derivative)
     inside = v == clamped
     if not layout.circular:
         out, ladj = torch.where(inside, out, v), torch.where(inside, ladj, 0.0)
         if dlog is not None:
             dlog = torch.where(inside, dlog, 0.0)
-    point = out if inverse else clamped
-    saved = (point, x0, x1, y0, y1, d0, d1, inside, bin_, exps, sums, total, scale)
+    saved = (*terms, d0, d1, inside, bin_, exps, sums, total, scale)
     return out, ladj, dlog, (saved, raw, softened, columns)
 
 
@@ -535,8 +562,11 @@ def _fused_backward(
     width: int,
     g_out: Tensor,
     g_ladj: Tensor,
-) -> tuple[Tensor, Tensor]:
+    need_params: bool = True,
+) -> tuple[Tensor, Tensor | None]:
     r"""Cotangents of `(out, ladj)` `(n,)` pulled back to the input `(n,)` and the parameters `(n, P)`.
+
+    The parameters' part is skipped (None) unless `need_params`.
 
     The bin's part is `_bin_pullback`. Knot `j` of a row is `low + A F_j + j\,span\,m`, with
     `F_j = \sum_{b<j} p_b`, `p = softmax(l)` and `A = span (1 - K m)`, so
@@ -550,14 +580,17 @@ def _fused_backward(
     instead of the reference's chain. Knots 0 and `K` are constant (`low`, `high`). The derivatives'
     cotangents go to their two softplus columns.
     """
-    point, x0, x1, y0, y1, d0, d1, inside, bin_, exps, sums, total, scale = saved
+    *terms, d0, d1, inside, bin_, exps, sums, total, scale = saved
     k = layout.bins
-    n = point.shape[0]
+    n = d0.shape[0]
     g_in, g_ladj_in = g_out, g_ladj
     if not layout.circular:
         g_in, g_ladj_in = torch.where(inside, g_out, 0.0), torch.where(inside, g_ladj, 0.0)
-    g_v, g_x0, g_x1, g_y0, g_y1, g_d0, g_d1 = _bin_pullback(point, (x0, x1, y0, y1, d0, d1), inverse, g_in, g_ladj_in)
-    g_params = torch.empty(n, width, dtype=point.dtype, device=point.device)
+    g_v, g_x0, g_x1, g_y0, g_y1, g_d0, g_d1 = _terms_pullback(tuple(terms), d0, d1, inverse, g_in, g_ladj_in)
+    g_x = torch.where(inside, g_v, g_out if not layout.circular else 0.0)
+    if not need_params:
+        return g_x, None
+    g_params = torch.empty(n, width, dtype=d0.dtype, device=d0.device)
     if width > 2 * k:
         g_params[:, 2 * k :].zero_()
     first, last = bin_ == 0, bin_ == k - 1
@@ -565,15 +598,15 @@ def _fused_backward(
     # g_0 (1 - F_k) + g_1 (1 - F_{k+1}) at 0, -g_0 at k and -g_1 at k + 1, summed cumulatively, times e_i.
     g_knots = torch.stack([g_x0, g_x1, g_y0, g_y1]).view(2, 2, n).masked_fill_(torch.stack([first, last]), 0.0)
     g_knots.mul_(scale.unsqueeze(1))
-    spikes = torch.empty(2, 3, n, dtype=point.dtype, device=point.device)
+    spikes = torch.empty(2, 3, n, dtype=d0.dtype, device=d0.device)
     total = total.unsqueeze(1)
     torch.mul(g_knots, (total - sums) / total, out=spikes[:, 1:])
     torch.add(spikes[:, 1], spikes[:, 2], out=spikes[:, 0])
     torch.neg(g_knots, out=spikes[:, 1:])
-    base = torch.arange(0, n * 2 * k, 2 * k, dtype=bin_.dtype, device=point.device)
+    base = torch.arange(0, n * 2 * k, 2 * k, dtype=bin_.dtype, device=d0.device)
     lower, upper = base + bin_, base + (bin_ + 1).clamp_max(k - 1)
     at = torch.stack([base, lower, upper, base + k, lower + k, upper + k])  # as spikes: (axis, spike, n)
-    steps = torch.zeros(n * 2 * k, dtype=point.dtype, device=point.device).index_add_(0, at.view(-1), spikes.view(-1))
+    steps = torch.zeros(n * 2 * k, dtype=d0.dtype, device=d0.device).index_add_(0, at.view(-1), spikes.view(-1))
     torch.mul(exps.view(n, 2, k), steps.view(n, 2, k).cumsum_(-1), out=g_params[:, : 2 * k].view(n, 2, k))
     # Derivatives: d = m + softplus(raw), capped, 1 at the linear tails' boundaries.
     if raw is not None:
@@ -582,14 +615,13 @@ def _fused_backward(
             keep &= ~torch.stack([first, last])
         g_raw = torch.ops.aten.softplus_backward(torch.stack([g_d0, g_d1]).mul_(keep), raw, 1.0, 20.0)
         g_params.view(-1).index_add_(0, columns.view(-1), g_raw.view(-1))
-    g_x = torch.where(inside, g_v, g_out if not layout.circular else 0.0)
     return g_x, g_params
 
 
 class _FusedSpline(torch.autograd.Function):
     """The whole spline (knots, bin search, bin, tails) as one autograd node with a hand-written backward.
 
-    Saves the exponentiated logits and the per-point bin (knots, derivatives) of the forward pass; the
+    Saves the exponentiated logits and the per-point bin (its terms, derivatives) of the forward pass; the
     backward pass is `_fused_backward`. A backward pass that records a graph (`create_graph=True`,
     for higher derivatives) differentiates `_reference_map` on the saved inputs instead, so every
     order of derivative is that of the reference.
@@ -606,6 +638,7 @@ class _FusedSpline(torch.autograd.Function):
         ctx.layout, ctx.inverse, ctx.derivative, ctx.width = layout, inverse, derivative, params.shape[-1]
         ctx.has_raw = raw is not None
         extra = (raw, softened, columns) if raw is not None else ()
+        ctx.n_saved = len(saved)
         ctx.save_for_backward(x, params, *saved, *extra)
         if dlog is not None:
             dlog = dlog.view(batch)
@@ -623,7 +656,7 @@ class _FusedSpline(torch.autograd.Function):
             )
             g_x, g_params = (next(grads) if need else None for need in ctx.needs_input_grad[:2])
             return g_x, g_params, None, None, None
-        saved, extra = rest[:13], rest[13:]
+        saved, extra = rest[: ctx.n_saved], rest[ctx.n_saved :]
         raw, softened, columns = extra if ctx.has_raw else (None, None, None)
         g_x, g_params = _fused_backward(
             tuple(saved),
@@ -635,8 +668,9 @@ class _FusedSpline(torch.autograd.Function):
             ctx.width,
             g_out.reshape(-1),
             g_ladj.reshape(-1),
+            ctx.needs_input_grad[1],
         )
-        return g_x.view(x.shape), g_params.view(params.shape), None, None, None
+        return g_x.view(x.shape), None if g_params is None else g_params.view(params.shape), None, None, None
 
 
 _FusedSpline.forward.__signature__ = inspect.signature(_FusedSpline.forward)  # type: ignore[attr-defined]
