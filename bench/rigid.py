@@ -37,9 +37,10 @@ import numpy as np
 import torch
 from scipy.spatial.transform import Rotation
 
-from flowkit.distributions import rigid_domain
+from flowkit.bijectors import Chain, ConvexDoubleMoebius, DoubleMoebius
+from flowkit.distributions import SphereUniform, rigid_domain
 from flowkit.domains import Sphere
-from flowkit.flows import RigidBodyFlow
+from flowkit.flows import Flow, RigidBodyFlow
 from flowkit.sampling import ess, imh, importance_sample, log_Z, metropolis, reweight
 from flowkit.targets import MatrixFisher, Octupole, RigidDipoles, WithAuxiliaries
 from flowkit.train import BoltzmannGenerator, PathGradientVI, fit
@@ -59,9 +60,19 @@ def _train(flow, target, steps, batch, lr, seed, samples=None):
 
 
 def _body_flow(args):
-    """One rigid body with `args.aux` auxiliaries."""
+    """One rigid body with `args.aux` auxiliaries; without auxiliaries a stack of unconditional maps on S^3."""
+    if args.aux == 0:
+        if args.components is None:
+            layers = [DoubleMoebius(4, heads=args.heads) for _ in range(args.blocks)]
+        else:
+            layers = [ConvexDoubleMoebius(4, args.components, heads=args.heads) for _ in range(args.blocks)]
+        return Flow(Chain(*layers), SphereUniform(4))
     segments = ["quaternion"] + ["real"] * args.aux
     return RigidBodyFlow(segments, blocks=args.blocks, heads=args.heads, hidden=args.hidden, components=args.components)
+
+
+def _joint(target, aux):
+    return WithAuxiliaries(target, aux) if aux else target
 
 
 def _metropolis_samples(target, n_chains, n_steps, seed, aux):
@@ -70,7 +81,8 @@ def _metropolis_samples(target, n_chains, n_steps, seed, aux):
     x0 = Sphere(4).uniform((n_chains, 4), generator=gen)
     states, acceptance = metropolis(target.double(), x0, n_steps, 0.3, Sphere(4), thin=10, generator=gen)
     q = states[states.shape[0] // 5 :].reshape(-1, 4)
-    return torch.cat([q, torch.randn(len(q), aux, generator=gen, dtype=q.dtype)], -1).float(), acceptance
+    aux = torch.randn(len(q), aux, generator=gen, dtype=q.dtype)
+    return torch.cat([q, aux], -1).float(), acceptance
 
 
 def _evaluate(flow, target, n, exact_log_z):
@@ -96,7 +108,7 @@ def matrix_fisher(args) -> dict:
     target = MatrixFisher(f.tolist())
     torch.manual_seed(args.seed)
     flow = _body_flow(args)
-    joint = WithAuxiliaries(target, args.aux)
+    joint = _joint(target, args.aux)
     samples = joint.sample(args.ml_exact, generator=torch.Generator().manual_seed(args.seed)) if args.ml_exact else None
     seconds, cpu_seconds, history = _train(flow, joint, args.steps, args.batch, args.lr, args.seed, samples)
     _, _, out = _evaluate(flow, joint, args.eval, target.log_Z)
@@ -117,7 +129,7 @@ def octupole(args) -> dict:
     target = Octupole(8.0)
     torch.manual_seed(args.seed)
     flow = _body_flow(args)
-    joint = WithAuxiliaries(target, args.aux)
+    joint = _joint(target, args.aux)
     samples, acceptance = None, None
     if args.ml_chains:
         samples, acceptance = _metropolis_samples(target, args.ml_chains, args.mcmc_steps, args.seed, args.aux)
@@ -212,7 +224,9 @@ def main() -> None:
     parser.add_argument(
         "--components", type=int, default=None, help="maps per convex Möbius combination (default: single maps)"
     )
-    parser.add_argument("--aux", type=int, default=4, help="auxiliary coordinates for one body")
+    parser.add_argument(
+        "--aux", type=int, default=4, help="auxiliary coordinates for one body (0: unconditional maps on S^3)"
+    )
     parser.add_argument("--eval", type=int, default=20_000, help="flow samples for ESS and log Z")
     parser.add_argument("--chains", type=int, default=256, help="Metropolis chains (dipoles)")
     parser.add_argument("--mcmc-steps", type=int, default=4000, help="Metropolis steps per chain (dipoles)")

@@ -550,9 +550,13 @@ class ConvexDoubleMoebius(Bijector):
     to the axis by $g(\varphi) = \sum_k \rho_k \arctan_2(e^{\beta_k} \sin\varphi, \cos\varphi)$
     (see [`convex_double_moebius`][flowkit.bijectors.sphere.convex_double_moebius]). It is
     antipodally equivariant with equal log-determinants, like
-    [`DoubleMoebius`][flowkit.bijectors.DoubleMoebius], which it contains (`components=1`,
-    $\beta \ge 0$). The forward direction is explicit; the inverse solves for the angle
-    (wrap the layer in [`Invert`][flowkit.bijectors.Invert] to make sampling the explicit direction).
+    [`DoubleMoebius`][flowkit.bijectors.DoubleMoebius] (`components=1`). The combination is the
+    *sampling* (`inverse`) direction, which is explicit; `forward` solves for the angle. In that
+    direction the slopes of the map at the poles and the equator, $\sum_k \rho_k e^{-\beta_k}$ and
+    $\sum_k \rho_k e^{\beta_k}$, are free (a single map or a combination in the normalizing
+    direction has their product fixed at or above 1): a concentrated density, such as a
+    matrix-Fisher target, gets light tails, which no stack of double Möbius maps gives (their
+    pushforwards of the uniform base are angular central Gaussians).
 
     At $\beta = 0$ the map is the identity whatever the axis, and the log-stretches enter to
     first order, so training leaves it (unlike $w = 0$ of the double Möbius map); `init`
@@ -572,10 +576,10 @@ class ConvexDoubleMoebius(Bijector):
         >>> from flowkit.testing import randomize
         >>> layer = randomize(ConvexDoubleMoebius(4, components=3), scale=1.0).double()
         >>> q = torch.nn.functional.normalize(torch.randn(5, 4, dtype=torch.float64), dim=-1)
-        >>> (z, ladj), (z_neg, ladj_neg) = layer(q), layer(-q)
-        >>> torch.allclose(z_neg, -z) and torch.allclose(ladj_neg, ladj)
+        >>> (x, ladj), (x_neg, ladj_neg) = layer.inverse(q), layer.inverse(-q)  # sampling: explicit
+        >>> torch.allclose(x_neg, -x) and torch.allclose(ladj_neg, ladj)
         True
-        >>> bool((layer.inverse(z)[0] - q).abs().max() < 1e-12)
+        >>> bool((layer(x)[0] - q).abs().max() < 1e-12)
         True
 
     References:
@@ -613,15 +617,15 @@ class ConvexDoubleMoebius(Bijector):
 
     def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         total = x.new_zeros(x.shape[:-1])
-        for axis, beta, log_weights in self._heads(x, context):
-            x, ladj = _convex_double_moebius(x, axis, beta, log_weights)
+        for axis, beta, log_weights in reversed(self._heads(x, context)):
+            x, ladj = _convex_double_moebius_inverse(x, axis, beta, log_weights)
             total = total + ladj
         return x, total
 
     def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         total = z.new_zeros(z.shape[:-1])
-        for axis, beta, log_weights in reversed(self._heads(z, context)):
-            z, ladj = _convex_double_moebius_inverse(z, axis, beta, log_weights)
+        for axis, beta, log_weights in self._heads(z, context):
+            z, ladj = _convex_double_moebius(z, axis, beta, log_weights)
             total = total + ladj
         return z, total
 
@@ -637,8 +641,9 @@ class ConvexMoebius(Bijector):
     $h_k(\theta) = 2\arctan(e^{a_k}\tan(\theta/2) + b_k)$ that fix $-\pi$, weights $\rho_k$ and a
     rotation $t$ (see [`convex_circle_moebius`][flowkit.bijectors.sphere.convex_circle_moebius]);
     $|a_k| <$ `clamp`. Zero parameters give the identity, and every parameter enters to first
-    order there; `init` spreads the initial $a_k, b_k$ so that the components differ. The
-    forward direction is explicit, the inverse solves a monotone equation.
+    order there; `init` spreads the initial $a_k, b_k$ so that the components differ. As in
+    [`ConvexDoubleMoebius`][flowkit.bijectors.ConvexDoubleMoebius] the combination is the
+    sampling (`inverse`) direction, which is explicit; `forward` solves a monotone equation.
 
     Arguments:
         features: the number of angles.
@@ -654,8 +659,8 @@ class ConvexMoebius(Bijector):
         >>> from flowkit.testing import randomize
         >>> layer = randomize(ConvexMoebius(2, components=3), scale=1.0).double()
         >>> theta = (torch.rand(5, 2, dtype=torch.float64) * 2 - 1) * math.pi
-        >>> z, ladj = layer(theta)
-        >>> bool((layer.inverse(z)[0] - theta).abs().max() < 1e-12)
+        >>> x, ladj = layer.inverse(theta)  # sampling: explicit
+        >>> bool((layer(x)[0] - theta).abs().max() < 1e-12)
         True
 
     References:
@@ -694,15 +699,15 @@ class ConvexMoebius(Bijector):
 
     def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         total = x.new_zeros(x.shape)
-        for params in self._heads(x, context):
-            x, ladj = _convex_circle(x, *params)
+        for params in reversed(self._heads(x, context)):
+            x, ladj = _convex_circle_inverse(x, *params)
             total = total + ladj
         return x, total.sum(-1)
 
     def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         total = z.new_zeros(z.shape)
-        for params in reversed(self._heads(z, context)):
-            z, ladj = _convex_circle_inverse(z, *params)
+        for params in self._heads(z, context):
+            z, ladj = _convex_circle(z, *params)
             total = total + ladj
         return z, total.sum(-1)
 

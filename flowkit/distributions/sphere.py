@@ -111,8 +111,9 @@ class SphereUniform(Distribution):
         self._log_p = -self.domain.log_volume(tuple(self.event_shape))
 
     def log_prob(self, x: Tensor) -> Tensor:
-        batch = x.shape[: x.dim() - len(self.event_shape)]
-        return x.new_full(batch, self._log_p)
+        # constant, but a function of x with its graph (a zero gradient): score-based objectives differentiate it
+        dims = tuple(range(x.dim() - len(self.event_shape), x.dim()))
+        return (0 * x).sum(dims) + self._log_p
 
     def rsample(self, shape: int | Sequence[int] = ()) -> Tensor:
         x = torch.randn(*as_shape(shape), *self.event_shape, dtype=self.dtype, device=self.device)
