@@ -107,7 +107,10 @@ def train(data, tying: str | None, seed: int, args) -> tuple[flowkit.Flow, Depen
     else:
         oracle = tying == "oracle"
         structure = {"groups": data.groups, "rho": "group" if oracle else tying} if data.groups is not None else {}
-        objective = DependentMaximumLikelihood(**(structure or {"kinship": data.kinship}), value=0.5)
+        variate = args.control_variate and not oracle
+        objective = DependentMaximumLikelihood(
+            **(structure or {"kinship": data.kinship}), value=0.5, control_variate=variate
+        )
         if oracle:  # each group's true rho, kept fixed
             truth = torch.as_tensor(data.truth["rho"], dtype=torch.float64).expand(objective.structure.parameters)
             objective.logits = torch.logit(truth.clamp(objective.eps, 1 - objective.eps))
@@ -194,6 +197,7 @@ def main() -> None:
     parser.add_argument("--equi-rho", type=float, nargs="+", default=[0.5, 0.99], help="one rho, or a range per group")
     parser.add_argument("--equi-max-group", type=int, default=1000, help="the largest group of equi (the paper's 1000)")
     parser.add_argument("--models", nargs="+", help="train only these models (e.g. iid); gains need iid and another")
+    parser.add_argument("--control-variate", action="store_true", help="the dependent objectives' control variate")
     parser.add_argument("--noise", action="store_true", help="equi only: the mini-batch loss's SD at the truth")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 1 seed, 60 steps, small sets")
     parser.add_argument("--out", type=Path, default=RESULTS / "dependent.json")

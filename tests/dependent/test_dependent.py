@@ -489,3 +489,49 @@ def test_bad_rho_tyings_and_ranges():
     with pytest.raises(ValueError, match="rho"):
         equicorrelated_groups(rho=(0.5, 1.0))
     assert objective.metrics().keys() == {"rho_mean"}
+
+
+@pytest.mark.parametrize("kind", ["kinship", "groups"])
+def test_control_variate_keeps_the_expectation_and_cuts_the_variance(kind):
+    n, b = 120, 16
+    groups = torch.arange(n) // 30  # four large, strongly correlated groups
+    structure = {"kinship": _kinship(n, rank=5)} if kind == "kinship" else {"groups": groups, "rho": "group"}
+    plain = DependentMaximumLikelihood(**structure, value=0.9)
+    varied = DependentMaximumLikelihood(**structure, value=0.9, control_variate=True)
+    g = torch.Generator().manual_seed(4)
+    flow = _flow()
+    x = torch.randn(n, 2, dtype=F64, generator=g) + torch.randn(4, 2, dtype=F64, generator=g)[groups]
+    with torch.no_grad():
+        z, ladj = plain.latents(flow, x)
+        varied.cache_latents(z + 0.05 * torch.randn(n, 2, dtype=F64, generator=g))  # latents of a nearby flow
+        full = float(plain.log_likelihood(flow, x)) / n
+        everything = torch.arange(n)
+        assert math.isclose(float((ladj + varied.point_terms(z, everything)).mean()), full, rel_tol=1e-10)
+        draws = {}
+        for name, objective in (("plain", plain), ("varied", varied)):
+            batches = (torch.randperm(n, generator=g)[:b] for _ in range(2000))
+            draws[name] = torch.stack([(ladj[i] + objective.point_terms(z[i], i)).mean() for i in batches])
+    for name, d in draws.items():
+        mean, se = float(d.mean()), float(d.std()) / math.sqrt(len(d))
+        assert abs(mean - full) < 3 * se, (name, mean, full, se)
+    assert draws["varied"].std() < draws["plain"].std() / 2
+
+
+def test_control_variate_cache_follows_the_parameter():
+    n = 40
+    groups = torch.arange(n) // 8
+    objective = DependentMaximumLikelihood(groups=groups, control_variate=True)
+    flow = _identity_flow()
+    z = torch.randn(n, 2, dtype=F64)
+    objective.update(flow, z)  # caches z~ with the new rho
+    assert objective.cache is not None and torch.equal(objective.cache[1], z)
+    objective.logit = 0.3  # the parameter moves: the products are recomputed for the new A
+    with torch.no_grad():
+        terms = objective.point_terms(z, torch.arange(n))
+    plain = DependentMaximumLikelihood(groups=groups)
+    plain.logit = 0.3
+    assert torch.allclose(terms.sum(), plain.point_terms(z, torch.arange(n)).sum(), rtol=1e-12)
+    with pytest.raises(ValueError, match="control_variate"):
+        DependentMaximumLikelihood(groups=groups, control_variate=1)
+    with pytest.raises(ValueError, match="cached latents"):
+        objective.point_terms(torch.randn(3, 3, dtype=F64), torch.arange(3))
