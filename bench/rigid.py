@@ -15,7 +15,12 @@ Targets and gates (issue 15):
 The flow for one body is ``RigidBodyFlow(["quaternion"] + ["real"] * m)``: double Möbius
 couplings of the quaternion conditioned on m standard-normal auxiliaries
 (``WithAuxiliaries``: the joint target is the rigid target times N(0, I), so weights, ESS
-and Z are the rigid target's exactly). Training: reverse KL with the fast path gradient
+and Z are the rigid target's exactly); ``--components K`` makes each map a convex combination
+of K (``RigidCoupling(components=K)``). With ``--aux 0`` the flow is a stack of ``--blocks``
+unconditional maps on S^3 over the uniform base: ``DoubleMoebius(heads)``, or with ``--components K``
+``ConvexDoubleMoebius(4, K, heads)``. ``tail-bounds`` measures what limits the ESS on the
+matrix-Fisher target (see its docstring): the best angular central Gaussian (all that stacked
+double Möbius maps can give) and the best single convex layer. Training: reverse KL with the fast path gradient
 (``PathGradientVI(estimator="fast")``), or with ``--ml-exact N`` (matrix Fisher: N exact samples) or
 ``--ml-chains C`` (octupole: samples of C Metropolis chains started uniformly) ``BoltzmannGenerator``
 (the same reverse KL plus maximum likelihood on the samples); Adam with a cosine schedule; one torch thread
@@ -103,9 +108,8 @@ def _evaluate(flow, target, n, exact_log_z):
 
 
 def matrix_fisher(args) -> dict:
-    u, v = Rotation.random(2, random_state=3).as_matrix()
-    f = u @ np.diag([10.0, 9.0, 11.0]) @ v.T
-    target = MatrixFisher(f.tolist())
+    target = _matrix_fisher_target()
+    f = np.asarray(target.F)
     torch.manual_seed(args.seed)
     flow = _body_flow(args)
     joint = _joint(target, args.aux)
@@ -122,6 +126,59 @@ def matrix_fisher(args) -> dict:
         final_loss=history.loss[-1],
         passed=bool(out["abs_log_Z_error"] < 0.02 and out["ess"] > 0.9),
     )
+    return out
+
+
+def _matrix_fisher_target():
+    u, v = Rotation.random(2, random_state=3).as_matrix()
+    return MatrixFisher((u @ np.diag([10.0, 9.0, 11.0]) @ v.T).tolist())
+
+
+def tail_bounds(args) -> dict:
+    r"""What limits the ESS on the matrix-Fisher target: the best of two families, fitted to exact samples.
+
+    ESS in the large-sample limit is $1 / E_p[p/q]$ (Kish). (1) Any stack of unconditional double Möbius
+    maps pushes the uniform base to an angular central Gaussian, $q \propto |\Sigma|^{-1/2} (x^\top
+    \Sigma^{-1} x)^{-2}$ (each map is $x \mapsto M x / |M x|$); the best $\Sigma$ (Nelder-Mead on its
+    three scale ratios in the eigenframe of the samples). (2) One convex double Möbius layer (sampling
+    direction) on the samples' principal axis with K components (Adam on its 2K numbers).
+    """
+    from scipy.optimize import minimize
+
+    from flowkit.bijectors.sphere import _convex_double_moebius_inverse
+
+    target = _matrix_fisher_target().double()
+    x = target.sample(args.eval, generator=torch.Generator().manual_seed(args.seed)).double()
+    log_p = -target.energy(x) - target.log_Z
+    log_area = Sphere(4).log_area
+    _, vectors = torch.linalg.eigh(x.T @ x / len(x))
+    y = (x @ vectors.flip(-1)).numpy()
+
+    def log_chi(log_scales):  # log E_p[p / q] for the ACG with scales (1, e^s1, e^s2, e^s3)
+        s2 = np.exp(2 * np.concatenate([[0.0], log_scales]))
+        log_q = -0.5 * np.log(s2).sum() - 2 * np.log((y**2 / s2).sum(1)) - log_area
+        return float(np.log(np.mean(np.exp(log_p.numpy() - log_q))))
+
+    acg = minimize(log_chi, np.full(3, -2.0), method="Nelder-Mead")
+    out = {"samples": args.eval, "acg_ess": math.exp(-acg.fun), "acg_scales": np.exp(acg.x).tolist(), "convex": {}}
+    axis = vectors[:, -1].expand_as(x)
+    for k in (1, 2, 4):
+        beta = torch.nn.Parameter(torch.linspace(-4.0, -0.5, k, dtype=torch.float64) if k > 1 else torch.tensor([-2.0]))
+        logits = torch.nn.Parameter(torch.zeros(k, dtype=torch.float64))
+        optimizer = torch.optim.Adam([beta, logits], lr=0.05)
+        for _ in range(400):
+            _, ladj = _convex_double_moebius_inverse(
+                x, axis, beta.expand(len(x), k), logits.log_softmax(-1).expand(len(x), k)
+            )
+            loss = torch.logsumexp(log_p - ladj + log_area, 0) - math.log(len(x))
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        out["convex"][k] = {
+            "ess": math.exp(-loss.item()),
+            "beta": beta.tolist(),
+            "weights": logits.softmax(-1).tolist(),
+        }
     return out
 
 
@@ -209,7 +266,7 @@ def dipoles(args) -> dict:
     return out
 
 
-RUNS = {"matrix-fisher": matrix_fisher, "octupole": octupole, "dipoles": dipoles}
+RUNS = {"matrix-fisher": matrix_fisher, "tail-bounds": tail_bounds, "octupole": octupole, "dipoles": dipoles}
 
 
 def main() -> None:
