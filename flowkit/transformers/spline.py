@@ -517,12 +517,17 @@ def _fused_forward(v: Tensor, p: Tensor, layout: _Layout, inverse: bool, derivat
         bin_ = torch.searchsorted(inner, clamped.unsqueeze(-1), out_int32=small).view(n)
     else:
         bin_ = torch.zeros(n, dtype=index, device=v.device)
-    first, last = bin_ == 0, bin_ == k - 1
-    below = (bin_ - 1).clamp_min(0)  # the cumulative sum ending at the bin's lower knot (none at k = 0)
-    rows = torch.arange(n, dtype=index, device=v.device)
-    ends = torch.stack([below, bin_, below + k, bin_ + k])  # (4, n): lower and upper knot on the x, y rows
-    sums = cumulative.view(-1).index_select(0, (ends + rows * (2 * k)).view(-1)).view(2, 2, n)
-    offsets = offset.expand(2, k).reshape(-1).index_select(0, ends.view(-1)).view(2, 2, n)
+    ends = torch.stack([bin_ == 0, bin_ == k - 1])  # the first and the last bin
+    first = ends[0]
+    # The bin's lower and upper knot: indices of the cumulative sums ending there (none at knot 0).
+    knot = torch.stack([(bin_ - 1).clamp_min(0), bin_])
+    rows = torch.arange(0, 2 * k * n, 2 * k, dtype=index, device=v.device)  # row starts in the cumulative sums
+    at = knot + rows
+    sums = cumulative.view(-1).index_select(0, torch.cat([at, at + k]).view(-1)).view(2, 2, n)
+    if offset.dim() == 1:
+        offsets = offset.index_select(0, knot.view(-1)).view(2, n)
+    else:
+        offsets = offset.index_select(1, knot.view(-1)).view(2, 2, n)
     knots = torch.addcmul(offsets, sums, scale.unsqueeze(1))  # (axis, lower/upper, n)
     knots[:, 0].masked_fill_(first, low)  # knot 0 is low
     (x0, x1), (y0, y1) = knots
@@ -531,16 +536,16 @@ def _fused_forward(v: Tensor, p: Tensor, layout: _Layout, inverse: bool, derivat
     if layout.circular:
         columns = torch.stack([torch.where(first, k - 1, bin_ - 1), bin_])
     elif k > 1:
-        columns = torch.stack([below, bin_.clamp_max(k - 2)])
+        columns = knot.clamp_max(k - 2)
     raw = None
     if columns is None:
         d0 = d1 = softened = torch.ones_like(v)
     else:
-        columns = columns + (rows * width + 2 * k)  # flat indices into p
+        columns += torch.arange(2 * k, width * n, width, dtype=index, device=v.device)  # flat indices into p
         raw = p.reshape(-1).index_select(0, columns.view(-1)).view(2, n)
         softened = F.softplus(raw) + layout.min_derivative
         if not layout.circular:
-            softened.masked_fill_(torch.stack([first, last]), 1.0)  # boundary derivatives 1
+            softened.masked_fill_(ends, 1.0)  # boundary derivatives 1
         d0, d1 = softened.clamp_max(_MAX_DERIVATIVE)
     out, ladj, dlog, terms = _bin_forward(clamped, x0, x1, y0, y1, d0, d1, inverse, derivative)
     inside = v == clamped
