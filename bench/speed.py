@@ -87,12 +87,14 @@ CLOCK = time.perf_counter
 def build(library: str, kind: str, features: int, layers: int, bins: int, bound: float, hidden: int):
     """Return ``(module, log_prob(x), sample(n))`` for one library's NSF (the peers' from ``peers.nsf``)."""
     coupling = kind == "coupling"
-    if library == "flowkit":
+    if library in ("flowkit", "flowkit-reference"):
         import flowkit
 
         flow = flowkit.flows.NSF(
             features, transforms=layers, bins=bins, hidden=(hidden, hidden), coupling=coupling, bound=bound
         )
+        if library == "flowkit-reference":
+            return flow, _unfused(flow.log_prob), _unfused(lambda n: flow.sample((n,)))
         return flow, flow.log_prob, lambda n: flow.sample((n,))
     model = peers.nsf(
         library, features, transforms=layers, bins=bins, hidden=(hidden, hidden), bound=bound, coupling=coupling
@@ -100,10 +102,28 @@ def build(library: str, kind: str, features: int, layers: int, bins: int, bound:
     return (model, *peers.interface(library, model))
 
 
+def _unfused(function):
+    """``function`` with flowkit's splines on their reference path (knot table, autograd chain rule).
+
+    The pseudo-library ``flowkit-reference`` (``--libraries flowkit flowkit-reference ...``) times flowkit
+    before its fused spline node, interleaved with everything else; it is not counted as a peer.
+    """
+    import flowkit.transformers.spline as spline
+
+    def call(*args):
+        fused, spline._FUSED = spline._FUSED, False
+        try:
+            return function(*args)
+        finally:
+            spline._FUSED = fused
+
+    return call
+
+
 def build_default(library: str, kind: str, features: int, layers: int, bins: int, bound: float, hidden: int):
     """Return ``(module, log_prob(x), sample(n))`` for one library's own NSF, as its documentation builds it."""
     coupling = kind == "coupling"
-    if library == "flowkit":
+    if library in ("flowkit", "flowkit-reference"):
         return build(library, kind, features, layers, bins, bound, hidden)
     if library == "zuko":
         import zuko
@@ -519,7 +539,8 @@ def main() -> None:
         "torch": torch.__version__,
         "configs": [],
     }
-    header = f"{'config':<20}{'op':<10}" + "".join(f"{lib:>12}" for lib in args.libraries) + f"{'best peer/fk':>14}"
+    columns = "".join(f"{lib:>{max(12, len(lib) + 2)}}" for lib in args.libraries)
+    header = f"{'config':<20}{'op':<10}" + columns + f"{'best peer/fk':>14}"
     styles = [] if args.only else args.styles
     for style in styles:
         print(f"{style} construction: times in ms (median of {args.repeats} repeats), ratio = fastest peer / flowkit")
@@ -547,7 +568,7 @@ def main() -> None:
                     + ([("saved MiB", saved)] if saved else [])
                 )
                 for op, row in rows:
-                    peers = {lib: t for lib, t in row.items() if lib != "flowkit"}
+                    peers = {lib: t for lib, t in row.items() if not lib.startswith("flowkit")}
                     best = min(peers.values()) if peers else float("nan")
                     ratio = best / row["flowkit"] if "flowkit" in row else float("nan")
                     if op not in ("mem MiB", "saved MiB"):
@@ -555,7 +576,7 @@ def main() -> None:
                     name = f"{kind[:4]} D={features}"
                     print(
                         f"{name:<20}{op:<10}"
-                        + "".join(f"{row[lib]:>12.2f}" for lib in args.libraries)
+                        + "".join(f"{row[lib]:>{max(12, len(lib) + 2)}.2f}" for lib in args.libraries)
                         + f"{ratio:>14.2f}"
                     )
                 report["configs"].append(entry)
