@@ -39,13 +39,13 @@ smooth in $w$, also at $w = 0$ (the identity).
 
 **Convex combinations.** A convex combination of maps is not a bijection of a sphere in
 general, but it is one of monotone maps of an interval with fixed ends. On the circle
-(Rezende et al. 2020, section 3.1) each Möbius map, lifted so that it fixes $-\pi$,
-$h_{w}(\theta) = \arg\bigl(m_w(e^{i\theta})\, \overline{m_w(e^{-i\pi})}\bigr) \bmod 2\pi - \pi$, is an
-increasing map of $[-\pi, \pi)$ onto itself, so
+(Rezende et al. 2020, section 3.1) the Möbius maps that fix $-\pi$ are, on the stereographic
+coordinate $t = \tan(\theta / 2)$, the affine maps $t \mapsto e^a t + b$ (the map $m_w$ followed by
+the rotation that takes $m_w(e^{-i\pi})$ back to $-\pi$), each an increasing map of $[-\pi, \pi)$ onto
+itself, so
 
 $$
-f(\theta) = \Bigl(\sum_k \rho_k h_{w_k}(\theta) + t\Bigr) \bmod 2\pi, \qquad
-f'(\theta) = \sum_k \rho_k \frac{1 - |w_k|^2}{|w_k - e^{i\theta}|^2},
+f(\theta) = \Bigl(\sum_k \rho_k\, 2\arctan\bigl(e^{a_k}\tan\tfrac\theta2 + b_k\bigr) + t\Bigr) \bmod 2\pi,
 $$
 
 with weights $\rho$ on the simplex and a rotation $t$, is a diffeomorphism of the circle
@@ -63,13 +63,18 @@ g'(\varphi) = \sum_k \frac{\rho_k e^{\beta_k}}{\cos^2\varphi + e^{2\beta_k} \sin
 $$
 
 ([`convex_double_moebius`][flowkit.bijectors.sphere.convex_double_moebius]): an increasing map of
-$[0, \pi]$ with $g(\pi - \varphi) = \pi - g(\varphi)$, hence antipodally equivariant, smooth at the
-poles, and, unlike a composition of maps on one axis (which is again one such map,
-$e^{\beta_1 + \beta_2}$), free in its radial profile. The reference code of Köhler et al. has no
-convex variant on $S^3$: it stacks one double Möbius map per coupling layer, as `heads` does here.
-The inverses solve the monotone one-dimensional equation by a bracketed search
-([`solve_monotone`][flowkit.transformers.smooth.solve_monotone]) and one Newton step with the graph
-(the implicit derivative).
+$[0, \pi]$ with $g(\pi - \varphi) = \pi - g(\varphi)$, hence antipodally equivariant and smooth at the
+poles. A composition of maps on one axis is again one such map ($e^{\beta_1 + \beta_2}$), and any
+stack of double Möbius maps is $x \mapsto Mx / |Mx|$, which pushes the uniform distribution to an
+angular central Gaussian (polynomial tails). The layers use the combination in the *sampling*
+direction: the density it gives, relative to the base, is $(\sum_k \rho_k e^{\beta_k})^{-(n-1)}$ at the
+poles and $(\sum_k \rho_k e^{-\beta_k})^{-1}$ on the equator, and by Cauchy-Schwarz the product of the
+first's $(n-1)$-th root and the second is at most 1 (1 for a single map), so a concentrated density
+gets light tails. The reference code of Köhler et al. has no convex variant on $S^3$: it stacks one
+double Möbius map per coupling layer, as `heads` does here. The normalizing direction solves the
+monotone one-dimensional equation by a bracketed search
+([`solve_monotone`][flowkit.transformers.smooth.solve_monotone]; on $S^{n-1}$ on $\log|\cot\varphi|$,
+where each component is a shift) and one Newton step with the graph (the implicit derivatives).
 
 Conditioners emit an unconstrained vector $v$ and a gate $g$ per map; the centre is
 $w = 0.95\, \tilde w / (1 + |\tilde w|)$ with $\tilde w = v\, \sigma(g - 3)$ (the
