@@ -152,7 +152,8 @@ def double_bootstrap(
             estimators).
         bootstraps: resamples per stage (the reference uses 500).
         t: the second stage's resample size $n_2 = t n$ (the first's is $n_1 = \sqrt{t}\, n$).
-        max_fraction: the largest $k$ considered, as a fraction of the resample size.
+        max_fraction: the largest $k$ considered, as a fraction of the resample size; $k^*$ is also
+            kept at most this fraction of `n`.
         seed: seed of the resampling.
 
     Raises:
@@ -186,11 +187,15 @@ def double_bootstrap(
             mean = np.where(counts > 0, amse / np.maximum(counts, 1), np.inf)
         k_best.append(int(np.argmin(mean[1:])) + 2)  # k >= 2
     k1, k2 = k_best
+    # k* stays in the range the stages searched: a first-stage minimum deep in the body (the discrepancy
+    # of a mixture crosses 0 again there) over a small k2 would give k* ~ n, the Hill mean of log|x|
+    # over the whole sample (xi ~ 9 on mTAF's t2 mixtures, not 0.5).
+    limit = max(min(int(max_fraction * n), n - 2), 2)
     log_n1, log_k1 = math.log(n1), math.log(k1)
     if k1 >= n1 or 2 * log_n1 <= log_k1:
-        return max(min(k1, n - 2), 2)
+        return max(min(k1, limit), 2)
     rho = (log_k1 / (2 * log_n1 - log_k1)) ** (2 * (log_n1 - log_k1) / log_n1)
-    return int(min(max(round(k1 * k1 / k2 * rho), 2), n - 2))
+    return int(min(max(round(k1 * k1 / k2 * rho), 2), limit))
 
 
 def _choice(value: object, options: tuple[str, ...], name: str, where: str) -> str:

@@ -8,6 +8,7 @@ import torch
 from scipy import stats
 
 from flowkit import tails
+from flowkit.data import mtaf_synthetic
 
 
 def _rng(seed=0):
@@ -60,6 +61,17 @@ def test_double_bootstrap_threshold_is_in_range_and_seeded():
     x = _rng(8).standard_t(3, 5000)
     k = tails.double_bootstrap(x, bootstraps=20, seed=3)
     assert 2 <= k < 5000 and k == tails.double_bootstrap(x, bootstraps=20, seed=3)
+
+
+def test_double_bootstrap_keeps_k_in_the_searched_range_on_a_t2_mixture():
+    # mTAF's D = 50 data, seed 1, feature 49: two shifted, scaled t2 components. The first stage's AMSE
+    # is least at the edge of its range (k1 = 8838 of 35355) and the second's at k2 = 667, so k1^2 / k2
+    # exceeded n; k* was then n - 2 and Hill averaged log|x| over every point: xi 8.97, df 0.11.
+    x = mtaf_synthetic(50, 10, seed=1, sizes=(50_000, 1, 1)).train[:, 49].double().numpy()  # the same 50k
+    k = tails.double_bootstrap(x, bootstraps=100, seed=0)
+    assert 2 <= k <= 0.25 * x.size
+    estimate = tails.estimate_tail(x, bootstraps=100)
+    assert estimate.heavy and 1.5 < estimate.df < 3.5  # generating df 2 (Hill on the 75k test points: 2.46)
 
 
 def test_estimate_tails_reads_each_column():
