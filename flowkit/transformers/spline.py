@@ -692,18 +692,27 @@ def _evaluate(
 
     Fused (`_FusedSpline`) in eager mode; `_reference_map` under `torch.compile` (which fuses the
     elementwise maths itself), inside `torch.func` transforms and in forward-mode AD, which the fused
-    node does not implement.
+    node does not implement, and for inputs and parameters of different dtypes (promoted there).
     """
     if (
         not _FUSED
+        or x.dtype != params.dtype
         or torch.compiler.is_compiling()
         or torch._C._functorch.peek_interpreter_stack() is not None
         or torch.autograd.forward_ad._current_level >= 0
     ):
         return _reference_map(x, params, layout, inverse, derivative)
-    batch = torch.broadcast_shapes(x.shape, params.shape[:-1])
-    x, params = x.expand(batch), params.expand(*batch, params.shape[-1])
-    return _FusedSpline.apply(x, params, layout, inverse, derivative)
+    batch = x.shape
+    if batch != params.shape[:-1]:
+        batch = torch.broadcast_shapes(batch, params.shape[:-1])
+        x, params = x.expand(batch), params.expand(*batch, params.shape[-1])
+    if torch.is_grad_enabled() and (x.requires_grad or params.requires_grad):
+        return _FusedSpline.apply(x, params, layout, inverse, derivative)
+    # Nothing to differentiate (sampling, densities without gradients): the forward pass alone.
+    out, ladj, dlog, _ = _fused_forward(
+        x.reshape(-1), params.reshape(-1, params.shape[-1]), layout, inverse, derivative
+    )
+    return out.view(batch), ladj.view(batch), None if dlog is None else dlog.view(batch)
 
 
 def unconstrained_rqs(

@@ -179,3 +179,23 @@ def test_gradient_in_the_input_alone(inverse):
     fused, reference = both(x, params, spline, inverse)
     grads = [torch.autograd.grad((out + 2 * ladj).sum(), x)[0] for out, ladj, _ in (fused, reference)]
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-9, atol=1e-9 * grads[1].abs().max().item())
+
+
+def test_mixed_dtypes_take_the_reference_path():
+    spline = RationalQuadraticSpline(4, 2.0)
+    x, params = inputs(spline, (6,), seed=10)
+    y, ladj = spline(x.float(), params)
+    assert type(y.grad_fn).__name__ != "_FusedSplineBackward"
+    assert y.dtype == ladj.dtype == torch.float64
+
+
+@pytest.mark.parametrize("name", list(SPLINES))
+def test_without_gradients_the_forward_pass_alone_matches(name, monkeypatch):
+    spline = SPLINES[name]()
+    x, params = inputs(spline, (100,), seed=11)
+    with torch.no_grad():
+        fused = spline(x, params), spline.inverse(x, params)
+        monkeypatch.setattr(spline_module, "_FUSED", False)
+        reference = spline(x, params), spline.inverse(x, params)
+    for f, r in zip(sum(fused, ()), sum(reference, ()), strict=True):
+        torch.testing.assert_close(f, r, rtol=1e-10, atol=1e-10)
