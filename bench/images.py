@@ -275,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu", help="process CPU time or wall time")
     parser.add_argument("--budget", type=float, default=150.0, help="seconds per model in 'wall'")
     parser.add_argument("--wall-seeds", type=int, default=3, help="seeds in 'wall'")
+    parser.add_argument("--wall-models", default="glow,realnvp,nsf", help="comma-separated models in 'wall'")
     parser.add_argument("--digits-budget", type=float, default=15.0, help="seconds per model in 'digits'")
     parser.add_argument("--train-steps", type=int, default=150, help="steps per model in 'peer' and 'eiw'")
     parser.add_argument("--seeds", type=int, default=3, help="seeds in 'eiw' and 'digits'")
@@ -325,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
             results["peer_training"].append(run(name, fmnist, 0, steps=args.train_steps))
             save()
     if "wall" in parts:
-        names = ("glow", "realnvp", "nsf")
+        names = tuple(args.wall_models.split(","))
         results["wall"] = {"runs": []}
         for seed in range(args.wall_seeds):
             for name in names:
