@@ -28,6 +28,23 @@ double Möbius maps can give) and the best single convex layer. Training: revers
 
 Run: ``nice -n 5 python bench/rigid.py`` (all targets) or ``--targets matrix-fisher``; ``--quick``
 for a smoke run. Writes ``bench/results/rigid.json``.
+
+Measured (2 CPU cores shared with other jobs, load about 7, one torch thread; ``train_cpu_seconds`` is
+the training process's CPU time, wall time is 4-6 times longer under that load):
+
+- ``--targets matrix-fisher --aux 0 --blocks 3 --components 4 --heads 1 --steps 3000 --lr 1e-2
+  --seed S`` (reverse KL alone): ESS 93.7%, 97.5%, 89.2% and |log Z_hat - log Z| 0.0010, 0.0002,
+  0.0055 for S = 0, 1, 2, in 49, 52, 44 s CPU (``results/rigid_matrix_fisher_convex_seed*.json``).
+  Seed 2's learnt log-stretches stay within the bound (largest |beta| 4.8 of 6) and one layer with
+  four components can reach 99% (below): a poorer optimum of the three-layer stack, not capacity.
+- ``--targets tail-bounds``: the best angular central Gaussian (any stack of double Möbius maps)
+  has ESS 61.5%; one convex layer on the principal axis 61.3% (K = 1), 96.9% (K = 2), 99.3% (K = 4).
+  Before the convex layers, ``RigidBodyFlow`` with 4 auxiliaries reached 51% (reverse KL) and 84%
+  (plus ML on 20k exact samples).
+- ``--targets octupole --components 4`` (4 auxiliaries, 4 blocks, 2 heads, 1500 steps, lr 5e-3,
+  reverse KL alone): collapses onto two modes (raw fractions 0.71, 0.003, 0.002, 0.28; ESS 0.03%,
+  |log Z error| 0.31), 101 s CPU; reverse KL is mode-seeking whatever the layer, so the octupole gate
+  is met with ``--ml-chains`` (``results/rigid_octupole_ml.json``).
 """
 
 from __future__ import annotations
