@@ -148,7 +148,13 @@ class TailAdaptive(Flow):
 
     @property
     def df(self) -> Tensor:
-        """Degrees of freedom per data feature (`inf` for a light one), in the data's order."""
+        """The base's degrees of freedom (`inf` for a light feature), put back in the data's order by the first sort.
+
+        The permutations within the heavy group between layers (and `TailLU`'s heavy block) mix the heavy
+        latents, as in the reference, so with several heavy features a feature's entry is the df of the
+        latent in its sorted position: each heavy output's tail is the heaviest of the heavy latents it
+        depends on, not necessarily its own entry.
+        """
         sort = next(layer for layer in self.bijector if isinstance(layer, Permutation)).perm
         return self.base.df.detach()[torch.argsort(sort)]
 
