@@ -51,7 +51,8 @@ loaded 2-core machine); writes ``bench/results/dependent.json`` (or ``--out``). 
 in ``docs/api/dependent.md``): rm 0.43 +- 0.21 (2.0 SE), equi (a rho per group) -0.11 +- 0.09,
 equi (shared rho) -0.00 +- 0.08, stocks 0.19 +- 0.01 (17 SE); equi with the true rho's fixed
 0.073 +- 0.027 (2.7 SE); equi on ``--equi-n 2000 --equi-rho 0.7 --equi-max-group 100``: 0.046 +- 0.011
-(a rho per group), 0.044 +- 0.007 (shared).
+(a rho per group), 0.044 +- 0.007 (shared); equi with ``--control-variate``: seeds -2.58, +0.11, +0.02
+(a rho per group; seed 0 diverges early).
 """
 
 from __future__ import annotations

@@ -382,7 +382,9 @@ class DependentMaximumLikelihood(Objective):
             $\tilde z$ gives an unbiased estimate of the value and of its gradient), but the sampled
             terms carry only the change since the update, so the variance from large, strongly
             correlated groups ($A_{ij}$ of order $1/(1-\rho)$) drops. Before the first update (no
-            cache) the plain estimator is used.
+            cache) the plain estimator is used. Experimental: when the flow moves fast between
+            updates (early training) with $\rho$ near 1 the change terms can be worse than the plain
+            ones; on the paper's `equi` design it did not help (`docs/api/dependent.md`).
 
     Raises:
         ValueError: for a bad kinship matrix or group labels, `value` or `eps` out of range, or
