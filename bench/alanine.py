@@ -3,39 +3,66 @@
 Protocol (Noé et al. 2019; Midgley et al. 2023 for the coordinates, at CPU scale):
 
 1. Reference data made here: Langevin MD with OpenMM (``flowkit.data.alanine_dipeptide_md``,
-   1 fs, friction 1/ps, no constraints, a frame every 0.2 ps): a training run (seed 0) and an
-   independent reference run (seed 1), cached under ``--data``.
+   1 fs, friction 1/ps, no constraints, a frame every 0.2 ps), cached under ``--data``: training
+   runs (``--train-md``, default 5 ns seed 0 and 20 ns seed 2; the last 10% held out for
+   validation) and independent reference runs (``--ref-md``, default 10 ns seed 1). All frames are
+   moved rigidly into the flow's anchored frame, where the forces match the flow's output.
 2. The flow (``flowkit.targets.alanine.internal_coordinate_flow``): internal coordinates
    (Z-matrix, three anchors, normalised around the minimum-energy frame; 60 coordinates of
    which 10 circular dihedrals), blocks of rational-quadratic and circular spline couplings,
    base uniform on the circular coordinates and N(0, 1) on the others.
-3. Maximum likelihood on the training frames, then ``BoltzmannGenerator`` (ML on the frames
-   plus the reverse KL to the OpenMM energy, path-gradient estimator).
-4. Evaluation: flow samples in float64 weights; mirror images (D-alanine, caught by
+3. Maximum likelihood on the training frames (cosine learning rate, the weights of the best
+   validation NLL restored), then ``BoltzmannGenerator`` (ML on the frames plus ``--w-kl`` times the
+   reverse KL to the OpenMM energy, path-gradient estimator). The reverse ESS on ``--probe`` samples
+   is printed after each stage; the ML model is saved as ``.ml.model`` so that BG variants start
+   from it (``--init ... --ml-steps 0``).
+4. Evaluation: ``--samples`` flow samples with float64 weights; mirror images (D-alanine, caught by
    ``same_chirality``) are dropped, so the flow is compared with the L-alanine that MD samples;
    reverse Kish ESS; forward ESS on the reference MD frames, 1 / (E_p[w] E_p[1/w]); the free
    energy along phi (36 bins) from the raw and the reweighted flow samples against the MD
    reference, in kT, on the bins where the MD free energy is below 5 kT (both normalised as
-   densities, no fitted shift); P(phi > 0); the MD reference's own block error (5 blocks);
-   wall time and energy evaluations. Writes JSON and a Ramachandran / F(phi) figure.
+   densities, no fitted shift), with the bootstrap error per bin of the reweighted profile
+   (``--bootstrap`` resamples of the flow samples) and the MD reference's own error per bin
+   (10 contiguous blocks), so that noise and bias can be told apart; P(phi > 0) with the
+   delta-method error of the self-normalised estimate; which internal coordinates carry the heavy
+   weights (the weight beyond the MD frames' 99.5% quantile, per coordinate); wall time, process
+   CPU time and energy evaluations. Writes JSON and a Ramachandran / F(phi) figure.
 
-Measured (2 cores shared with other jobs; MD 5 ns seed 0 for training, 10 ns seed 1 as reference,
-P(phi > 0) = 0.113 +- 0.007 by 5 blocks; 36 bins, all below 5 kT; 3 blocks, hidden 128, 128):
+Measured (2 cores shared with about seven other jobs, load 4-8, 1 torch thread, ``nice -n 10``; 3 blocks,
+hidden 128, 128, 8 bins, 879,720 parameters; training MD 5 ns seed 0 + 20 ns seed 2, 112,500 training and
+12,500 validation frames; P(phi > 0) of the MD runs by 10 blocks: 0.113 +- 0.009 (10 ns seed 1, the
+reference), 0.103 +- 0.006 (20 ns seed 3), 0.096 +- 0.010 (5 ns seed 0), 0.105 +- 0.004 (20 ns seed 2);
+36 bins, all below 5 kT):
 
-* ``--ml-steps 1200 --bg-steps 300 --samples 30000`` (9 circular dihedrals): reverse ESS 1.1%, forward
-  ESS 2e-13, P(phi > 0) 0.125 raw / 0.109 reweighted, F(phi) max error 0.41 kT raw / 1.84 kT reweighted,
-  17 min, 76,800 energy evaluations in training;
-* ``--ml-steps 3000 --bg-steps 600 --w-kl 0.5 --bg-lr 1e-4 --samples 100000``: reverse ESS 0.02%;
-* ``--ml-steps 3000 --bg-steps 300 --w-kl 0.05 --bg-lr 5e-5 --samples 100000``: NLL -187 (against -180),
-  reverse ESS 0.01%, raw F(phi) within 0.57 kT; the heaviest weights sat at large values of the
-  amide-hydrogen dihedral of ALA, then Gaussian, now circular;
-* with it circular, ``--ml-steps 1200 --bg-steps 300 --samples 50000``: reverse ESS 0.24%, forward ESS
-  2e-10, P(phi > 0) 0.065 raw / 0.058 reweighted.
+* A, ``--ml-steps 3000 --bg-steps 400 --w-kl 0.1 --samples 200000``: validation NLL -176.24 after ML
+  (reverse ESS 4.8% on 1e4 probes), -176.16 after BG (7.9% on 1e4); on 2e5 samples reverse ESS 2.6%,
+  forward ESS 7e-4, P(phi > 0) 0.101 +- 0.005 reweighted (0.084 raw), F(phi) max error 0.71 kT
+  reweighted (32 of 36 bins within 0.5 kT; bootstrap error up to 0.38 kT, MD error up to 0.20 kT);
+  wall 23 min (ML 15.6, BG 5.3, evaluation 2.0), process CPU 7.2 min, 112,400 energy evaluations in BG,
+  372,400 in all;
+* B, from A's ML model, ``--init alanine_A.ml.model --ml-steps 0 --bg-steps 800 --w-kl 0.5
+  --samples 500000``: reverse ESS 11.7% on 1e4 probes, 3.3% on 5e5; P(phi > 0) 0.0995 +- 0.0027
+  (0.074 raw); F(phi) max error 0.503 kT reweighted (35 of 36 bins within 0.5 kT; bootstrap error up to
+  0.27 kT), 0.79 kT raw; BG 10.1 min wall, 214,800 energy evaluations in BG;
+* B evaluated again on fresh samples (``--init alanine_B.model --ml-steps 0 --bg-steps 0 --ref-md
+  10:1,20:3 --samples 500000``): reverse ESS 6.3%, P(phi > 0) 0.0990 +- 0.0022, F(phi) max error
+  0.396 kT against the 10 ns reference and 0.399 kT against the 30 ns one (all 36 bins within 0.5 kT;
+  bootstrap error up to 0.24 kT, 30 ns MD error up to 0.09 kT), P(phi > 0) of the 30 ns reference
+  0.1065 +- 0.0049; 650,000 energy evaluations, 5 min wall;
+* C, B plus ``--bg-steps 600 --w-kl 0.5 --ml-estimator path`` (forward-KL path gradient with the
+  forces): reverse ESS 5.2% on 5e5, but the raw flow lost half of the phi > 0 basin (P 0.049 raw,
+  0.096 +- 0.003 reweighted) and F(phi) max error 0.75 kT (10 ns reference), 0.65 kT (30 ns).
 
-The targets (reweighted F(phi) within 0.5 kT in every bin, P(phi > 0) within 0.03) need a reverse ESS of
-several per cent at 1e5 samples; this budget does not reach it reliably.
+Reading: the reverse ESS of a few per cent on 5e5 samples leaves a bootstrap error of about 0.25 kT in
+the 4 kT bins, so the same model (B) lands at 0.40 or 0.50 kT depending on the sample set: the 0.5 kT
+target is at the edge of what this budget resolves. No single internal coordinate carries the heavy
+weights (each holds at most 1-5% of the weight beyond the MD frames' 99.5% quantile, against 0.5%
+expected); the gain over the previous runs (reverse ESS 0.01-1%) came from more MD frames with a
+validation set (the earlier flows overfitted 25,000 frames by 6 nats), not from the coordinates.
+More reverse-KL weight raises the ESS but drains the minor phi > 0 basin of the raw flow (C).
 
-Run: ``nice -n 5 python bench/alanine.py`` (defaults: 5 ns training MD, 10 ns reference MD);
+Run: ``nice -n 10 python bench/alanine.py`` (defaults: B's protocol in one run: ML 3000 steps, BG 800 steps
+with ``--w-kl 0.5``, 5e5 samples);
 ``--quick`` for a smoke run.
 """
 
@@ -163,13 +190,13 @@ def coordinate_diagnosis(internal, x: torch.Tensor, log_w: torch.Tensor, md: tor
     return sorted(rows, key=lambda r: -r["weight_beyond_md_q995"])[:top]
 
 
-def md_frames(spec: str, temperature: float, root) -> torch.Tensor:
-    """MD frames of the runs in `spec` ("ns:seed,ns:seed"), concatenated run by run."""
-    runs = []
+def md_frames(spec: str, temperature: float, root) -> dict[str, torch.Tensor]:
+    """MD frames of each run in `spec` ("ns:seed,ns:seed"), by run."""
+    runs = {}
     for item in spec.split(","):
         ns, seed = item.split(":")
-        runs.append(alanine_dipeptide_md(temperature, float(ns), seed=int(seed), root=root, progress=True))
-    return torch.cat(runs)
+        runs[item] = alanine_dipeptide_md(temperature, float(ns), seed=int(seed), root=root, progress=True)
+    return runs
 
 
 def main() -> None:
@@ -181,11 +208,11 @@ def main() -> None:
     parser.add_argument("--ref-md", default="10:1", help="independent reference MD runs, 'ns:seed,...'")
     parser.add_argument("--val-fraction", type=float, default=0.1, help="last part of the training frames held out")
     parser.add_argument("--ml-steps", type=int, default=3000)
-    parser.add_argument("--bg-steps", type=int, default=400)
+    parser.add_argument("--bg-steps", type=int, default=800)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--bg-lr", type=float, default=1e-4)
-    parser.add_argument("--w-kl", type=float, default=0.1, help="weight of the reverse KL in the BG stage")
+    parser.add_argument("--w-kl", type=float, default=0.5, help="weight of the reverse KL in the BG stage")
     parser.add_argument(
         "--ml-estimator", choices=("nll", "path"), default="nll", help="ML term of the BG stage (path: uses forces)"
     )
@@ -195,7 +222,7 @@ def main() -> None:
     parser.add_argument("--bins", type=int, default=8)
     parser.add_argument("--init", type=Path, default=None, help="start from a saved .ml.model")
     parser.add_argument("--probe", type=int, default=10_000, help="flow samples for the ESS after the ML stage")
-    parser.add_argument("--samples", type=int, default=200_000, help="flow samples for the evaluation")
+    parser.add_argument("--samples", type=int, default=500_000, help="flow samples for the evaluation")
     parser.add_argument("--bootstrap", type=int, default=200, help="bootstrap resamples of the reweighted profile")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
@@ -217,8 +244,9 @@ def main() -> None:
     target = AlanineDipeptide(args.temperature)
     internal = alanine_internal_coordinates(target.minimum())
     frame = internal.domain.to_frame  # frames in the anchored frame, where the forces match the flow's output
-    frames = frame(md_frames(args.train_md, args.temperature, args.data))
-    ref = frame(md_frames(args.ref_md, args.temperature, args.data))
+    frames = frame(torch.cat(list(md_frames(args.train_md, args.temperature, args.data).values())))
+    ref_runs = md_frames(args.ref_md, args.temperature, args.data)
+    ref = frame(torch.cat(list(ref_runs.values())))
     n_val = int(args.val_fraction * len(frames))
     train, val = frames[: len(frames) - n_val], frames[len(frames) - n_val :]
     timings["md_s (or cache read)"] = time.time() - t0
@@ -314,6 +342,15 @@ def main() -> None:
     p_rew = float((w * positive).sum())  # delta-method error of the self-normalised estimate below
     timings["process_cpu_s"] = time.process_time() - cpu0
     blocks = np.array_split(phi_ref_np, 10)
+    per_run = {}  # the reweighted flow against each reference run alone
+    for name, run in ref_runs.items():
+        phi_run = backbone_dihedrals(run)[0].numpy()
+        f_run, err_run = free_energy(phi_run), block_error(phi_run, 10)
+        per_run[name] = {
+            "p_phi_positive": float((phi_run > 0).mean()),
+            "reweighted": profile_errors(f_rew, f_run, 5.0, np.sqrt(err_flow**2 + err_run**2)),
+            "md_block_err_max_kT": float(np.nanmax(err_run[low])),
+        }
     results.update(
         {
             "flow": {"parameters": n_params, "latent": 60, "circular": len(internal.circular_idx)},
@@ -349,6 +386,7 @@ def main() -> None:
                 "flow_raw": f_raw.tolist(),
                 "flow_reweighted": f_rew.tolist(),
                 "flow_reweighted_err": err_flow.tolist(),
+                "per_reference_run": per_run,
             },
             "energy_evaluations": {"bg_training": train_evals, "total": target.evaluations},
             "time_s": timings,
@@ -358,6 +396,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2, default=float))
     flowkit.io.save(flow, args.out.with_suffix(".model"))
+    np.savez(args.out.with_suffix(".samples.npz"), phi=phi_np, psi=psi.numpy(), log_w=lw_np)  # for re-analysis
 
     fig = flowkit.plot.ramachandran(
         phi, psi, log_w, reference=(phi_ref, psi_ref), titles=("flow (reweighted)", "MD reference")
