@@ -46,6 +46,10 @@ the training process's CPU time, wall time is 4-6 times longer under that load):
   reverse KL alone): collapses onto two modes (raw fractions 0.71, 0.003, 0.002, 0.28; ESS 0.03%,
   |log Z error| 0.31), 101 s CPU; reverse KL is mode-seeking whatever the layer, so the octupole gate
   is met with ``--ml-chains`` (``results/rigid_octupole_ml.json``).
+- ``--targets octupole --ml-chains 512 --mcmc-steps 2000 --components 4`` (same flow and budget, plus
+  ML on 81,920 Metropolis states): all four modes covered (reweighted masses 0.251, 0.251, 0.246,
+  0.252), ESS 49.5% and |log Z error| 0.0064 in 156 s CPU; without ``--components`` the same run gave
+  ESS 32.8% and 0.0146.
 """
 
 from __future__ import annotations
