@@ -52,7 +52,7 @@ in ``docs/api/dependent.md``): rm 0.43 +- 0.21 (2.0 SE), equi (a rho per group) 
 equi (shared rho) -0.00 +- 0.08, stocks 0.19 +- 0.01 (17 SE); equi with the true rho's fixed
 0.073 +- 0.027 (2.7 SE); equi on ``--equi-n 2000 --equi-rho 0.7 --equi-max-group 100``: 0.046 +- 0.011
 (a rho per group), 0.044 +- 0.007 (shared); equi with ``--control-variate``: seeds -2.58, +0.11, +0.02
-(a rho per group; seed 0 diverges early).
+(a rho per group; seed 0 diverges early); equi with a rho per group size: -0.21 +- 0.26.
 """
 
 from __future__ import annotations
@@ -77,8 +77,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 #: The models trained on each set: the name and the `rho=` tying of the dependent objective (None: i.i.d.).
 MODELS = {"equi": {"iid": None, "dependent": "group", "dependent_shared": "shared"}}
 DEFAULT_MODELS = {"iid": None, "dependent": "shared"}
-#: On request (``--models``): equi with each group's true rho, fixed (no update), a diagnosis.
-EXTRA_MODELS = {"equi": {"dependent_oracle": "oracle"}}
+#: On request (``--models``): equi with each group's true rho, fixed (no update), a diagnosis; a rho per group size.
+EXTRA_MODELS = {"equi": {"dependent_oracle": "oracle", "dependent_size": "size"}}
 
 
 def make_flow(seed: int) -> flowkit.Flow:
