@@ -2,6 +2,9 @@
 
 The fixtures in ``tests/fixtures/main_2026_12_01`` were written by that commit, with the
 log-densities it computed on fixed inputs (``expected.json``); they are never rewritten.
+Log-densities of models with splines agree to float32 rounding (relative 5e-7 at most), not
+bit for bit: the fused spline path sums its terms in another order. A weight that failed
+to load would move them by far more.
 """
 
 import json
@@ -23,7 +26,9 @@ def test_saved_model_loads_with_identical_log_prob(name):
     record = EXPECTED[name]
     x = torch.tensor(record["x"])
     context = None if record["context"] is None else torch.tensor(record["context"])
-    assert torch.equal(model.log_prob(x, context), torch.tensor(record["log_prob"]))
+    torch.testing.assert_close(
+        model.log_prob(x, context).detach(), torch.tensor(record["log_prob"])
+    )  # float32 rounding
 
 
 def test_saved_stochastic_flow_loads_with_identical_samples_and_weights():
