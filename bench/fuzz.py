@@ -405,8 +405,11 @@ def _overflows(b64: Bijector, x: torch.Tensor, context: torch.Tensor | None, inv
     return finite_all and largest.value * _reduction_length(b64) > limit
 
 
-def fuzz(minutes: float, seed: int, replay: int | None = None) -> dict:
-    """Fuzz for `minutes`; with `replay`, return that configuration (its index in the examples) unrun."""
+def fuzz(minutes: float, seed: int, replay: int | None = None, configurations: int | None = None) -> dict:
+    """Fuzz for `minutes` (or until `configurations` were run, when given: the same ones for a seed on any machine).
+
+    With `replay`, return that configuration (its index in the examples) unrun.
+    """
     rng = random.Random(seed)
     torch.manual_seed(seed)
     stop = time.monotonic() + 60 * minutes
@@ -415,7 +418,7 @@ def fuzz(minutes: float, seed: int, replay: int | None = None) -> dict:
     examples: list[dict] = []
     worst: dict[str, float] = {}
     by_family = Counter()
-    while time.monotonic() < stop:
+    while time.monotonic() < stop and (configurations is None or counts["configurations"] < configurations):
         name, b64, template, knots = _case(rng)
         dtype = rng.choice([torch.float32, torch.float64])
         b = b64.to(dtype) if dtype == torch.float64 else _copy(b64).to(dtype)
