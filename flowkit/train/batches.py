@@ -191,8 +191,10 @@ class _TensorSource(_Source):
 
     def epoch(self, epoch: int, skip: int = 0) -> Iterator[Batch]:
         self.sampler.set_epoch(epoch, skip)
+        device = self.tensors[0].device
         for index in self.sampler.index_batches():
-            index = index.to(self.tensors[0].device)
+            if index.device != device:
+                index = index.to(device)
             yield _normalise(tuple(t[index] for t in self.tensors), self.device, self.dtype)
 
 

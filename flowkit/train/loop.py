@@ -138,12 +138,21 @@ def train_step(
     if clip is not None:
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
     else:
-        grads = [p.grad for p in params if p.grad is not None]
-        grad_norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
+        grad_norm = _global_norm([p.grad for p in params if p.grad is not None])
     if not math.isfinite(grad_norm):
         return StepOutcome(value, lr, grad_norm, metrics, skipped="gradient")
     optimizer.step()
     return StepOutcome(value, lr, grad_norm, metrics)
+
+
+def _global_norm(grads: list[Tensor]) -> float:
+    """The 2-norm of all gradients together: one fused norm per tensor, then the norm of those norms."""
+    if not grads:
+        return 0.0
+    first = grads[0]
+    if any(g.device != first.device or g.dtype != first.dtype or g.is_sparse for g in grads):
+        return float(torch.nn.utils.get_total_norm(grads))  # mixed devices or dtypes: torch groups them
+    return float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))))
 
 
 def default_threads(features: int) -> int | None:
