@@ -91,7 +91,8 @@ References:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -547,7 +548,51 @@ def _circle_initial(heads: int, components: int, init: float) -> Tensor:
     return torch.cat([init * torch.randn(heads, 2 * components), torch.zeros(heads, components + 1)], -1)
 
 
-class ConvexDoubleMoebius(Bijector):
+class _ConvexCombination(Bijector):
+    """What the convex-combination layers share: their argument checks, and `heads` maps applied in turn.
+
+    A subclass gives `_heads(x, context)` (each head's parameters), `_map` (one head's explicit map,
+    the sampling direction, returning `(y, ladj)`), `_map_inverse` (its solved inverse) and
+    `_event_ladj` (the event's log-determinant from the summed per-head ones).
+    """
+
+    _map: Callable[..., tuple[Tensor, Tensor]]
+    _map_inverse: Callable[..., tuple[Tensor, Tensor]]
+
+    def _check_arguments(
+        self, components: int, heads: int, context: int, clamp: float, init: float
+    ) -> tuple[int, float]:
+        """Check and keep `components`, `context` and `clamp`; return the checked `heads` and `init`."""
+        where = type(self).__name__
+        self.components = check_number(components, "components", where=where, integer=True, low=1)
+        heads = check_number(heads, "heads", where=where, integer=True, low=1)
+        self.context_features = check_number(context, "context", where=where, integer=True, low=0)
+        self.clamp = check_number(clamp, "clamp", where=where, positive=True)
+        return heads, check_number(init, "init", where=where, low=0)
+
+    def _heads(self, x: Tensor, context: Tensor | None) -> list[tuple[Tensor, ...]]:
+        raise NotImplementedError
+
+    @staticmethod
+    def _event_ladj(total: Tensor) -> Tensor:
+        return total
+
+    def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        total: Any = 0
+        for params in reversed(self._heads(x, context)):
+            x, ladj = self._map_inverse(x, *params)
+            total = total + ladj
+        return x, self._event_ladj(total)
+
+    def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        total: Any = 0
+        for params in self._heads(z, context):
+            z, ladj = self._map(z, *params)
+            total = total + ladj
+        return z, self._event_ladj(total)
+
+
+class ConvexDoubleMoebius(_ConvexCombination):
     r"""Convex combinations of `components` double Möbius maps on a shared axis, on $S^{n-1}$.
 
     Each of the `heads` maps, applied in turn, has a learnt (or context-conditioned) axis
@@ -604,13 +649,8 @@ class ConvexDoubleMoebius(Bijector):
         init: float = 0.5,
     ) -> None:
         super().__init__()
-        where = type(self).__name__
-        n = check_number(n, "n", where=where, integer=True, low=2)
-        self.components = check_number(components, "components", where=where, integer=True, low=1)
-        heads = check_number(heads, "heads", where=where, integer=True, low=1)
-        self.context_features = check_number(context, "context", where=where, integer=True, low=0)
-        self.clamp = check_number(clamp, "clamp", where=where, positive=True)
-        init = check_number(init, "init", where=where, low=0)
+        n = check_number(n, "n", where=type(self).__name__, integer=True, low=2)
+        heads, init = self._check_arguments(components, heads, context, clamp, init)
         self.event_shape = torch.Size([n])
         self.domain = Sphere(n)
         initial = _axial_initial(heads, n, self.components, init)
@@ -620,25 +660,14 @@ class ConvexDoubleMoebius(Bijector):
         out = _axial_parameters(self.params.outputs(x, x.shape[:-1], context), x.shape[-1], self.clamp)
         return list(zip(*(t.unbind(-2) for t in out), strict=True))
 
-    def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        total = x.new_zeros(x.shape[:-1])
-        for axis, beta, log_weights in reversed(self._heads(x, context)):
-            x, ladj = _convex_double_moebius_inverse(x, axis, beta, log_weights)
-            total = total + ladj
-        return x, total
-
-    def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        total = z.new_zeros(z.shape[:-1])
-        for axis, beta, log_weights in self._heads(z, context):
-            z, ladj = _convex_double_moebius(z, axis, beta, log_weights)
-            total = total + ladj
-        return z, total
+    _map = staticmethod(_convex_double_moebius)
+    _map_inverse = staticmethod(_convex_double_moebius_inverse)
 
     def extra_repr(self) -> str:
         return f"n={self.event_shape[0]}, components={self.components}, heads={self.params.heads}"
 
 
-class ConvexMoebius(Bijector):
+class ConvexMoebius(_ConvexCombination):
     r"""Convex combinations of `components` circle Möbius maps per angle (Rezende et al. 2020), for periodic positions.
 
     The event is `features` angles in $[-\pi, \pi)$ (a torus), each mapped by `heads`
@@ -684,13 +713,8 @@ class ConvexMoebius(Bijector):
         init: float = 0.5,
     ) -> None:
         super().__init__()
-        where = type(self).__name__
-        features = check_number(features, "features", where=where, integer=True, low=1)
-        self.components = check_number(components, "components", where=where, integer=True, low=1)
-        heads = check_number(heads, "heads", where=where, integer=True, low=1)
-        self.context_features = check_number(context, "context", where=where, integer=True, low=0)
-        init = check_number(init, "init", where=where, low=0)
-        self.clamp = check_number(clamp, "clamp", where=where, positive=True)
+        features = check_number(features, "features", where=type(self).__name__, integer=True, low=1)
+        heads, init = self._check_arguments(components, heads, context, clamp, init)
         self.event_shape = torch.Size([features])
         self.domain = Circle()
         size = 3 * self.components + 1
@@ -702,19 +726,12 @@ class ConvexMoebius(Bijector):
         params = _circle_parameters(out, self.clamp)  # (..., heads, D, K) and (..., heads, D)
         return list(zip(*(p.unbind(x.ndim - 1) for p in params), strict=True))
 
-    def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        total = x.new_zeros(x.shape)
-        for params in reversed(self._heads(x, context)):
-            x, ladj = _convex_circle_inverse(x, *params)
-            total = total + ladj
-        return x, total.sum(-1)
+    _map = staticmethod(_convex_circle)
+    _map_inverse = staticmethod(_convex_circle_inverse)
 
-    def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        total = z.new_zeros(z.shape)
-        for params in self._heads(z, context):
-            z, ladj = _convex_circle(z, *params)
-            total = total + ladj
-        return z, total.sum(-1)
+    @staticmethod
+    def _event_ladj(total: Tensor) -> Tensor:
+        return total.sum(-1)  # elementwise over the angles
 
     def extra_repr(self) -> str:
         return f"features={self.event_shape[0]}, components={self.components}, heads={self.params.heads}"
