@@ -47,7 +47,26 @@ def _random_orthogonal(features: int) -> Tensor:
     return q * torch.sign(torch.diagonal(r)).unsqueeze(0)
 
 
-class Linear(Bijector):
+class _MatrixMap(Bijector):
+    """`z = W x + b` given `weight`, `bias`, `log_abs_det()` and `inverse_call`: what every linear layer shares."""
+
+    _flowkit_register = False
+    ladj_is_constant = True
+
+    def log_abs_det(self) -> Tensor:
+        raise NotImplementedError
+
+    def call(self, x: Tensor, context: Tensor | None = None) -> Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        return self.call(x), self.log_abs_det().expand(x.shape[:-1])
+
+    def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        return self.inverse_call(z), -self.log_abs_det().expand(z.shape[:-1])
+
+
+class Linear(_MatrixMap):
     """Dense invertible linear layer `z = W x + b` with a general matrix `W`.
 
     `log|det dz/dx| = log|det W|` costs $O(D^3)$ (an LU factorisation);
@@ -62,8 +81,6 @@ class Linear(Bijector):
         Chao et al., *Training Energy-Based Normalizing Flow with Score-Matching
         Objectives*, NeurIPS 2023 (arXiv:2305.15267).
     """
-
-    ladj_is_constant = True
 
     def __init__(self, features: int, bias: bool = True) -> None:
         super().__init__()
@@ -84,22 +101,13 @@ class Linear(Bijector):
                 raise ValueError("Linear: the loaded weight matrix is singular (not invertible)")
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
-    def call(self, x: Tensor, context: Tensor | None = None) -> Tensor:
-        return F.linear(x, self.weight, self.bias)
-
-    def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        return self.call(x), self.log_abs_det().expand(x.shape[:-1])
-
     def inverse_call(self, z: Tensor, context: Tensor | None = None) -> Tensor:
         if self.bias is not None:
             z = z - self.bias
         return torch.linalg.solve(self.weight, z.unsqueeze(-1)).squeeze(-1)
 
-    def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        return self.inverse_call(z), -self.log_abs_det().expand(z.shape[:-1])
 
-
-class _TriangularFactors(Bijector):
+class _TriangularFactors(_MatrixMap):
     """`z = P L U x + b` from triangular factors: the maps shared by `LULinear` and `TailLU`.
 
     Subclasses define `_factors()` (unit lower `L`, upper `U` with diagonal `exp(s)`),
@@ -107,7 +115,6 @@ class _TriangularFactors(Bijector):
     """
 
     _flowkit_register = False
-    ladj_is_constant = True
 
     def _factors(self) -> tuple[Tensor, Tensor]:
         raise NotImplementedError
@@ -123,12 +130,6 @@ class _TriangularFactors(Bijector):
         r"""$\log|\det W| = \sum_i s_i$ (a scalar)."""
         return self.log_diag.sum()
 
-    def call(self, x: Tensor, context: Tensor | None = None) -> Tensor:
-        return F.linear(x, self.weight, self.bias)
-
-    def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        return self.call(x), self.log_abs_det().expand(x.shape[:-1])
-
     def inverse_call(self, z: Tensor, context: Tensor | None = None) -> Tensor:
         if self.bias is not None:
             z = z - self.bias
@@ -138,9 +139,6 @@ class _TriangularFactors(Bijector):
         y = torch.linalg.solve_triangular(lower, rhs, upper=False, unitriangular=True)
         x = torch.linalg.solve_triangular(upper, y, upper=True)
         return x.T.reshape(z.shape)
-
-    def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        return self.inverse_call(z), -self.log_abs_det().expand(z.shape[:-1])
 
 
 class LULinear(_TriangularFactors):
