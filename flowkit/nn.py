@@ -480,9 +480,6 @@ class MADE(Conditioner):
         pre = F.linear(pre, w_first[:, d:], b_first)
         batch = torch.broadcast_shapes(z.shape[:-1], pre.shape[:-1])
         pre = pre.expand(*batch, pre.shape[-1])
-        in_place = not torch.is_grad_enabled()  # sampling: update one buffer (with a graph, each step is kept)
-        if in_place:
-            pre = pre.clone(memory_format=torch.contiguous_format)  # its own memory, never a broadcast view
         w_last, b_last = weights[-1]
         residual = self.residual_blocks is not None
         step = 3 if residual else 1
@@ -491,10 +488,7 @@ class MADE(Conditioner):
         for rank, i in enumerate(self.order):
             if previous is not None:
                 # The newly known feature enters the first layer as a rank-one update.
-                if in_place:
-                    pre.addcmul_(columns[previous].unsqueeze(-1), w_x[:, previous])
-                else:
-                    pre = torch.addcmul(pre, columns[previous].unsqueeze(-1), w_x[:, previous])
+                pre = torch.addcmul(pre, columns[previous].unsqueeze(-1), w_x[:, previous])
             sizes = prefixes[rank]
             h = pre[..., : sizes[0]]
             for layer, m in enumerate(sizes):

@@ -110,7 +110,7 @@ def test_made_fast_inverse_equals_the_generic_fallback(hidden, context, residual
     assert calls == made.order
     slow = Conditioner.invert(made, solve, z, context)
     torch.testing.assert_close(fast, slow, atol=1e-12, rtol=0)
-    with torch.no_grad():  # sampling updates one buffer in place: the same numbers
+    with torch.no_grad():  # sampling (no graph) gives the same numbers
         torch.testing.assert_close(made.invert(solve, z, context), fast, atol=0, rtol=0)
     single = None if context is None else context[0]  # a context broadcast over the batch
     with torch.no_grad():
