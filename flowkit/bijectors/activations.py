@@ -51,7 +51,9 @@ def monotone_inverse(
 
     The solve runs without autograd; one final Newton step is taken with
     autograd on, which at the root gives the exact implicit derivative
-    `dx/dy = 1 / f'(x)` (and the right derivatives for the parameters of `f`).
+    `dx/dy = 1 / f'(x)` (and the right derivatives for the parameters of `f`). Where that step
+    would leave the bracket (too few iterations, or `f'` vanishing at the iterate) the value stays the
+    bracketed iterate, with the same derivative.
 
     Arguments:
         f: the increasing map, elementwise.
@@ -81,7 +83,15 @@ def monotone_inverse(
             use_newton = (x - newton > low) & (x - newton < high) & (2 * newton.abs() < dx_old.abs())
             dx_old, dx = dx, torch.where(use_newton, newton, x - 0.5 * (low + high))
             x = x - dx
-    return x - (f(x) - y) / df(x)
+    slope = df(x)
+    usable = slope > 0  # False for a vanishing (or NaN) f' at the iterate
+    step = (f(x) - y) / torch.where(usable, slope, 1.0)
+    newton = x - step
+    # The final step is taken only where it stays in the bracket (a solve cut short, or a vanishing f',
+    # could throw it anywhere); elsewhere the value is the bracketed iterate and the graph still that of
+    # the Newton step, the implicit derivative. Both branches stay finite, so do their gradients.
+    inside = usable & (newton >= low) & (newton <= high)
+    return torch.where(inside, newton, x - (step - step.detach()))
 
 
 class Elementwise(Bijector):

@@ -71,12 +71,17 @@ def _check_flow(flow: Any, target: Target, where: str, exact: bool = True) -> No
 
 
 def _base_log_prob_and_score(base: Any, z: Tensor) -> tuple[Tensor, Tensor]:
-    """`log q0(z)` and its gradient in `z`, both without a graph."""
+    """`log q0(z)` and its gradient in `z`, both without a graph.
+
+    A base whose density does not depend on `z` (a uniform one, whose `log_prob` is a constant) has score 0.
+    """
     with torch.enable_grad():
         leaf = z.detach().requires_grad_(True)
         log_q0 = base.log_prob(leaf)
-        (score,) = torch.autograd.grad(log_q0.sum(), leaf)
-    return log_q0.detach(), score
+        if not log_q0.requires_grad:
+            return log_q0.detach(), torch.zeros_like(leaf)
+        (score,) = torch.autograd.grad(log_q0.sum(), leaf, allow_unused=True)
+    return log_q0.detach(), torch.zeros_like(leaf) if score is None else score
 
 
 def _latent(flow: Any, z: Tensor | int, where: str) -> Tensor:

@@ -138,3 +138,18 @@ def test_float32_inverse():
     assert x_back.dtype == torch.float32
     torch.testing.assert_close(x_back, x, rtol=1e-5, atol=1e-5)
     assert math.isfinite(float(b.inverse(torch.full((1, 5), -1e6))[0].min()))
+
+
+def test_monotone_inverse_final_step_stays_in_the_bracket():
+    # x^3 from the start 0, where f' = 0: the final Newton step of an unfinished solve would be infinite.
+    f = lambda t: t**3  # noqa: E731
+    df = lambda t: 3 * t**2  # noqa: E731
+    y = torch.tensor([1e-3, 0.5, -0.2], dtype=torch.float64, requires_grad=True)
+    low, high = torch.tensor(-1.0, dtype=torch.float64), torch.tensor(1.0, dtype=torch.float64)
+    for iterations in (0, 1, 2):
+        x = monotone_inverse(f, df, y, low, high, iterations, start=torch.zeros(3, dtype=torch.float64))
+        assert torch.isfinite(x).all() and (x.abs() <= 1).all()
+    x = monotone_inverse(f, df, y, low, high, 80)
+    (g,) = torch.autograd.grad(x.sum(), y)
+    torch.testing.assert_close(x, y.detach().sign() * y.detach().abs() ** (1 / 3))
+    torch.testing.assert_close(g, 1 / (3 * x.detach() ** 2))

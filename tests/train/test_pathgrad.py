@@ -76,6 +76,24 @@ def test_recursion_score_equals_autograd_through_log_prob(make):
     assert not score.requires_grad
 
 
+class _ConstantDensity(StandardNormal):
+    """A base whose log_prob does not depend on its input (no graph), as a uniform base's may not."""
+
+    def log_prob(self, x):
+        return torch.full(x.shape[:-1], -1.5, dtype=x.dtype)
+
+
+def test_recursion_with_a_base_density_that_ignores_its_input():
+    flow = _nsf()
+    flow.base = _ConstantDensity(4).double()
+    z = torch.randn(7, 4, dtype=torch.float64)
+    x, log_q, score = sample_with_score(flow, z)
+    leaf = x.detach().requires_grad_(True)
+    (expected,) = torch.autograd.grad(flow.log_prob(leaf).sum(), leaf)
+    torch.testing.assert_close(score, expected, rtol=1e-8, atol=1e-10)
+    torch.testing.assert_close(log_q, flow.log_prob(x.detach()))
+
+
 def test_recursion_on_a_lattice_flow_with_reshapes():
     L = 3
     inner = randomize(flowkit.flows.RealNVP(L * L, transforms=3, hidden=(8,)), scale=0.2).bijector
