@@ -64,10 +64,9 @@ import numpy as np
 import torch
 from scipy.spatial.transform import Rotation
 
-from flowkit.bijectors import Chain, ConvexDoubleMoebius, DoubleMoebius
-from flowkit.distributions import SphereUniform, rigid_domain
+from flowkit.distributions import rigid_domain
 from flowkit.domains import Sphere
-from flowkit.flows import Flow, RigidBodyFlow
+from flowkit.flows import RigidBodyFlow
 from flowkit.sampling import ess, imh, importance_sample, log_Z, metropolis, reweight
 from flowkit.targets import MatrixFisher, Octupole, RigidDipoles, WithAuxiliaries
 from flowkit.train import BoltzmannGenerator, PathGradientVI, fit
@@ -88,12 +87,6 @@ def _train(flow, target, steps, batch, lr, seed, samples=None):
 
 def _body_flow(args):
     """One rigid body with `args.aux` auxiliaries; without auxiliaries a stack of unconditional maps on S^3."""
-    if args.aux == 0:
-        if args.components is None:
-            layers = [DoubleMoebius(4, heads=args.heads) for _ in range(args.blocks)]
-        else:
-            layers = [ConvexDoubleMoebius(4, args.components, heads=args.heads) for _ in range(args.blocks)]
-        return Flow(Chain(*layers), SphereUniform(4))
     segments = ["quaternion"] + ["real"] * args.aux
     return RigidBodyFlow(segments, blocks=args.blocks, heads=args.heads, hidden=args.hidden, components=args.components)
 

@@ -95,7 +95,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--kappa", type=float, default=8.0, help="octupole field strength (default 8)")
     parser.add_argument("--bodies", type=int, default=3, help="dipoles: number of rigid dipoles (default 3)")
     parser.add_argument(
-        "--aux", type=int, default=4, help="matrix-fisher, octupole: auxiliary coordinates of the body (default 4)"
+        "--aux",
+        type=int,
+        default=4,
+        help="matrix-fisher, octupole: auxiliary coordinates of the body (default 4; 0: maps of S^3 alone)",
+    )
+    parser.add_argument(
+        "--components",
+        type=int,
+        default=None,
+        help="rigid targets: convex combinations of this many Moebius maps in every layer (default: single maps)",
     )
     parser.add_argument(
         "--hmc-steps", type=int, default=2000, help="phi4: HMC reference trajectories per chain (default 2000; 0: none)"
@@ -142,10 +151,13 @@ def build_target(args: argparse.Namespace) -> Any:
         return targets.ManyWell(args.dim)
     if args.target == "gmm":
         return targets.GaussianMixture(seed=args.seed)
-    if args.target == "matrix-fisher":  # singular values 11, 10, 9 in fixed random frames (bench/rigid.py)
-        return targets.WithAuxiliaries(targets.MatrixFisher(_matrix_fisher_parameter()), args.aux)
-    if args.target == "octupole":
-        return targets.WithAuxiliaries(targets.Octupole(args.kappa), args.aux)
+    if args.target in ("matrix-fisher", "octupole"):
+        # matrix-Fisher: singular values 11, 10, 9 in fixed random frames (bench/rigid.py)
+        if args.target == "matrix-fisher":
+            body = targets.MatrixFisher(_matrix_fisher_parameter())
+        else:
+            body = targets.Octupole(args.kappa)
+        return targets.WithAuxiliaries(body, args.aux) if args.aux else body
     if args.target == "dipoles":
         return targets.RigidDipoles(args.bodies)
     if args.target == "alanine-dipeptide":
@@ -192,7 +204,9 @@ def build_flow(args: argparse.Namespace, target: Any, samples: Any) -> Any:
     if getattr(target, "segments", None):  # rigid bodies: double Moebius couplings (--transforms blocks)
         from ..flows import RigidBodyFlow
 
-        return RigidBodyFlow(target.segments, blocks=args.transforms, hidden=hidden)
+        return RigidBodyFlow(
+            target.segments, blocks=args.transforms, hidden=hidden, components=getattr(args, "components", None)
+        )
     if args.target == "alanine-dipeptide":
         from ..targets.alanine import alanine_internal_coordinates, internal_coordinate_flow
 
@@ -230,6 +244,10 @@ def train_boltzmann(args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError(f"--threads must be a positive integer, got {args.threads}")
     if args.samples < 0:
         raise ValueError(f"--samples must be non-negative, got {args.samples}")
+    if args.aux < 0:
+        raise ValueError(f"--aux must be non-negative, got {args.aux}")
+    if args.components is not None and args.components < 1:
+        raise ValueError(f"--components must be a positive integer, got {args.components}")
     if not args.lr > 0:
         raise ValueError(f"--lr must be positive, got {args.lr}")
     if args.threads:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from .._validation import check_number
 from ..bijectors import Chain
-from ..bijectors.sphere import GATE, RigidCoupling
+from ..bijectors.sphere import GATE, ConvexDoubleMoebius, DoubleMoebius, RigidCoupling
 from ..distributions.sphere import RigidBase, _check_segments
 from .flow import Flow
 
@@ -31,7 +31,11 @@ def RigidBodyFlow(
 
     Each block maps, in turn, the real (auxiliary) coordinates given everything
     else, each quaternion given everything else (one body at a time), and all
-    angles (positions) given the quaternions and real coordinates. Every layer is
+    angles (positions) given the quaternions and real coordinates. A layout of one
+    quaternion alone has nothing to couple to: its blocks are then unconditional maps of $S^3$
+    ([`DoubleMoebius`][flowkit.bijectors.DoubleMoebius], or
+    [`ConvexDoubleMoebius`][flowkit.bijectors.ConvexDoubleMoebius] with `components`), conditioned
+    on the context if there is one. Every layer is
     antipodally equivariant in every quaternion and the base is symmetric, so the
     density is a density on $SO(3)^N$ times the positions (through the double cover,
     see [`haar_log_prob`][flowkit.distributions.haar_log_prob]).
@@ -70,6 +74,14 @@ def RigidBodyFlow(
     if angles:
         groups.append(angles)
     groups = [g for g in groups if len(g) < len(segments)]
+    if segments == ("quaternion",):  # one body and nothing else: a stack of (context-conditioned) maps on S^3
+        maps = [
+            DoubleMoebius(4, heads=heads, context=context, hidden=hidden, gate=gate)
+            if components is None
+            else ConvexDoubleMoebius(4, components, heads=heads, context=context, hidden=hidden)
+            for _ in range(blocks)
+        ]
+        return Flow(Chain(*maps), RigidBase(segments))
     if not groups:
         raise ValueError(f"RigidBodyFlow: the layout {list(segments)} has nothing to condition a coupling on")
     kwargs = dict(heads=heads, hidden=hidden, context=context, activation=activation, components=components)

@@ -221,3 +221,23 @@ def test_convex_rigid_flow_is_equivariant_in_each_quaternion_and_integrates_to_o
     mass, err = p.mean().item(), p.std().item() / math.sqrt(n)
     assert abs(mass - 1) < 3 * err, (mass, err)
     assert err < 0.1
+
+
+def test_a_lone_quaternion_layout_is_a_stack_of_sphere_maps_that_integrates_to_one():
+    from flowkit.bijectors import DoubleMoebius
+    from flowkit.flows import RigidBodyFlow
+
+    single = RigidBodyFlow(["quaternion"], blocks=2, heads=2)
+    assert [type(b) for b in single.bijector] == [DoubleMoebius, DoubleMoebius]
+    flow = RigidBodyFlow(["quaternion"], blocks=2, components=3)
+    assert [type(b) for b in flow.bijector] == [ConvexDoubleMoebius, ConvexDoubleMoebius]
+    flow = Flow(randomize(flow.bijector, scale=1.0, seed=2), flow.base).double()
+    x = flow.sample((16,))
+    torch.testing.assert_close(flow.log_prob(-x), flow.log_prob(x), atol=1e-10, rtol=0)  # a density on SO(3)
+    n = 100_000
+    u = Sphere(4).uniform((n, 4), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        p = torch.exp(flow.log_prob(u) + Sphere(4).log_area)
+    mass, err = p.mean().item(), p.std().item() / math.sqrt(n)
+    assert abs(mass - 1) < 3 * err, (mass, err)
+    assert err < 0.05
