@@ -101,6 +101,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="matrix-fisher, octupole: auxiliary coordinates of the body (default 4; 0: maps of S^3 alone)",
     )
     parser.add_argument(
+        "--heads", type=int, default=2, help="rigid targets: Moebius maps applied in turn per layer (default 2)"
+    )
+    parser.add_argument(
         "--components",
         type=int,
         default=None,
@@ -205,7 +208,11 @@ def build_flow(args: argparse.Namespace, target: Any, samples: Any) -> Any:
         from ..flows import RigidBodyFlow
 
         return RigidBodyFlow(
-            target.segments, blocks=args.transforms, hidden=hidden, components=getattr(args, "components", None)
+            target.segments,
+            blocks=args.transforms,
+            hidden=hidden,
+            heads=getattr(args, "heads", 2),
+            components=getattr(args, "components", None),
         )
     if args.target == "alanine-dipeptide":
         from ..targets.alanine import alanine_internal_coordinates, internal_coordinate_flow
@@ -246,6 +253,8 @@ def train_boltzmann(args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError(f"--samples must be non-negative, got {args.samples}")
     if args.aux < 0:
         raise ValueError(f"--aux must be non-negative, got {args.aux}")
+    if args.heads < 1:
+        raise ValueError(f"--heads must be a positive integer, got {args.heads}")
     if args.components is not None and args.components < 1:
         raise ValueError(f"--components must be a positive integer, got {args.components}")
     if not args.lr > 0:

@@ -57,7 +57,7 @@ def test_boltzmann_matrix_fisher_on_the_sphere_alone_with_convex_maps(tmp_path):
     assert flow.sample((5,)).shape == torch.Size([5, 4])
 
 
-@pytest.mark.parametrize("flag", [["--aux", "-1"], ["--components", "0"]])
+@pytest.mark.parametrize("flag", [["--aux", "-1"], ["--components", "0"], ["--heads", "0"]])
 def test_boltzmann_rigid_options_are_checked(tmp_path, capsys, flag):
     code = main(["boltzmann", "matrix-fisher", *flag, "--steps", "1", "--no-progress", "--out", str(tmp_path / "x")])
     err = capsys.readouterr().err.strip()
