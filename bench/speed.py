@@ -25,6 +25,11 @@ saves for backward during one training step (through
 ``torch.autograd.graph.saved_tensors_hooks``): the activation memory, which
 is what grows with batch size and depth.
 
+The pseudo-library ``flowkit-compiled`` (``--libraries flowkit flowkit-compiled zuko ...``) times
+``flowkit.compile(flow)`` (Inductor) of the same flow for ``train`` and ``log_prob`` (compiled in the
+warm-up; its ``sample`` is the eager one), with its own ratio column; like ``flowkit-reference`` it is not a
+peer.
+
 Two tables: ``matched`` (every library builds the architecture above) and
 ``default`` (each library's own NSF as a user builds it, with the same number
 of layers, bins and hidden widths: ``zuko.flows.NSF`` (``passes=2`` for
@@ -96,6 +101,16 @@ def build(library: str, kind: str, features: int, layers: int, bins: int, bound:
         if library == "flowkit-reference":
             return flow, _unfused(flow.log_prob), _unfused(lambda n: flow.sample((n,)))
         return flow, flow.log_prob, lambda n: flow.sample((n,))
+    if library == "flowkit-compiled":
+        # `flowkit.compile` (Inductor) of the same flow; its density (and the backward pass) runs compiled, the
+        # first call compiles (in the warm-up, not timed). Sampling stays eager: compiling the D-step
+        # autoregressive inverse takes minutes, and coupling sampling is not what this pseudo-library is for.
+        import flowkit
+
+        flow = flowkit.flows.NSF(
+            features, transforms=layers, bins=bins, hidden=(hidden, hidden), coupling=coupling, bound=bound
+        )
+        return flow, flowkit.compile(flow).log_prob, lambda n: flow.sample((n,))
     model = peers.nsf(
         library, features, transforms=layers, bins=bins, hidden=(hidden, hidden), bound=bound, coupling=coupling
     )
@@ -123,7 +138,7 @@ def _unfused(function):
 def build_default(library: str, kind: str, features: int, layers: int, bins: int, bound: float, hidden: int):
     """Return ``(module, log_prob(x), sample(n))`` for one library's own NSF, as its documentation builds it."""
     coupling = kind == "coupling"
-    if library in ("flowkit", "flowkit-reference"):
+    if library in ("flowkit", "flowkit-reference", "flowkit-compiled"):
         return build(library, kind, features, layers, bins, bound, hidden)
     if library == "zuko":
         import zuko
@@ -540,7 +555,9 @@ def main() -> None:
         "configs": [],
     }
     columns = "".join(f"{lib:>{max(12, len(lib) + 2)}}" for lib in args.libraries)
+    compiled_column = "flowkit-compiled" in args.libraries
     header = f"{'config':<20}{'op':<10}" + columns + f"{'best peer/fk':>14}"
+    header += f"{'peer/compiled':>15}" if compiled_column else ""
     styles = [] if args.only else args.styles
     for style in styles:
         print(f"{style} construction: times in ms (median of {args.repeats} repeats), ratio = fastest peer / flowkit")
@@ -574,11 +591,14 @@ def main() -> None:
                     if op not in ("mem MiB", "saved MiB"):
                         entry["ratio"][op] = {lib: t / row["flowkit"] for lib, t in peers.items()}
                     name = f"{kind[:4]} D={features}"
-                    print(
+                    line = (
                         f"{name:<20}{op:<10}"
                         + "".join(f"{row[lib]:>{max(12, len(lib) + 2)}.2f}" for lib in args.libraries)
                         + f"{ratio:>14.2f}"
                     )
+                    if compiled_column:
+                        line += f"{best / row['flowkit-compiled']:>15.2f}"
+                    print(line)
                 report["configs"].append(entry)
                 sys.stdout.flush()
     if args.scaling:
