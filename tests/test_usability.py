@@ -87,6 +87,18 @@ def test_standardize_puts_the_data_statistics_first_in_the_flow_and_keeps_data_u
     torch.testing.assert_close(flowkit.io.load(tmp_path / "model").log_prob(x[:5]), flow.log_prob(x[:5]))
 
 
+def test_robust_standardize_uses_the_median_and_the_quartile_scale():
+    x = _wide()
+    flow = flowkit.flows.NSF(3, transforms=1, hidden=(8,))
+    fit(flow, MaximumLikelihood(), x, steps=1, progress=False, standardize="robust")
+    first = flow.bijector[0]
+    q1, median, q3 = torch.quantile(x.double(), torch.tensor([0.25, 0.5, 0.75], dtype=torch.float64), dim=0)
+    torch.testing.assert_close(first.loc.double(), median, rtol=0, atol=1e-4)
+    torch.testing.assert_close(first.scale.double(), (q3 - q1) / 1.3489795003921634, rtol=1e-6, atol=0)
+    with pytest.raises(ValueError, match="standardize must be True, False or 'robust'"):
+        fit(flow, MaximumLikelihood(), x, steps=1, progress=False, standardize="median")
+
+
 def test_standardize_refuses_data_it_cannot_read():
     flow = flowkit.flows.NSF(3, transforms=1, hidden=(8,))
     dataset = torch.utils.data.TensorDataset(_wide())

@@ -83,6 +83,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("--no-standardize", action="store_true", help="do not standardise the data inside the model")
     parser.add_argument(
+        "--robust-standardize",
+        action="store_true",
+        help="standardise by the median and the interquartile range (heavy tails, --base student-t)",
+    )
+    parser.add_argument(
         "--root", default=None, help="data directory of the tabular benchmarks (default $FLOWKIT_DATA or ./data)"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of initialisation, data order and splits (default 0)")
@@ -161,8 +166,10 @@ def fit_dataset(args: argparse.Namespace) -> dict[str, Any]:
         flow = build_flow(name, data.features, transforms=args.transforms, hidden=hidden, bins=args.bins)
         if getattr(args, "base", "normal") == "student-t":
             flow = Flow(flow.bijector, StudentT(flow.event_shape, df=args.df, learn_df=True))
+        if args.no_standardize and getattr(args, "robust_standardize", False):
+            raise ValueError("--robust-standardize and --no-standardize exclude each other")
         if not args.no_standardize:
-            flow = standardize(flow, data.train)
+            flow = standardize(flow, data.train, robust=getattr(args, "robust_standardize", False))
     out.mkdir(parents=True, exist_ok=True)
     train = training_data(data)
     start = time.perf_counter()
@@ -197,6 +204,7 @@ def fit_dataset(args: argparse.Namespace) -> dict[str, Any]:
         "skipped_steps": len(history.skipped),
         "train_seconds": round(seconds, 2),
         "standardized": not args.no_standardize and not getattr(args, "model", None),
+        "robust_standardized": bool(getattr(args, "robust_standardize", False)) and not getattr(args, "model", None),
         "seed": args.seed,
     }
     if "columns" in data.info:

@@ -10,7 +10,7 @@ from ..flows import Flow
 __all__ = ["standardize"]
 
 
-def standardize(flow: Flow, x: Tensor) -> Flow:
+def standardize(flow: Flow, x: Tensor, robust: bool = False) -> Flow:
     r"""A flow `Flow(Chain(Standardization.from_data(x), flow.bijector), flow.base)`.
 
     The returned flow standardises each feature with the mean and standard
@@ -22,6 +22,9 @@ def standardize(flow: Flow, x: Tensor) -> Flow:
     Arguments:
         flow: an unconditional or conditional flow on vectors `(D,)`.
         x: training data of shape `(N, D)`.
+        robust: standardise by the median and the interquartile range / 1.349 instead (the standard deviation
+            of heavy-tailed data is dominated by its few largest points; see
+            [`Standardization.from_data`][flowkit.bijectors.Standardization.from_data]).
     """
     if not isinstance(flow, Flow):
         raise ValueError(f"standardize: flow must be a flowkit Flow, got {type(flow).__name__}")
@@ -34,5 +37,5 @@ def standardize(flow: Flow, x: Tensor) -> Flow:
             f"{tuple(flow.event_shape)}"
         )
     # The layer takes the flow's dtype and device (the statistics are exact in float64).
-    scaling = Standardization.from_data(x).to(device=flow.base.device, dtype=flow.base.dtype)
+    scaling = Standardization.from_data(x, robust=robust).to(device=flow.base.device, dtype=flow.base.dtype)
     return Flow(Chain(scaling, flow.bijector), flow.base)

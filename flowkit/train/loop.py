@@ -186,8 +186,8 @@ def _data_tensor(data: Any) -> Tensor | None:
     return data if isinstance(data, Tensor) and data.is_floating_point() else None
 
 
-def _standardize(flow: nn.Module, data: Any) -> None:
-    """Put `Standardization.from_data(x)` first in the flow's chain, in place; the flow is saved as a `Flow` then."""
+def _standardize(flow: nn.Module, data: Any, robust: bool = False) -> None:
+    """Put `Standardization.from_data(x, robust)` first in the flow's chain, in place; the flow is saved as a `Flow`."""
     from ..bijectors import Chain, Standardization
     from ..flows import Flow
 
@@ -202,7 +202,7 @@ def _standardize(flow: nn.Module, data: Any) -> None:
     first = flow.bijector[0] if isinstance(flow.bijector, Chain) else flow.bijector
     if isinstance(first, Standardization):  # already standardised (a second fit, a resumed run)
         return
-    scaling = Standardization.from_data(x).to(device=flow.base.device, dtype=flow.base.dtype)
+    scaling = Standardization.from_data(x, robust=robust).to(device=flow.base.device, dtype=flow.base.dtype)
     flow.bijector = Chain(scaling, flow.bijector)
     # The model is saved as what it now is: a Flow of the chain over the same base.
     object.__setattr__(flow, "_flowkit_config", (Flow, {"bijector": flow.bijector, "base": flow.base}))
@@ -312,7 +312,7 @@ class _Arguments:
     ema: float | None
     callbacks: Sequence[Callback]
     threads: int | None = None
-    standardize: bool = False
+    standardize: bool | str = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.flow, nn.Module):
@@ -355,8 +355,8 @@ class _Arguments:
             raise ValueError("fit: restore_best needs val_data")
         if not any(p.requires_grad for p in self.flow.parameters()):
             raise ValueError("fit: the flow has no trainable parameters")
-        if not isinstance(self.standardize, bool):
-            raise ValueError(f"fit: standardize must be True or False, got {self.standardize!r}")
+        if not (isinstance(self.standardize, bool) or self.standardize == "robust"):
+            raise ValueError(f"fit: standardize must be True, False or 'robust', got {self.standardize!r}")
 
     def saved_checkpoint(self) -> dict[str, Any] | None:
         """The contents of the checkpoint to resume from, if any."""
@@ -534,7 +534,7 @@ def fit(
     ema: float | None = None,
     callbacks: Sequence[Callback] = (),
     threads: int | None = None,
-    standardize: bool = False,
+    standardize: bool | str = False,
 ) -> History:
     """Train `flow` by minimising `objective.loss(flow, batch)` plus its auxiliary loss.
 
@@ -589,6 +589,7 @@ def fit(
             of the training data first in the flow's chain, in place, so that the rest of the flow
             sees standardised data while `log_prob` stays in data units (`data` must be a tensor or
             `(x, context)`; the flow is then saved as a [`Flow`][flowkit.flows.Flow] of that chain).
+            `"robust"` standardises by the median and the interquartile range / 1.349 (heavy tails).
             Without it, `fit` warns when most points lie outside the splines' bound.
 
     Returns:
@@ -618,7 +619,7 @@ def fit(
         torch.set_num_threads(args.threads)
     try:
         if args.standardize:
-            _standardize(flow, data)
+            _standardize(flow, data, robust=args.standardize == "robust")
         else:
             _warn_if_outside_bound(flow, data)
         run, state, hooks, bar = _prepare(args)

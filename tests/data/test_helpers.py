@@ -140,6 +140,15 @@ def test_standardize_prepends_the_data_mean_and_standard_deviation():
     np.testing.assert_allclose(scaling.scale.numpy(), x64.std(0, ddof=1), rtol=1e-6)
 
 
+def test_standardize_robust_uses_the_median_and_the_interquartile_range():
+    x = _data(101)
+    scaling = standardize(Flow(Permutation(2, seed=0), StandardNormal(2)), x, robust=True).bijector[0]
+    x64 = x.double().numpy()
+    q1, q3 = np.percentile(x64, [25, 75], axis=0)
+    np.testing.assert_allclose(scaling.loc.numpy(), np.median(x64, 0), rtol=1e-6)
+    np.testing.assert_allclose(scaling.scale.numpy(), (q3 - q1) / (2 * 0.6744897501960817), rtol=1e-6)
+
+
 def test_standardized_log_prob_is_the_density_in_data_units():
     # a standard normal after standardisation is the normal with the data's mean and std
     x = _data()
