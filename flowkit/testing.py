@@ -499,9 +499,9 @@ def _box_mass(flow: Flow, domain: Interval, points: int) -> float:
     return float(torch.exp(logp).sum() * (width / points) ** numel)
 
 
-def _uniform_mass(flow: Flow, domain: Domain, n: int) -> tuple[float, float]:
+def _uniform_mass(flow: Flow, domain: Domain, n: int, seed: int = 1) -> tuple[float, float]:
     r"""Total mass $\mathrm{vol}(M)\, E_{U(M)}[p]$ by Monte Carlo over uniform points, and its standard error."""
-    generator = torch.Generator().manual_seed(1)
+    generator = torch.Generator().manual_seed(seed)
     u = domain.uniform((n, *flow.event_shape), generator=generator)
     with torch.no_grad():
         logp = torch.cat([flow.log_prob(chunk) for chunk in u.split(65536)])

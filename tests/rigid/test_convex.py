@@ -3,6 +3,7 @@
 import math
 
 import torch
+from manifold_checks import assert_antipodally_equivariant, assert_integrates_to_one
 
 from flowkit.bijectors import Chain, ConvexDoubleMoebius, ConvexMoebius
 from flowkit.bijectors.sphere import (
@@ -98,17 +99,7 @@ def test_randomised_convex_flows_integrate_to_one_on_s3():
     """2 pi^2 E_{U(S^3)}[p] = 1 within 3 standard errors."""
     torch.manual_seed(0)
     chain = Chain(*[randomize(ConvexDoubleMoebius(4, components=3), scale=1.0, seed=i) for i in range(2)])
-    _assert_normalised_on_s3(Flow(chain, SphereUniform(4)).double(), seed=5)
-
-
-def _assert_normalised_on_s3(flow, seed, n=100_000):
-    """2 pi^2 E_{U(S^3)}[p] = 1 within 3 standard errors, the standard error below 0.05."""
-    u = Sphere(4).uniform((n, 4), generator=torch.Generator().manual_seed(seed))
-    with torch.no_grad():
-        p = torch.exp(flow.log_prob(u) + Sphere(4).log_area)
-    mass, err = p.mean().item(), p.std().item() / math.sqrt(n)
-    assert abs(mass - 1) < 3 * err, (mass, err)
-    assert err < 0.05
+    assert_integrates_to_one(Flow(chain, SphereUniform(4)).double(), Sphere(4), 100_000, 5, max_err=0.05)
 
 
 def test_one_circle_component_is_a_moebius_map_fixing_minus_pi():
@@ -206,24 +197,8 @@ def test_convex_rigid_flow_is_equivariant_in_each_quaternion_and_integrates_to_o
     from flowkit.domains import Circle, Product
 
     flow = _convex_rigid_flow()
-    x = flow.sample((32,))
-    z, ladj = flow.bijector(x)
-    for sl in (slice(0, 4), slice(7, 11)):
-        flipped = x.clone()
-        flipped[:, sl] = -flipped[:, sl]
-        z_f, ladj_f = flow.bijector(flipped)
-        expected = z.clone()
-        expected[:, sl] = -expected[:, sl]
-        torch.testing.assert_close(z_f, expected, atol=1e-10, rtol=0)
-        torch.testing.assert_close(ladj_f, ladj, atol=1e-10, rtol=0)
-    domain = Product(Sphere(4), Circle(), Circle(), Circle())
-    n = 30_000
-    u = domain.uniform((n, 14), generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        p = torch.exp(flow.log_prob(u) + domain.log_volume((14,)))
-    mass, err = p.mean().item(), p.std().item() / math.sqrt(n)
-    assert abs(mass - 1) < 3 * err, (mass, err)
-    assert err < 0.1
+    assert_antipodally_equivariant(flow.bijector, flow.sample((32,)), (slice(0, 4), slice(7, 11)))
+    assert_integrates_to_one(flow, Product(Sphere(4), Circle(), Circle(), Circle()), 30_000, 3, max_err=0.1)
 
 
 def test_a_lone_quaternion_layout_is_a_stack_of_sphere_maps_that_integrates_to_one():
@@ -237,4 +212,4 @@ def test_a_lone_quaternion_layout_is_a_stack_of_sphere_maps_that_integrates_to_o
     flow = Flow(randomize(flow.bijector, scale=1.0, seed=2), flow.base).double()
     x = flow.sample((16,))
     torch.testing.assert_close(flow.log_prob(-x), flow.log_prob(x), atol=1e-10, rtol=0)  # a density on SO(3)
-    _assert_normalised_on_s3(flow, seed=7)
+    assert_integrates_to_one(flow, Sphere(4), 100_000, 7, max_err=0.05)
