@@ -314,6 +314,15 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(row), flush=True)
         return row
 
+    def sweep(part: str, names: tuple[str, ...], task: Task, seeds: int, **budget: float) -> None:
+        """Every model of `names` on `task` for each seed, in turn; the summary and the file after each run."""
+        results[part] = {"runs": []}
+        for seed in range(seeds):
+            for name in names:
+                results[part]["runs"].append(run(name, task, seed, **budget))
+                results[part]["summary"] = summarise(results[part]["runs"], names)
+                save()
+
     if parts & {"peer", "wall", "eiw"}:
         data = fashion_mnist(args.root, size=14)
         counts = torch.as_tensor(data.info["counts"], dtype=torch.float32)
@@ -325,32 +334,17 @@ def main(argv: list[str] | None = None) -> int:
         for name in ("glow", "normflows-glow"):
             results["peer_training"].append(run(name, fmnist, 0, steps=args.train_steps))
             save()
+
     if "wall" in parts:
-        names = tuple(args.wall_models.split(","))
-        results["wall"] = {"runs": []}
-        for seed in range(args.wall_seeds):
-            for name in names:
-                results["wall"]["runs"].append(run(name, fmnist, seed, seconds=args.budget))
-                results["wall"]["summary"] = summarise(results["wall"]["runs"], names)
-                save()
+        sweep("wall", tuple(args.wall_models.split(",")), fmnist, args.wall_seeds, seconds=args.budget)
     if "eiw" in parts:
-        results["eiw"] = {"runs": []}
-        for seed in range(args.seeds):
-            for name in ("glow", "eiw"):
-                results["eiw"]["runs"].append(run(name, fmnist, seed, steps=args.train_steps))
-                results["eiw"]["summary"] = summarise(results["eiw"]["runs"], ("glow", "eiw"))
-                save()
+        sweep("eiw", ("glow", "eiw"), fmnist, args.seeds, steps=args.train_steps)
     if "digits" in parts:
         data = digits_images()
         counts = torch.as_tensor(data.info["counts"], dtype=torch.float32)
         digits = Task("digits-8x8", (1, 8, 8), data.levels, counts, data.test)
         names = ("glow", "eiw", "glow-vdeq", "realnvp", "nsf")
-        results["digits"] = {"runs": []}
-        for seed in range(args.seeds):
-            for name in names:
-                results["digits"]["runs"].append(run(name, digits, seed, seconds=args.digits_budget))
-                results["digits"]["summary"] = summarise(results["digits"]["runs"], names)
-                save()
+        sweep("digits", names, digits, args.seeds, seconds=args.digits_budget)
     save()
     print(table(results))
     return 0
