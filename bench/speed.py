@@ -92,25 +92,24 @@ CLOCK = time.perf_counter
 def build(library: str, kind: str, features: int, layers: int, bins: int, bound: float, hidden: int):
     """Return ``(module, log_prob(x), sample(n))`` for one library's NSF (the peers' from ``peers.nsf``)."""
     coupling = kind == "coupling"
-    if library in ("flowkit", "flowkit-reference"):
+    if library in ("flowkit", "flowkit-reference", "flowkit-compiled"):
         import flowkit
 
         flow = flowkit.flows.NSF(
             features, transforms=layers, bins=bins, hidden=(hidden, hidden), coupling=coupling, bound=bound
         )
+
+        def sample(n):
+            return flow.sample((n,))
+
         if library == "flowkit-reference":
-            return flow, _unfused(flow.log_prob), _unfused(lambda n: flow.sample((n,)))
-        return flow, flow.log_prob, lambda n: flow.sample((n,))
-    if library == "flowkit-compiled":
-        # `flowkit.compile` (Inductor) of the same flow; its density (and the backward pass) runs compiled, the
-        # first call compiles (in the warm-up, not timed). Sampling stays eager: compiling the D-step
-        # autoregressive inverse takes minutes, and coupling sampling is not what this pseudo-library is for.
-        import flowkit
-
-        flow = flowkit.flows.NSF(
-            features, transforms=layers, bins=bins, hidden=(hidden, hidden), coupling=coupling, bound=bound
-        )
-        return flow, flowkit.compile(flow).log_prob, lambda n: flow.sample((n,))
+            return flow, _unfused(flow.log_prob), _unfused(sample)
+        if library == "flowkit-compiled":
+            # `flowkit.compile` (Inductor) of the same flow: its density and backward pass run compiled, compiled
+            # in the warm-up (not timed). Sampling stays eager: compiling the D-step autoregressive inverse takes
+            # minutes.
+            return flow, flowkit.compile(flow).log_prob, sample
+        return flow, flow.log_prob, sample
     model = peers.nsf(
         library, features, transforms=layers, bins=bins, hidden=(hidden, hidden), bound=bound, coupling=coupling
     )
