@@ -706,11 +706,15 @@ class DependenceUpdate(Callback):
         if x.shape[0] != objective.n:
             raise ValueError(f"DependenceUpdate: data has {x.shape[0]} points but the objective {objective.n}")
         self.objective, self.flow, self.data, self.at_start = objective, flow, data, bool(at_start)
-        self.last_update: int | None = None
+        self._fitted_to: tuple[int, ...] | None = None
+
+    def _weights(self) -> tuple[int, ...]:
+        """Version counters of the flow's tensors: they change with every in-place write (a step, a restore)."""
+        return tuple(t._version for t in (*self.flow.parameters(), *self.flow.buffers()))
 
     def _update(self, state: TrainState) -> None:
         self.objective.update(self.flow, self.data)
-        self.last_update = state.step
+        self._fitted_to = self._weights()
 
     def on_start(self, state: TrainState) -> None:
         if self.at_start or state.step > 0:  # a resumed run refits the value, which checkpoints do not hold
@@ -721,4 +725,5 @@ class DependenceUpdate(Callback):
             self._update(state)
 
     def on_end(self, state: TrainState) -> None:  # after fit's own callbacks have put the final weights in
-        self._update(state)
+        if self._weights() != self._fitted_to:  # not already fitted to these weights (by the last step's update)
+            self._update(state)

@@ -472,6 +472,22 @@ def test_the_value_belongs_to_the_restored_best_weights():
     assert objective.update(flow, x) == pytest.approx(final, abs=1e-12)  # the value was fitted to the returned flow
 
 
+def test_the_final_update_is_skipped_when_the_last_step_already_fitted_those_weights(monkeypatch):
+    n = 60
+    groups = torch.arange(n) // 6
+    x = torch.randn(n, 2, generator=torch.Generator().manual_seed(1))
+    flow = flowkit.flows.RealNVP(2, transforms=1, hidden=(8,))
+    objective = DependentMaximumLikelihood(groups=groups)
+    calls = []
+    update = objective.update
+    monkeypatch.setattr(objective, "update", lambda *a: calls.append(1) or update(*a))
+    callback = DependenceUpdate(objective, flow, x, every=5)
+    fit(flow, objective, with_indices(x), steps=10, batch_size=20, callbacks=[callback], progress=False)
+    assert len(calls) == 2  # after steps 5 and 10; the end adds none on unchanged weights
+    fit(flow, objective, with_indices(x), steps=12, batch_size=20, callbacks=[callback], progress=False)
+    assert len(calls) == 5  # a resumed-free second run: steps 5 and 10, then the end on the weights of step 12
+
+
 def test_bad_rho_tyings_and_ranges():
     with pytest.raises(ValueError, match="rho must be one of"):
         DependentMaximumLikelihood(groups=torch.arange(6) // 2, rho="block")
