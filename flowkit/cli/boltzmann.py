@@ -211,8 +211,8 @@ def build_flow(args: argparse.Namespace, target: Any, samples: Any) -> Any:
             target.segments,
             blocks=args.transforms,
             hidden=hidden,
-            heads=getattr(args, "heads", 2),
-            components=getattr(args, "components", None),
+            heads=args.heads,
+            components=args.components,
         )
     if args.target == "alanine-dipeptide":
         from ..targets.alanine import alanine_internal_coordinates, internal_coordinate_flow

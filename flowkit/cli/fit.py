@@ -149,6 +149,8 @@ def fit_dataset(args: argparse.Namespace) -> dict[str, Any]:
         _positive(getattr(args, name), "--" + name.replace("_", "-"))
     if not args.lr > 0:
         raise ValueError(f"--lr must be positive, got {args.lr}")
+    if args.no_standardize and args.robust_standardize:
+        raise ValueError("--robust-standardize and --no-standardize exclude each other")
     hidden = parse_hidden(args.hidden) if args.hidden else None
     data = load(args.data, root=args.root, seed=args.seed)
     threads = args.threads or default_threads(data.features)
@@ -166,10 +168,8 @@ def fit_dataset(args: argparse.Namespace) -> dict[str, Any]:
         flow = build_flow(name, data.features, transforms=args.transforms, hidden=hidden, bins=args.bins)
         if getattr(args, "base", "normal") == "student-t":
             flow = Flow(flow.bijector, StudentT(flow.event_shape, df=args.df, learn_df=True))
-        if args.no_standardize and getattr(args, "robust_standardize", False):
-            raise ValueError("--robust-standardize and --no-standardize exclude each other")
         if not args.no_standardize:
-            flow = standardize(flow, data.train, robust=getattr(args, "robust_standardize", False))
+            flow = standardize(flow, data.train, robust=args.robust_standardize)
     out.mkdir(parents=True, exist_ok=True)
     train = training_data(data)
     start = time.perf_counter()
@@ -204,7 +204,7 @@ def fit_dataset(args: argparse.Namespace) -> dict[str, Any]:
         "skipped_steps": len(history.skipped),
         "train_seconds": round(seconds, 2),
         "standardized": not args.no_standardize and not getattr(args, "model", None),
-        "robust_standardized": bool(getattr(args, "robust_standardize", False)) and not getattr(args, "model", None),
+        "robust_standardized": args.robust_standardize and not getattr(args, "model", None),
         "seed": args.seed,
     }
     if "columns" in data.info:
