@@ -22,6 +22,7 @@ from torch.nn import functional as F
 from .._validation import check_number
 from ..distributions.base import as_shape
 from ..domains import Interval
+from ..transformers.smooth import implicit_newton_step
 from ..utils import sum_event
 from .base import Bijector
 
@@ -83,15 +84,7 @@ def monotone_inverse(
             use_newton = (x - newton > low) & (x - newton < high) & (2 * newton.abs() < dx_old.abs())
             dx_old, dx = dx, torch.where(use_newton, newton, x - 0.5 * (low + high))
             x = x - dx
-    slope = df(x)
-    usable = slope > 0  # False for a vanishing (or NaN) f' at the iterate
-    step = (f(x) - y) / torch.where(usable, slope, 1.0)
-    newton = x - step
-    # The final step is taken only where it stays in the bracket (a solve cut short, or a vanishing f',
-    # could throw it anywhere); elsewhere the value is the bracketed iterate and the graph still that of
-    # the Newton step, the implicit derivative. Both branches stay finite, so do their gradients.
-    inside = usable & (newton >= low) & (newton <= high)
-    return torch.where(inside, newton, x - (step - step.detach()))
+    return implicit_newton_step(x, f(x) - y, df(x), low, high)
 
 
 class Elementwise(Bijector):

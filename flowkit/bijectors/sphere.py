@@ -101,7 +101,7 @@ from .._validation import check_number
 from ..distributions.sphere import SEGMENTS, _check_segments, quaternion_to_matrix, rigid_domain, segment_slices
 from ..domains import Circle, Sphere
 from ..nn import MLP, _check_conditioner
-from ..transformers.smooth import solve_monotone
+from ..transformers.smooth import implicit_newton_step, solve_monotone
 from .base import Bijector
 
 __all__ = [
@@ -272,11 +272,12 @@ def _half_angle_residual(v: Tensor, v0: Tensor, beta: Tensor, log_weights: Tenso
     """
     x = v.unsqueeze(-1) - beta
     weights = torch.exp(log_weights)
-    near_pole = v0 > 0
-    direct = (weights * torch.atan(torch.exp(x))).sum(-1) - torch.atan(torch.exp(v0))
-    complement = torch.atan(torch.exp(-v0)) - (weights * torch.atan(torch.exp(-x))).sum(-1)
+    # sigma (F(v) - F_0) in terms of arctan e^{sigma x}, with sigma = -1 near a pole: one branch is
+    # evaluated, whose exponentials stay small (the other one's overflow would poison the gradient).
+    sign = torch.where(v0 > 0, -1.0, 1.0).to(v.dtype)
+    terms = (weights * torch.atan(torch.exp(sign.unsqueeze(-1) * x))).sum(-1) - torch.atan(torch.exp(sign * v0))
     slope = (weights * 0.5 / torch.cosh(x)).sum(-1)
-    return torch.where(near_pole, complement, direct), slope
+    return sign * terms, slope
 
 
 def _convex_double_moebius_inverse(y: Tensor, axis: Tensor, beta: Tensor, log_weights: Tensor) -> tuple[Tensor, Tensor]:
@@ -302,8 +303,7 @@ def _convex_double_moebius_inverse(y: Tensor, axis: Tensor, beta: Tensor, log_we
         return r, (d * lead(width) if slope else None)
 
     v = low + width * solve_monotone(residual, torch.zeros_like(w0), *SOLVER)
-    r, d = _half_angle_residual(v, v0, beta, log_weights)
-    v = v - r / d  # one Newton step with the graph: the implicit derivatives at the root
+    v = implicit_newton_step(v, *_half_angle_residual(v, v0, beta, log_weights), low, low + width)
     log_sin = -0.5 * nn.functional.softplus(2 * v)
     sin_phi, cos_phi = torch.exp(log_sin), torch.sign(c) * torch.exp(v + log_sin)
     p = cos_phi.unsqueeze(-1) * axis + (sin_phi / s).unsqueeze(-1) * perp
@@ -388,7 +388,7 @@ def _convex_circle_inverse(
 
     x = 2 * (low + width * solve_monotone(residual, torch.zeros_like(y), *CIRCLE_SOLVER))
     value, log_d = _convex_circle(x, log_scale, offset, log_weights, None)
-    x = x - (value - target) / torch.exp(log_d)  # one Newton step with the graph: the implicit derivatives
+    x = implicit_newton_step(x, value - target, torch.exp(log_d), 2 * low, 2 * (low + width))
     return x, -_convex_circle(x, log_scale, offset, log_weights, None)[1]
 
 

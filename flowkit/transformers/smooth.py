@@ -78,7 +78,7 @@ from .._validation import check_number
 from ..domains import Circle, Interval
 from .base import Transformer
 
-__all__ = ["SmoothMixture", "bump_cdf", "solve_monotone"]
+__all__ = ["SmoothMixture", "bump_cdf", "solve_monotone", "implicit_newton_step"]
 
 #: Arguments of the ramp are clamped this far from the ends of `[0, 1]`; the ramp of the
 #: clamped point is zero to double precision for every allowed `alpha`.
@@ -200,6 +200,30 @@ def solve_monotone(
             near = (step >= lo - width) & (step <= hi + width)
             u = torch.where(near, torch.minimum(torch.maximum(step, lo), hi), 0.5 * (lo + hi))
         return u
+
+
+def implicit_newton_step(root: Tensor, residual: Tensor, slope: Tensor, low: Tensor, high: Tensor) -> Tensor:
+    r"""One Newton step from a root found without gradients, carrying the graph: the implicit derivatives.
+
+    With `residual` $= f(x^*) - y$ and `slope` $= f'(x^*)$ evaluated *with* their graph at the detached
+    root $x^*$, the result $x^* - r / f'$ has value $pprox x^*$ and the derivatives
+    $\partial x / \partial	heta = -(\partial f / \partial	heta) / f'$ of the implicit-function rule.
+    Where the step would leave the bracket `[low, high]` (a solve cut short) or $f'$ is not positive,
+    the value stays `root` and only the graph of the step is kept; both branches stay finite, so neither
+    poisons the other's gradient.
+
+    Arguments:
+        root: the root $x^*$, without a graph.
+        residual: $f(x^*) - y$, with its graph.
+        slope: $f'(x^*)$, with its graph.
+        low: lower ends of the brackets.
+        high: upper ends of the brackets.
+    """
+    usable = slope > 0
+    step = residual / torch.where(usable, slope, torch.ones_like(slope))
+    newton = root - step
+    inside = usable & (newton >= low) & (newton <= high)
+    return torch.where(inside, newton, root - (step - step.detach()))
 
 
 class _Constrained(NamedTuple):

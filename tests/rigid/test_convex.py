@@ -213,3 +213,17 @@ def test_a_lone_quaternion_layout_is_a_stack_of_sphere_maps_that_integrates_to_o
     x = flow.sample((16,))
     torch.testing.assert_close(flow.log_prob(-x), flow.log_prob(x), atol=1e-10, rtol=0)  # a density on SO(3)
     assert_integrates_to_one(flow, Sphere(4), 100_000, 7, max_err=0.05)
+
+
+def test_the_inverse_has_finite_gradients_on_the_equator_of_its_axis():
+    # On the equator v0 = log|cot| is about -708: the near-pole branch of the residual overflowed there,
+    # and its NaN gradient leaked through the branch selection (the beta gradient was NaN).
+    for dtype in (torch.float64, torch.float32):
+        y = torch.tensor([[0.0, 1.0, 0.0, 0.0]], dtype=dtype)
+        axis = torch.tensor([[1.0, 0.0, 0.0, 0.0]], dtype=dtype)
+        beta = torch.tensor([[1.5, -0.7, 0.3]], dtype=dtype, requires_grad=True)
+        weights = torch.softmax(torch.tensor([[0.2, 0.1, -0.3]], dtype=dtype), -1)
+        p, ladj = convex_double_moebius_inverse(y, axis, beta, weights)
+        (grad,) = torch.autograd.grad(p.sum() + ladj.sum(), beta)
+        assert torch.isfinite(grad).all(), grad
+        torch.testing.assert_close(p, y)  # the equator is fixed: g(pi / 2) = pi / 2 for every component
