@@ -553,15 +553,12 @@ def _fused_forward(v: Tensor, p: Tensor, layout: _Layout, inverse: bool, derivat
         out, ladj = torch.where(inside, out, v), torch.where(inside, ladj, 0.0)
         if dlog is not None:
             dlog = torch.where(inside, dlog, 0.0)
-    saved = (*terms, d0, d1, inside, bin_, exps, sums, total, scale)
-    return out, ladj, dlog, (saved, raw, softened, columns)
+    saved = (*terms, d0, d1, inside, bin_, ends, exps, sums, total, scale, raw, softened, columns)
+    return out, ladj, dlog, saved
 
 
 def _fused_backward(
-    saved: tuple[Tensor, ...],
-    raw: Tensor | None,
-    softened: Tensor,
-    columns: Tensor | None,
+    saved: tuple[Tensor | None, ...],
     layout: _Layout,
     inverse: bool,
     width: int,
@@ -585,7 +582,7 @@ def _fused_backward(
     instead of the reference's chain. Knots 0 and `K` are constant (`low`, `high`). The derivatives'
     cotangents go to their two softplus columns.
     """
-    *terms, d0, d1, inside, bin_, exps, sums, total, scale = saved
+    *terms, d0, d1, inside, bin_, ends, exps, sums, total, scale, raw, softened, columns = saved
     k = layout.bins
     n = d0.shape[0]
     g_in, g_ladj_in = g_out, g_ladj
@@ -598,10 +595,9 @@ def _fused_backward(
     g_params = torch.empty(n, width, dtype=d0.dtype, device=d0.device)
     if width > 2 * k:
         g_params[:, 2 * k :].zero_()
-    first, last = bin_ == 0, bin_ == k - 1
     # Width and height logits: the knot cotangents times A / C_K (knots 0 and K are constant), spikes
     # g_0 (1 - F_k) + g_1 (1 - F_{k+1}) at 0, -g_0 at k and -g_1 at k + 1, summed cumulatively, times e_i.
-    g_knots = torch.stack([g_x0, g_x1, g_y0, g_y1]).view(2, 2, n).masked_fill_(torch.stack([first, last]), 0.0)
+    g_knots = torch.stack([g_x0, g_x1, g_y0, g_y1]).view(2, 2, n).masked_fill_(ends, 0.0)
     g_knots.mul_(scale.unsqueeze(1))
     spikes = torch.empty(2, 3, n, dtype=d0.dtype, device=d0.device)
     total = total.unsqueeze(1)
@@ -617,7 +613,7 @@ def _fused_backward(
     if raw is not None:
         keep = softened <= _MAX_DERIVATIVE
         if not layout.circular:
-            keep &= ~torch.stack([first, last])
+            keep &= ~ends
         g_raw = torch.ops.aten.softplus_backward(torch.stack([g_d0, g_d1]).mul_(keep), raw, 1.0, 20.0)
         g_params.view(-1).index_add_(0, columns.view(-1), g_raw.view(-1))
     return g_x, g_params
@@ -637,14 +633,11 @@ class _FusedSpline(torch.autograd.Function):
         ctx: Any, x: Tensor, params: Tensor, layout: _Layout, inverse: bool, derivative: bool
     ) -> tuple[Tensor, Tensor, Tensor | None]:
         batch = x.shape
-        out, ladj, dlog, (saved, raw, softened, columns) = _fused_forward(
+        out, ladj, dlog, saved = _fused_forward(
             x.reshape(-1), params.reshape(-1, params.shape[-1]), layout, inverse, derivative
         )
-        ctx.layout, ctx.inverse, ctx.derivative, ctx.width = layout, inverse, derivative, params.shape[-1]
-        ctx.has_raw = raw is not None
-        extra = (raw, softened, columns) if raw is not None else ()
-        ctx.n_saved = len(saved)
-        ctx.save_for_backward(x, params, *saved, *extra)
+        ctx.layout, ctx.inverse = layout, inverse
+        ctx.save_for_backward(x, params, *saved)  # None (no derivative columns) is saved as None
         if dlog is not None:
             dlog = dlog.view(batch)
             ctx.mark_non_differentiable(dlog)
@@ -652,7 +645,7 @@ class _FusedSpline(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, g_out: Tensor, g_ladj: Tensor, _: Any) -> tuple:  # type: ignore[override]
-        x, params, *rest = ctx.saved_tensors
+        x, params, *saved = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph: the reference, differentiable to any order
             wanted = [t for t, need in zip((x, params), ctx.needs_input_grad[:2], strict=True) if need]
             out, ladj, _ = _reference_map(x, params, ctx.layout, ctx.inverse, False)
@@ -661,16 +654,11 @@ class _FusedSpline(torch.autograd.Function):
             )
             g_x, g_params = (next(grads) if need else None for need in ctx.needs_input_grad[:2])
             return g_x, g_params, None, None, None
-        saved, extra = rest[: ctx.n_saved], rest[ctx.n_saved :]
-        raw, softened, columns = extra if ctx.has_raw else (None, None, None)
         g_x, g_params = _fused_backward(
             tuple(saved),
-            raw,
-            softened,
-            columns,
             ctx.layout,
             ctx.inverse,
-            ctx.width,
+            params.shape[-1],
             g_out.reshape(-1),
             g_ladj.reshape(-1),
             ctx.needs_input_grad[1],
