@@ -189,6 +189,7 @@ def _data_tensor(data: Any) -> Tensor | None:
 def _standardize(flow: nn.Module, data: Any, robust: bool = False) -> None:
     """Put `Standardization.from_data(x, robust)` first in the flow's chain, in place; the flow is saved as a `Flow`."""
     from ..bijectors import Chain, Standardization
+    from ..data import standardize
     from ..flows import Flow
 
     x = _data_tensor(data)
@@ -202,8 +203,7 @@ def _standardize(flow: nn.Module, data: Any, robust: bool = False) -> None:
     first = flow.bijector[0] if isinstance(flow.bijector, Chain) else flow.bijector
     if isinstance(first, Standardization):  # already standardised (a second fit, a resumed run)
         return
-    scaling = Standardization.from_data(x, robust=robust).to(device=flow.base.device, dtype=flow.base.dtype)
-    flow.bijector = Chain(scaling, flow.bijector)
+    flow.bijector = standardize(flow, x, robust=robust).bijector  # Chain(Standardization, the old bijector)
     # The model is saved as what it now is: a Flow of the chain over the same base.
     object.__setattr__(flow, "_flowkit_config", (Flow, {"bijector": flow.bijector, "base": flow.base}))
 
