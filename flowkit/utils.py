@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import Tensor, nn
@@ -50,7 +50,7 @@ def auxiliary_loss_modules(module: nn.Module) -> list[nn.Module]:
     return found
 
 
-def auxiliary_loss(module: nn.Module | Sequence[nn.Module]) -> Tensor | None:
+def auxiliary_loss(module: nn.Module) -> Tensor | None:
     """Sum of `auxiliary_loss()` over `module` and its submodules that define one (`None` when none does).
 
     A layer with a regulariser (such as EIW's channel-weight penalty) defines a
@@ -60,10 +60,14 @@ def auxiliary_loss(module: nn.Module | Sequence[nn.Module]) -> Tensor | None:
     (a flow's, which calls this function) are skipped, so nothing counts twice.
 
     Arguments:
-        module: a module, or the list [`auxiliary_loss_modules`][flowkit.utils.auxiliary_loss_modules]
-            returned for one (then the tree is not walked again).
+        module: the module whose tree is searched (see
+            [`auxiliary_loss_modules`][flowkit.utils.auxiliary_loss_modules]).
     """
-    modules = auxiliary_loss_modules(module) if isinstance(module, nn.Module) else module
+    return _sum_auxiliary_losses(auxiliary_loss_modules(module))
+
+
+def _sum_auxiliary_losses(modules: Iterable[nn.Module]) -> Tensor | None:
+    """The sum of `auxiliary_loss()` over `modules` themselves (found by `auxiliary_loss_modules`)."""
     total: Tensor | None = None
     for sub in modules:
         value = sub.auxiliary_loss()
