@@ -375,6 +375,12 @@ def _finish(report: CheckReport, raise_on_failure: bool) -> CheckReport:
     return report
 
 
+@torch.no_grad()
+def _log_prob_in_chunks(flow: Flow, x: Tensor, chunk: int = 65536) -> Tensor:
+    """`flow.log_prob(x)` without gradients, `chunk` points at a time (quadrature grids hold millions)."""
+    return torch.cat([flow.log_prob(part) for part in x.split(chunk)])
+
+
 def _quadrature_mass(flow: Flow, samples: Tensor, points: int, interval: Interval | None = None) -> float:
     """Total mass by the midpoint rule after the map `y = c + s tan(pi u / 2)`, `u` in (-1, 1)^d.
 
@@ -400,8 +406,7 @@ def _quadrature_mass(flow: Flow, samples: Tensor, points: int, interval: Interva
         x, log_jac = x[inside], log_jac[inside]
     else:
         x = y
-    with torch.no_grad():
-        logp = torch.cat([flow.log_prob(chunk) for chunk in x.reshape(-1, *flow.event_shape).split(65536)])
+    logp = _log_prob_in_chunks(flow, x.reshape(-1, *flow.event_shape))
     return float(torch.exp(logp + log_jac).sum() * (2 / points) ** d)
 
 
@@ -494,8 +499,7 @@ def _box_mass(flow: Flow, domain: Interval, points: int) -> float:
     width = domain.high - domain.low
     u = domain.low + width * (torch.arange(points, dtype=torch.float64) + 0.5) / points
     grid = torch.stack(torch.meshgrid(*[u] * numel, indexing="ij"), dim=-1).reshape(-1, *flow.event_shape)
-    with torch.no_grad():
-        logp = torch.cat([flow.log_prob(chunk) for chunk in grid.split(65536)])
+    logp = _log_prob_in_chunks(flow, grid)
     return float(torch.exp(logp).sum() * (width / points) ** numel)
 
 
@@ -503,7 +507,6 @@ def _uniform_mass(flow: Flow, domain: Domain, n: int, seed: int = 1) -> tuple[fl
     r"""Total mass $\mathrm{vol}(M)\, E_{U(M)}[p]$ by Monte Carlo over uniform points, and its standard error."""
     generator = torch.Generator().manual_seed(seed)
     u = domain.uniform((n, *flow.event_shape), generator=generator)
-    with torch.no_grad():
-        logp = torch.cat([flow.log_prob(chunk) for chunk in u.split(65536)])
+    logp = _log_prob_in_chunks(flow, u)
     p = torch.exp(logp + domain.log_volume(tuple(flow.event_shape)))
     return float(p.mean()), float(p.std() / math.sqrt(n))
