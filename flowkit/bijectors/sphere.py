@@ -267,8 +267,8 @@ def convex_double_moebius_inverse(y: Tensor, axis: Tensor, beta: Tensor, weights
 def _half_angle_residual(v: Tensor, v0: Tensor, beta: Tensor, log_weights: Tensor) -> tuple[Tensor, Tensor]:
     r"""$F(v) - F_0$ and $F'(v)$ for $F(v) = \sum_k \rho_k \arctan e^{v - \beta_k}$ and $F_0 = \arctan e^{v_0}$.
 
-    Where $v_0 > 0$ (near a pole) the complements $\arctan e^{-x} = \pi/2 - \arctan e^{x}$ are
-    subtracted instead, so that the residual keeps its relative precision.
+    Where $v_0 > 0$ (near a pole) it is written with the complements $\arctan e^{-x} = \pi/2 - \arctan e^{x}$,
+    so that the residual keeps its relative precision; only that form is evaluated there.
     """
     x = v.unsqueeze(-1) - beta
     weights = torch.exp(log_weights)
@@ -392,6 +392,17 @@ def _convex_circle_inverse(
     return x, -_convex_circle(x, log_scale, offset, log_weights, None)[1]
 
 
+def _through_heads(
+    y: Tensor, heads: Sequence[tuple[Tensor, ...]], step: Callable[..., tuple[Tensor, Tensor]], reverse: bool = False
+) -> tuple[Any, Any]:
+    """`y` through `step(y, *params)` for each head's parameters in turn (last first if `reverse`); the summed ladj."""
+    total: Any = 0
+    for params in reversed(heads) if reverse else heads:
+        y, ladj = step(y, *params)
+        total = total + ladj
+    return y, total
+
+
 class _Raw(nn.Module):
     """Unconstrained outputs `(..., heads, size)`: learnable parameters, or an MLP of a context that starts constant."""
 
@@ -478,18 +489,10 @@ class Moebius(Bijector):
         return moebius(y, -w)
 
     def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        total = x.new_zeros(x.shape[:-1])
-        for w in self._w(x, context):
-            x, ladj = self._map(x, w)
-            total = total + ladj
-        return x, total
+        return _through_heads(x, [(w,) for w in self._w(x, context)], self._map)
 
     def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        total = z.new_zeros(z.shape[:-1])
-        for w in reversed(self._w(z, context)):
-            z, ladj = self._unmap(z, w)
-            total = total + ladj
-        return z, total
+        return _through_heads(z, [(w,) for w in self._w(z, context)], self._unmap, reverse=True)
 
 
 class DoubleMoebius(Moebius):
@@ -578,17 +581,11 @@ class _ConvexCombination(Bijector):
         return total
 
     def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        total: Any = 0
-        for params in reversed(self._heads(x, context)):
-            x, ladj = self._map_inverse(x, *params)
-            total = total + ladj
+        x, total = _through_heads(x, self._heads(x, context), self._map_inverse, reverse=True)
         return x, self._event_ladj(total)
 
     def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        total: Any = 0
-        for params in self._heads(z, context):
-            z, ladj = self._map(z, *params)
-            total = total + ladj
+        z, total = _through_heads(z, self._heads(z, context), self._map)
         return z, self._event_ladj(total)
 
 
@@ -920,13 +917,12 @@ class RigidCoupling(Bijector):
             centres = theta.unflatten(-1, (self.heads, n + 1))
             offset = self.gate if kind == "quaternion" else self.position_gate
             ws = gated_center(centres[..., :n], centres[..., n], offset).unbind(-2)
-            y = c if kind == "quaternion" else c[..., 0]
-            for w in reversed(ws) if inverse else ws:
-                if kind == "quaternion":
-                    y, ladj = double_moebius_inverse(y, w) if inverse else double_moebius(y, w)
-                else:
-                    y, ladj = circle_moebius(y, -w if inverse else w)
-                total = total + ladj
+            if kind == "quaternion":
+                y, step = c, double_moebius_inverse if inverse else double_moebius
+            else:
+                y, step = c[..., 0], (lambda t, w: circle_moebius(t, -w)) if inverse else circle_moebius
+            y, ladj = _through_heads(y, [(w,) for w in ws], step, reverse=inverse)
+            total = total + ladj
             if kind == "quaternion":
                 out[sl] = list(y.unbind(-1))
             else:
@@ -938,18 +934,12 @@ class RigidCoupling(Bijector):
         """A quaternion or angle through `heads` convex combinations: explicit when `inverse` (sampling)."""
         if kind == "quaternion":
             heads = _axial_parameters(theta.unflatten(-1, (self.heads, -1)), 4, self.stretch)
-            y = c
+            y, explicit, solved = c, _convex_double_moebius, _convex_double_moebius_inverse
         else:
             heads = _circle_parameters(theta.unflatten(-1, (self.heads, -1)), self.stretch)
-            y = c[..., 0]
+            y, explicit, solved = c[..., 0], _convex_circle, _convex_circle_inverse
         heads = list(zip(*(t.unbind(theta.ndim - 1) for t in heads), strict=True))  # the head dimension
-        total = y.new_zeros(())
-        for params in heads if inverse else reversed(heads):
-            if kind == "quaternion":
-                y, ladj = _convex_double_moebius(y, *params) if inverse else _convex_double_moebius_inverse(y, *params)
-            else:
-                y, ladj = _convex_circle(y, *params) if inverse else _convex_circle_inverse(y, *params)
-            total = total + ladj
+        y, total = _through_heads(y, heads, explicit) if inverse else _through_heads(y, heads, solved, reverse=True)
         return (list(y.unbind(-1)) if kind == "quaternion" else [y]), total
 
     def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
