@@ -218,9 +218,9 @@ def _polar(p: Tensor, axis: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return c, perp, s
 
 
-def _from_polar(angle: Tensor, axis: Tensor, perp: Tensor, s: Tensor) -> Tensor:
-    """The unit vector at `angle` from the axis in the direction of `perp`."""
-    y = torch.cos(angle).unsqueeze(-1) * axis + (torch.sin(angle) / s).unsqueeze(-1) * perp
+def _from_polar(cos: Tensor, sin: Tensor, axis: Tensor, perp: Tensor, s: Tensor) -> Tensor:
+    """The unit vector at the angle of cosine `cos` and sine `sin` from the axis, towards `perp` (of norm `s`)."""
+    y = cos.unsqueeze(-1) * axis + (sin / s).unsqueeze(-1) * perp
     return y / y.norm(dim=-1, keepdim=True)
 
 
@@ -252,7 +252,7 @@ def _convex_double_moebius(p: Tensor, axis: Tensor, beta: Tensor, log_weights: T
     g, log_slope = _axial(c, s, beta, log_weights)
     sin_g = torch.sin(g)
     ladj = log_slope + (p.shape[-1] - 2) * (torch.log(sin_g) - torch.log(s / torch.hypot(c, s)))
-    return _from_polar(g, axis, perp, s), ladj
+    return _from_polar(torch.cos(g), sin_g, axis, perp, s), ladj
 
 
 def convex_double_moebius_inverse(y: Tensor, axis: Tensor, beta: Tensor, weights: Tensor) -> tuple[Tensor, Tensor]:
@@ -306,10 +306,9 @@ def _convex_double_moebius_inverse(y: Tensor, axis: Tensor, beta: Tensor, log_we
     v = implicit_newton_step(v, *_half_angle_residual(v, v0, beta, log_weights), low, low + width)
     log_sin = -0.5 * nn.functional.softplus(2 * v)
     sin_phi, cos_phi = torch.exp(log_sin), torch.sign(c) * torch.exp(v + log_sin)
-    p = cos_phi.unsqueeze(-1) * axis + (sin_phi / s).unsqueeze(-1) * perp
     log_slope = _axial(cos_phi, sin_phi, beta, log_weights)[1]
     ladj = -log_slope - (y.shape[-1] - 2) * (torch.log(s / torch.hypot(c, s)) - log_sin)
-    return p / p.norm(dim=-1, keepdim=True), ladj
+    return _from_polar(cos_phi, sin_phi, axis, perp, s), ladj
 
 
 def _wrap(theta: Tensor) -> Tensor:

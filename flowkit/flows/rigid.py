@@ -35,7 +35,8 @@ def RigidBodyFlow(
     quaternion alone has nothing to couple to: its blocks are then unconditional maps of $S^3$
     ([`DoubleMoebius`][flowkit.bijectors.DoubleMoebius], or
     [`ConvexDoubleMoebius`][flowkit.bijectors.ConvexDoubleMoebius] with `components`), conditioned
-    on the context if there is one. Every layer is
+    on the context if there is one (through those layers' own context networks: `activation` and
+    `position_gate` do not apply, nor `gate` with `components`). Every layer is
     antipodally equivariant in every quaternion and the base is symmetric, so the
     density is a density on $SO(3)^N$ times the positions (through the double cover,
     see [`haar_log_prob`][flowkit.distributions.haar_log_prob]).
