@@ -170,12 +170,16 @@ class Kinship:
         r"""$\log|\Sigma(\lambda)|$ from the eigenvalues (float64)."""
         return torch.log(self._diagonal(value)).sum()
 
-    def precision(self, value: float | Tensor, index: Tensor) -> Tensor:
-        r"""The block $(\Sigma^{-1})_{BB} = W_B W_B^\top$ of the rows and columns `index` (float64)."""
+    def _precision_root(self, value: float | Tensor) -> Tensor:
+        r"""$W = Q\,\operatorname{diag}(\lambda + (1 - \lambda) e)^{-1/2}$ with $\Sigma^{-1} = W W^\top$, cached."""
         key = float(_as_values(value).reshape(()))
         if self._root is None or self._root[0] != key:
             self._root = (key, self.eigenvectors * self._diagonal(key).rsqrt())
-        rows = self._root[1][index.cpu()]
+        return self._root[1]
+
+    def precision(self, value: float | Tensor, index: Tensor) -> Tensor:
+        r"""The block $(\Sigma^{-1})_{BB} = W_B W_B^\top$ of the rows and columns `index` (float64)."""
+        rows = self._precision_root(value)[index.cpu()]
         return rows @ rows.T
 
     def off_diagonal_product(self, value: float | Tensor, z: Tensor) -> Tensor:
@@ -183,8 +187,7 @@ class Kinship:
 
         That is $W (W^\top Z) - \operatorname{diag}(W W^\top) Z$.
         """
-        self.precision(value, torch.arange(1))  # caches W for this value
-        w = self._root[1]
+        w = self._precision_root(value)
         z = z.double().cpu()
         return w @ (w.T @ z) - w.square().sum(1, keepdim=True) * z
 
