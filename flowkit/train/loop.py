@@ -122,12 +122,11 @@ def train_step(
     metrics = {k: float(v) for k, v in objective.metrics().items()}
     if auxiliary is not None:
         metrics["auxiliary_loss"] = float(auxiliary.detach())
-    if ctx.active:
+    value = float(total.detach())
+    if ctx.active:  # averaged over the processes (one process builds no tensor of statistics)
         names = sorted(metrics)
-        stats = ctx.mean(torch.tensor([float(total.detach()), *(metrics[n] for n in names)], dtype=torch.float64))
+        stats = ctx.mean(torch.tensor([value, *(metrics[n] for n in names)], dtype=torch.float64))
         value, metrics = stats[0].item(), dict(zip(names, stats[1:].tolist(), strict=True))
-    else:  # one process: no tensor of statistics to average
-        value = float(total.detach())
     lr = optimizer.param_groups[0]["lr"]
     if not math.isfinite(value):
         return StepOutcome(value, lr, math.nan, metrics, skipped="loss")
@@ -135,24 +134,24 @@ def train_step(
         raise ValueError(f"fit: {name}.loss returned a tensor without gradient")
     total.backward()
     params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+    norm = _global_norm([p.grad for p in params if p.grad is not None])
     if clip is not None:
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
-    else:
-        grad_norm = _global_norm([p.grad for p in params if p.grad is not None])
+        torch.nn.utils.clip_grads_with_norm_(params, clip, norm)  # what clip_grad_norm_ does after its norm
+    grad_norm = float(norm)
     if not math.isfinite(grad_norm):
         return StepOutcome(value, lr, grad_norm, metrics, skipped="gradient")
     optimizer.step()
     return StepOutcome(value, lr, grad_norm, metrics)
 
 
-def _global_norm(grads: list[Tensor]) -> float:
+def _global_norm(grads: list[Tensor]) -> Tensor:
     """The 2-norm of all gradients together: one fused norm per tensor, then the norm of those norms."""
     if not grads:
-        return 0.0
+        return torch.zeros(())
     first = grads[0]
     if any(g.device != first.device or g.dtype != first.dtype or g.is_sparse for g in grads):
-        return float(torch.nn.utils.get_total_norm(grads))  # mixed devices or dtypes: torch groups them
-    return float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))))
+        return torch.nn.utils.get_total_norm(grads)  # mixed devices or dtypes: torch groups them
+    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
 
 
 def default_threads(features: int) -> int | None:
