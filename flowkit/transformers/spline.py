@@ -64,6 +64,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .. import _native
 from .._validation import check_number
 from ..domains import Circle
 from .base import Transformer
@@ -619,13 +620,38 @@ def _fused_backward(
     return g_x, g_params
 
 
+#: Bins the native kernel takes at most (its per-point tables live on the stack: `kMaxBins` in spline.cpp).
+_NATIVE_MAX_BINS = 128
+
+
+def _native_kernel(x: Tensor, layout: _Layout) -> Any:
+    """The native spline operations (`flowkit._native`) where they apply to `x`, else None.
+
+    They apply on the CPU, to float32 and float64, for up to `_NATIVE_MAX_BINS` bins; elsewhere
+    (CUDA, half precision) the PyTorch fused path runs.
+    """
+    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64) or layout.bins > _NATIVE_MAX_BINS:
+        return None
+    return _native.spline_ops()
+
+
+def _native_forward(
+    ops: Any, v: Tensor, p: Tensor, layout: _Layout, inverse: bool, derivative: bool
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """`_fused_forward`'s `(out, ladj, dlog)` from the native kernel: one operation, every point at once."""
+    out, ladj, dlog = ops.rqs_forward(v, p, *layout, inverse, derivative)
+    return out, ladj, dlog if derivative else None
+
+
 class _FusedSpline(torch.autograd.Function):
     """The whole spline (knots, bin search, bin, tails) as one autograd node with a hand-written backward.
 
-    Saves the exponentiated logits and the per-point bin (its terms, derivatives) of the forward pass; the
-    backward pass is `_fused_backward`. A backward pass that records a graph (`create_graph=True`,
-    for higher derivatives) differentiates `_reference_map` on the saved inputs instead, so every
-    order of derivative is that of the reference.
+    With the native kernel (`flowkit._native`, on the CPU) the forward and the backward pass are one
+    C++ operation each, and only the inputs are saved (the backward pass recomputes each point's bin).
+    Otherwise the node saves the exponentiated logits and the per-point bin (its terms, derivatives) of
+    the forward pass, and the backward pass is `_fused_backward`. A backward pass that records a graph
+    (`create_graph=True`, for higher derivatives) differentiates `_reference_map` on the saved inputs
+    instead, so every order of derivative is that of the reference.
     """
 
     @staticmethod
@@ -633,11 +659,15 @@ class _FusedSpline(torch.autograd.Function):
         ctx: Any, x: Tensor, params: Tensor, layout: _Layout, inverse: bool, derivative: bool
     ) -> tuple[Tensor, Tensor, Tensor | None]:
         batch = x.shape
-        out, ladj, dlog, saved = _fused_forward(
-            x.reshape(-1), params.reshape(-1, params.shape[-1]), layout, inverse, derivative
-        )
+        v, p = x.reshape(-1), params.reshape(-1, params.shape[-1])
         ctx.layout, ctx.inverse = layout, inverse
-        ctx.save_for_backward(x, params, *saved)  # None (no derivative columns) is saved as None
+        ctx.native = _native_kernel(x, layout)
+        if ctx.native is not None:
+            out, ladj, dlog = _native_forward(ctx.native, v, p, layout, inverse, derivative)
+            ctx.save_for_backward(x, params)
+        else:
+            out, ladj, dlog, saved = _fused_forward(v, p, layout, inverse, derivative)
+            ctx.save_for_backward(x, params, *saved)  # None (no derivative columns) is saved as None
         if dlog is not None:
             dlog = dlog.view(batch)
             ctx.mark_non_differentiable(dlog)
@@ -654,15 +684,28 @@ class _FusedSpline(torch.autograd.Function):
             )
             g_x, g_params = (next(grads) if need else None for need in ctx.needs_input_grad[:2])
             return g_x, g_params, None, None, None
-        g_x, g_params = _fused_backward(
-            tuple(saved),
-            ctx.layout,
-            ctx.inverse,
-            params.shape[-1],
-            g_out.reshape(-1),
-            g_ladj.reshape(-1),
-            ctx.needs_input_grad[1],
-        )
+        need_params = ctx.needs_input_grad[1]
+        if ctx.native is not None:
+            g_x, g_params = ctx.native.rqs_backward(
+                x.reshape(-1),
+                params.reshape(-1, params.shape[-1]),
+                g_out.reshape(-1),
+                g_ladj.reshape(-1),
+                *ctx.layout,
+                ctx.inverse,
+                need_params,
+            )
+            g_params = g_params if need_params else None
+        else:
+            g_x, g_params = _fused_backward(
+                tuple(saved),
+                ctx.layout,
+                ctx.inverse,
+                params.shape[-1],
+                g_out.reshape(-1),
+                g_ladj.reshape(-1),
+                need_params,
+            )
         return g_x.view(x.shape), None if g_params is None else g_params.view(params.shape), None, None, None
 
 
@@ -697,9 +740,12 @@ def _evaluate(
     if torch.is_grad_enabled() and (x.requires_grad or params.requires_grad):
         return _FusedSpline.apply(x, params, layout, inverse, derivative)
     # Nothing to differentiate (sampling, densities without gradients): the forward pass alone.
-    out, ladj, dlog, _ = _fused_forward(
-        x.reshape(-1), params.reshape(-1, params.shape[-1]), layout, inverse, derivative
-    )
+    v, p = x.reshape(-1), params.reshape(-1, params.shape[-1])
+    ops = _native_kernel(x, layout)
+    if ops is not None:
+        out, ladj, dlog = _native_forward(ops, v, p, layout, inverse, derivative)
+    else:
+        out, ladj, dlog, _ = _fused_forward(v, p, layout, inverse, derivative)
     return out.view(batch), ladj.view(batch), None if dlog is None else dlog.view(batch)
 
 
