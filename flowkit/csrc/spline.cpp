@@ -32,20 +32,27 @@ struct Layout {
   int64_t bins;
   double low, high, min_width, min_height, min_derivative;
   bool circular;
+  // per axis (widths, heights): span m and span (1 - K m), formed in double and rounded once as torch does
+  // with a Python scalar
+  double span_min[2], span_free[2];
 };
 
-template <typename T>
-T softplus(T x) {  // torch's softplus (beta 1, threshold 20)
-  // log(1 + e^x) in double (glibc's log1pf is several times slower than log): below x = -30 the sum rounds
-  // to 1, where softplus < 1e-13 is nothing beside the minimum derivative it is added to.
-  return x > T(20) ? x : T(std::log(1.0 + std::exp(double(x))));
+// torch's softplus (beta 1, threshold 20) in the storage type `S` (float's exp and log are several times
+// faster than double's, and glibc's log1pf than either): log1p(z) = z log(u) / (u - 1) with u = 1 + z rounded
+// (Goldberg's identity, accurate to a few units in the last place).
+template <typename S>
+S softplus(S x) {
+  if (x > S(20)) return x;
+  const S z = std::exp(x);
+  const S u = S(1) + z;
+  return u == S(1) ? z : std::log(u) * (z / (u - S(1)));
 }
 
-template <typename T>
-T softplus_slope(T x) {  // its derivative, as torch's softplus_backward
-  if (x > T(20)) return T(1);
-  const T z = std::exp(x);
-  return z / (z + T(1));
+template <typename S>
+S softplus_slope(S x) {  // its derivative, as torch's softplus_backward
+  if (x > S(20)) return S(1);
+  const S z = std::exp(x);
+  return z / (z + S(1));
 }
 
 // One point's spline: the bin, its knots and derivatives, and the terms of the bin's map.
@@ -64,10 +71,8 @@ struct Point {
 template <typename T>
 T knot(const Layout& L, const Point<T>& pt, int a, int64_t j) {
   // knot j >= 1 of axis a: offset_{j-1} + C_{j-1} scale, offset_{j-1} = j span m + low (as `_scale_and_offset`)
-  // (the constants are formed in double and rounded once, as torch does with a Python scalar)
   if (j == 0) return T(L.low);
-  const T span_m = T((L.high - L.low) * (a == 0 ? L.min_width : L.min_height));
-  return (T(j) * span_m + T(L.low)) + pt.sums[a][j - 1] * pt.scale[a];
+  return (T(j) * T(L.span_min[a]) + T(L.low)) + pt.sums[a][j - 1] * pt.scale[a];
 }
 
 // The point's bin and the terms of its map, computed in `T` (double for float storage `S`) from the row of
@@ -77,23 +82,22 @@ void evaluate(const Layout& L, const S* row, int64_t col_stride, const S* exps, 
               std::array<T, 2>& raw, std::array<bool, 2>& has_raw, std::array<T, 2>& softened) {
   const int64_t K = L.bins;
   const T low = T(L.low), high = T(L.high);
-  for (int a = 0; a < 2; ++a) {
-    // accumulated in double, as torch's CPU cumsum does for float
-    double running = 0;
-    for (int64_t j = 0; j < K; ++j) {
-      running += double(exps[a * K + j]);
-      pt.sums[a][j] = T(running);
-    }
-    const T total = pt.sums[a][K - 1];
-    const double m = a == 0 ? L.min_width : L.min_height;
-    pt.scale[a] = T((L.high - L.low) * (1 - double(K) * m)) / total;
+  // accumulated in double, as torch's CPU cumsum does for float; the two axes interleaved (two independent
+  // chains of additions)
+  double widths = 0, heights = 0;
+  for (int64_t j = 0; j < K; ++j) {
+    widths += double(exps[j]);
+    heights += double(exps[K + j]);
+    pt.sums[0][j] = T(widths);
+    pt.sums[1][j] = T(heights);
   }
+  for (int a = 0; a < 2; ++a) pt.scale[a] = T(L.span_free[a]) / pt.sums[a][K - 1];
   const T clamped = std::min(std::max(v, low), high);
   pt.inside = v == clamped;
   const int axis = inverse ? 1 : 0;
   // the bin: the number of interior knots of the searched axis strictly below the point
   int64_t bin = 0;
-  while (bin < K - 1 && knot(L, pt, axis, bin + 1) < clamped) ++bin;
+  for (int64_t j = 1; j < K; ++j) bin += knot(L, pt, axis, j) < clamped;  // no data-dependent branch
   pt.bin = bin;
   pt.x0 = knot(L, pt, 0, bin);
   pt.x1 = knot(L, pt, 0, bin + 1);
@@ -111,8 +115,9 @@ void evaluate(const Layout& L, const S* row, int64_t col_stride, const S* exps, 
       column = j - 1;
     }
     const bool has = column >= 0;
-    const T r = has ? T(row[(2 * K + column) * col_stride]) : T(0);
-    const T value = has ? softplus(r) + T(L.min_derivative) : T(1);
+    const S stored = has ? row[(2 * K + column) * col_stride] : S(0);
+    const T r = T(stored);
+    const T value = has ? T(softplus(stored)) + T(L.min_derivative) : T(1);
     raw[e] = r;
     has_raw[e] = has;
     softened[e] = value;
@@ -151,7 +156,8 @@ void evaluate(const Layout& L, const S* row, int64_t col_stride, const S* exps, 
   pt.den = pt.s + pt.c * pt.q;
   pt.n = pt.s * xi_sq + pt.d0 * pt.q;
   pt.p = pt.d1 * xi_sq + (pt.s + pt.s) * pt.q + pt.d0 * pt.one_m_xi * pt.one_m_xi;
-  pt.log_derivative = std::log(pt.s * pt.s * pt.p / (pt.den * pt.den));
+  // the log in the storage type (float's is twice as fast; the ratio is rounded once, 6e-8 relative)
+  pt.log_derivative = T(std::log(S(pt.s * pt.s * pt.p / (pt.den * pt.den))));
 }
 
 template <typename T>
@@ -207,7 +213,16 @@ at::Tensor exponentiate(const T* pp, int64_t rs, int64_t cs, int64_t n, int64_t 
 Layout make_layout(int64_t bins, double low, double high, double min_width, double min_height,
                    double min_derivative, bool circular) {
   TORCH_CHECK(bins >= 1 && bins <= kMaxBins, "flowkit native spline: bins must lie in [1, ", kMaxBins, "]");
-  return Layout{bins, low, high, min_width, min_height, min_derivative, circular};
+  const double span = high - low;
+  return Layout{bins,
+                low,
+                high,
+                min_width,
+                min_height,
+                min_derivative,
+                circular,
+                {span * min_width, span * min_height},
+                {span * (1 - double(bins) * min_width), span * (1 - double(bins) * min_height)}};
 }
 
 void check_inputs(const at::Tensor& v, const at::Tensor& params, const Layout& L) {
@@ -220,11 +235,11 @@ void check_inputs(const at::Tensor& v, const at::Tensor& params, const Layout& L
               need);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> rqs_forward(const at::Tensor& v_in, const at::Tensor& params,
-                                                           int64_t bins, double low, double high,
-                                                           double min_width, double min_height,
-                                                           double min_derivative, bool circular, bool inverse,
-                                                           bool derivative) {
+// Outputs (out, ladj, dlog, exps): dlog is empty unless `derivative`; exps are the exponentiated logits
+// (`exponentiate`), which the backward pass takes back instead of recomputing them.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> rqs_forward(
+    const at::Tensor& v_in, const at::Tensor& params, int64_t bins, double low, double high, double min_width,
+    double min_height, double min_derivative, bool circular, bool inverse, bool derivative) {
   const Layout L = make_layout(bins, low, high, min_width, min_height, min_derivative, circular);
   check_inputs(v_in, params, L);
   const at::Tensor v = v_in.contiguous();
@@ -232,6 +247,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rqs_forward(const at::Tensor& v_i
   at::Tensor out = at::empty({n}, v.options());
   at::Tensor ladj = at::empty({n}, v.options());
   at::Tensor dlog = at::empty({derivative ? n : 0}, v.options());
+  at::Tensor exps;
   AT_DISPATCH_FLOATING_TYPES(v.scalar_type(), "flowkit_rqs_forward", [&] {
     using T = scalar_t;
     using A = at::acc_type<T, false>;  // the arithmetic: double for float (steep bins amplify rounding)
@@ -241,7 +257,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rqs_forward(const at::Tensor& v_i
     T* op = out.mutable_data_ptr<T>();
     T* lp = ladj.mutable_data_ptr<T>();
     T* dp = derivative ? dlog.mutable_data_ptr<T>() : nullptr;
-    const at::Tensor exps = exponentiate(pp, rs, cs, n, bins, v.options());
+    exps = exponentiate(pp, rs, cs, n, bins, v.options());
     const T* ep = exps.const_data_ptr<T>();
     at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
       Point<A> pt;
@@ -268,12 +284,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rqs_forward(const at::Tensor& v_i
       }
     });
   });
-  return {out, ladj, dlog};
+  return {out, ladj, dlog, exps};
 }
 
+// Cotangents of (out, ladj) pulled back to (v, params); `exps` from `rqs_forward` on the same inputs.
 std::tuple<at::Tensor, at::Tensor> rqs_backward(const at::Tensor& v_in, const at::Tensor& params,
-                                                const at::Tensor& g_out_in, const at::Tensor& g_ladj_in,
-                                                int64_t bins, double low, double high, double min_width,
+                                                const at::Tensor& exps, const at::Tensor& g_out_in,
+                                                const at::Tensor& g_ladj_in, int64_t bins, double low, double high, double min_width,
                                                 double min_height, double min_derivative, bool circular,
                                                 bool inverse, bool need_params) {
   const Layout L = make_layout(bins, low, high, min_width, min_height, min_derivative, circular);
@@ -282,6 +299,9 @@ std::tuple<at::Tensor, at::Tensor> rqs_backward(const at::Tensor& v_in, const at
   const at::Tensor g_out = g_out_in.to(v.scalar_type()).contiguous();
   const at::Tensor g_ladj = g_ladj_in.to(v.scalar_type()).contiguous();
   const int64_t n = v.size(0), width = params.size(1), K = bins;
+  TORCH_CHECK(exps.is_contiguous() && exps.dim() == 2 && exps.size(0) == n && exps.size(1) == 2 * K &&
+                  exps.scalar_type() == v.scalar_type(),
+              "flowkit native spline: exps must be rqs_forward's, (n, 2 bins) and contiguous");
   at::Tensor g_v = at::empty({n}, v.options());
   at::Tensor g_params = at::empty({need_params ? n : 0, width}, v.options());
   AT_DISPATCH_FLOATING_TYPES(v.scalar_type(), "flowkit_rqs_backward", [&] {
@@ -294,7 +314,6 @@ std::tuple<at::Tensor, at::Tensor> rqs_backward(const at::Tensor& v_in, const at
     const int64_t rs = params.stride(0), cs = params.stride(1);
     T* gv = g_v.mutable_data_ptr<T>();
     T* gp = need_params ? g_params.mutable_data_ptr<T>() : nullptr;
-    const at::Tensor exps = exponentiate(pp, rs, cs, n, K, v.options());
     const T* ep = exps.const_data_ptr<T>();
     at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
       Point<A> pt;
@@ -343,7 +362,7 @@ std::tuple<at::Tensor, at::Tensor> rqs_backward(const at::Tensor& v_in, const at
           if (!has_raw[e] || softened[e] > A(kMaxDerivative)) continue;
           const int64_t j = pt.bin + e;
           const int64_t column = circular ? (j == 0 ? K - 1 : j - 1) : j - 1;
-          grow[2 * K + column] += T(g[5 + e] * softplus_slope(raw[e]));
+          grow[2 * K + column] += T(g[5 + e] * A(softplus_slope(T(raw[e]))));
         }
       }
     });
@@ -356,9 +375,9 @@ std::tuple<at::Tensor, at::Tensor> rqs_backward(const at::Tensor& v_in, const at
 TORCH_LIBRARY(flowkit_native, m) {
   m.def(
       "rqs_forward(Tensor v, Tensor params, int bins, float low, float high, float min_width, float min_height, "
-      "float min_derivative, bool circular, bool inverse, bool derivative) -> (Tensor, Tensor, Tensor)");
+      "float min_derivative, bool circular, bool inverse, bool derivative) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def(
-      "rqs_backward(Tensor v, Tensor params, Tensor g_out, Tensor g_ladj, int bins, float low, float high, "
+      "rqs_backward(Tensor v, Tensor params, Tensor exps, Tensor g_out, Tensor g_ladj, int bins, float low, float high, "
       "float min_width, float min_height, float min_derivative, bool circular, bool inverse, bool need_params) "
       "-> (Tensor, Tensor)");
 }

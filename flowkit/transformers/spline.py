@@ -637,21 +637,24 @@ def _native_kernel(x: Tensor, layout: _Layout) -> Any:
 
 def _native_forward(
     ops: Any, v: Tensor, p: Tensor, layout: _Layout, inverse: bool, derivative: bool
-) -> tuple[Tensor, Tensor, Tensor | None]:
-    """`_fused_forward`'s `(out, ladj, dlog)` from the native kernel: one operation, every point at once."""
-    out, ladj, dlog = ops.rqs_forward(v, p, *layout, inverse, derivative)
-    return out, ladj, dlog if derivative else None
+) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
+    """`_fused_forward`'s `(out, ladj, dlog)` from the native kernel (one operation), and the exponentiated logits.
+
+    The backward pass takes the logits back (`rqs_backward`).
+    """
+    out, ladj, dlog, exps = ops.rqs_forward(v, p, *layout, inverse, derivative)
+    return out, ladj, dlog if derivative else None, exps
 
 
 class _FusedSpline(torch.autograd.Function):
     """The whole spline (knots, bin search, bin, tails) as one autograd node with a hand-written backward.
 
     With the native kernel (`flowkit._native`, on the CPU) the forward and the backward pass are one
-    C++ operation each, and only the inputs are saved (the backward pass recomputes each point's bin).
-    Otherwise the node saves the exponentiated logits and the per-point bin (its terms, derivatives) of
-    the forward pass, and the backward pass is `_fused_backward`. A backward pass that records a graph
-    (`create_graph=True`, for higher derivatives) differentiates `_reference_map` on the saved inputs
-    instead, so every order of derivative is that of the reference.
+    C++ operation each; the node saves the inputs and the exponentiated logits, and the backward pass
+    recomputes each point's bin. Otherwise the node saves the exponentiated logits and the per-point bin
+    (its terms, derivatives) of the forward pass, and the backward pass is `_fused_backward`. A backward
+    pass that records a graph (`create_graph=True`, for higher derivatives) differentiates
+    `_reference_map` on the saved inputs instead, so every order of derivative is that of the reference.
     """
 
     @staticmethod
@@ -663,8 +666,8 @@ class _FusedSpline(torch.autograd.Function):
         ctx.layout, ctx.inverse = layout, inverse
         ctx.native = _native_kernel(x, layout)
         if ctx.native is not None:
-            out, ladj, dlog = _native_forward(ctx.native, v, p, layout, inverse, derivative)
-            ctx.save_for_backward(x, params)
+            out, ladj, dlog, exps = _native_forward(ctx.native, v, p, layout, inverse, derivative)
+            ctx.save_for_backward(x, params, exps)
         else:
             out, ladj, dlog, saved = _fused_forward(v, p, layout, inverse, derivative)
             ctx.save_for_backward(x, params, *saved)  # None (no derivative columns) is saved as None
@@ -689,6 +692,7 @@ class _FusedSpline(torch.autograd.Function):
             g_x, g_params = ctx.native.rqs_backward(
                 x.reshape(-1),
                 params.reshape(-1, params.shape[-1]),
+                *saved,
                 g_out.reshape(-1),
                 g_ladj.reshape(-1),
                 *ctx.layout,
@@ -743,7 +747,7 @@ def _evaluate(
     v, p = x.reshape(-1), params.reshape(-1, params.shape[-1])
     ops = _native_kernel(x, layout)
     if ops is not None:
-        out, ladj, dlog = _native_forward(ops, v, p, layout, inverse, derivative)
+        out, ladj, dlog, _ = _native_forward(ops, v, p, layout, inverse, derivative)
     else:
         out, ladj, dlog, _ = _fused_forward(v, p, layout, inverse, derivative)
     return out.view(batch), ladj.view(batch), None if dlog is None else dlog.view(batch)
