@@ -28,7 +28,8 @@ is what grows with batch size and depth.
 The pseudo-library ``flowkit-compiled`` (``--libraries flowkit flowkit-compiled zuko ...``) times
 ``flowkit.compile(flow)`` (Inductor) of the same flow for ``train`` and ``log_prob`` (compiled in the
 warm-up; its ``sample`` is the eager one), with its own ratio column; like ``flowkit-reference`` it is not a
-peer.
+peer. ``flowkit-pytorch`` times flowkit with its native spline kernel off (``flowkit._native``: the fused
+spline node's PyTorch kernel instead of the C++ one), interleaved with the rest.
 
 Two tables: ``matched`` (every library builds the architecture above) and
 ``default`` (each library's own NSF as a user builds it, with the same number
@@ -83,6 +84,8 @@ import peers
 import torch
 
 LIBRARIES = ["flowkit", *peers.LIBRARIES]
+#: flowkit and its pseudo-libraries (not peers): the reference spline, the PyTorch spline kernel, compiled.
+FLOWKIT_VARIANTS = ("flowkit", "flowkit-reference", "flowkit-pytorch", "flowkit-compiled")
 
 #: The clock of every timing: wall time, or with ``--clock cpu`` this process's CPU time (with one thread,
 #: the time the computation itself took, not the time other processes held the cores: on a loaded machine).
@@ -92,7 +95,7 @@ CLOCK = time.perf_counter
 def build(library: str, kind: str, features: int, layers: int, bins: int, bound: float, hidden: int):
     """Return ``(module, log_prob(x), sample(n))`` for one library's NSF (the peers' from ``peers.nsf``)."""
     coupling = kind == "coupling"
-    if library in ("flowkit", "flowkit-reference", "flowkit-compiled"):
+    if library in FLOWKIT_VARIANTS:
         import flowkit
 
         flow = flowkit.flows.NSF(
@@ -104,6 +107,8 @@ def build(library: str, kind: str, features: int, layers: int, bins: int, bound:
 
         if library == "flowkit-reference":
             return flow, _unfused(flow.log_prob), _unfused(sample)
+        if library == "flowkit-pytorch":
+            return flow, _without_native(flow.log_prob), _without_native(sample)
         if library == "flowkit-compiled":
             # `flowkit.compile` (Inductor) of the same flow: its density and backward pass run compiled, compiled
             # in the warm-up (not timed). Sampling stays eager: compiling the D-step autoregressive inverse takes
@@ -116,6 +121,20 @@ def build(library: str, kind: str, features: int, layers: int, bins: int, bound:
     return (model, *peers.interface(library, model))
 
 
+def _switched_off(module, switch: str, function):
+    """``function`` with the boolean ``module.switch`` set to False while it runs (restored after)."""
+
+    def call(*args):
+        saved = getattr(module, switch)
+        setattr(module, switch, False)
+        try:
+            return function(*args)
+        finally:
+            setattr(module, switch, saved)
+
+    return call
+
+
 def _unfused(function):
     """``function`` with flowkit's splines on their reference path (knot table, autograd chain rule).
 
@@ -124,20 +143,20 @@ def _unfused(function):
     """
     import flowkit.transformers.spline as spline
 
-    def call(*args):
-        fused, spline._FUSED = spline._FUSED, False
-        try:
-            return function(*args)
-        finally:
-            spline._FUSED = fused
+    return _switched_off(spline, "_FUSED", function)
 
-    return call
+
+def _without_native(function):
+    """``function`` with flowkit's native spline kernel off (the fused node's PyTorch kernel runs)."""
+    import flowkit._native as native
+
+    return _switched_off(native, "ENABLED", function)
 
 
 def build_default(library: str, kind: str, features: int, layers: int, bins: int, bound: float, hidden: int):
     """Return ``(module, log_prob(x), sample(n))`` for one library's own NSF, as its documentation builds it."""
     coupling = kind == "coupling"
-    if library in ("flowkit", "flowkit-reference", "flowkit-compiled"):
+    if library in FLOWKIT_VARIANTS:
         return build(library, kind, features, layers, bins, bound, hidden)
     if library == "zuko":
         import zuko

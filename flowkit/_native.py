@@ -2,10 +2,11 @@
 
 The spline kernel (`csrc/spline.cpp`) evaluates a rational-quadratic spline and its backward pass as one
 CPU operation per direction (`torch.ops.flowkit_native.rqs_forward` and `rqs_backward`). It is compiled
-the first time a spline runs on the CPU (some 30 s, once: torch caches the build under
-`TORCH_EXTENSIONS_DIR`, by default `~/.cache/torch_extensions`, and rebuilds it only when the source or
-torch changes). Where it cannot be built (no C++ compiler) flowkit warns once and keeps to its PyTorch
-path, which gives the same numbers; `FLOWKIT_NATIVE=0` in the environment turns the kernel off.
+the first time a spline runs on the CPU (10-30 s, once: torch caches the build under
+`TORCH_EXTENSIONS_DIR`, by default `~/.cache/torch_extensions`, one build per torch version, rebuilt when
+the source changes). The build needs a C++ compiler and ninja (a dependency of flowkit). Where it cannot
+be built flowkit warns once and keeps to its PyTorch path, which gives the same numbers more slowly;
+`FLOWKIT_NATIVE=0` in the environment turns the kernel off.
 """
 
 from __future__ import annotations
@@ -40,8 +41,10 @@ def _build() -> object | None:
     from torch.utils import cpp_extension
 
     _log.info("flowkit: building the native spline kernel (once; cached by torch)")
+    # One build per torch version: the binary is tied to torch's C++ ABI.
+    version = "".join(c if c.isalnum() else "_" for c in torch.__version__)
     cpp_extension.load(
-        name="flowkit_native",
+        name=f"flowkit_native_torch{version}",
         sources=[str(_SOURCE)],
         # No contraction into fused multiply-adds: the kernel rounds as the PyTorch path does.
         extra_cflags=["-O3", "-ffp-contract=off", "-fopenmp"],

@@ -1,0 +1,86 @@
+"""The native kernels' loader (`flowkit._native`): used where it applies, a warned fallback where it cannot build."""
+
+import shutil
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import flowkit._native as native
+from flowkit.transformers import CircularSpline, RationalQuadraticSpline
+
+needs_compiler = pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler to build the kernel")
+
+
+class _Calls(TorchDispatchMode):
+    """Records the name of every operator dispatched under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def _calls(fn):
+    with _Calls() as mode:
+        fn()
+    return mode.names
+
+
+@needs_compiler
+@pytest.mark.parametrize("spline", [RationalQuadraticSpline(8, 3.0), CircularSpline(5)], ids=["linear", "circular"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_eager_splines_on_the_cpu_run_the_native_kernel(spline, dtype):
+    x = torch.rand(64, 3, dtype=dtype, requires_grad=True)
+    params = torch.randn(64, 3, spline.params_per_element, dtype=dtype, requires_grad=True)
+    names = _calls(lambda: sum(t.sum() for t in spline(x, params)).backward())
+    assert "flowkit_native.rqs_forward.default" in names
+    assert "flowkit_native.rqs_backward.default" in names
+    with torch.no_grad():
+        assert "flowkit_native.rqs_forward.default" in _calls(lambda: spline.inverse(x, params))
+
+
+def test_half_precision_and_switched_off_kernels_take_the_pytorch_path(monkeypatch):
+    spline = RationalQuadraticSpline(4, 2.0)
+    x, params = torch.rand(10, dtype=torch.bfloat16), torch.randn(10, 11, dtype=torch.bfloat16)
+    assert not any("flowkit_native" in name for name in _calls(lambda: spline(x, params)))
+    monkeypatch.setattr(native, "ENABLED", False)
+    assert native.spline_ops() is None
+    assert not any("flowkit_native" in name for name in _calls(lambda: spline(x.float(), params.float())))
+
+
+def test_a_kernel_that_cannot_be_built_warns_once_and_the_pytorch_path_gives_the_same_numbers(monkeypatch):
+    spline = RationalQuadraticSpline(6, 2.0).double()
+    g = torch.Generator().manual_seed(0)
+    x = 3 * torch.rand(50, generator=g, dtype=torch.float64) - 1.5
+    params = torch.randn(50, spline.params_per_element, generator=g, dtype=torch.float64)
+    expected = spline(x, params)
+
+    def no_compiler():
+        raise RuntimeError("Ninja is required to load C++ extensions")
+
+    monkeypatch.setattr(native, "_build", no_compiler)
+    monkeypatch.setattr(native, "_TRIED", False)
+    monkeypatch.setattr(native, "_OPS", None)
+    with pytest.warns(RuntimeWarning, match="could not be built .*Ninja is required"):
+        got = spline(x, params)
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    assert native.spline_ops() is None  # tried once: no second attempt, no second warning
+
+
+@needs_compiler
+def test_the_kernel_names_bad_arguments():
+    ops = native.spline_ops()
+    v, params = torch.rand(5), torch.randn(5, 23)
+    with pytest.raises(RuntimeError, match="bins must lie in"):
+        ops.rqs_forward(v, params, 0, -3.0, 3.0, 1e-3, 1e-3, 1e-3, False, False, False)
+    with pytest.raises(RuntimeError, match="params has 23 columns, needs 29"):
+        ops.rqs_forward(v, params, 10, -3.0, 3.0, 1e-3, 1e-3, 1e-3, False, False, False)
+    with pytest.raises(RuntimeError, match="differ in dtype"):
+        ops.rqs_forward(v.double(), params, 8, -3.0, 3.0, 1e-3, 1e-3, 1e-3, False, False, False)
+    with pytest.raises(RuntimeError, match="expected v"):
+        ops.rqs_forward(v[:4], params, 8, -3.0, 3.0, 1e-3, 1e-3, 1e-3, False, False, False)
