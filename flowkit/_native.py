@@ -11,9 +11,12 @@ be built flowkit warns once and keeps to its PyTorch path, which gives the same 
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
 import os
 import threading
+import time
 import warnings
 from pathlib import Path
 
@@ -25,6 +28,7 @@ _SOURCE = Path(__file__).with_name("csrc") / "spline.cpp"
 _LOCK = threading.Lock()
 _OPS: object | None = None
 _TRIED = False
+_FAKES_REGISTERED = False
 
 #: Switch for the native kernel (tests compare it with the PyTorch path by turning it off).
 ENABLED = os.environ.get("FLOWKIT_NATIVE", "1").strip().lower() not in ("0", "false", "no", "off")
@@ -37,14 +41,54 @@ def native_enabled() -> bool:
     return ENABLED
 
 
+#: A build lock older than this is left over from a build that was killed: torch's loader would wait on it
+#: for ever (a build takes 10-30 s).
+_STALE_LOCK_S = 600.0
+
+
+def _extension_name() -> str:
+    """`flowkit_native_<torch version>_<source hash>`: the binary is tied to torch's C++ ABI and to its source."""
+    version = "".join(c if c.isalnum() else "_" for c in torch.__version__)
+    digest = hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:12]
+    return f"flowkit_native_torch{version}_{digest}"
+
+
+def _remove_stale_lock(name: str) -> None:
+    from torch.utils import cpp_extension
+
+    lock = Path(cpp_extension._get_build_directory(name, verbose=False)) / "lock"
+    with contextlib.suppress(OSError):
+        if time.time() - lock.stat().st_mtime > _STALE_LOCK_S:
+            lock.unlink()
+            _log.warning("flowkit: removed a stale build lock %s", lock)
+
+
+def _register_fakes() -> None:
+    """Shape-only implementations, so that fake-tensor tracing (`make_fx`, export) passes through the ops."""
+    global _FAKES_REGISTERED
+    if _FAKES_REGISTERED:  # once per process: torch refuses a second registration
+        return
+    _FAKES_REGISTERED = True
+
+    @torch.library.register_fake("flowkit_native::rqs_forward")
+    def _(v, params, bins, low, high, min_width, min_height, min_derivative, circular, inverse, derivative):  # noqa: ANN001, ANN202
+        n = v.shape[0]
+        return v.new_empty(n), v.new_empty(n), v.new_empty(n if derivative else 0), v.new_empty(n, 2 * bins)
+
+    @torch.library.register_fake("flowkit_native::rqs_backward")
+    def _(v, params, exps, g_out, g_ladj, bins, *layout_and_flags):  # noqa: ANN001, ANN002, ANN202
+        need_params = layout_and_flags[-1]
+        return v.new_empty(v.shape[0]), params.new_empty(params.shape[0] if need_params else 0, params.shape[1])
+
+
 def _build() -> object | None:
     from torch.utils import cpp_extension
 
-    _log.info("flowkit: building the native spline kernel (once; cached by torch)")
-    # One build per torch version: the binary is tied to torch's C++ ABI.
-    version = "".join(c if c.isalnum() else "_" for c in torch.__version__)
+    name = _extension_name()
+    _log.info("flowkit: building the native spline kernel %s (once; cached by torch)", name)
+    _remove_stale_lock(name)
     cpp_extension.load(
-        name=f"flowkit_native_torch{version}",
+        name=name,
         sources=[str(_SOURCE)],
         # No contraction into fused multiply-adds: the kernel rounds as the PyTorch path does.
         extra_cflags=["-O3", "-ffp-contract=off", "-fopenmp"],
@@ -52,6 +96,7 @@ def _build() -> object | None:
         is_python_module=False,
         verbose=False,
     )
+    _register_fakes()
     return torch.ops.flowkit_native
 
 
@@ -67,10 +112,13 @@ def spline_ops() -> object | None:
             try:
                 _OPS = _build()
             except Exception as error:  # no compiler, no write access to the cache, ...
+                # The first line names the failure, the last ones hold the compiler's own message.
+                lines = [line for line in str(error).splitlines() if line.strip()]
+                shown = "; ".join(lines[:1] + (["..."] if len(lines) > 6 else []) + lines[1:][-5:])
                 warnings.warn(
-                    f"flowkit: the native spline kernel could not be built ({type(error).__name__}: "
-                    f"{str(error).splitlines()[0] if str(error) else ''}); using the PyTorch path, which "
-                    "gives the same numbers more slowly. Set FLOWKIT_NATIVE=0 to skip the attempt.",
+                    f"flowkit: the native spline kernel could not be built ({type(error).__name__}: {shown}); "
+                    "using the PyTorch path, which gives the same numbers more slowly. Set FLOWKIT_NATIVE=0 "
+                    "to skip the attempt.",
                     RuntimeWarning,
                     stacklevel=3,
                 )

@@ -12,6 +12,12 @@ from flowkit.transformers import CircularSpline, RationalQuadraticSpline
 needs_compiler = pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler to build the kernel")
 
 
+@pytest.fixture(autouse=True)
+def enabled(monkeypatch):
+    """The kernel switched on, also where FLOWKIT_NATIVE=0 is set (tests that need it off say so)."""
+    monkeypatch.setattr(native, "ENABLED", True)
+
+
 class _Calls(TorchDispatchMode):
     """Records the name of every operator dispatched under it."""
 
@@ -43,10 +49,14 @@ def test_eager_splines_on_the_cpu_run_the_native_kernel(spline, dtype):
         assert "flowkit_native.rqs_forward.default" in _calls(lambda: spline.inverse(x, params))
 
 
-def test_half_precision_and_switched_off_kernels_take_the_pytorch_path(monkeypatch):
+def test_half_precision_many_bins_and_switched_off_kernels_take_the_pytorch_path(monkeypatch):
     spline = RationalQuadraticSpline(4, 2.0)
     x, params = torch.rand(10, dtype=torch.bfloat16), torch.randn(10, 11, dtype=torch.bfloat16)
     assert not any("flowkit_native" in name for name in _calls(lambda: spline(x, params)))
+    many = RationalQuadraticSpline(129, 2.0)  # more bins than the kernel's stack tables hold
+    assert not any(
+        "flowkit_native" in name for name in _calls(lambda: many(x.float(), torch.randn(10, many.params_per_element)))
+    )
     monkeypatch.setattr(native, "ENABLED", False)
     assert native.spline_ops() is None
     assert not any("flowkit_native" in name for name in _calls(lambda: spline(x.float(), params.float())))
@@ -84,3 +94,8 @@ def test_the_kernel_names_bad_arguments():
         ops.rqs_forward(v.double(), params, 8, -3.0, 3.0, 1e-3, 1e-3, 1e-3, False, False, False)
     with pytest.raises(RuntimeError, match="expected v"):
         ops.rqs_forward(v[:4], params, 8, -3.0, 3.0, 1e-3, 1e-3, 1e-3, False, False, False)
+    forward = ops.rqs_forward(v, params, 7, -3.0, 3.0, 1e-3, 1e-3, 1e-3, False, False, False)
+    with pytest.raises(RuntimeError, match="g_out and g_ladj must be CPU tensors of n elements"):
+        ops.rqs_backward(v, params, forward[3], v[:3], v, 7, -3.0, 3.0, 1e-3, 1e-3, 1e-3, False, False, True)
+    with pytest.raises(RuntimeError, match="exps must be rqs_forward's"):
+        ops.rqs_backward(v, params, forward[3][:, :4], v, v, 7, -3.0, 3.0, 1e-3, 1e-3, 1e-3, False, False, True)

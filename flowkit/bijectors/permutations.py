@@ -59,14 +59,16 @@ class Permutation(Bijector):
             self._check_perm(perm)  # a wrong shape is reported by torch, with the other mismatches
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
+    # `index_select` rather than advanced indexing: a quarter of the time forward on the CPU, and its
+    # backward is an `index_add` (advanced indexing's is an accumulating `index_put`, slower).
     def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        return x[..., self.perm], x.new_zeros(x.shape[:-1])
+        return x.index_select(-1, self.perm), x.new_zeros(x.shape[:-1])
 
     def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        return z[..., self.inverse_perm], z.new_zeros(z.shape[:-1])
+        return z.index_select(-1, self.inverse_perm), z.new_zeros(z.shape[:-1])
 
     def call(self, x: Tensor, context: Tensor | None = None) -> Tensor:
-        return x[..., self.perm]
+        return x.index_select(-1, self.perm)
 
 
 class Reverse(Permutation):

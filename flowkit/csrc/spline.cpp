@@ -78,10 +78,9 @@ T knot(const Layout& L, const Point<T>& pt, int a, int64_t j) {
 // The point's bin and the terms of its map, computed in `T` (double for float storage `S`) from the row of
 // parameters `row` (column stride `col_stride`) and its exponentiated logits `exps` (`exponentiate`).
 template <typename T, typename S>
-void evaluate(const Layout& L, const S* row, int64_t col_stride, const S* exps, T v, bool inverse, Point<T>& pt,
+void evaluate(const Layout& L, const S* row, int64_t col_stride, const S* exps, S v, bool inverse, Point<T>& pt,
               std::array<T, 2>& raw, std::array<bool, 2>& has_raw, std::array<T, 2>& softened) {
   const int64_t K = L.bins;
-  const T low = T(L.low), high = T(L.high);
   // accumulated in double, as torch's CPU cumsum does for float; the two axes interleaved (two independent
   // chains of additions)
   double widths = 0, heights = 0;
@@ -92,12 +91,16 @@ void evaluate(const Layout& L, const S* row, int64_t col_stride, const S* exps, 
     pt.sums[1][j] = T(heights);
   }
   for (int a = 0; a < 2; ++a) pt.scale[a] = T(L.span_free[a]) / pt.sums[a][K - 1];
-  const T clamped = std::min(std::max(v, low), high);
-  pt.inside = v == clamped;
+  // clamped in the storage type, against the bounds rounded to it, as torch's clamp does (float32's pi lies
+  // outside double's)
+  const S stored = std::min(std::max(v, S(L.low)), S(L.high));
+  pt.inside = v == stored;
+  const T clamped = T(stored);
   const int axis = inverse ? 1 : 0;
-  // the bin: the number of interior knots of the searched axis strictly below the point
+  // the bin: the number of interior knots of the searched axis strictly below the point, counted as
+  // torch.searchsorted does (a NaN point or knot counts as below: the last bin)
   int64_t bin = 0;
-  for (int64_t j = 1; j < K; ++j) bin += knot(L, pt, axis, j) < clamped;  // no data-dependent branch
+  for (int64_t j = 1; j < K; ++j) bin += !(knot(L, pt, axis, j) >= clamped);  // no data-dependent branch
   pt.bin = bin;
   pt.x0 = knot(L, pt, 0, bin);
   pt.x1 = knot(L, pt, 0, bin + 1);
@@ -264,7 +267,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> rqs_forward(
       std::array<A, 2> raw, softened;
       std::array<bool, 2> has_raw;
       for (int64_t i = begin; i < end; ++i) {
-        evaluate(L, pp + i * rs, cs, ep + i * 2 * bins, A(vp[i]), inverse, pt, raw, has_raw, softened);
+        evaluate(L, pp + i * rs, cs, ep + i * 2 * bins, vp[i], inverse, pt, raw, has_raw, softened);
         const A L0 = pt.log_derivative;
         A o = inverse ? pt.solved : pt.y0 + pt.h * pt.n / pt.den;
         A l = inverse ? -L0 : L0;
@@ -299,9 +302,12 @@ std::tuple<at::Tensor, at::Tensor> rqs_backward(const at::Tensor& v_in, const at
   const at::Tensor g_out = g_out_in.to(v.scalar_type()).contiguous();
   const at::Tensor g_ladj = g_ladj_in.to(v.scalar_type()).contiguous();
   const int64_t n = v.size(0), width = params.size(1), K = bins;
-  TORCH_CHECK(exps.is_contiguous() && exps.dim() == 2 && exps.size(0) == n && exps.size(1) == 2 * K &&
-                  exps.scalar_type() == v.scalar_type(),
+  TORCH_CHECK(exps.device().is_cpu() && exps.is_contiguous() && exps.dim() == 2 && exps.size(0) == n &&
+                  exps.size(1) == 2 * K && exps.scalar_type() == v.scalar_type(),
               "flowkit native spline: exps must be rqs_forward's, (n, 2 bins) and contiguous");
+  TORCH_CHECK(g_out_in.device().is_cpu() && g_ladj_in.device().is_cpu() && g_out_in.numel() == n &&
+                  g_ladj_in.numel() == n,
+              "flowkit native spline: g_out and g_ladj must be CPU tensors of n elements");
   at::Tensor g_v = at::empty({n}, v.options());
   at::Tensor g_params = at::empty({need_params ? n : 0, width}, v.options());
   AT_DISPATCH_FLOATING_TYPES(v.scalar_type(), "flowkit_rqs_backward", [&] {
@@ -323,7 +329,7 @@ std::tuple<at::Tensor, at::Tensor> rqs_backward(const at::Tensor& v_in, const at
         T* grow = need_params ? gp + i * width : nullptr;
         if (need_params) std::fill(grow, grow + width, T(0));
         const T* row_exps = ep + i * 2 * K;
-        evaluate(L, pp + i * rs, cs, row_exps, A(vp[i]), inverse, pt, raw, has_raw, softened);
+        evaluate(L, pp + i * rs, cs, row_exps, vp[i], inverse, pt, raw, has_raw, softened);
         if (!circular && !pt.inside) {  // the identity tail: no parameter enters
           gv[i] = go[i];
           continue;

@@ -10,6 +10,9 @@ from zuko.transforms import MonotonicRQSTransform
 from flowkit.transformers import CircularSpline, RationalQuadraticSpline, unconstrained_rqs
 from flowkit.transformers.spline import _knots, _linear_tail_derivatives
 
+# Every test on both kernels of the fused spline node (`spline_kernel` in conftest.py).
+pytestmark = pytest.mark.usefixtures("spline_kernel")
+
 K, B, M = 8, 3.0, 1e-3
 
 
