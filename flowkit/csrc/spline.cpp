@@ -66,6 +66,10 @@ struct Point {
   bool inside;
   T x0, x1, y0, y1, d0, d1;
   T w, h, s, c, xi, one_m_xi, q, den, n, p, log_derivative, solved;
+  // the bin's two derivatives before the cap (`softened`) and their pre-softplus columns (`raw`, where
+  // `has_raw`: not at the linear tails' ends)
+  std::array<T, 2> raw, softened;
+  std::array<bool, 2> has_raw;
 };
 
 template <typename T>
@@ -78,8 +82,7 @@ T knot(const Layout& L, const Point<T>& pt, int a, int64_t j) {
 // The point's bin and the terms of its map, computed in `T` (double for float storage `S`) from the row of
 // parameters `row` (column stride `col_stride`) and its exponentiated logits `exps` (`exponentiate`).
 template <typename T, typename S>
-void evaluate(const Layout& L, const S* row, int64_t col_stride, const S* exps, S v, bool inverse, Point<T>& pt,
-              std::array<T, 2>& raw, std::array<bool, 2>& has_raw, std::array<T, 2>& softened) {
+void evaluate(const Layout& L, const S* row, int64_t col_stride, const S* exps, S v, bool inverse, Point<T>& pt) {
   const int64_t K = L.bins;
   // accumulated in double, as torch's CPU cumsum does for float; the two axes interleaved (two independent
   // chains of additions)
@@ -121,9 +124,9 @@ void evaluate(const Layout& L, const S* row, int64_t col_stride, const S* exps, 
     const S stored = has ? row[(2 * K + column) * col_stride] : S(0);
     const T r = T(stored);
     const T value = has ? T(softplus(stored)) + T(L.min_derivative) : T(1);
-    raw[e] = r;
-    has_raw[e] = has;
-    softened[e] = value;
+    pt.raw[e] = r;
+    pt.has_raw[e] = has;
+    pt.softened[e] = value;
     d[e] = std::min(value, T(kMaxDerivative));
   }
   pt.d0 = d[0];
@@ -264,10 +267,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> rqs_forward(
     const T* ep = exps.const_data_ptr<T>();
     at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
       Point<A> pt;
-      std::array<A, 2> raw, softened;
-      std::array<bool, 2> has_raw;
       for (int64_t i = begin; i < end; ++i) {
-        evaluate(L, pp + i * rs, cs, ep + i * 2 * bins, vp[i], inverse, pt, raw, has_raw, softened);
+        evaluate(L, pp + i * rs, cs, ep + i * 2 * bins, vp[i], inverse, pt);
         const A L0 = pt.log_derivative;
         A o = inverse ? pt.solved : pt.y0 + pt.h * pt.n / pt.den;
         A l = inverse ? -L0 : L0;
@@ -323,13 +324,11 @@ std::tuple<at::Tensor, at::Tensor> rqs_backward(const at::Tensor& v_in, const at
     const T* ep = exps.const_data_ptr<T>();
     at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
       Point<A> pt;
-      std::array<A, 2> raw, softened;
-      std::array<bool, 2> has_raw;
       for (int64_t i = begin; i < end; ++i) {
         T* grow = need_params ? gp + i * width : nullptr;
         if (need_params) std::fill(grow, grow + width, T(0));
         const T* row_exps = ep + i * 2 * K;
-        evaluate(L, pp + i * rs, cs, row_exps, vp[i], inverse, pt, raw, has_raw, softened);
+        evaluate(L, pp + i * rs, cs, row_exps, vp[i], inverse, pt);
         if (!circular && !pt.inside) {  // the identity tail: no parameter enters
           gv[i] = go[i];
           continue;
@@ -365,10 +364,10 @@ std::tuple<at::Tensor, at::Tensor> rqs_backward(const at::Tensor& v_in, const at
           }
         }
         for (int e = 0; e < 2; ++e) {  // the two derivatives, through their softplus (none where capped)
-          if (!has_raw[e] || softened[e] > A(kMaxDerivative)) continue;
+          if (!pt.has_raw[e] || pt.softened[e] > A(kMaxDerivative)) continue;
           const int64_t j = pt.bin + e;
           const int64_t column = circular ? (j == 0 ? K - 1 : j - 1) : j - 1;
-          grow[2 * K + column] += T(g[5 + e] * A(softplus_slope(T(raw[e]))));
+          grow[2 * K + column] += T(g[5 + e] * A(softplus_slope(T(pt.raw[e]))));
         }
       }
     });

@@ -216,6 +216,16 @@ def test_without_gradients_the_forward_pass_alone_matches(name, monkeypatch):
         torch.testing.assert_close(f, r, rtol=1e-10, atol=1e-10)
 
 
+def assert_agree(fused, reference, wrt, tolerance):
+    """Values, and gradients of `out + ladj` in `wrt`, agree to `tolerance`; returns the fused gradients."""
+    for f, r in zip(fused, reference, strict=True):
+        torch.testing.assert_close(f, r, rtol=tolerance, atol=tolerance)
+    grads = [torch.autograd.grad((out + ladj).sum(), wrt) for out, ladj, _ in (fused, reference)]
+    for f, r in zip(*grads, strict=True):
+        torch.testing.assert_close(f, r, rtol=tolerance, atol=tolerance * r.abs().max().item())
+    return grads[0]
+
+
 @pytest.mark.parametrize("inverse", [False, True], ids=["forward", "inverse"])
 def test_float32_circle_at_its_float32_ends_matches_the_reference(inverse):
     # float32(pi) lies outside double's pi: clamped and compared in float32, as torch does, it is inside.
@@ -223,13 +233,8 @@ def test_float32_circle_at_its_float32_ends_matches_the_reference(inverse):
     x = torch.linspace(-math.pi, math.pi, 41).requires_grad_(True)
     params = torch.randn(41, spline.params_per_element, generator=torch.Generator().manual_seed(12))
     params.requires_grad_(True)
-    fused, reference = both(x, params, spline, inverse)
-    for f, r in zip(fused, reference, strict=True):
-        torch.testing.assert_close(f, r, rtol=2e-4, atol=2e-4)
-    grads = [torch.autograd.grad((out + ladj).sum(), (x, params)) for out, ladj, _ in (fused, reference)]
-    for f, r in zip(*grads, strict=True):
-        torch.testing.assert_close(f, r, rtol=2e-4, atol=2e-4 * r.abs().max().item())
-    assert grads[0][0][[0, -1]].abs().min() > 0  # the ends are inside: their input gradient is the slope's
+    grads = assert_agree(*both(x, params, spline, inverse), (x, params), 2e-4)
+    assert grads[0][[0, -1]].abs().min() > 0  # the ends are inside: their input gradient is the slope's
 
 
 def test_broadcast_rows_and_extra_columns_match_the_reference():
@@ -238,13 +243,8 @@ def test_broadcast_rows_and_extra_columns_match_the_reference():
     x, _ = inputs(spline, (30,), seed=13)
     row = torch.randn(1, spline.params_per_element + 3, dtype=torch.float64, requires_grad=True)
     params = row.expand(30, -1)
-    fused, reference = both(x, params, spline, False)
-    for f, r in zip(fused, reference, strict=True):
-        torch.testing.assert_close(f, r, rtol=1e-9, atol=1e-9)
-    grads = [torch.autograd.grad((out + ladj).sum(), (x, row)) for out, ladj, _ in (fused, reference)]
-    for f, r in zip(*grads, strict=True):
-        torch.testing.assert_close(f, r, rtol=1e-9, atol=1e-9 * r.abs().max().item())
-    assert (grads[0][1][:, spline.params_per_element :] == 0).all()
+    grads = assert_agree(*both(x, params, spline, False), (x, row), 1e-9)
+    assert (grads[1][:, spline.params_per_element :] == 0).all()
 
 
 @pytest.mark.parametrize("inverse", [False, True], ids=["forward", "inverse"])
