@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["spline_ops", "native_enabled"]
+__all__ = ["spline_ops"]
 
 _SOURCE = Path(__file__).with_name("csrc") / "spline.cpp"
 _LOCK = threading.Lock()
@@ -34,11 +34,6 @@ _FAKES_REGISTERED = False
 ENABLED = os.environ.get("FLOWKIT_NATIVE", "1").strip().lower() not in ("0", "false", "no", "off")
 
 _log = logging.getLogger("flowkit")
-
-
-def native_enabled() -> bool:
-    """Whether the native kernels are switched on (`FLOWKIT_NATIVE`, default on)."""
-    return ENABLED
 
 
 #: A build lock older than this is left over from a build that was killed: torch's loader would wait on it

@@ -30,10 +30,10 @@ constexpr int64_t kGrain = 256;
 
 struct Layout {
   int64_t bins;
-  double low, high, min_width, min_height, min_derivative;
+  double low, high, min_derivative;
   bool circular;
-  // per axis (widths, heights): span m and span (1 - K m), formed in double and rounded once as torch does
-  // with a Python scalar
+  // per axis (widths, heights), from the minimum bin width and height m: span m and span (1 - K m), formed in
+  // double and rounded once as torch does with a Python scalar
   double span_min[2], span_free[2];
 };
 
@@ -223,8 +223,6 @@ Layout make_layout(int64_t bins, double low, double high, double min_width, doub
   return Layout{bins,
                 low,
                 high,
-                min_width,
-                min_height,
                 min_derivative,
                 circular,
                 {span * min_width, span * min_height},
@@ -294,21 +292,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> rqs_forward(
 // Cotangents of (out, ladj) pulled back to (v, params); `exps` from `rqs_forward` on the same inputs.
 std::tuple<at::Tensor, at::Tensor> rqs_backward(const at::Tensor& v_in, const at::Tensor& params,
                                                 const at::Tensor& exps, const at::Tensor& g_out_in,
-                                                const at::Tensor& g_ladj_in, int64_t bins, double low, double high, double min_width,
-                                                double min_height, double min_derivative, bool circular,
+                                                const at::Tensor& g_ladj_in, int64_t bins, double low,
+                                                double high, double min_width, double min_height,
+                                                double min_derivative, bool circular,
                                                 bool inverse, bool need_params) {
   const Layout L = make_layout(bins, low, high, min_width, min_height, min_derivative, circular);
   check_inputs(v_in, params, L);
-  const at::Tensor v = v_in.contiguous();
-  const at::Tensor g_out = g_out_in.to(v.scalar_type()).contiguous();
-  const at::Tensor g_ladj = g_ladj_in.to(v.scalar_type()).contiguous();
-  const int64_t n = v.size(0), width = params.size(1), K = bins;
+  const int64_t n = v_in.size(0), width = params.size(1), K = bins;
   TORCH_CHECK(exps.device().is_cpu() && exps.is_contiguous() && exps.dim() == 2 && exps.size(0) == n &&
-                  exps.size(1) == 2 * K && exps.scalar_type() == v.scalar_type(),
+                  exps.size(1) == 2 * K && exps.scalar_type() == v_in.scalar_type(),
               "flowkit native spline: exps must be rqs_forward's, (n, 2 bins) and contiguous");
   TORCH_CHECK(g_out_in.device().is_cpu() && g_ladj_in.device().is_cpu() && g_out_in.numel() == n &&
                   g_ladj_in.numel() == n,
               "flowkit native spline: g_out and g_ladj must be CPU tensors of n elements");
+  const at::Tensor v = v_in.contiguous();
+  const at::Tensor g_out = g_out_in.to(v.scalar_type()).contiguous();
+  const at::Tensor g_ladj = g_ladj_in.to(v.scalar_type()).contiguous();
   at::Tensor g_v = at::empty({n}, v.options());
   at::Tensor g_params = at::empty({need_params ? n : 0, width}, v.options());
   AT_DISPATCH_FLOATING_TYPES(v.scalar_type(), "flowkit_rqs_backward", [&] {

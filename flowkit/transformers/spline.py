@@ -670,8 +670,9 @@ class _FusedSpline(torch.autograd.Function):
         ctx.native = _native_kernel(x, layout)
         if ctx.native is not None:
             out, ladj, dlog, exps = _native_forward(ctx.native, v, p, layout, inverse, derivative)
-            # The flat input too: `x` may be a strided slice, which `reshape` would copy again.
-            ctx.save_for_backward(x, params, v, exps)
+            # The flat views too: `x` may be a strided slice and `params` expanded, which `reshape` would copy
+            # again.
+            ctx.save_for_backward(x, params, v, p, exps)
         else:
             out, ladj, dlog, saved = _fused_forward(v, p, layout, inverse, derivative)
             ctx.save_for_backward(x, params, *saved)  # None (no derivative columns) is saved as None
@@ -693,11 +694,8 @@ class _FusedSpline(torch.autograd.Function):
             return g_x, g_params, None, None, None
         need_params = ctx.needs_input_grad[1]
         if ctx.native is not None:
-            v, exps = saved
             g_x, g_params = ctx.native.rqs_backward(
-                v,
-                params.reshape(-1, params.shape[-1]),
-                exps,
+                *saved,
                 g_out.reshape(-1),
                 g_ladj.reshape(-1),
                 *ctx.layout,
