@@ -269,23 +269,26 @@ def _bin_pullback(
     return _terms_pullback(terms, d0, d1, inverse, g_out, g_ladj)
 
 
-def _solve_bin(dy: Tensor, shape: tuple[Tensor, ...], d0: Tensor) -> Tensor:
+def _solve_bin(dy: Tensor, shape: tuple[Tensor, ...], d0: Tensor, d1: Tensor) -> Tensor:
     r"""The root `xi` in `[0, 1]` of `a xi^2 + b xi + c_0 = 0`, the bin's map solved for `y = y_0 + dy`.
 
     With `a = h (s - d_0) + dy\,c`, `b = h d_0 - dy\,c`, `c_0 = -s\,dy`
     (`c_0 <= 0`), the root is `-2 c_0 / (b + r)` for `b >= 0` and
     `(r - b) / (2a)` for `b < 0` (where `a >= |b| > 0`), `r = \sqrt{b^2 - 4 a c_0}`:
     each form without cancellation (the first alone loses all digits when
-    `b < 0` and `a c_0` is small next to `b^2`, in steep bins). One division
-    of selected numerator and denominator, so no branch can produce inf or NaN;
-    the root is clamped into the bin (it leaves `[0, 1]` by rounding at the knots).
+    `b < 0` and `a c_0` is small next to `b^2`, in steep bins). The coefficients are
+    evaluated as `b = d_0 (h - dy) - dy (d_1 - 2s)` and `a = h s - b` (the same numbers, with
+    `c = d_0 + d_1 - 2s` written out): the form `h d_0 - dy\,c` cancels `h d_0` against `dy\,d_0`
+    in a steep bin and is accurate only where the CPU fuses the multiply-add; this one is accurate
+    in plain arithmetic, on any CPU, as the native kernel computes it. One division of selected
+    numerator and denominator, so no branch can produce inf or NaN; the root is clamped into the bin
+    (it leaves `[0, 1]` by rounding at the knots).
     """
-    _, h, s, c = shape
-    dy_c = dy * c
-    a = torch.addcmul(dy_c, h, s - d0)
-    b = torch.addcmul(-dy_c, h, d0)
+    _, h, s, _ = shape
+    b = d0 * (h - dy) - dy * (d1 - (s + s))
+    a = h * s - b
     s_dy = s * dy  # -c_0
-    root = torch.addcmul(b * b, a, s_dy, value=4).clamp_min(0).sqrt()
+    root = (b * b + 4 * (a * s_dy)).clamp_min(0).sqrt()
     positive = b >= 0
     numerator = torch.where(positive, s_dy + s_dy, root - b)
     denominator = torch.where(positive, b + root, a + a).clamp_min(torch.finfo(dy.dtype).tiny)
@@ -302,7 +305,7 @@ def _bin_forward(
     """
     shape = _bin_shape(x0, x1, y0, y1, d0, d1)
     if inverse:
-        xi = _solve_bin(v - y0, shape, d0)
+        xi = _solve_bin(v - y0, shape, d0, d1)
         point = torch.lerp(x0, x1, xi)  # exactly x0 at xi = 0 and x1 at xi = 1
         terms = _xi_terms(xi, shape, d0, d1)
     else:
@@ -504,8 +507,10 @@ def _fused_forward(v: Tensor, p: Tensor, layout: _Layout, inverse: bool, derivat
     n, width = p.shape
     logits = p[:, : 2 * k].reshape(2 * n, k)  # a contiguous copy (a view only if p has no other columns)
     shift = logits.amax(-1, keepdim=True)
-    # (logits - shift) log2(e) in one pass (a rank-1 product: faster than the broadcast subtraction), 2^(.) in place.
-    exps = torch.addmm(logits, shift, logits.new_full((1, k), -1.0), beta=_LOG2E, alpha=_LOG2E).exp2_()
+    # (logits - shift) log2(e), then 2^(.) in place. The subtraction comes first and alone: its result is
+    # <= 0 on any CPU, where a fused `log2(e) l - log2(e) m` (an FMA) leaves the row maximum at the rounding
+    # error of the product, ~1e25 for logits of 1e32, and 2^(that) is inf.
+    exps = torch.sub(logits, shift).mul_(_LOG2E).exp2_()
     cumulative = exps.cumsum(-1)  # (2n, K): rows 2i (widths) and 2i + 1 (heights) of point i
     total = cumulative[:, -1].view(n, 2).t().contiguous()  # (2, n)
     scale, offset = _scale_and_offset(total, k, low, high, layout.min_bin_width, layout.min_bin_height)
