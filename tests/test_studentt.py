@@ -77,6 +77,9 @@ def test_df_stays_above_its_floor():
         lambda: TailAdaptiveBase([]),
         lambda: TailAdaptiveBase([None, -2.0]),
         lambda: TailAdaptiveBase("abc"),
+        lambda: StudentT(0),
+        lambda: StudentT((2, 0)),
+        lambda: StudentT(2, df=torch.ones(2, 2) * 3),
     ],
 )
 def test_bad_arguments_are_value_errors(build):
@@ -108,3 +111,52 @@ def test_every_preset_takes_a_student_t_base_and_saves_it(preset, base, tmp_path
     loaded = flowkit.io.load(flowkit.io.save(flow, tmp_path / "model"))
     torch.testing.assert_close(loaded.base.df, flow.base.df)
     torch.testing.assert_close(loaded.log_prob(x), flow.log_prob(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.int64])
+def test_df_as_a_tensor_works_as_a_list(dtype, tmp_path):
+    values = [2.5, 4.0, 30.0] if dtype.is_floating_point else [2, 4, 30]
+    from_tensor = StudentT(3, df=torch.tensor(values, dtype=dtype)).double()
+    from_list = StudentT(3, df=values).double()
+    torch.testing.assert_close(from_tensor.df, from_list.df)
+    x = torch.randn(7, 3, dtype=torch.float64) * 4
+    np.testing.assert_allclose(from_tensor.log_prob(x).numpy(), stats.t.logpdf(x.numpy(), df=values).sum(-1), rtol=1e-6)
+    scalar = StudentT(3, df=torch.tensor(2.5, dtype=dtype))
+    torch.testing.assert_close(scalar.df, StudentT(3, df=2.5 if dtype.is_floating_point else 2).df)
+    loaded = flowkit.io.load(
+        flowkit.io.save(flowkit.flows.NSF(3, transforms=1, hidden=(4,), base=from_tensor.float()), tmp_path / "m")
+    )
+    torch.testing.assert_close(loaded.base.df, from_tensor.float().df)
+
+
+def test_a_string_df_names_its_type():
+    with pytest.raises(ValueError, match="df must be a number, a list of numbers or a tensor, got str"):
+        StudentT(2, df="3")
+
+
+DFS = [0.5, 0.9, 1.5, 3.0, 10.0, 29.0, 30.0, 31.0, 100.0, 1e3, 1e5, 1e7, 1e8]
+
+
+@pytest.mark.parametrize("dtype, rtol", [(torch.float32, 1e-6), (torch.float64, 1e-11)])
+def test_log_prob_matches_scipy_from_small_to_huge_df(dtype, rtol):
+    base = StudentT(len(DFS), df=DFS, min_df=0.1).to(dtype)
+    x = torch.tensor([0.0, 0.3, -1.0, 2.0, 7.0, -40.0, 1e3, 1e8], dtype=dtype)[:, None].expand(-1, len(DFS))
+    df = base.df.double().numpy()  # the degrees of freedom the model holds in this dtype
+    expected = stats.t.logpdf(x.double().numpy(), df=df)
+    one_at_a_time = [StudentT(1, df=d, min_df=0.1).to(dtype).log_prob(x[:, [j]]) for j, d in enumerate(DFS)]
+    np.testing.assert_allclose(torch.stack(one_at_a_time, -1).double().numpy(), expected, rtol=rtol, atol=0)
+    np.testing.assert_allclose(base.log_prob(x).double().numpy(), expected.sum(-1), rtol=rtol, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_log_prob_is_finite_far_out_and_matches_scipy(dtype):
+    base = StudentT(3, df=[0.5, 3.0, 1e6], min_df=0.1, learn_df=True).to(dtype)
+    x = torch.tensor([[1e20, -1e20, 1e20], [3e38, 1e19, -1e30], [1e10, 1e-30, 0.0]], dtype=dtype)
+    x = x.clamp(-torch.finfo(dtype).max, torch.finfo(dtype).max).requires_grad_()
+    log_p = base.log_prob(x)
+    expected = stats.t.logpdf(x.detach().double().numpy(), df=base.df.detach().double().numpy()).sum(-1)
+    np.testing.assert_allclose(
+        log_p.detach().double().numpy(), expected, rtol=1e-6 if dtype == torch.float32 else 1e-12
+    )
+    log_p.sum().backward()
+    assert bool(torch.isfinite(x.grad).all()) and bool(torch.isfinite(base.df_raw.grad).all())

@@ -16,12 +16,14 @@ at small $\nu$ in float32.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .._config import get_config
 from .._validation import check_number
 from ..utils import sum_event
 from .base import Distribution, as_shape
@@ -52,11 +54,47 @@ def _hold_df(module: nn.Module, raw: Tensor, learn: bool) -> None:
         module.register_buffer("df_raw", raw)
 
 
+# log Γ(a + 1/2) - log Γ(a) - log(a) / 2 = Σ_k c_k a^(1 - 2k) for large a (error below 2e-15 at a >= 15).
+_SERIES = (-1 / 8, 1 / 192, -1 / 640, 17 / 14336, -31 / 18432)
+_SERIES_FROM = 15.0
+
+
+def _student_log_normaliser(df: Tensor) -> Tensor:
+    r"""$\log\Gamma(\frac{\nu+1}{2}) - \log\Gamma(\frac{\nu}{2}) - \frac12\log(\nu\pi)$, computed in float64.
+
+    The two log-gammas nearly cancel at large $\nu$ (float32 lost the whole answer at $\nu = 10^7$), so for
+    $\nu / 2 \ge 15$ the difference is the asymptotic series $\frac12 \log\frac{\nu}{2} + \sum_k c_k (\nu/2)^{1-2k}$,
+    which leaves $-\frac12\log(2\pi) + \sum_k c_k (\nu/2)^{1-2k}$ and tends to the Gaussian's normaliser.
+    """
+    a = 0.5 * df.double()
+    small = a.clamp_max(_SERIES_FROM)  # each branch of torch.where sees finite inputs (finite gradients)
+    direct = torch.lgamma(small + 0.5) - torch.lgamma(small) - 0.5 * torch.log(2 * math.pi * small)
+    large = a.clamp_min(_SERIES_FROM)
+    inverse_square = large.reciprocal().square()
+    series = torch.zeros_like(large)
+    for c in reversed(_SERIES):
+        series = series * inverse_square + c
+    series = series / large - 0.5 * _LOG_2PI
+    return torch.where(a < _SERIES_FROM, direct, series)
+
+
+def _log1p_square(x: Tensor, df: Tensor) -> Tensor:
+    r"""$\log(1 + x^2 / \nu)$ without squaring a large $|x|$ (1e20 overflowed float32 to inf).
+
+    For $|x| > \sqrt\nu$ it is $2 \log|x| - \log\nu + \log(1 + \nu / x^2)$, with $\nu / x^2 = (\sqrt\nu / |x|)^2 < 1$.
+    """
+    root = df.sqrt()
+    inside = torch.minimum(torch.maximum(x, -root), root)  # each branch of torch.where sees its own range
+    outside = torch.maximum(x.abs(), root)
+    near = torch.log1p((inside / root).square())
+    far = 2 * torch.log(outside) - torch.log(df) + torch.log1p((root / outside).square())
+    return torch.where(x.abs() <= root, near, far)
+
+
 def _student_log_density(x: Tensor, df: Tensor) -> Tensor:
     r"""Elementwise $\log t_\nu(x)$ of the standard Student-t."""
-    half = 0.5 * (df + 1)
-    norm = torch.lgamma(half) - torch.lgamma(0.5 * df) - 0.5 * (torch.log(df) + math.log(math.pi))
-    return norm - half * torch.log1p(x.square() / df)
+    norm = _student_log_normaliser(df).to(torch.result_type(x, df))
+    return norm - 0.5 * (df + 1) * _log1p_square(x, df)
 
 
 def _student_sample(shape: torch.Size, df: Tensor) -> Tensor:
@@ -79,13 +117,14 @@ class StudentT(Distribution):
 
     Arguments:
         event_shape: `D` or a shape such as `(C, H, W)`.
-        df: degrees of freedom $\nu > \nu_{\min}$: one number for every element, or a list with one per
-            element of a vector event.
+        df: degrees of freedom $\nu > \nu_{\min}$: one number for every element, or a list (or a 1-d tensor of
+            any real dtype) with one per element of a vector event.
         learn_df: whether $\hat\nu$ is a trained parameter (TAF, gTAF) or a fixed buffer.
         min_df: the floor $\nu_{\min} > 0$ kept by the softplus offset.
 
     Raises:
-        ValueError: for `df <= min_df`, `min_df <= 0` or a list of `df` whose length is not `D`.
+        ValueError: for an empty event, `df <= min_df`, `min_df <= 0`, a `df` that is not a number, a list of
+            numbers or a tensor (a string), or a list of `df` whose length is not `D`.
 
     Examples:
         >>> import torch, flowkit
@@ -106,9 +145,25 @@ class StudentT(Distribution):
     ) -> None:
         super().__init__()
         self.event_shape = as_shape(event_shape)
+        if self.event_shape.numel() == 0:
+            raise ValueError(f"StudentT: the event must hold at least one element, got shape {tuple(self.event_shape)}")
         self.min_df = check_number(min_df, "min_df", where="StudentT", positive=True)
-        values = [df] if not isinstance(df, Sequence) else list(df)
-        if isinstance(df, Sequence) and (len(self.event_shape) != 1 or len(values) != self.event_shape[0]):
+        per_element = isinstance(df, Tensor) and df.dim() > 0
+        if isinstance(df, Tensor):
+            if df.dim() > 1 or df.is_complex() or df.dtype == torch.bool:
+                raise ValueError(
+                    f"StudentT: a tensor of df must be a real scalar or vector, got {df.dtype} {tuple(df.shape)}"
+                )
+            df = df.detach().cpu().double().tolist()  # a JSON-friendly list (or number) for io.save
+            get_config(self)[1]["df"] = df
+        elif isinstance(df, (str, bytes)) or not isinstance(df, (numbers.Real, Sequence)):
+            raise ValueError(
+                f"StudentT: df must be a number, a list of numbers or a tensor, got {type(df).__name__} {df!r}"
+            )
+        else:
+            per_element = isinstance(df, Sequence)
+        values = list(df) if per_element else [df]
+        if per_element and (len(self.event_shape) != 1 or len(values) != self.event_shape[0]):
             raise ValueError(
                 f"StudentT: a list of df needs one value per element of a vector event {tuple(self.event_shape)}, "
                 f"got {len(values)}"
