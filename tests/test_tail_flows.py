@@ -9,6 +9,7 @@ from scipy import stats
 
 import flowkit
 from flowkit import tails
+from flowkit._validation import module_dtype
 from flowkit.bijectors import Standardization
 from flowkit.flows import COMET, DATA_PRESETS, TailAdaptive, build_data_flow
 from flowkit.testing import check_flow, randomize
@@ -166,7 +167,9 @@ def test_bad_arguments_are_value_errors():
         lambda: TailAdaptive(2, df=[None, 2.0], variant="gtaf"),
         lambda: TailAdaptive(2, df=[None, 0.5]),
         lambda: TailAdaptive.from_data(torch.randn(10)),
-        lambda: COMET(1),
+        lambda: COMET(0),
+        lambda: COMET(1, context=2),
+        lambda: COMET.from_data(torch.randn(2000, 1, dtype=torch.complex64)),
         lambda: COMET.from_data(torch.randn(30, 2)),
         lambda: build_data_flow("taf", torch.randn(100, 2)),
     ):
@@ -174,3 +177,32 @@ def test_bad_arguments_are_value_errors():
             build()
     with pytest.raises(ValueError, match="not fitted"):
         COMET(2, transforms=1, hidden=(8,)).log_prob(torch.randn(3, 2))
+
+
+def test_comet_on_one_feature_is_its_fitted_marginal(tmp_path):
+    torch.manual_seed(0)
+    x = torch.distributions.StudentT(2.0).sample((3000, 1)).double()
+    flow = COMET.from_data(x, transforms=2, hidden=(8,), knots=64)
+    assert module_dtype(flow) == torch.float64 and len(flow.bijector) == 1
+    report = check_flow(flow)
+    assert report.passed, str(report)
+    # the density is the marginal's: the standard normal at Phi^-1(F(x)) times dF/dx
+    z, ladj = flow.marginals.forward(x[:50])
+    expected = torch.distributions.Normal(0.0, 1.0).log_prob(z[:, 0]) + ladj
+    torch.testing.assert_close(flow.log_prob(x[:50]), expected)
+    # the fitted CDF of the flow is the empirical one of its data, to sampling error
+    cdf = torch.special.ndtr(flow.marginals.forward(x)[0][:, 0])
+    assert stats.kstest(cdf.numpy(), "uniform").pvalue > 1e-3
+    loaded = flowkit.io.load(flowkit.io.save(flow, tmp_path / "comet1"))
+    torch.testing.assert_close(loaded.log_prob(x[:20]), flow.log_prob(x[:20]))
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8])
+def test_comet_from_integer_data_builds_in_the_default_dtype(dtype):
+    torch.manual_seed(0)
+    x = torch.randint(0, 200, (3000, 2)).to(dtype)
+    flow = COMET.from_data(x, transforms=1, hidden=(8,), knots=32)
+    assert module_dtype(flow) == torch.get_default_dtype()
+    reference = COMET.from_data(x.to(torch.get_default_dtype()), transforms=1, hidden=(8,), knots=32)
+    torch.testing.assert_close(flow.marginals.state_dict(), reference.marginals.state_dict())
+    assert bool(torch.isfinite(flow.log_prob(x[:10].float())).all())

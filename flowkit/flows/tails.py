@@ -39,6 +39,11 @@ def _group_permutation(light: int, features: int, seed: int) -> Permutation:
     return layer
 
 
+def _floating(x: Tensor) -> Tensor:
+    """Floating `x` as it is; integer or boolean `x` in the default floating dtype."""
+    return x if x.is_floating_point() else x.to(torch.get_default_dtype())
+
+
 class TailAdaptive(Flow):
     r"""Marginal tail-adaptive flow (mTAF): Student-t base marginals for the heavy-tailed features.
 
@@ -257,7 +262,9 @@ class COMET(Flow):
     SoftFlow noise, which the reference adds to its couplings, is not used.
 
     Arguments:
-        features: number of features `D` (at least 2).
+        features: number of features `D`. With one feature there is nothing to couple (the one-dimensional
+            copula is the base itself): the flow is the fitted marginal alone, takes no context and has
+            nothing to train.
         transforms: number of coupling layers.
         bins: spline bins.
         hidden: hidden sizes of each conditioner.
@@ -304,8 +311,18 @@ class COMET(Flow):
         conditioner: ConditionerFactory | None = None,
         base: Distribution | None = None,
     ) -> None:
-        check_number(features, "features", where="COMET", integer=True, low=2)
+        check_number(features, "features", where="COMET", integer=True, low=1)
         marginals = MarginalTailCDF(features, knots, lower, upper, anchors, output)
+        if features == 1:  # a one-dimensional copula is the base itself: nothing to couple
+            sizes = {"transforms": (transforms, 1), "context": (context, 0), "bins": (bins, 1)}
+            _checked("COMET", transformer, conditioner, sizes, hidden)
+            if context:
+                raise ValueError(
+                    "COMET: with one feature COMET is its fitted marginal alone, which takes no context; "
+                    "use NSF(1, context=...) for a conditional one-dimensional flow"
+                )
+            super().__init__(Chain(marginals), _base(base, features))
+            return
         copula = NSF(
             features,
             transforms,
@@ -334,11 +351,20 @@ class COMET(Flow):
     def from_data(cls, x: Tensor, **kwargs: object) -> COMET:
         """A COMET flow on the features of `x` (`(N, D)`) with its marginals fitted to `x`.
 
+        The flow takes the dtype of floating `x`; integer (or boolean) data, such as counts, is converted to
+        the default floating dtype (`torch.get_default_dtype()`), and the flow is built in it.
+
         Arguments:
             x: training data.
             **kwargs: the other arguments of `COMET`.
+
+        Raises:
+            ValueError: for `x` that is not a real tensor of shape `(N, D)`, or whose features cannot be fitted
+                (see [`MarginalTailCDF.fit`][flowkit.bijectors.MarginalTailCDF.fit]).
         """
-        if not isinstance(x, Tensor) or x.dim() != 2:
-            raise ValueError(f"COMET.from_data: x must be a tensor of shape (N, D), got {type(x).__name__}")
+        if not isinstance(x, Tensor) or x.dim() != 2 or x.is_complex():
+            shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+            raise ValueError(f"COMET.from_data: x must be a real tensor of shape (N, D), got {shape}")
+        x = _floating(x)
         flow = cls(x.shape[1], **kwargs)  # type: ignore[arg-type]
         return flow.to(x.dtype).fit_marginals(x)
