@@ -206,3 +206,28 @@ def test_comet_from_integer_data_builds_in_the_default_dtype(dtype):
     reference = COMET.from_data(x.to(torch.get_default_dtype()), transforms=1, hidden=(8,), knots=32)
     torch.testing.assert_close(flow.marginals.state_dict(), reference.marginals.state_dict())
     assert bool(torch.isfinite(flow.log_prob(x[:10].float())).all())
+
+
+@pytest.mark.parametrize("variant", ["mtaf", "gtaf"])
+def test_tail_adaptive_from_data_refuses_a_constant_feature_by_name(variant):
+    x = _heavy_data(400)
+    x[:, 2] = 1.5
+    with pytest.raises(ValueError, match=r"feature\(s\) \[2\] are constant"):
+        TailAdaptive.from_data(x, variant, transforms=1, hidden=(8,), bootstraps=10)
+    with pytest.raises(ValueError, match=r"\[2\] are constant"):
+        TailAdaptive.from_data(x, variant, transforms=1, hidden=(8,), bootstraps=10, standardize=False)
+
+
+@pytest.mark.parametrize("variant", ["mtaf", "mtaf-fix", "gtaf"])
+def test_tail_adaptive_from_data_follows_the_data_dtype(variant):
+    x = _heavy_data(400).double() * 3 + 1
+    flow = TailAdaptive.from_data(x, variant, transforms=1, hidden=(8,), bootstraps=10)
+    assert module_dtype(flow) == torch.float64 and {
+        t.dtype for t in flow.state_dict().values() if t.is_floating_point()
+    } == {torch.float64}
+    lower, median, upper = np.quantile(x.numpy(), [0.25, 0.5, 0.75], axis=0)
+    np.testing.assert_allclose(flow.bijector[0].loc.numpy(), median, rtol=1e-15)
+    np.testing.assert_allclose(flow.bijector[0].scale.numpy(), (upper - lower) / (2 * stats.norm.ppf(0.75)), rtol=1e-14)
+    assert flow.log_prob(x[:5]).dtype == torch.float64
+    counts = TailAdaptive.from_data(torch.randint(-1000, 1000, (400, 2)), variant, transforms=1, bootstraps=10)
+    assert module_dtype(counts) == torch.get_default_dtype()

@@ -224,6 +224,9 @@ class TailAdaptive(Flow):
         flow should model; scaling by it squeezes the body of a heavy marginal and leaves the base's
         tail far too wide. Do not standardise the data again around this flow.
 
+        The flow takes the dtype of floating `x` (float64 data gives a float64 flow); integer data is converted
+        to the default floating dtype.
+
         Arguments:
             x: training data, `(N, D)`.
             variant: `"mtaf-fix"`, `"mtaf"` or `"gtaf"`.
@@ -232,21 +235,36 @@ class TailAdaptive(Flow):
             seed: seed of the resampling.
             standardize: put the robust standardisation first.
             **kwargs: the other arguments of `TailAdaptive`.
+
+        Raises:
+            ValueError: for `x` that is not a real `(N, D)` tensor, non-finite values, a constant feature (named),
+                or a feature whose tail cannot be estimated (see [`estimate_tail`][flowkit.tails.estimate_tail]).
         """
         from ..tails import estimate_tails
 
-        if not isinstance(x, Tensor) or x.dim() != 2:
-            raise ValueError(f"TailAdaptive.from_data: x must be a tensor of shape (N, D), got {type(x).__name__}")
+        where = "TailAdaptive.from_data"
+        if not isinstance(x, Tensor) or x.dim() != 2 or x.is_complex():
+            shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+            raise ValueError(f"{where}: x must be a real tensor of shape (N, D), got {shape}")
+        x = _floating(x.detach())
+        if not bool(torch.isfinite(x).all()):
+            raise ValueError(f"{where}: x contains {int((~torch.isfinite(x)).sum())} non-finite value(s)")
+        constant = torch.nonzero((x == x[:1]).all(0)).flatten().tolist() if x.shape[0] else []
+        if constant:
+            raise ValueError(
+                f"{where}: feature(s) {constant} are constant in the data: a density on them is a spike and their "
+                "tails cannot be estimated; drop them (or add noise of the data's resolution)"
+            )
         features = x.shape[1]
         if standardize:
             loc, scale = Standardization.statistics(x, robust=True)
             kwargs = {"loc": loc.tolist(), "scale": scale.tolist(), **kwargs}
         if variant == "gtaf":
-            return cls(features, variant=variant, **kwargs)  # type: ignore[arg-type]
+            return cls(features, variant=variant, **kwargs).to(x.dtype)  # type: ignore[arg-type]
         floor = 1.05 * check_number(kwargs.get("min_df", 1.0), "min_df", where="TailAdaptive", positive=True)
         estimates = estimate_tails(x, light_below=light_below, bootstraps=bootstraps, seed=seed)
         df = [max(e.df, floor) if e.df is not None else None for e in estimates]
-        return cls(features, df=df, variant=variant, **kwargs)  # type: ignore[arg-type]
+        return cls(features, df=df, variant=variant, **kwargs).to(x.dtype)  # type: ignore[arg-type]
 
 
 class COMET(Flow):
