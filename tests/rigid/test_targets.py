@@ -75,6 +75,27 @@ def test_matrix_fisher_log_z_on_s3_and_force():
     torch.testing.assert_close(target.force(q), -grad)
 
 
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda f: MatrixFisher(f).double(),
+        lambda f: MatrixFisher(f).float().double(),  # a round trip through float32 keeps the exact matrix
+        lambda f: MatrixFisher(f),  # float32 target, float64 input: the energy in the input's dtype
+    ],
+)
+def test_matrix_fisher_float64_energy_is_exact_against_log_z(haar, build):
+    rotations, q = haar
+    f = FISHER[1]  # entries that float32 cannot hold
+    target = build(f.tolist())
+    # log p(q) against the area of S^3: tr(F^T R(q)) - log c(F) - log(2 pi^2), all in float64 from F
+    exact = np.einsum("nij,ij->n", rotations.numpy()[:2000], f) - matrix_fisher_log_normalizer(f)
+    exact = exact - math.log(2 * math.pi**2)
+    log_p = target.log_prob(q[:2000])
+    assert log_p.dtype == torch.float64
+    np.testing.assert_allclose(log_p.numpy(), exact, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(target.force(q[:5]).numpy(), 2 * q[:5].numpy() @ bingham_matrix(f), rtol=0, atol=1e-12)
+
+
 def test_matrix_fisher_exact_samples_match_importance_weighted_moments():
     target = MatrixFisher([[10.0, 1.0, 0.0], [0.0, 9.0, -1.0], [0.5, 0.0, 11.0]]).double()
     x = target.sample(40_000, generator=torch.Generator().manual_seed(0))
