@@ -7,7 +7,7 @@ Protocol (Noé et al. 2019; Midgley et al. 2023 for the coordinates, at CPU scal
    runs (``--train-md``, default 5 ns seed 0 and 20 ns seed 2; the last 10% held out for
    validation) and independent reference runs (``--ref-md``, default 10 ns seed 1). All frames are
    moved rigidly into the flow's anchored frame, where the forces match the flow's output.
-2. The flow (``flowkit.targets.alanine.internal_coordinate_flow``): internal coordinates
+2. The flow (``flowkit.flows.internal_coordinate_flow``): internal coordinates
    (Z-matrix, three anchors, normalised around the minimum-energy frame; 60 coordinates of
    which 10 circular dihedrals), blocks of rational-quadratic and circular spline couplings,
    base uniform on the circular coordinates and N(0, 1) on the others.
@@ -86,6 +86,7 @@ import flowkit
 import flowkit.plot
 from flowkit.bijectors.internal import same_chirality
 from flowkit.data import alanine_dipeptide_md
+from flowkit.flows import internal_coordinate_flow
 from flowkit.sampling import ess, importance_sample
 from flowkit.targets import AlanineDipeptide
 from flowkit.targets.alanine import (
@@ -93,7 +94,6 @@ from flowkit.targets.alanine import (
     ALANINE_Z_MATRIX,
     alanine_internal_coordinates,
     backbone_dihedrals,
-    internal_coordinate_flow,
 )
 from flowkit.train import BoltzmannGenerator, MaximumLikelihood, fit
 from flowkit.train.callbacks import Callback

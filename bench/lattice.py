@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 import flowkit
-from flowkit import io, lattice, mcmc, sampling
+from flowkit import io, lattice, sampling
 from flowkit.flows import LatticeFlow
 from flowkit.targets import Phi4
 from flowkit.train import BoltzmannGenerator, fit
@@ -57,7 +57,7 @@ def _report(name: str, samples: torch.Tensor, seconds: float, train_seconds: flo
         value, error = obs[key]
         out[key] = [float(value), float(error)]
     for key, series in _series(samples).items():
-        tau = mcmc.integrated_autocorrelation_time(series)
+        tau = sampling.integrated_autocorrelation_time(series)
         ess = n / (2 * tau) if math.isfinite(tau) else 0.0
         out[f"tau_int_{key}"] = tau
         out[f"ess_{key}"] = ess
@@ -71,7 +71,7 @@ def _tune_hmc(energy, x0: torch.Tensor, seed: int, pilot: int) -> tuple[float, i
     chosen = (0.02, 50)
     for eps in (0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5):
         n_lf = max(1, round(1.0 / eps))
-        run = mcmc.hmc(energy, x0, pilot, eps, n_lf, generator=torch.Generator().manual_seed(seed))
+        run = sampling.hmc(energy, x0, pilot, eps, n_lf, generator=torch.Generator().manual_seed(seed))
         if run.mean_acceptance >= 0.75:
             chosen = (eps, n_lf)
         else:
@@ -97,7 +97,7 @@ def run_point(args: argparse.Namespace) -> dict:
     eps, n_lf = _tune_hmc(target.double(), x0 + 0.1 * torch.randn_like(x0), args.seed, args.pilot)
     start = _cpu()
     total = args.hmc_steps + args.burn_in
-    hmc = mcmc.hmc(target.double(), x0, total, eps, n_lf, generator=torch.Generator().manual_seed(args.seed))
+    hmc = sampling.hmc(target.double(), x0, total, eps, n_lf, generator=torch.Generator().manual_seed(args.seed))
     hmc_seconds = _cpu() - start
     kept = hmc.samples[args.burn_in :]
     result["hmc"] = _report("hmc", kept, hmc_seconds * args.hmc_steps / total, 0.0, args.blocks)
@@ -137,17 +137,19 @@ def run_point(args: argparse.Namespace) -> dict:
 
     # ---- flow IMH
     start = _cpu()
-    imh = mcmc.independent_metropolis(flow, target, args.imh_steps, generator=torch.Generator().manual_seed(args.seed))
+    imh = sampling.independent_metropolis(
+        flow, target, args.imh_steps, generator=torch.Generator().manual_seed(args.seed)
+    )
     imh_seconds = _cpu() - start
     result["imh"] = _report("imh", imh.samples, imh_seconds, train_seconds, args.blocks)
     result["imh"]["acceptance"] = imh.mean_acceptance
 
     # ---- flow HMC
     z0 = flow.base.sample((args.flow_hmc_chains,))
-    latent = mcmc.latent_energy(flow, target)
+    latent = sampling.latent_energy(flow, target)
     feps, fn_lf = _tune_hmc(latent, z0, args.seed, args.pilot)
     start = _cpu()
-    fhmc = mcmc.flow_hmc(
+    fhmc = sampling.flow_hmc(
         flow,
         target,
         args.flow_hmc_steps,

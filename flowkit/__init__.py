@@ -18,7 +18,6 @@ _SUBPACKAGES = (
     "interop",
     "io",
     "lattice",
-    "mcmc",
     "sampling",
     "stochastic",
     "targets",
@@ -38,7 +37,7 @@ def _import_all() -> None:
 
 
 def __getattr__(name: str):
-    if name in _SUBPACKAGES or name == "plot":
+    if name in _SUBPACKAGES or name in ("plot", "mcmc"):
         return _importlib.import_module(f".{name}", __name__)
     if name in _DEFINED_IN:
         value = getattr(_importlib.import_module(f".{_DEFINED_IN[name]}", __name__), name)
@@ -60,7 +59,6 @@ __all__ = [
     "targets",
     "train",
     "sampling",
-    "mcmc",
     "lattice",
     "data",
     "plot",

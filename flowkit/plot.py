@@ -480,12 +480,12 @@ def autocorrelation(series: Mapping[str, Tensor], *, max_lag: int = 50, title: s
 
     Arguments:
         series: `{label: values}`, each `(n_steps,)` or `(n_steps, chains)`
-            (see [`flowkit.mcmc.autocorrelation`][flowkit.mcmc.autocorrelation]).
+            (see [`flowkit.sampling.autocorrelation`][flowkit.sampling.autocorrelation]).
         max_lag: the largest lag shown.
         title: axes title.
     """
-    from .mcmc import autocorrelation as acf
-    from .mcmc import integrated_autocorrelation_time
+    from .sampling import autocorrelation as acf
+    from .sampling import integrated_autocorrelation_time
 
     if not series:
         raise ValueError("autocorrelation: give at least one series")

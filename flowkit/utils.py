@@ -2,12 +2,39 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import operator
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["sum_event", "TensorAnchor", "auxiliary_loss", "auxiliary_loss_modules", "aggregates_auxiliary_loss"]
+__all__ = [
+    "as_shape",
+    "sum_event",
+    "TensorAnchor",
+    "auxiliary_loss",
+    "auxiliary_loss_modules",
+    "aggregates_auxiliary_loss",
+]
+
+
+def as_shape(shape: int | Sequence[int] | torch.Size) -> torch.Size:
+    """Turn an int or a sequence of ints into a `torch.Size` (refusing other values and negative sizes).
+
+    Raises:
+        ValueError: when `shape` is not an integer nor a sequence of integers (`2.5`, `True`, `"3"`),
+            or has a negative size.
+    """
+    sizes = tuple(shape) if isinstance(shape, Sequence) and not isinstance(shape, str) else (shape,)
+    try:
+        if any(isinstance(n, bool) for n in sizes):
+            raise TypeError
+        size = torch.Size(operator.index(n) for n in sizes)
+    except TypeError:
+        raise ValueError(f"a shape must be an integer or a sequence of integers, got {shape!r}") from None
+    if any(n < 0 for n in size):
+        raise ValueError(f"a shape cannot have negative sizes, got {tuple(size)}")
+    return size
 
 
 def sum_event(t: Tensor, event_dims: int) -> Tensor:

@@ -151,7 +151,7 @@ def test_imh_starts_at_the_first_proposal_of_non_zero_weight():
 
 
 def test_imh_is_one_chain_of_the_batched_sampler_and_every_chain_starts_at_non_zero_weight():
-    from flowkit.mcmc import independent_metropolis
+    from flowkit.sampling import independent_metropolis
 
     flow = flowkit.flows.RealNVP(2, transforms=1, hidden=(4,))
     wall = Energy(lambda x: torch.where(x[..., 0] > 0, 0.5 * x.square().sum(-1), math.inf), 2)

@@ -5,7 +5,7 @@ An elementwise bijector `z_i = f(x_i)` with a strictly increasing, smooth
 log-determinant depends on `x`, so EBFlow's score matching keeps it in the
 energy, but it costs $O(D)$.
 
-The activations here have no closed-form inverse; [`monotone_inverse`][flowkit.bijectors.activations.monotone_inverse]
+The activations here have no closed-form inverse; [`monotone_inverse`][flowkit.root_finding.monotone_inverse]
 inverts them with a safeguarded Newton iteration inside a bracket that is
 known in closed form, with a fixed number of steps (no host synchronisation).
 """
@@ -13,78 +13,23 @@ known in closed form, with a fixed number of steps (no host synchronisation).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 from torch.nn import functional as F
 
 from .._validation import check_number
-from ..distributions.base import as_shape
 from ..domains import Interval
-from ..transformers.smooth import implicit_newton_step
-from ..utils import sum_event
+from ..root_finding import monotone_inverse
+from ..utils import as_shape, sum_event
 from .base import Bijector
 
-__all__ = ["Elementwise", "SmoothLeakyReLU", "SmoothTanh", "Logit", "monotone_inverse"]
+# `monotone_inverse` lives in `flowkit.root_finding`; it is imported here for code that imported it from here.
+__all__ = ["Elementwise", "SmoothLeakyReLU", "SmoothTanh", "Logit"]
 
 #: The largest slope parameter of an activation: `a / b` and `a x` stay well inside float32.
 _MAX_SLOPE = 1e6
-
-
-def monotone_inverse(
-    f: Callable[[Tensor], Tensor],
-    df: Callable[[Tensor], Tensor],
-    y: Tensor,
-    low: Tensor,
-    high: Tensor,
-    iterations: int,
-    start: Tensor | None = None,
-) -> Tensor:
-    """Solve `f(x) = y` elementwise for a strictly increasing `f` with `low < x < high`.
-
-    Safeguarded Newton (Numerical Recipes' `rtsafe`): each step keeps a
-    bracket `[low, high]` that contains the root, takes the Newton step
-    when it lands inside the bracket and shrinks the step at least twice as
-    fast as bisection, and bisects otherwise, so it converges for any
-    increasing `f` (at least one bit per two steps) and quadratically near the root. The loop runs a
-    fixed number of steps on the whole tensor (no data-dependent branching).
-
-    The solve runs without autograd; one final Newton step is taken with
-    autograd on, which at the root gives the exact implicit derivative
-    `dx/dy = 1 / f'(x)` (and the right derivatives for the parameters of `f`). Where that step
-    would leave the bracket (too few iterations, or `f'` vanishing at the iterate) the value stays the
-    bracketed iterate, with the same derivative.
-
-    Arguments:
-        f: the increasing map, elementwise.
-        df: its derivative `f'` (positive).
-        y: targets.
-        low: lower bounds of the roots (broadcastable to `y`).
-        high: upper bounds of the roots.
-        iterations: number of safeguarded Newton steps.
-        start: first guess (default: the middle of the bracket).
-
-    Returns:
-        `x` with `f(x) = y` to the precision of the dtype after enough steps.
-    """
-    with torch.no_grad():
-        yd = y.detach()
-        low = torch.broadcast_to(low.detach(), y.shape).clone()
-        high = torch.broadcast_to(high.detach(), y.shape).clone()
-        x = 0.5 * (low + high) if start is None else torch.broadcast_to(start.detach(), y.shape).clone()
-        dx_old = dx = high - low
-        for _ in range(iterations):
-            r = f(x) - yd
-            above = r > 0
-            high = torch.where(above, x, high)
-            low = torch.where(above, low, x)
-            newton = r / df(x)
-            # Newton only when it stays in the bracket and shrinks faster than bisection would.
-            use_newton = (x - newton > low) & (x - newton < high) & (2 * newton.abs() < dx_old.abs())
-            dx_old, dx = dx, torch.where(use_newton, newton, x - 0.5 * (low + high))
-            x = x - dx
-    return implicit_newton_step(x, f(x) - y, df(x), low, high)
 
 
 class Elementwise(Bijector):
@@ -92,7 +37,7 @@ class Elementwise(Bijector):
 
     Subclasses implement `_f`, `_log_df` (`log f'`) and
     `_bracket` (bounds on `f^{-1}(y)`); the inverse is
-    [`monotone_inverse`][flowkit.bijectors.activations.monotone_inverse].
+    [`monotone_inverse`][flowkit.root_finding.monotone_inverse].
 
     Arguments:
         event_shape: `D` or a shape such as `(C, H, W)`.
@@ -141,7 +86,7 @@ class SmoothLeakyReLU(Elementwise):
     The inverse has no closed form. With `m(x) = max(x, alpha x)`,
     `m(x) < f(x) < m(x) + (1 - alpha) log 2`, so the root of `f(x) = y`
     lies between `m^{-1}(y - (1 - alpha) log 2)` and `m^{-1}(y)`, where
-    `m^{-1}(y) = min(y, y / alpha)`; [`monotone_inverse`][flowkit.bijectors.activations.monotone_inverse] finds it to
+    `m^{-1}(y) = min(y, y / alpha)`; [`monotone_inverse`][flowkit.root_finding.monotone_inverse] finds it to
     machine precision (round trip error below `1e-12` in float64 for
     `|y| <= 1e4`, checked in the tests).
 
@@ -187,7 +132,7 @@ class SmoothTanh(Elementwise):
 
     `f'(x) = b + a / cosh^2(a x)` lies in `(b, a + b]`; since `|tanh| < 1`
     the inverse lies in `[(y - 1) / b, (y + 1) / b]` and is found by
-    [`monotone_inverse`][flowkit.bijectors.activations.monotone_inverse].
+    [`monotone_inverse`][flowkit.root_finding.monotone_inverse].
 
     Arguments:
         event_shape: `D` or a shape such as `(C, H, W)`.

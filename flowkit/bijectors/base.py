@@ -19,8 +19,8 @@ from torch import Tensor, nn
 
 from .._config import Configurable
 from .._validation import check_point, outermost
-from ..distributions.base import as_shape
 from ..domains import Domain, Real
+from ..utils import as_shape
 
 __all__ = ["Bijector", "Chain", "Invert", "Reshape", "check_composition", "context_for"]
 

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from .._validation import check_number
-from ..distributions.base import as_shape
+from ..utils import as_shape
 from .base import Bijector
 from .linear import LULinear
 from .permutations import _show

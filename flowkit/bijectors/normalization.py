@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from ..distributions.base import as_shape
+from ..utils import as_shape
 from .base import Bijector
 
 #: The scale a channel gets when its initialising batch is constant (no spread to normalise).

@@ -73,7 +73,7 @@ first's $(n-1)$-th root and the second is at most 1 (1 for a single map), so a c
 gets light tails. The reference code of Köhler et al. has no convex variant on $S^3$: it stacks one
 double Möbius map per coupling layer, as `heads` does here. The normalizing direction solves the
 monotone one-dimensional equation by a bracketed search
-([`solve_monotone`][flowkit.transformers.smooth.solve_monotone]; on $S^{n-1}$ on $\log|\cot\varphi|$,
+([`solve_monotone`][flowkit.root_finding.solve_monotone]; on $S^{n-1}$ on $\log|\cot\varphi|$,
 where each component is a shift) and one Newton step with the graph (the implicit derivatives).
 
 Conditioners emit an unconstrained vector $v$ and a gate $g$ per map; the centre is
@@ -101,7 +101,7 @@ from .._validation import check_number
 from ..distributions.sphere import SEGMENTS, _check_segments, quaternion_to_matrix, rigid_domain, segment_slices
 from ..domains import Circle, Sphere
 from ..nn import MLP, _check_conditioner
-from ..transformers.smooth import implicit_newton_step, solve_monotone
+from ..root_finding import implicit_newton_step, solve_monotone
 from .base import Bijector
 
 __all__ = [
@@ -286,7 +286,7 @@ def _convex_double_moebius_inverse(y: Tensor, axis: Tensor, beta: Tensor, log_we
     There $g$ is $\sum_k \rho_k \arctan e^{v - \beta_k}$ against
     $\arctan e^{v_0}$, $v_0 = \log|\cot\gamma|$ (each component is the shift $v_0 = v - \beta_k$), the root
     lies in $[v_0 + \min\beta, v_0 + \max\beta]$, and $\varphi$ is on the side of the equator of $\gamma$.
-    [`solve_monotone`][flowkit.transformers.smooth.solve_monotone] searches that bracket (`SOLVER`).
+    [`solve_monotone`][flowkit.root_finding.solve_monotone] searches that bracket (`SOLVER`).
     """
     c, perp, s = _polar(y, axis)
     tiny = torch.finfo(y.dtype).tiny

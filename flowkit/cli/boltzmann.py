@@ -215,7 +215,8 @@ def build_flow(args: argparse.Namespace, target: Any, samples: Any) -> Any:
             components=args.components,
         )
     if args.target == "alanine-dipeptide":
-        from ..targets.alanine import alanine_internal_coordinates, internal_coordinate_flow
+        from ..flows import internal_coordinate_flow
+        from ..targets.alanine import alanine_internal_coordinates
 
         internal = alanine_internal_coordinates(target.minimum())
         return internal_coordinate_flow(internal, max(1, args.transforms // 2), hidden, seed=args.seed)
@@ -334,7 +335,7 @@ def _lattice_observables(target: Any, chain: Any, args: argparse.Namespace) -> t
     """Observables with blocked-jackknife errors and tau_int of the IMH chain and of a jittered-HMC reference."""
     import torch
 
-    from .. import lattice, mcmc
+    from .. import lattice, sampling
 
     if args.hmc_steps < 0:
         raise ValueError(f"--hmc-steps must be non-negative, got {args.hmc_steps}")
@@ -342,7 +343,9 @@ def _lattice_observables(target: Any, chain: Any, args: argparse.Namespace) -> t
     hmc = None
     if args.hmc_steps:
         x0 = torch.zeros(8, *target.event_shape, dtype=torch.float64)
-        run = mcmc.hmc(target.double(), x0, args.hmc_steps, 0.1, 10, generator=torch.Generator().manual_seed(args.seed))
+        run = sampling.hmc(
+            target.double(), x0, args.hmc_steps, 0.1, 10, generator=torch.Generator().manual_seed(args.seed)
+        )
         hmc = run.samples[args.hmc_steps // 10 :]
         chains["hmc"] = hmc
     out: dict[str, Any] = {}
@@ -351,8 +354,8 @@ def _lattice_observables(target: Any, chain: Any, args: argparse.Namespace) -> t
         measured = lattice.measure(samples, blocks=blocks)
         entry = {key: [float(measured[key][0]), float(measured[key][1])] for key in ("M", "abs_M", "chi2", "pole_mass")}
         m = lattice.magnetization(samples.double())
-        entry["tau_int_abs_M"] = mcmc.integrated_autocorrelation_time(m.abs())
-        entry["tau_int_chi2"] = mcmc.integrated_autocorrelation_time(m.square())
+        entry["tau_int_abs_M"] = sampling.integrated_autocorrelation_time(m.abs())
+        entry["tau_int_chi2"] = sampling.integrated_autocorrelation_time(m.square())
         out[name] = entry
     if hmc is not None:
         out["hmc"]["acceptance"] = float(run.mean_acceptance)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -12,28 +11,9 @@ from torch import Tensor
 
 from .._config import Configurable
 from .._validation import check_tensor, module_dtype, outermost
-from ..utils import TensorAnchor
+from ..utils import TensorAnchor, as_shape  # as_shape: imported here for code that imported it from here
 
 __all__ = ["Distribution", "as_shape"]
-
-
-def as_shape(shape: int | Sequence[int] | torch.Size) -> torch.Size:
-    """Turn an int or a sequence of ints into a `torch.Size` (refusing other values and negative sizes).
-
-    Raises:
-        ValueError: when `shape` is not an integer nor a sequence of integers (`2.5`, `True`, `"3"`),
-            or has a negative size.
-    """
-    sizes = tuple(shape) if isinstance(shape, Sequence) and not isinstance(shape, str) else (shape,)
-    try:
-        if any(isinstance(n, bool) for n in sizes):
-            raise TypeError
-        size = torch.Size(operator.index(n) for n in sizes)
-    except TypeError:
-        raise ValueError(f"a shape must be an integer or a sequence of integers, got {shape!r}") from None
-    if any(n < 0 for n in size):
-        raise ValueError(f"a shape cannot have negative sizes, got {tuple(size)}")
-    return size
 
 
 def _checked_log_prob(method: Callable[..., Tensor]) -> Callable[..., Tensor]:

@@ -7,6 +7,7 @@
 from .flow import Flow, FlowDistribution
 from .images import EIW, Glow
 from .lattice import LatticeFlow
+from .molecules import internal_coordinate_flow
 from .presets import MAF, NSF, RealNVP
 from .registry import DATA_PRESETS, PRESET_NAMES, PRESETS, build_data_flow, build_flow, parse_hidden
 from .rigid import RigidBodyFlow
@@ -22,6 +23,7 @@ __all__ = [
     "EIW",
     "LatticeFlow",
     "RigidBodyFlow",
+    "internal_coordinate_flow",
     "TailAdaptive",
     "COMET",
     "PRESETS",

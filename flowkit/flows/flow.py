@@ -20,10 +20,9 @@ from .._config import Configurable
 from .._validation import check_context, check_point, module_dtype, outermost
 from ..bijectors import Bijector
 from ..distributions import Distribution
-from ..distributions.base import as_shape
 from ..domains import Domain
 from ..targets.evaluate import energy_of
-from ..utils import aggregates_auxiliary_loss, auxiliary_loss
+from ..utils import aggregates_auxiliary_loss, as_shape, auxiliary_loss
 
 __all__ = ["Flow", "FlowDistribution"]
 

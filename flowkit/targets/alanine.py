@@ -11,7 +11,6 @@ dihedrals are $\phi$ = (4, 6, 8, 14) and $\psi$ = (6, 8, 14, 16).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,6 @@ __all__ = [
     "alanine_dipeptide_files",
     "alanine_dipeptide_positions",
     "alanine_internal_coordinates",
-    "internal_coordinate_flow",
     "backbone_dihedrals",
     "ALANINE_Z_MATRIX",
     "ALANINE_ANCHORS",
@@ -144,66 +142,6 @@ def alanine_internal_coordinates(
     )
 
 
-def internal_coordinate_flow(
-    internal: InternalCoordinates,
-    blocks: int = 4,
-    hidden: Sequence[int] = (128, 128),
-    bins: int = 8,
-    bound: float = 5.0,
-    seed: int = 0,
-) -> Any:
-    r"""A Boltzmann-generator flow on Cartesian positions through internal coordinates.
-
-    `Flow(Chain(internal, couplings...), base)`: the
-    [`InternalCoordinates`][flowkit.bijectors.InternalCoordinates] map, then `blocks` blocks of
-    four couplings; each block splits the real coordinates (bonds, angles, non-circular
-    dihedrals) and the circular dihedrals into random halves and transforms each half in
-    turn, the real ones with rational-quadratic splines on `[-bound, bound]` (linear tails)
-    and the circular ones with [`CircularSplineCoupling`][flowkit.bijectors.CircularSplineCoupling],
-    each conditioned on all the other coordinates through a periodic MLP (inputs as
-    $(\cos, \sin)$, so the maps are continuous across $\pm\pi$). The base is uniform on
-    the circular coordinates and standard normal on the others (FAB's `gauss-uni`).
-
-    Arguments:
-        internal: the internal-coordinate bijector (e.g.
-            [`alanine_internal_coordinates`][flowkit.targets.alanine.alanine_internal_coordinates]).
-        blocks: number of blocks of four couplings.
-        hidden: hidden sizes of the conditioner MLPs.
-        bins: spline bins.
-        bound: spline interval of the real coordinates.
-        seed: seed of the random halves.
-
-    Returns:
-        A [`Flow`][flowkit.flows.Flow] with `event_shape` `(3n,)`.
-    """
-    from ..bijectors import Chain, CircularSplineCoupling, Coupling
-    from ..distributions import RigidBase
-    from ..flows import Flow
-    from ..nn import MLP
-    from ..transformers import RationalQuadraticSpline
-
-    d = int(internal.latent_shape[0])
-    circular = list(internal.circular_idx)
-    real = [i for i in range(d) if i not in circular]
-    gen = torch.Generator().manual_seed(seed)
-    layers: list[Any] = [internal]
-    for _ in range(blocks):
-        real_perm = [real[i] for i in torch.randperm(len(real), generator=gen)]
-        circ_perm = [circular[i] for i in torch.randperm(len(circular), generator=gen)]
-        for half in (0, 1):
-            part = real_perm[half::2]
-            mask = [int(i in part) for i in range(d)]
-            spline = RationalQuadraticSpline(bins, bound)
-            net = MLP(d - len(part), len(part) * spline.params_per_element, hidden, periodic=True)
-            layers.append(Coupling(spline, d, mask=mask, conditioner=net))
-            if len(circ_perm) > 1:
-                part = circ_perm[half::2]
-                mask = [int(i in part) for i in range(d)]
-                layers.append(CircularSplineCoupling(d, bins, mask=mask, hidden=hidden))
-    base = RigidBase(["angle" if i in circular else "real" for i in range(d)])
-    return Flow(Chain(*layers), base)
-
-
 def _build(solvent: str | None) -> tuple[Any, Any, np.ndarray]:
     """The OpenMM system (no constraints, no cutoff), topology and shipped positions (nm, `(22, 3)`)."""
     mm = require_openmm()
@@ -277,3 +215,19 @@ class AlanineDipeptide(OpenMMEnergy):
 
     def extra_repr(self) -> str:
         return f"temperature={self.temperature}, solvent={self.solvent!r}, platform={self.platform!r}"
+
+
+def __getattr__(name: str) -> Any:
+    # Deprecated alias: the flow moved to flowkit.flows (targets do not build flows).
+    if name == "internal_coordinate_flow":
+        import warnings
+
+        from ..flows.molecules import internal_coordinate_flow
+
+        warnings.warn(
+            "flowkit.targets.alanine.internal_coordinate_flow moved to flowkit.flows.internal_coordinate_flow",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return internal_coordinate_flow
+    raise AttributeError(f"module 'flowkit.targets.alanine' has no attribute {name!r}")

@@ -9,8 +9,7 @@ from torch import Tensor
 
 from .._config import Configurable
 from .._validation import check_tensor, outermost
-from ..distributions.base import as_shape
-from ..utils import TensorAnchor
+from ..utils import TensorAnchor, as_shape
 
 __all__ = ["Target", "Energy"]
 

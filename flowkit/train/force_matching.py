@@ -32,7 +32,7 @@ from torch import Tensor
 
 from .._validation import check_number, check_tensor
 from ..flows import Flow
-from ..sampling import _check_target
+from ..sampling.importance import _check_target
 from ..targets import Target
 from .batches import split_batch
 from .objective import Objective

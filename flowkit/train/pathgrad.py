@@ -38,7 +38,7 @@ from torch import Tensor
 
 from .._validation import check_tensor, outermost
 from ..flows import Flow
-from ..sampling import _check_target
+from ..sampling.importance import _check_target, ess, log_Z
 from ..targets import Target
 from .objective import Objective
 from .score_rules import forward_with_score, inverse_with_score
@@ -197,8 +197,6 @@ class PathGradientVI(Objective):
 def _weight_metrics(log_w: Tensor | None) -> dict[str, float]:
     if log_w is None or log_w.numel() < 2 or not bool(torch.isfinite(log_w).any()):
         return {}
-    from ..sampling import ess, log_Z
-
     with warnings.catch_warnings():  # a training batch's weights are often degenerate early on
         warnings.simplefilter("ignore", RuntimeWarning)
         return {"ess": ess(log_w), "log_Z": log_Z(log_w)[0]}

@@ -76,9 +76,12 @@ from torch import Tensor
 
 from .._validation import check_number
 from ..domains import Circle, Interval
+from ..root_finding import implicit_newton_step as implicit_newton_step  # the old home of the root finders
+from ..root_finding import solve_monotone
 from .base import Transformer
 
-__all__ = ["SmoothMixture", "bump_cdf", "solve_monotone", "implicit_newton_step"]
+# The root finders live in `flowkit.root_finding`; imported here for code that imported them from here.
+__all__ = ["SmoothMixture", "bump_cdf"]
 
 #: Arguments of the ramp are clamped this far from the ends of `[0, 1]`; the ramp of the
 #: clamped point is zero to double precision for every allowed `alpha`.
@@ -146,84 +149,6 @@ def _logaddexp(a: Tensor, b: Tensor) -> Tensor:
     """
     m = torch.maximum(a, b).detach()
     return m + torch.log(torch.exp(a - m) + torch.exp(b - m))
-
-
-def solve_monotone(
-    fn: Any,
-    target: Tensor,
-    grid: int,
-    bisection_steps: int,
-    newton_steps: int,
-) -> Tensor:
-    r"""The root $u \in [0, 1]$ of $f(u) = $ `target` for increasing `fn`, with a fixed number of steps.
-
-    `fn(u, cells, slope)` returns `(f(u), f'(u))` (`f'` only when `slope`, else None) for
-    `u` of the shape of `target` with (`cells` > 0) or without (`cells` = 0) a trailing
-    grid dimension of that size.
-    The root must lie in `[0, 1]` (`f(0) <= target <= f(1)`). The bracket comes
-    from counting the grid values below the target, `bisection_steps` halve it,
-    and `newton_steps` safeguarded Newton steps finish (a step that leaves the
-    bracket becomes the bracket's midpoint). Runs without gradients.
-
-    Arguments:
-        fn: the map and its derivative, see above.
-        target: the values to invert.
-        grid: number of bracketing cells `M` (the bracket starts `1/M` wide).
-        bisection_steps: number of halvings.
-        newton_steps: number of Newton steps.
-
-    Returns:
-        The roots, with the shape of `target`.
-    """
-    with torch.no_grad():
-        if grid > 1:
-            nodes = torch.arange(1, grid, dtype=target.dtype, device=target.device) / grid
-            values, _ = fn(nodes.expand(*target.shape, grid - 1), grid - 1, False)
-            k = (values <= target.unsqueeze(-1)).sum(-1).to(target.dtype)
-            lo, hi = k / grid, (k + 1) / grid
-        else:
-            lo, hi = torch.zeros_like(target), torch.ones_like(target)
-        for _ in range(bisection_steps):
-            mid = 0.5 * (lo + hi)
-            below = fn(mid, 0, False)[0] <= target
-            lo, hi = torch.where(below, mid, lo), torch.where(below, hi, mid)
-        u = 0.5 * (lo + hi)
-        for _ in range(newton_steps):
-            value, slope = fn(u, 0, True)
-            below = value <= target
-            lo, hi = torch.where(below, u, lo), torch.where(below, hi, u)
-            step = u - (value - target) / slope
-            # A root at an end of the bracket (a grid node or bisection point hit exactly) draws Newton
-            # steps just outside it: within a bracket's width they are clamped onto the bracket, not
-            # replaced by its midpoint (which would halve the error per step instead of squaring it).
-            width = hi - lo
-            near = (step >= lo - width) & (step <= hi + width)
-            u = torch.where(near, torch.minimum(torch.maximum(step, lo), hi), 0.5 * (lo + hi))
-        return u
-
-
-def implicit_newton_step(root: Tensor, residual: Tensor, slope: Tensor, low: Tensor, high: Tensor) -> Tensor:
-    r"""One Newton step from a root found without gradients, carrying the graph: the implicit derivatives.
-
-    With `residual` $= f(x^*) - y$ and `slope` $= f'(x^*)$ evaluated *with* their graph at the detached
-    root $x^*$, the result $x^* - r / f'$ has value $pprox x^*$ and the derivatives
-    $\partial x / \partial	heta = -(\partial f / \partial	heta) / f'$ of the implicit-function rule.
-    Where the step would leave the bracket `[low, high]` (a solve cut short) or $f'$ is not positive,
-    the value stays `root` and only the graph of the step is kept; both branches stay finite, so neither
-    poisons the other's gradient.
-
-    Arguments:
-        root: the root $x^*$, without a graph.
-        residual: $f(x^*) - y$, with its graph.
-        slope: $f'(x^*)$, with its graph.
-        low: lower ends of the brackets.
-        high: upper ends of the brackets.
-    """
-    usable = slope > 0
-    step = residual / torch.where(usable, slope, torch.ones_like(slope))
-    newton = root - step
-    inside = usable & (newton >= low) & (newton <= high)
-    return torch.where(inside, newton, root - (step - step.detach()))
 
 
 class _Constrained(NamedTuple):

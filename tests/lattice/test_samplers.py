@@ -1,11 +1,11 @@
-"""flowkit.mcmc: HMC (jittered), MALA, flow HMC, NeuTra MALA and batched IMH against exact answers."""
+"""flowkit.sampling.mcmc: HMC (jittered), MALA, flow HMC, NeuTra MALA and batched IMH against exact answers."""
 
 import math
 
 import pytest
 import torch
 
-from flowkit import mcmc, sampling
+from flowkit import sampling
 from flowkit.bijectors import Chain, Linear, Reshape
 from flowkit.distributions import StandardNormal
 from flowkit.flows import Flow, LatticeFlow
@@ -28,7 +28,7 @@ _RESONANT_STEP = math.sqrt(2 * (1 - math.cos(math.pi / 10)) / 2)
 def test_hmc_reproduces_the_free_field_propagator_only_with_jitter(jitter):
     target = Phi4(8, 1.0, 0.0).double()
     exact = float(target.free_propagator()[0, 0])
-    run = mcmc.hmc(
+    run = sampling.hmc(
         target,
         torch.zeros(64, 8, 8, dtype=torch.float64),  # a cold start
         300,
@@ -47,7 +47,7 @@ def test_hmc_reproduces_the_free_field_propagator_only_with_jitter(jitter):
 
 def test_mala_reproduces_the_free_field_propagator():
     target = Phi4(6, 1.0, 0.0).double()
-    run = mcmc.mala(target, torch.zeros(32, 6, 6, dtype=torch.float64), 800, 0.25, torch.Generator().manual_seed(1))
+    run = sampling.mala(target, torch.zeros(32, 6, 6, dtype=torch.float64), 800, 0.25, torch.Generator().manual_seed(1))
     mean, se = _free_field_phi2(run.samples[200:])
     assert abs(mean - float(target.free_propagator()[0, 0])) < 3 * se
 
@@ -56,8 +56,10 @@ def test_neutra_with_the_identity_map_is_mala():
     target = Phi4(4, -1.0, 0.5).double()
     identity = LatticeFlow(4, transforms=2, hidden=(4,)).double()  # a fresh flow is the identity
     x0 = torch.randn(5, 4, 4, dtype=torch.float64)
-    plain = mcmc.mala(target, x0, 30, 0.3, torch.Generator().manual_seed(3))
-    neutra = mcmc.neutra_mala(identity, target, 30, z0=x0, step_size=0.3, generator=torch.Generator().manual_seed(3))
+    plain = sampling.mala(target, x0, 30, 0.3, torch.Generator().manual_seed(3))
+    neutra = sampling.neutra_mala(
+        identity, target, 30, z0=x0, step_size=0.3, generator=torch.Generator().manual_seed(3)
+    )
     torch.testing.assert_close(neutra.samples, plain.samples, rtol=0, atol=1e-12)
     torch.testing.assert_close(neutra.latent, plain.samples, rtol=0, atol=1e-12)
     assert torch.equal(neutra.acceptance, plain.acceptance) and 0 < plain.mean_acceptance < 1
@@ -68,14 +70,14 @@ def _latent_setup():
     # a smooth activation: a kink in the potential's gradient (leaky ReLU) makes the leapfrog error O(eps)
     flow = randomize(LatticeFlow(4, transforms=2, hidden=(4,), activation="tanh"), scale=0.1).double()
     target = Phi4(4, -1.0, 0.5).double()
-    return flow, target, mcmc.potential(mcmc.latent_energy(flow, target))
+    return flow, target, sampling.potential(sampling.latent_energy(flow, target))
 
 
 def test_latent_hmc_is_reversible():
     _, _, potential = _latent_setup()
     z, p = torch.randn(3, 4, 4, dtype=torch.float64), torch.randn(3, 4, 4, dtype=torch.float64)
-    z1, p1, _, _ = mcmc.leapfrog(z, p, 0.1, 20, potential)
-    z2, p2, _, _ = mcmc.leapfrog(z1, -p1, 0.1, 20, potential)
+    z1, p1, _, _ = sampling.leapfrog(z, p, 0.1, 20, potential)
+    z2, p2, _, _ = sampling.leapfrog(z1, -p1, 0.1, 20, potential)
     assert not torch.allclose(z1, z)
     torch.testing.assert_close(z2, z, rtol=0, atol=1e-10)
     torch.testing.assert_close(-p2, p, rtol=0, atol=1e-10)
@@ -87,7 +89,7 @@ def test_latent_hmc_energy_error_is_second_order():
     u0, _ = potential(z)
     errors = []
     for eps in (0.04, 0.02, 0.01):
-        _, p1, u1, _ = mcmc.leapfrog(z, p, eps, round(0.8 / eps), potential)
+        _, p1, u1, _ = sampling.leapfrog(z, p, eps, round(0.8 / eps), potential)
         dH = (u1 - u0) + 0.5 * (p1.square().sum((-1, -2)) - p.square().sum((-1, -2)))
         errors.append(float(dH.abs().mean()))
     ratios = [errors[0] / errors[1], errors[1] / errors[2]]
@@ -99,7 +101,7 @@ def test_flow_hmc_samples_the_target():
     torch.manual_seed(0)
     flow = randomize(LatticeFlow(4, transforms=2, hidden=(4,)), scale=0.05).double()
     target = Phi4(4, 1.0, 0.0).double()
-    run = mcmc.flow_hmc(
+    run = sampling.flow_hmc(
         flow, target, 250, chains=32, step_size=0.3, n_leapfrog=4, generator=torch.Generator().manual_seed(0)
     )
     assert run.latent.shape == run.samples.shape == (250, 32, 4, 4)
@@ -111,7 +113,7 @@ def test_flow_hmc_samples_the_target():
 def test_imh_with_q_equal_to_p_accepts_every_proposal():
     normal = Energy(lambda x: 0.5 * x.square().sum((-1, -2)), (4, 4), log_Z=8 * math.log(2 * math.pi))
     flow = LatticeFlow(4, transforms=2, hidden=(4,))  # the identity over a standard normal: q = p
-    run = mcmc.independent_metropolis(flow, normal, 200, chains=3, generator=torch.Generator().manual_seed(0))
+    run = sampling.independent_metropolis(flow, normal, 200, chains=3, generator=torch.Generator().manual_seed(0))
     assert run.samples.shape == (200, 3, 4, 4)
     assert torch.equal(run.acceptance, torch.ones(3, dtype=torch.float64))
 
@@ -119,7 +121,7 @@ def test_imh_with_q_equal_to_p_accepts_every_proposal():
 def test_imh_with_a_wrong_proposal_is_still_exact():
     wide = Energy(lambda x: 0.5 * x.square().sum((-1, -2)) / 1.3**2, (2, 2))
     flow = LatticeFlow(2, transforms=1, hidden=(2,))  # proposes N(0, 1): too narrow
-    run = mcmc.independent_metropolis(flow, wide, 4000, chains=8, generator=torch.Generator().manual_seed(0))
+    run = sampling.independent_metropolis(flow, wide, 4000, chains=8, generator=torch.Generator().manual_seed(0))
     assert 0.3 < run.mean_acceptance < 0.99
     mean, se = _free_field_phi2(run.samples)
     assert abs(mean - 1.3**2) < 3 * se * 2  # IMH chains are correlated: the spread of chain means is the error
@@ -154,24 +156,24 @@ def test_autocorrelation_time_of_an_ar1_series():
     x[0] = noise[0] / math.sqrt(1 - phi**2)
     for t in range(1, n):
         x[t] = phi * x[t - 1] + noise[t]
-    tau = mcmc.integrated_autocorrelation_time(x)
+    tau = sampling.integrated_autocorrelation_time(x)
     assert tau == pytest.approx((1 + phi) / (2 * (1 - phi)), rel=0.1)
-    assert mcmc.integrated_autocorrelation_time(noise) == pytest.approx(0.5, abs=0.05)
-    rho = mcmc.autocorrelation(x[:, 0])
+    assert sampling.integrated_autocorrelation_time(noise) == pytest.approx(0.5, abs=0.05)
+    rho = sampling.autocorrelation(x[:, 0])
     assert float(rho[0]) == 1 and float(rho[1]) == pytest.approx(phi, abs=0.03)
 
 
 @pytest.mark.parametrize(
     "call, message",
     [
-        (lambda t: mcmc.hmc(t, torch.zeros(2, 4, 4), 10, step_size=0.0), "step_size"),
-        (lambda t: mcmc.hmc(t, torch.zeros(2, 4, 4), 10, jitter=1.0), "jitter"),
-        (lambda t: mcmc.hmc(t, torch.zeros(2, 4, 4), 0), "n_steps"),
-        (lambda t: mcmc.hmc(t, torch.full((2, 4, 4), math.nan), 10), "non-finite"),
-        (lambda t: mcmc.mala(t, torch.zeros(4, 4, dtype=torch.long), 10), "floating"),
-        (lambda t: mcmc.independent_metropolis(LatticeFlow(4, 1, (2,)), t, 1), "n_steps"),
-        (lambda t: mcmc.flow_hmc(LatticeFlow(6, 1, (2,)), t, 5), "event shape"),
-        (lambda t: mcmc.integrated_autocorrelation_time(torch.ones(1)), "n_steps >= 2"),
+        (lambda t: sampling.hmc(t, torch.zeros(2, 4, 4), 10, step_size=0.0), "step_size"),
+        (lambda t: sampling.hmc(t, torch.zeros(2, 4, 4), 10, jitter=1.0), "jitter"),
+        (lambda t: sampling.hmc(t, torch.zeros(2, 4, 4), 0), "n_steps"),
+        (lambda t: sampling.hmc(t, torch.full((2, 4, 4), math.nan), 10), "non-finite"),
+        (lambda t: sampling.mala(t, torch.zeros(4, 4, dtype=torch.long), 10), "floating"),
+        (lambda t: sampling.independent_metropolis(LatticeFlow(4, 1, (2,)), t, 1), "n_steps"),
+        (lambda t: sampling.flow_hmc(LatticeFlow(6, 1, (2,)), t, 5), "event shape"),
+        (lambda t: sampling.integrated_autocorrelation_time(torch.ones(1)), "n_steps >= 2"),
     ],
 )
 def test_bad_arguments_are_errors(call, message):

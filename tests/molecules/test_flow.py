@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from flowkit.bijectors.internal import same_chirality
+from flowkit.flows import internal_coordinate_flow
 from flowkit.targets.alanine import (
     ALANINE_CHIRAL_CENTRES,
     alanine_dipeptide_positions,
     alanine_internal_coordinates,
-    internal_coordinate_flow,
 )
 from flowkit.testing import randomize
 

@@ -1,4 +1,4 @@
-r"""Importance sampling with a flow as proposal: weights, ESS, log Z, IMH chains and reweighting.
+r"""Importance sampling with a flow as proposal: weights, ESS, log Z and reweighting.
 
 For a target $p(x) = e^{-u(x)}/Z$ and flow samples $x_i \sim q$,
 the log importance weights are $\log w_i = -u(x_i) - \log q(x_i)$; then
@@ -23,34 +23,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .domains import Real
-from .mcmc import (
-    Chains,
-    flow_hmc,
-    hmc,
-    independent_metropolis,
-    integrated_autocorrelation_time,
-    mala,
-    neutra_mala,
-)
-from .targets import Target
+from ..targets import Target
 
 __all__ = [
     "importance_sample",
     "log_weights",
     "ess",
     "log_Z",
-    "imh",
     "reweight",
-    "metropolis",
-    # batched Markov chains, from flowkit.mcmc
-    "Chains",
-    "hmc",
-    "mala",
-    "flow_hmc",
-    "neutra_mala",
-    "independent_metropolis",
-    "integrated_autocorrelation_time",
 ]
 
 
@@ -192,84 +172,3 @@ def reweight(observable: Tensor, log_w: Tensor) -> tuple[Tensor, Tensor]:
     # Indicators and counts (bool, integer) give float64 averages; floating observables keep their dtype.
     dtype = observable.dtype if observable.is_floating_point() else torch.float64
     return estimate.to(dtype), error.to(dtype)
-
-
-@torch.no_grad()
-def imh(
-    flow: Any, target: Target, n_steps: int, batch_size: int = 10_000, generator: torch.Generator | None = None
-) -> tuple[Tensor, float]:
-    r"""Independent Metropolis-Hastings with the flow as proposal (one chain of `independent_metropolis`).
-
-    A proposal $x' \sim q$ replaces the state $x$ with probability
-    $\min(1, w(x') / w(x))$, $w = e^{-u}/q$; the chain has the
-    target as its stationary law, so averages over it are asymptotically
-    exact even when the flow is not. The chain starts at the first proposal
-    of non-zero weight.
-
-    Arguments:
-        flow: the proposal flow (stochastic flows use their path weights).
-        target: the target.
-        n_steps: chain length (number of proposals).
-        batch_size: proposals drawn per pass.
-        generator: random generator of the accept/reject draws.
-
-    Returns:
-        `(chain, acceptance)`: the states `(n_steps, *event_shape)` and the
-        fraction of the proposals after the starting one that were accepted; the same as
-        [`independent_metropolis`][flowkit.mcmc.independent_metropolis] with one chain.
-    """
-    if n_steps < 2:
-        raise ValueError(f"imh: n_steps must be at least 2, got {n_steps}")
-    run = independent_metropolis(flow, target, n_steps, chains=1, batch_size=batch_size, generator=generator)
-    return run.samples[:, 0], float(run.acceptance[0])
-
-
-@torch.no_grad()
-def metropolis(
-    target: Target,
-    x0: Tensor,
-    n_steps: int,
-    step: float,
-    domain: Any = None,
-    thin: int = 1,
-    generator: torch.Generator | None = None,
-) -> tuple[Tensor, float]:
-    r"""Random-walk Metropolis chains on the target's domain: a reference sampler independent of any flow.
-
-    Every chain (one per row of `x0`) moves by the domain's symmetric proposal
-    ([`propose`][flowkit.domains.Domain.propose]: a Gaussian step on the real line,
-    wrapped on circles, renormalised on spheres) and accepts with probability
-    $\min(1, e^{u(x) - u(x')})$, so it targets $e^{-u}$ against the domain's volume
-    measure (the area measure on $S^3$).
-
-    Arguments:
-        target: the target.
-        x0: starting points `(chains, *event_shape)` on the domain.
-        n_steps: the number of moves per chain.
-        step: the proposal scale.
-        domain: a [`Domain`][flowkit.domains.Domain] (default: the real line).
-        thin: keep every `thin`-th state.
-        generator: random generator of the proposals and the accept draws.
-
-    Returns:
-        `(states, acceptance)`: `(n_steps // thin, chains, *event_shape)` and the fraction of accepted moves.
-    """
-    if not isinstance(target, Target):
-        raise ValueError(f"metropolis: target must be a flowkit.targets.Target, got {type(target).__name__}")
-    if n_steps < 1 or thin < 1 or not step > 0:
-        raise ValueError(f"metropolis: n_steps and thin must be positive and step > 0, got {n_steps}, {thin}, {step}")
-    domain = Real() if domain is None else domain
-    x = x0.detach().clone()
-    u = target.energy(x)
-    kept, accepted = [], 0.0
-    for t in range(n_steps):
-        y = domain.propose(x, step, generator)
-        u_y = target.energy(y)
-        log_r = torch.rand(u.shape, dtype=u.dtype, generator=generator).to(u.device).log()
-        accept = log_r < u - u_y
-        x = torch.where(accept.reshape(*accept.shape, *([1] * (x.dim() - accept.dim()))), y, x)
-        u = torch.where(accept, u_y, u)
-        accepted += float(accept.double().mean())
-        if (t + 1) % thin == 0:
-            kept.append(x.clone())
-    return torch.stack(kept), accepted / n_steps

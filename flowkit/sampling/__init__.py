@@ -1,0 +1,47 @@
+"""Sampling with a flow and a target: importance weights, ESS, log Z, reweighting, and Markov chains.
+
+One package, two layers without a cycle: `importance` (weights and their statistics) and `mcmc`
+(HMC, MALA, flow HMC, NeuTra MALA, flow IMH, random-walk Metropolis and autocorrelation times), which
+builds on the first. `flowkit.mcmc`, the old home of the chains, is a deprecated alias of
+`flowkit.sampling.mcmc`.
+"""
+
+from .importance import ess, importance_sample, log_weights, log_Z, reweight
+from .mcmc import (
+    Chains,
+    Potential,
+    autocorrelation,
+    flow_hmc,
+    hmc,
+    imh,
+    independent_metropolis,
+    integrated_autocorrelation_time,
+    latent_energy,
+    leapfrog,
+    mala,
+    metropolis,
+    neutra_mala,
+    potential,
+)
+
+__all__ = [
+    "importance_sample",
+    "log_weights",
+    "ess",
+    "log_Z",
+    "reweight",
+    "imh",
+    "metropolis",
+    "Chains",
+    "Potential",
+    "potential",
+    "latent_energy",
+    "leapfrog",
+    "hmc",
+    "mala",
+    "flow_hmc",
+    "neutra_mala",
+    "independent_metropolis",
+    "autocorrelation",
+    "integrated_autocorrelation_time",
+]
