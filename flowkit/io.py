@@ -11,9 +11,11 @@ A model directory from an untrusted source can at worst be refused: `load` raise
 levels, a config that describes a bigger model than its weights file holds (checked
 against the file's header while the model is built, so that a few bytes of config cannot
 make `load` allocate gigabytes or build for minutes), weights whose dtype is not the
-model's, non-finite weights, and values a layer cannot hold (each layer checks what it
+model's, non-finite weights, values a layer cannot hold (each layer checks what it
 loads: a [`Permutation`][flowkit.bijectors.Permutation] must hold a permutation, an
-[`LULinear`][flowkit.bijectors.LULinear] a signed permutation matrix).
+[`LULinear`][flowkit.bijectors.LULinear] a signed permutation matrix), and finite weights too large
+to compute with: a float32, float64 or bfloat16 value whose square overflows its dtype (beyond
+the square root of its largest value, 1.8e19 in float32, 1.3e154 in float64), which would make every density NaN.
 """
 
 from __future__ import annotations
@@ -288,14 +290,49 @@ def _dtype_checks(model: nn.Module, weights: Path, mixed: bool) -> list[Any]:
     return [m.register_load_state_dict_pre_hook(check) for m in model.modules()]
 
 
+#: Dtypes whose loaded weights must stay within the square root of their largest value.
+_MAGNITUDE_CHECKED = (torch.float32, torch.float64, torch.bfloat16)
+
+
+def _check_magnitudes(model: nn.Module, weights: Path) -> None:
+    """Refuse a loaded float32, float64 or bfloat16 value whose square overflows its dtype.
+
+    Such a weight is finite but no density can be computed with it: its first product overflows to inf and
+    the next sum to NaN (a model whose every weight is 3e38 gave NaN log densities). float16, whose range is
+    too narrow for that margin (the bound would be 256), is checked for non-finite values only.
+    """
+    for key, tensor in model.state_dict().items():
+        if tensor.dtype not in _MAGNITUDE_CHECKED or not tensor.numel():
+            continue
+        bound = math.sqrt(torch.finfo(tensor.dtype).max)
+        largest = float(tensor.detach().abs().max())
+        if largest > bound:
+            raise ValueError(
+                f"load: {weights} holds {key!r} with a value of magnitude {largest:.3g}, beyond "
+                f"{bound:.3g} (the square root of the largest {str(tensor.dtype).removeprefix('torch.')}): "
+                "a density computed with it overflows; the file is corrupt or not a trained model"
+            )
+
+
 def save(model: nn.Module, path: str | os.PathLike) -> Path:
     """Save a flowkit model to the directory `path` (created if needed).
 
     Writes `config.json` and `weights.safetensors`. Returns the directory.
+
+    Raises:
+        ValueError: `model` is not a flowkit model, or `path` (or a folder above it) is an existing file:
+            a model is a directory of two files.
     """
     if not isinstance(model, Configurable):
         raise ValueError(f"save: {type(model).__name__} is not a flowkit model")
     directory = Path(path)
+    existing = next((p for p in (directory, *directory.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        where = "is" if existing == directory else f"is inside {existing}, which is"
+        raise ValueError(
+            f"save: {directory} {where} an existing file; a model is saved as a directory "
+            f"(new or existing) holding {CONFIG_FILE} and {WEIGHTS_FILE}: give a directory path"
+        )
     directory.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
     dtypes = {str(v.dtype).removeprefix("torch.") for v in state.values() if v.is_floating_point()}
@@ -328,8 +365,9 @@ def load(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> n
         FileNotFoundError: the directory or one of its two files is missing.
         ValueError: a corrupt or foreign file: invalid or non-standard JSON (`NaN`), nesting deeper
             than 100 levels, a class that is not flowkit's, a config its weights do not fit
-            (keys, shapes, dtypes, size), non-finite or invalid weights; or a `map_location` that is
-            not available here.
+            (keys, shapes, dtypes, size), non-finite or invalid weights, a float32, float64 or bfloat16
+            weight whose square overflows its dtype (above 1.8e19 in float32, 1.3e154 in float64: no
+            density can be computed with it); or a `map_location` that is not available here.
     """
     device = _device(map_location)
     directory = Path(path)
@@ -386,4 +424,5 @@ def load(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> n
     finally:
         for hook in hooks:
             hook.remove()
+    _check_magnitudes(model, weights_path)
     return model.to(device)

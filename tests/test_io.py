@@ -156,6 +156,42 @@ def test_non_finite_weights_are_refused(tmp_path):
         flowkit.io.load(tmp_path / "m")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_finite_weights_too_large_to_compute_with_are_refused(tmp_path, dtype):
+    from safetensors.torch import load_file, save_file
+
+    flow = RealNVP(2, transforms=1, hidden=(4,)).to(dtype)
+    flowkit.io.save(flow, tmp_path / "m")
+    weights = tmp_path / "m" / "weights.safetensors"
+    state = load_file(str(weights))
+    bound = math.sqrt(torch.finfo(dtype).max)
+    absurd = {
+        k: torch.full_like(v, torch.finfo(dtype).max / 1.1) if v.is_floating_point() else v for k, v in state.items()
+    }
+    save_file(absurd, str(weights), metadata={"format": "flowkit"})
+    with pytest.raises(ValueError, match=r"with a value of magnitude .* beyond .*the square root of the largest"):
+        flowkit.io.load(tmp_path / "m")
+    # half the bound of the dtype loads (in float64, far beyond the float32 bound)
+    key = next(k for k, v in state.items() if v.is_floating_point() and v.numel())
+    save_file({**state, key: torch.full_like(state[key], bound / 2)}, str(weights), metadata={"format": "flowkit"})
+    flowkit.io.load(tmp_path / "m")
+
+
+def test_save_to_an_existing_file_names_the_path(tmp_path):
+    (tmp_path / "a_file").write_text("")
+    flow = RealNVP(2, transforms=1, hidden=(4,))
+    with pytest.raises(
+        ValueError,
+        match=rf"save: {re.escape(str(tmp_path / 'a_file'))} is an existing file; a model is saved as a directory",
+    ):
+        flowkit.io.save(flow, tmp_path / "a_file")
+    with pytest.raises(
+        ValueError, match=rf"is inside {re.escape(str(tmp_path / 'a_file'))}, which is an existing file"
+    ):
+        flowkit.io.save(flow, tmp_path / "a_file" / "model")
+    assert (tmp_path / "a_file").read_text() == ""
+
+
 # to_config / from_config on their own: the nested config, its round trip, and what is refused.
 
 
