@@ -235,8 +235,8 @@ def prepare_output(
     command writes (a run is there when one of them is; `--force` removes them).
 
     Raises:
-        ValueError: a run is there and neither `force` nor `resume` is given; `resume` without a
-            checkpoint, or with `steps` no more than the checkpoint's step.
+        ValueError: `out` (or a folder above it) is an existing file; a run is there and neither `force` nor
+            `resume` is given; `resume` without a checkpoint, or with `steps` no more than the checkpoint's step.
     """
     import shutil
 
@@ -244,6 +244,13 @@ def prepare_output(
 
     if force and resume:
         raise ValueError("--force starts the run in --out again and --resume continues it; give one")
+    existing = next((p for p in (out, *out.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        where = "is" if existing == out else f"is inside {existing}, which is"
+        raise ValueError(
+            f"--out {out} {where} an existing file; --out names a directory (new or existing) for the run's "
+            f"outputs ({', '.join(outputs[:2])}, ...)"
+        )
     found = [name for name in outputs if (out / name).exists()]
     if resume:
         checkpoint = out / "checkpoint.safetensors"

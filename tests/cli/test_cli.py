@@ -153,6 +153,16 @@ def test_bad_input_gives_one_line_errors_and_exit_code_2(tmp_path, capsys, moons
     assert "a_file" in _error(capsys, ["sample", model, "-n", "2", "--out", str(tmp_path / "a_file" / "s.npy")])
 
 
+def test_fit_out_an_existing_file_is_a_clean_error(tmp_path, capsys):
+    (tmp_path / "a_file").write_text("")
+    argv = ["fit", "moons", "--steps", "1", "--no-plots", "--no-progress", *SMALL]
+    err = _error(capsys, [*argv, "--out", str(tmp_path / "a_file")])
+    assert f"--out {tmp_path / 'a_file'} is an existing file; --out names a directory" in err
+    assert "Errno" not in err
+    err = _error(capsys, [*argv, "--out", str(tmp_path / "a_file" / "run")])
+    assert f"is inside {tmp_path / 'a_file'}, which is an existing file" in err and "Errno" not in err
+
+
 def test_bench_likelihood_writes_valid_json_with_one_seed(tmp_path):
     out = tmp_path / "b.json"
     argv = [
