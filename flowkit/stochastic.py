@@ -61,6 +61,7 @@ from .bijectors import Bijector
 from .bijectors.base import check_composition, context_for
 from .distributions import Distribution
 from .domains import Domain, Real
+from .flows.base import FlowModel
 from .flows.flow import draw_latent, expand_context
 from .targets.evaluate import energy_of
 from .utils import aggregates_auxiliary_loss, auxiliary_loss, sum_event
@@ -271,7 +272,7 @@ class LangevinBlock(StochasticBlock):
         return y, d_s
 
 
-class StochasticFlow(Configurable, nn.Module):
+class StochasticFlow(FlowModel):
     r"""A stochastic normalizing flow: bijectors and stochastic blocks over a base distribution.
 
     The layers run from data (first) to latent (last), like a
@@ -311,6 +312,8 @@ class StochasticFlow(Configurable, nn.Module):
         Wu, Köhler & Noé, *Stochastic Normalizing Flows*, NeurIPS 2020 (arXiv:2002.06707).
     """
 
+    exact_log_prob = False
+
     def __init__(self, layers: Sequence[Bijector | StochasticBlock], base: Distribution) -> None:
         super().__init__()
         layers = list(layers)
@@ -324,12 +327,16 @@ class StochasticFlow(Configurable, nn.Module):
             )
         self.layers = nn.ModuleList(layers)
         self.base = base
-        self.context_features = context_features
+        self._context_features = context_features
         self.register_load_state_dict_pre_hook(_rename_chain_keys)
 
     @property
     def event_shape(self) -> torch.Size:
         return self.layers[0].event_shape
+
+    @property
+    def context_features(self) -> int:
+        return self._context_features
 
     @property
     def domain(self) -> Domain:

@@ -145,3 +145,27 @@ def test_a_chain_gives_the_context_only_to_its_conditional_layers():
     )
     circle = Chain(CircularSplineCoupling(3, hidden=(6,), context=2), CircularSplineCoupling(3, parity=1, hidden=(6,)))
     assert circle(torch.rand(4, 3), torch.randn(4, 2))[0].shape == (4, 3)
+
+
+def test_every_model_implements_the_flow_contract():
+    import flowkit.flows.images as images
+    from flowkit.flows import FlowModel
+    from flowkit.stochastic import MetropolisBlock, StochasticFlow
+
+    flow = flowkit.flows.RealNVP(2, transforms=2, hidden=(4,))
+    target = flowkit.targets.DoubleWell()
+    stochastic = StochasticFlow([flowkit.bijectors.AffineCoupling(2, hidden=(4,)), MetropolisBlock(target, lam=0.5)],
+                                flowkit.distributions.StandardNormal(2))  # fmt: skip
+    glow = flowkit.flows.Glow((1, 4, 4), levels=1, steps=1, hidden=(4,))
+    dequantized = images.Dequantized(glow, levels=4)
+    x = torch.randn(3, 2)
+    for model, exact in ((flow, True), (stochastic, False), (dequantized, False)):
+        assert isinstance(model, FlowModel) and model.exact_log_prob is exact
+        assert model.context_features == 0
+        assert model.sample((2,)).shape == (2, *model.event_shape)
+        assert model.auxiliary_loss() is None or torch.isfinite(model.auxiliary_loss())
+    assert torch.equal(flow.path_log_likelihood(x), flow.log_prob(x))
+    with pytest.raises(ValueError, match="path_log_likelihood"):
+        stochastic.log_prob(x)
+    with pytest.raises(TypeError, match="abstract"):
+        FlowModel()

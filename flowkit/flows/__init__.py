@@ -4,6 +4,7 @@
 `log p(x) = log p_Z(f(x)) + log|det J_f(x)|`.
 """
 
+from .base import FlowModel
 from .flow import Flow, FlowDistribution
 from .images import EIW, Glow
 from .lattice import LatticeFlow
@@ -14,6 +15,7 @@ from .rigid import RigidBodyFlow
 from .tails import COMET, TailAdaptive
 
 __all__ = [
+    "FlowModel",
     "Flow",
     "FlowDistribution",
     "RealNVP",

@@ -16,18 +16,18 @@ import torch
 from torch import Tensor, nn
 from torch.distributions import constraints
 
-from .._config import Configurable
 from .._validation import check_context, check_point, module_dtype, outermost
 from ..bijectors import Bijector
 from ..distributions import Distribution
 from ..domains import Domain
 from ..targets.evaluate import energy_of
 from ..utils import aggregates_auxiliary_loss, as_shape, auxiliary_loss
+from .base import FlowModel
 
 __all__ = ["Flow", "FlowDistribution"]
 
 
-class Flow(Configurable, nn.Module):
+class Flow(FlowModel):
     """Normalizing flow: a [`Bijector`][flowkit.bijectors.Bijector] (data -> latent) over a base distribution.
 
     Arguments:

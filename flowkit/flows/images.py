@@ -40,6 +40,7 @@ from ..distributions import Distribution, StandardNormal
 from ..nn import ConvNet
 from ..transformers import Affine, Transformer
 from ..utils import aggregates_auxiliary_loss, auxiliary_loss
+from .base import FlowModel
 from .flow import Flow
 from .presets import ConditionerFactory, _checked
 
@@ -304,7 +305,7 @@ class VariationalDequantizer(Configurable, nn.Module):
         return torch.sigmoid(t), log_q.sum((-3, -2, -1))
 
 
-class Dequantized(Configurable, nn.Module):
+class Dequantized(FlowModel):
     r"""A flow on `[0, 1]` images as a model of integer images $x \in \{0, \dots, K - 1\}^D$.
 
     `log_prob(x)` is the one-sample variational lower bound of $\log P(x)$ (Theis et al.; Ho et al.),
@@ -324,6 +325,8 @@ class Dequantized(Configurable, nn.Module):
         dequantizer: the noise model, or None for uniform noise.
     """
 
+    exact_log_prob = False  # a one-sample lower bound
+
     def __init__(self, flow: Flow, levels: int, dequantizer: VariationalDequantizer | None = None) -> None:
         super().__init__()
         if not isinstance(flow, Flow):
@@ -337,10 +340,6 @@ class Dequantized(Configurable, nn.Module):
     @property
     def event_shape(self) -> torch.Size:
         return self.flow.event_shape
-
-    @property
-    def context_features(self) -> int:
-        return 0
 
     @property
     def base(self) -> Distribution:
@@ -363,8 +362,10 @@ class Dequantized(Configurable, nn.Module):
         return self.log_prob(x, context)
 
     @torch.no_grad()
-    def sample(self, shape: int | Sequence[int] = ()) -> Tensor:
+    def sample(self, shape: int | Sequence[int] = (), context: Tensor | None = None) -> Tensor:
         """Integer images: the flow's samples, quantised (`floor(K x)`, clipped to `0 .. K - 1`)."""
+        if context is not None:
+            raise ValueError("Dequantized.sample: the model is unconditional, got a context")
         return (self.flow.sample(shape) * self.levels).floor().clamp(0, self.levels - 1)
 
     @aggregates_auxiliary_loss

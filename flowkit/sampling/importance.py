@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any
 
 import torch
 from torch import Tensor
 
+from ..flows.base import FlowModel
 from ..targets import Target
 
 __all__ = [
@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 
-def _check_target(flow: Any, target: Target, where: str) -> None:
+def _check_target(flow: FlowModel, target: Target, where: str) -> None:
     if not isinstance(target, Target):
         raise ValueError(f"{where}: target must be a flowkit.targets.Target, got {type(target).__name__}")
     if tuple(flow.event_shape) != tuple(target.event_shape):
@@ -64,7 +64,7 @@ def _relative(log_w: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def importance_sample(flow: Any, target: Target, n: int, batch_size: int = 10_000) -> tuple[Tensor, Tensor]:
+def importance_sample(flow: FlowModel, target: Target, n: int, batch_size: int = 10_000) -> tuple[Tensor, Tensor]:
     """Draw `n` flow samples and their log importance weights `-u(x) - log q(x)`.
 
     The weights come from `flow.sample_with_log_weights(m, target)`: `-u(x) - log q(x)`
@@ -99,7 +99,7 @@ def importance_sample(flow: Any, target: Target, n: int, batch_size: int = 10_00
     return torch.cat(xs), log_w
 
 
-def log_weights(flow: Any, target: Target, n: int, batch_size: int = 10_000) -> Tensor:
+def log_weights(flow: FlowModel, target: Target, n: int, batch_size: int = 10_000) -> Tensor:
     """Log importance weights of `n` fresh flow samples, float64, shape `(n,)`.
 
     See [`importance_sample`][flowkit.sampling.importance_sample].

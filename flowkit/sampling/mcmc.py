@@ -50,6 +50,7 @@ from torch import Tensor
 
 from .._validation import check_number
 from ..domains import Real
+from ..flows import Flow, FlowModel
 from ..targets import Target
 from .importance import _check_target, importance_sample
 
@@ -117,7 +118,7 @@ def potential(energy: Target | Callable[[Tensor], Tensor]) -> Potential:
     return autograd_potential
 
 
-def latent_energy(flow: Any, target: Target) -> Callable[[Tensor], Tensor]:
+def latent_energy(flow: Flow, target: Target) -> Callable[[Tensor], Tensor]:
     r"""The target pulled back to a flow's latent space: $\tilde u(z) = u(T(z)) - \log|\det J_T(z)|$.
 
     $T$ is the flow's sampling map `flow.bijector.inverse`. $e^{-\tilde u}$
@@ -319,7 +320,7 @@ def _mala(pot: Potential, x: Tensor, n_steps: int, eps: float, generator: torch.
 
 
 def _in_latent_space(
-    flow: Any,
+    flow: Flow,
     target: Target,
     chains: int,
     z0: Tensor | None,
@@ -342,7 +343,7 @@ def _in_latent_space(
 
 
 def flow_hmc(
-    flow: Any,
+    flow: Flow,
     target: Target,
     n_steps: int,
     chains: int = 1,
@@ -377,7 +378,7 @@ def flow_hmc(
 
 
 def neutra_mala(
-    flow: Any,
+    flow: Flow,
     target: Target,
     n_steps: int,
     chains: int = 1,
@@ -407,7 +408,7 @@ def neutra_mala(
 
 @torch.no_grad()
 def independent_metropolis(
-    flow: Any,
+    flow: FlowModel,
     target: Target,
     n_steps: int,
     chains: int = 1,
@@ -516,7 +517,7 @@ def _series(series: Tensor, where: str) -> Tensor:
 
 @torch.no_grad()
 def imh(
-    flow: Any, target: Target, n_steps: int, batch_size: int = 10_000, generator: torch.Generator | None = None
+    flow: FlowModel, target: Target, n_steps: int, batch_size: int = 10_000, generator: torch.Generator | None = None
 ) -> tuple[Tensor, float]:
     r"""Independent Metropolis-Hastings with the flow as proposal (one chain of `independent_metropolis`).
 

@@ -19,6 +19,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, RandomSampler, Sampler
 
+from ..flows.base import FlowModel
+
 __all__ = [
     "Batch",
     "split_batch",
@@ -233,7 +235,7 @@ class LatentBatches(_Source):
 
     steps_per_epoch = None
 
-    def __init__(self, flow: Any, batch_size: int) -> None:
+    def __init__(self, flow: FlowModel, batch_size: int) -> None:
         base = getattr(flow, "base", None)
         if base is None or not hasattr(base, "sample"):
             raise ValueError(

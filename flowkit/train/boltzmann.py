@@ -14,13 +14,12 @@ likelihood for the ML term.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
 
 from .._validation import check_tensor
 from ..flows import Flow
+from ..flows.base import FlowModel
 from ..targets import Target
 from .force_matching import force_matching_terms
 from .objective import Objective
@@ -112,12 +111,12 @@ class BoltzmannGenerator(Objective):
         self.w_force = float(w_force) if samples is not None else 0.0
         self._last: dict[str, Tensor] = {}
 
-    def _kl(self, flow: Any, z: Tensor) -> tuple[Tensor, Tensor]:
+    def _kl(self, flow: FlowModel, z: Tensor) -> tuple[Tensor, Tensor]:
         # Path-gradient estimators need a Flow's exact density; a StochasticFlow trains by its path weights.
         estimator = self.estimator if isinstance(flow, Flow) else "reparam"
         return reverse_kl_loss(flow, self.target, z, estimator)
 
-    def _nll(self, flow: Any, n: int, like: Tensor) -> tuple[Tensor, Tensor | None]:
+    def _nll(self, flow: FlowModel, n: int, like: Tensor) -> tuple[Tensor, Tensor | None]:
         """The ML term on a fresh batch of samples, and the force-matching term on it (None unless `w_force`)."""
         assert self.samples is not None
         index = torch.randint(0, self.samples.shape[0], (n,), device=self.samples.device)
@@ -130,7 +129,7 @@ class BoltzmannGenerator(Objective):
             return forward_kl_loss(flow, self.target, x), None
         return -flow.path_log_likelihood(x).mean(), None
 
-    def loss(self, flow: Any, batch: Tensor | int) -> Tensor:
+    def loss(self, flow: FlowModel, batch: Tensor | int) -> Tensor:
         _check_flow(flow, self.target, "BoltzmannGenerator", exact=False)
         z = _latent(flow, batch, "BoltzmannGenerator")
         total = z.new_zeros(())

@@ -47,6 +47,7 @@ from torch import Tensor
 from .._validation import check_number, check_point, outermost
 from ..distributions import StandardNormal
 from ..flows import Flow
+from ..flows.base import FlowModel
 from .batches import split_batch, split_indexed_batch
 from .callbacks import Callback
 from .likelihood import MaximumLikelihood
@@ -471,7 +472,7 @@ class DependentMaximumLikelihood(Objective):
             raise ValueError(f"{type(self).__name__}: {self.logits.numel()} parameters; set logits")
         self.logits = torch.tensor([float(logit)], dtype=torch.float64)
 
-    def latents(self, flow: Any, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def latents(self, flow: FlowModel, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """`(z, ladj)` of points `x` through the flow's bijector, `z` flattened to `(b, p)`."""
         where = type(self).__name__
         if not isinstance(flow, Flow) or not isinstance(flow.base, StandardNormal):
@@ -535,7 +536,7 @@ class DependentMaximumLikelihood(Objective):
         log_det = float(self.structure.log_det(values))
         return -0.5 * p * _LOG_2PI - 0.5 * p * log_det / self.n - 0.5 * quadratic
 
-    def loss(self, flow: Any, batch: Any) -> Tensor:
+    def loss(self, flow: FlowModel, batch: Any) -> Tensor:
         x, context, index = split_indexed_batch(batch, type(self).__name__)
         z, ladj = self.latents(flow, x, context)
         return -(ladj + self.point_terms(z, index)).mean()
@@ -549,7 +550,7 @@ class DependentMaximumLikelihood(Objective):
         statistics = self.structure.statistics(z)
         return -0.5 * (self.n * p * _LOG_2PI + p * self.structure.log_det(v) + self.structure.quadratic(statistics, v))
 
-    def log_likelihood(self, flow: Any, x: Tensor, context: Tensor | None = None) -> Tensor:
+    def log_likelihood(self, flow: FlowModel, x: Tensor, context: Tensor | None = None) -> Tensor:
         r"""The joint (full-batch) $\log p(X)$ of all $n$ points `x`, in their order (float64)."""
         z, ladj = self.latents(flow, x, context)
         return ladj.double().sum().cpu() + self.latent_log_likelihood(z)
@@ -595,7 +596,7 @@ class DependentMaximumLikelihood(Objective):
         return other
 
     @torch.no_grad()
-    def update(self, flow: Any, data: Any, batch_size: int = 4096) -> float | Tensor:
+    def update(self, flow: FlowModel, data: Any, batch_size: int = 4096) -> float | Tensor:
         r"""Refit $\lambda$ (or the $\rho$'s) to the latents of all training points, with the flow fixed.
 
         Computes $z_i = f(x_i)$ for every point (in eval mode, without gradients), then
@@ -642,7 +643,7 @@ class DependentMaximumLikelihood(Objective):
             self.cache_latents(z)
         return self.value
 
-    def validation_loss(self, flow: Any, batch: Any) -> Tensor:
+    def validation_loss(self, flow: FlowModel, batch: Any) -> Tensor:
         """The mean marginal NLL `-flow.log_prob(x)` of the batch's points (indices, if any, ignored)."""
         x, context = _points(batch, type(self).__name__)
         return MaximumLikelihood.negative_log_likelihood(flow, x if context is None else (x, context))
@@ -698,7 +699,12 @@ class DependenceUpdate(Callback):
     """
 
     def __init__(
-        self, objective: DependentMaximumLikelihood, flow: Any, data: Any, every: int = 100, at_start: bool = False
+        self,
+        objective: DependentMaximumLikelihood,
+        flow: FlowModel,
+        data: Any,
+        every: int = 100,
+        at_start: bool = False,
     ) -> None:
         if not isinstance(objective, DependentMaximumLikelihood):
             raise ValueError(

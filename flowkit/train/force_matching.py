@@ -32,6 +32,7 @@ from torch import Tensor
 
 from .._validation import check_number, check_tensor
 from ..flows import Flow
+from ..flows.base import FlowModel
 from ..sampling.importance import _check_target
 from ..targets import Target
 from .batches import split_batch
@@ -76,7 +77,7 @@ def force_matching_terms(flow: Flow, target: Target, x: Tensor) -> tuple[Tensor,
     return -log_q.mean(), (forces - reference).square().flatten(1).sum(-1).mean()
 
 
-def _check_exact_flow(flow: Any, target: Target, where: str) -> None:
+def _check_exact_flow(flow: FlowModel, target: Target, where: str) -> None:
     if not isinstance(flow, Flow):
         raise ValueError(f"{where}: needs a flowkit Flow with an exact density, got {type(flow).__name__}")
     _check_target(flow, target, where)
@@ -121,7 +122,7 @@ class ForceMatching(Objective):
             raise ValueError("ForceMatching: both terms are switched off (w_force = 0 and w_nll = 0)")
         self._last: dict[str, Tensor] = {}
 
-    def loss(self, flow: Any, batch: Any) -> Tensor:
+    def loss(self, flow: FlowModel, batch: Any) -> Tensor:
         x, context = split_batch(batch, "ForceMatching")
         if context is not None:
             raise ValueError("ForceMatching: batches are samples x only (targets have no context)")

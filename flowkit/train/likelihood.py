@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from .._validation import check_tensor
+from ..flows.base import FlowModel
 from ..targets import Target
 from .batches import split_batch
 from .objective import Objective
@@ -55,18 +56,18 @@ class MaximumLikelihood(Objective):
         self.target = target
 
     @staticmethod
-    def negative_log_likelihood(flow: Any, batch: Any) -> Tensor:
+    def negative_log_likelihood(flow: FlowModel, batch: Any) -> Tensor:
         """Mean negative log-likelihood (path log-likelihood for a stochastic flow) of a batch."""
         x, context = split_batch(batch)
         return -flow.path_log_likelihood(x, context).mean()
 
-    def loss(self, flow: Any, batch: Any) -> Tensor:
+    def loss(self, flow: FlowModel, batch: Any) -> Tensor:
         if self.target is not None:
             x, context = split_batch(batch)
             return self.path_gradient_loss(flow, x, context)
         return self.negative_log_likelihood(flow, batch)
 
-    def path_gradient_loss(self, flow: Any, x: Tensor, context: Tensor | None) -> Tensor:
+    def path_gradient_loss(self, flow: FlowModel, x: Tensor, context: Tensor | None) -> Tensor:
         """Surrogate loss whose gradient is the forward-KL path gradient, using `self.target`'s forces.
 
         The estimator of Vaitl et al. 2024 (the recursion run in the inverse
@@ -80,7 +81,7 @@ class MaximumLikelihood(Objective):
         check_tensor(x, flow.event_shape, name="x", dtype=flow.base.dtype, where=where)
         return forward_kl_loss(flow, self.target, x)
 
-    def validation_loss(self, flow: Any, batch: Any) -> Tensor:
+    def validation_loss(self, flow: FlowModel, batch: Any) -> Tensor:
         """The plain mean negative log-likelihood, without gradients."""
         with torch.no_grad():
             return self.negative_log_likelihood(flow, batch)
@@ -114,7 +115,7 @@ class ForwardKLPathGradient(MaximumLikelihood):
         if target is None:
             raise ValueError("ForwardKLPathGradient: target must be a flowkit.targets.Target, got None")
 
-    def loss(self, flow: Any, batch: Any) -> Tensor:
+    def loss(self, flow: FlowModel, batch: Any) -> Tensor:
         if isinstance(batch, (tuple, list)):
             raise ValueError("ForwardKLPathGradient: batches are samples x only (targets have no context)")
         return super().loss(flow, batch)

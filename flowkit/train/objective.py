@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from .._config import Configurable
+from ..flows.base import FlowModel
 
 __all__ = ["Objective", "as_objective", "objective_name"]
 
@@ -31,11 +32,11 @@ class Objective(Configurable):
     _flowkit_register = False
     needs_data: bool = True
 
-    def loss(self, flow: Any, batch: Any) -> Tensor:
+    def loss(self, flow: FlowModel, batch: Any) -> Tensor:
         """Scalar loss of `flow` on `batch` (a tensor `x`, a pair `(x, context)`, or latent `z`)."""
         raise NotImplementedError
 
-    def validation_loss(self, flow: Any, batch: Any) -> Tensor:
+    def validation_loss(self, flow: FlowModel, batch: Any) -> Tensor:
         """Scalar loss reported on validation data (the flow in eval mode).
 
         By default [`loss`][flowkit.train.objective.Objective.loss] under `torch.no_grad()`.
@@ -58,10 +59,10 @@ class _Adapted(Objective):
         self.inner = inner
         self.needs_data = bool(getattr(inner, "needs_data", True))
 
-    def loss(self, flow: Any, batch: Any) -> Tensor:
+    def loss(self, flow: FlowModel, batch: Any) -> Tensor:
         return self.inner.loss(flow, batch)
 
-    def validation_loss(self, flow: Any, batch: Any) -> Tensor:
+    def validation_loss(self, flow: FlowModel, batch: Any) -> Tensor:
         custom = getattr(self.inner, "validation_loss", None)
         return custom(flow, batch) if callable(custom) else super().validation_loss(flow, batch)
 

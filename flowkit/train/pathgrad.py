@@ -38,6 +38,7 @@ from torch import Tensor
 
 from .._validation import check_tensor, outermost
 from ..flows import Flow
+from ..flows.base import FlowModel
 from ..sampling.importance import _check_target, ess, log_Z
 from ..targets import Target
 from .objective import Objective
@@ -55,7 +56,7 @@ __all__ = [
 ESTIMATORS = ("fast", "standard", "reparam")
 
 
-def _check_flow(flow: Any, target: Target, where: str, exact: bool = True) -> None:
+def _check_flow(flow: FlowModel, target: Target, where: str, exact: bool = True) -> None:
     """Check a flow against a target; `exact`: the estimator needs a [`Flow`][flowkit.flows.Flow]'s exact density."""
     if exact and not isinstance(flow, Flow):
         raise ValueError(
@@ -84,14 +85,14 @@ def _base_log_prob_and_score(base: Any, z: Tensor) -> tuple[Tensor, Tensor]:
     return log_q0.detach(), torch.zeros_like(leaf) if score is None else score
 
 
-def _latent(flow: Any, z: Tensor | int, where: str) -> Tensor:
+def _latent(flow: FlowModel, z: Tensor | int, where: str) -> Tensor:
     if isinstance(z, int):
         return flow.base.sample((z,))
     check_tensor(z, flow.base.event_shape, name="z", dtype=flow.base.dtype, where=where)
     return z
 
 
-def sample_with_score(flow: Any, z: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def sample_with_score(flow: Flow, z: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     r"""Push latent points through the flow carrying the score: the fast recursion.
 
     Starting from $g_0 = \nabla_z \log q_0(z)$, every layer on the
@@ -119,7 +120,7 @@ def _path_surrogate(log_w: Tensor, point: Tensor, direction: Tensor) -> Tensor:
     return -log_w.detach().mean() + (t - t.detach())
 
 
-def reverse_kl_loss(flow: Any, target: Target, z: Tensor, estimator: str = "fast") -> tuple[Tensor, Tensor]:
+def reverse_kl_loss(flow: FlowModel, target: Target, z: Tensor, estimator: str = "fast") -> tuple[Tensor, Tensor]:
     """Reverse-KL loss on the latent batch `z` with the chosen gradient estimator.
 
     The value is `mean(u(x) + log q(x))` (the reverse KL minus `log Z`) for
@@ -184,7 +185,7 @@ class PathGradientVI(Objective):
         self.estimator = estimator
         self._log_w: Tensor | None = None
 
-    def loss(self, flow: Any, batch: Tensor | int) -> Tensor:
+    def loss(self, flow: FlowModel, batch: Tensor | int) -> Tensor:
         _check_flow(flow, self.target, "PathGradientVI")
         z = _latent(flow, batch, "PathGradientVI")
         loss, self._log_w = reverse_kl_loss(flow, self.target, z, self.estimator)
@@ -202,7 +203,7 @@ def _weight_metrics(log_w: Tensor | None) -> dict[str, float]:
         return {"ess": ess(log_w), "log_Z": log_Z(log_w)[0]}
 
 
-def forward_kl_loss(flow: Any, target: Target, x: Tensor) -> Tensor:
+def forward_kl_loss(flow: Flow, target: Target, x: Tensor) -> Tensor:
     """Negative log-likelihood of `x` in value, forward-KL path gradient in gradient."""
     with outermost():
         if not torch.is_grad_enabled():

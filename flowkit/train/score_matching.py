@@ -41,6 +41,7 @@ from .._validation import check_point, outermost
 from ..bijectors import Bijector, Chain
 from ..bijectors.base import context_for
 from ..flows import Flow
+from ..flows.base import FlowModel
 from ..utils import sum_event
 from .batches import split_batch
 from .objective import Objective
@@ -69,7 +70,7 @@ def _walk(bijector: Bijector, x: Tensor, context: Tensor | None, constants: bool
     return z, ladj, zero
 
 
-def _check_flow(flow: Any, where: str) -> None:
+def _check_flow(flow: FlowModel, where: str) -> None:
     if not isinstance(flow, Flow):
         raise ValueError(
             f"{where}: expected a flowkit Flow (a bijector over a base), got {type(flow).__name__}"
@@ -78,7 +79,7 @@ def _check_flow(flow: Any, where: str) -> None:
 
 
 def _energy_and_constant(
-    flow: Any, x: Tensor, context: Tensor | None, constants: bool, where: str
+    flow: Flow, x: Tensor, context: Tensor | None, constants: bool, where: str
 ) -> tuple[Tensor, Tensor]:
     _check_flow(flow, where)
     with outermost() as check:
@@ -88,7 +89,7 @@ def _energy_and_constant(
         return -(flow.base.log_prob(z) + varying), constant
 
 
-def energy(flow: Any, x: Tensor, context: Tensor | None = None) -> Tensor:
+def energy(flow: Flow, x: Tensor, context: Tensor | None = None) -> Tensor:
     """EBFlow energy `E(x) = -log p_Z(g(x)) - sum of the input-dependent log-determinants`.
 
     `log p(x) = -E(x) + sum of the constant log-determinants`; no
@@ -105,7 +106,7 @@ def energy(flow: Any, x: Tensor, context: Tensor | None = None) -> Tensor:
     return _energy_and_constant(flow, x, context, False, "energy")[0]
 
 
-def score(flow: Any, x: Tensor, context: Tensor | None = None, *, create_graph: bool = False) -> Tensor:
+def score(flow: Flow, x: Tensor, context: Tensor | None = None, *, create_graph: bool = False) -> Tensor:
     r"""Score `s(x) = -\nabla_x E(x) = \nabla_x \log p(x)`, computed without any constant log-determinant.
 
     Arguments:
@@ -124,7 +125,7 @@ def score(flow: Any, x: Tensor, context: Tensor | None = None, *, create_graph: 
 
 
 def exact_log_prob(
-    flow: Any,
+    flow: Flow,
     x: Tensor,
     context: Tensor | None = None,
     *,
@@ -279,7 +280,7 @@ class ScoreMatching(Objective):
                 x = self.preprocessing.call(x, context)
         return x.detach(), context
 
-    def loss(self, flow: Any, batch: Any) -> Tensor:
+    def loss(self, flow: Flow, batch: Any) -> Tensor:
         """The score-matching loss of `flow` on `batch` (`x` or `(x, context)`), divided by `D`."""
         x, context = self._prepare(batch, "ScoreMatching.loss")
         _check_flow(flow, "ScoreMatching.loss")
@@ -314,7 +315,7 @@ class ScoreMatching(Objective):
         self._last_energy = e.detach().mean()
         return loss
 
-    def validation_loss(self, flow: Any, batch: Any) -> Tensor:
+    def validation_loss(self, flow: Flow, batch: Any) -> Tensor:
         """Exact negative log-likelihood per point of the raw `batch` (the preprocessing's log-det added back)."""
         x, context = split_batch(batch, "ScoreMatching.validation_loss")
         return -exact_log_prob(flow, x, context, preprocessing=self.preprocessing).mean()
