@@ -216,8 +216,10 @@ def check_point(bijector: nn.Module, x: object, context: object, direction: str,
         domain = bijector.domain
         inside = domain.admits(x)
         if inside is not None and not bool(inside.all()):
+            advice = f"; {domain.advice}" if getattr(domain, "advice", "") else ""
             raise ValueError(
                 f"{where}: x has {int((~inside).sum())} value(s) outside {domain!r}, the domain of the bijector"
+                + advice
             )
     batch = x.shape[: x.dim() - len(shape)]
     check_context(context, bijector.context_features, batch, dtype=dtype, where=where)

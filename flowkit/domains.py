@@ -13,13 +13,15 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["Domain", "Real", "Interval", "Circle", "Sphere", "Product"]
+__all__ = ["Domain", "Real", "Interval", "OpenInterval", "Circle", "Sphere", "Product"]
 
 
 class Domain:
     """Base domain: the whole space `R^n`."""
 
     is_manifold: bool = False
+    #: What to do about a point the input checks refuse, added to their error ("" for nothing).
+    advice: str = ""
 
     def sample(
         self, shape: tuple[int, ...], *, dtype: torch.dtype = torch.float64, generator: torch.Generator | None = None
@@ -36,7 +38,8 @@ class Domain:
 
         Unbounded domains and manifolds leave it to the finiteness check (None); an
         interval admits its end points, so data at exactly `0` or `1` (or an angle
-        at exactly `pi`) pass.
+        at exactly `pi`) pass, except an [`OpenInterval`][flowkit.domains.OpenInterval], for a map
+        that is infinite at its ends.
         """
         return None
 
@@ -104,6 +107,29 @@ class Interval(Domain):
 
     def __repr__(self) -> str:
         return f"Interval({self.low}, {self.high})"
+
+
+class OpenInterval(Interval):
+    r"""Open interval `(low, high)` whose end points the input checks refuse too: for a map infinite there.
+
+    The plain logit ([`Logit`][flowkit.bijectors.Logit] with `alpha=0`) is $\pm\infty$ at 0 and 1, so a
+    pixel at exactly 0 or 1 would give an infinite log-determinant, NaN densities and NaN gradients.
+
+    Arguments:
+        low: the lower end.
+        high: the upper end.
+        advice: what to do about a refused point, added to the error.
+    """
+
+    def __init__(self, low: float, high: float, advice: str = "") -> None:
+        super().__init__(low, high)
+        self.advice = advice
+
+    def admits(self, x: Tensor) -> Tensor:
+        return self.contains(x)
+
+    def __repr__(self) -> str:
+        return f"OpenInterval({self.low}, {self.high})"
 
 
 class Circle(Interval):

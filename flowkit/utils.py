@@ -15,6 +15,7 @@ __all__ = [
     "auxiliary_loss",
     "auxiliary_loss_modules",
     "aggregates_auxiliary_loss",
+    "into_open_unit_interval",
 ]
 
 
@@ -35,6 +36,18 @@ def as_shape(shape: int | Sequence[int] | torch.Size) -> torch.Size:
     if any(n < 0 for n in size):
         raise ValueError(f"a shape cannot have negative sizes, got {tuple(size)}")
     return size
+
+
+def into_open_unit_interval(x: Tensor) -> Tensor:
+    """Dequantised values `x` in `[0, 1]` moved into the open interval `(0, 1)` of their dtype.
+
+    `(k + u) / K` with `u` uniform on `[0, 1)` is exactly 0 when `k = u = 0`, and rounds to 1 in float32 when
+    `k = K - 1` and `u` is within about `K * 6e-8` of 1; the plain logit of an image flow is infinite at both.
+    Those values become the nearest floats inside, the smallest normal number and `1 - 2^-24` (float32):
+    the rounding, not the noise, put them on the ends.
+    """
+    info = torch.finfo(x.dtype)
+    return x.clamp(info.tiny, 1 - info.eps / 2)  # 1 - eps / 2: the largest float below 1
 
 
 def sum_event(t: Tensor, event_dims: int) -> Tensor:

@@ -20,7 +20,7 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from .._validation import check_number
-from ..domains import Interval
+from ..domains import Interval, OpenInterval
 from ..root_finding import monotone_inverse
 from ..utils import as_shape, sum_event
 from .base import Bijector
@@ -165,6 +165,12 @@ class SmoothTanh(Elementwise):
         return f"event_shape={tuple(self.event_shape)}, scale={self.scale}, leak={self.leak}"
 
 
+_OPEN_LOGIT = (
+    "the plain logit (alpha=0) is infinite at 0 and 1, so data must lie in the open interval (0, 1): "
+    "dequantise the pixels ((x + u) / K with u uniform on [0, 1), as flowkit.data.images does) or use alpha > 0"
+)
+
+
 class Logit(Bijector):
     r"""Logit preprocessing of data in `[0, 1]`: `z = logit(alpha + (1 - 2 alpha) x)`.
 
@@ -192,7 +198,8 @@ class Logit(Bijector):
         alpha: the squeeze, in `[0, 0.5)`; `0` gives the plain logit on `(0, 1)`.
 
     Inputs outside the closure of $I_\alpha$ raise a `ValueError` at the outermost call
-    while validation is on.
+    while validation is on; with `alpha = 0` the ends 0 and 1 are refused too (the logit is infinite
+    there: NaN densities and gradients), and the error suggests dequantisation or `alpha > 0`.
 
     References:
         Dinh, Sohl-Dickstein & Bengio, *Density estimation using Real NVP*,
@@ -204,7 +211,10 @@ class Logit(Bijector):
         self.alpha = check_number(alpha, "alpha", where="Logit", low=0, below=0.5)
         self.event_shape = as_shape(event_shape)
         width = 1 - 2 * self.alpha
-        self.domain = Interval(-self.alpha / width, (1 - self.alpha) / width)
+        if self.alpha == 0:  # the logit is infinite at 0 and 1: the ends are refused, not admitted
+            self.domain = OpenInterval(0.0, 1.0, advice=_OPEN_LOGIT)
+        else:
+            self.domain = Interval(-self.alpha / width, (1 - self.alpha) / width)
 
     def _squeeze(self, x: Tensor) -> Tensor:
         return self.alpha + (1 - 2 * self.alpha) * x

@@ -24,6 +24,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from .._validation import check_number
+from ..utils import into_open_unit_interval
 from .splits import Splits, _tensor
 
 __all__ = ["DIGITS_LEVELS", "digits", "dequantize", "bits_per_dim", "DequantizedDataset", "training_data"]
@@ -48,10 +49,16 @@ def _checked_counts(counts: np.ndarray | Tensor, levels: int, where: str) -> tup
 
 
 def dequantize(counts: np.ndarray, levels: int, seed: int) -> np.ndarray:
-    """Uniform dequantisation `(x + u) / levels` of integer data `x` in `{0, ..., levels-1}`."""
+    """Uniform dequantisation `(x + u) / levels` of integer data `x` in `{0, ..., levels-1}`.
+
+    The values lie in the open interval `(0, 1)`, in float32 too (see
+    [`into_open_unit_interval`][flowkit.utils.into_open_unit_interval]).
+    """
     counts, levels = _checked_counts(counts, levels, "dequantize")
     rng = np.random.default_rng(seed)
-    return (counts + rng.random(counts.shape)) / levels
+    # inside (0, 1) also once stored in float32: the plain logit of an image flow is infinite at 0 and 1
+    info = np.finfo(np.float32)
+    return np.clip((counts + rng.random(counts.shape)) / levels, info.tiny, 1 - info.epsneg)
 
 
 class DequantizedDataset(Dataset):
@@ -74,7 +81,7 @@ class DequantizedDataset(Dataset):
 
     def __getitem__(self, index: int) -> Tensor:
         x = self.counts[index]
-        return (x + torch.rand(x.shape)) / self.levels
+        return into_open_unit_interval((x + torch.rand(x.shape)) / self.levels)
 
 
 def digits(seed: int = 0) -> Splits:

@@ -39,7 +39,7 @@ from ..bijectors.image import Conv1x1, EIWShuffle, FactorOut, Squeeze, image_sha
 from ..distributions import Distribution, StandardNormal
 from ..nn import ConvNet
 from ..transformers import Affine, Transformer
-from ..utils import aggregates_auxiliary_loss, auxiliary_loss
+from ..utils import aggregates_auxiliary_loss, auxiliary_loss, into_open_unit_interval
 from .base import FlowModel
 from .flow import Flow
 from .presets import ConditionerFactory, _checked
@@ -148,7 +148,8 @@ class Glow(Flow):
         activation: conditioner activation.
         alpha: the [`Logit`][flowkit.bijectors.Logit] squeeze `alpha`; `None` for data on the
             real line (no preprocessing). The default 0 maps `(0, 1)` onto the real line, so samples
-            stay in `[0, 1]` and the density is normalised there. A positive `alpha` (RealNVP's 0.05)
+            stay in `[0, 1]` and the density is normalised there; a pixel at exactly 0 or 1 (not
+            dequantised) is a `ValueError`, as the logit is infinite there. A positive `alpha` (RealNVP's 0.05)
             maps `[0, 1]` onto a bounded interval: the flow is then a density on the logit's wider
             domain $(-\alpha / (1 - 2\alpha), (1 - \alpha) / (1 - 2\alpha))$, puts mass outside
             `[0, 1]` (its samples can fall there; clamp them to show images), and it learns much more
@@ -352,7 +353,8 @@ class Dequantized(FlowModel):
         else:
             u, log_q = self.dequantizer.rsample_and_log_prob(x)
         dims = math.prod(self.event_shape)
-        return self.flow.log_prob((x + u) / self.levels) - dims * math.log(self.levels) - log_q
+        x = into_open_unit_interval((x + u) / self.levels)  # float rounding can put a value on 0 or 1
+        return self.flow.log_prob(x) - dims * math.log(self.levels) - log_q
 
     def path_log_likelihood(self, x: Tensor, context: Tensor | None = None) -> Tensor:
         """Same as [`log_prob`][flowkit.flows.images.Dequantized.log_prob] (for the likelihood objective)."""

@@ -54,3 +54,29 @@ def test_dequantized_dataset_refuses_counts_outside_the_levels(bad):
         DequantizedDataset(np.array([[0.0, bad], [3.0, 5.0]]), 17)
     with pytest.raises(ValueError, match="levels"):
         DequantizedDataset(np.zeros((2, 2)), 0)
+
+
+def test_dequantised_values_lie_inside_the_open_unit_interval_in_float32(monkeypatch):
+    from flowkit.data import dequantize
+    from flowkit.utils import into_open_unit_interval
+
+    counts = np.array([[0, 16, 5]])
+    rng = np.random.default_rng(0)
+    for u in (0.0, 1 - 2.0**-53):  # the ends of rng.random's [0, 1)
+
+        class Ends:
+            def random(self, shape, u=u):
+                return np.full(shape, u)
+
+        with monkeypatch.context() as patch:
+            patch.setattr(np.random, "default_rng", lambda seed: Ends())
+            x = torch.as_tensor(dequantize(counts, DIGITS_LEVELS, seed=0), dtype=torch.float32)
+        assert bool(((x > 0) & (x < 1)).all()), x
+    np.testing.assert_allclose(
+        dequantize(counts, DIGITS_LEVELS, 0), (counts + rng.random(counts.shape)) / DIGITS_LEVELS
+    )
+    monkeypatch.setattr(torch, "rand", lambda *shape, **kw: torch.where(torch.arange(3) == 0, 0.0, 1 - 2.0**-24))
+    x = DequantizedDataset(torch.tensor([[0, 16, 16]]), DIGITS_LEVELS)[0]
+    assert float(x[1]) == 1 - 2.0**-24 and bool(((x > 0) & (x < 1)).all()), x
+    edges = torch.tensor([0.0, 1.0, 0.5], dtype=torch.float64)
+    assert into_open_unit_interval(edges).tolist() == [torch.finfo(torch.float64).tiny, 1 - 2.0**-53, 0.5]

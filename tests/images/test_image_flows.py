@@ -134,3 +134,37 @@ def test_variational_dequantizer_log_density_is_the_change_of_variables():
     normal = torch.distributions.Normal(0.0, 1.0).log_prob(eps.detach())
     torch.testing.assert_close(u, out.detach())
     torch.testing.assert_close(log_q, (normal - grad.log()).sum((-3, -2, -1)))
+
+
+@pytest.mark.parametrize("preset, levels", [(Glow, 1), (EIW, 2)])
+@pytest.mark.parametrize("end", [0.0, 1.0])
+def test_a_pixel_on_an_end_of_the_plain_logit_is_refused_by_name(preset, levels, end):
+    torch.manual_seed(0)
+    flow = preset((2, 4, 4), levels=levels, steps=1, hidden=(4,))
+    x = torch.rand(2, 2, 4, 4)
+    x[0, 0, 0, 0] = end
+    with pytest.raises(ValueError, match=r"open interval \(0, 1\): dequantise the pixels .* or use alpha > 0"):
+        flow.log_prob(x)
+    # just inside the ends, log densities and gradients are finite
+    x[0, 0, 0, 0] = torch.finfo(x.dtype).tiny if end == 0 else 1 - torch.finfo(x.dtype).eps / 2
+    leaf = x.clone().requires_grad_()
+    log_p = flow.log_prob(leaf)
+    log_p.sum().backward()
+    assert bool(torch.isfinite(log_p).all()) and bool(torch.isfinite(leaf.grad).all())
+    assert all(bool(torch.isfinite(p.grad).all()) for p in flow.parameters() if p.grad is not None)
+    # alpha > 0 maps [0, 1] inside the logit's domain: the ends are data like any other
+    squeezed = preset((2, 4, 4), levels=levels, steps=1, hidden=(4,), alpha=0.05)
+    x[0, 0, 0, 0] = end
+    assert bool(torch.isfinite(squeezed.log_prob(x)).all())
+
+
+def test_dequantised_pixels_that_round_onto_the_ends_stay_inside(monkeypatch):
+    from flowkit.flows.images import Dequantized
+
+    levels = 256
+    flow = Dequantized(Glow((1, 2, 2), levels=1, steps=1, hidden=(4,)), levels)
+    counts = torch.tensor([[[[0.0, 255.0], [3.0, 255.0]]]])
+    # u = 0 puts a 0 count on 0, and u just below 1 rounds (255 + u) / 256 to 1 in float32
+    assert float((torch.tensor(255.0) + (1 - 2.0**-24)) / levels) == 1.0
+    monkeypatch.setattr(torch, "rand_like", lambda x: torch.where(x > 100, 1 - 2.0**-24, 0.0).to(x))
+    assert bool(torch.isfinite(flow.log_prob(counts)).all())
