@@ -28,7 +28,7 @@ is what grows with batch size and depth.
 The pseudo-library ``flowkit-compiled`` (``--libraries flowkit flowkit-compiled zuko ...``) times
 ``flowkit.compile(flow)`` (Inductor) of the same flow for ``train`` and ``log_prob`` (compiled in the
 warm-up; its ``sample`` is the eager one), with its own ratio column; like ``flowkit-reference`` it is not a
-peer. ``flowkit-pytorch`` times flowkit with its native spline kernel off (``flowkit._native``: the fused
+peer. ``flowkit-pytorch`` times flowkit with its native spline kernel off (``flowkit.kernels.use_spline_kernel("pytorch")``: the fused
 spline node's PyTorch kernel instead of the C++ one), interleaved with the rest.
 
 Two tables: ``matched`` (every library builds the architecture above) and
@@ -121,36 +121,29 @@ def build(library: str, kind: str, features: int, layers: int, bins: int, bound:
     return (model, *peers.interface(library, model))
 
 
-def _switched_off(module, switch: str, function):
-    """``function`` with the boolean ``module.switch`` set to False while it runs (restored after)."""
+def _on_kernel(kernel: str, function):
+    """``function`` with flowkit's splines on ``kernel`` while it runs (``flowkit.kernels.use_spline_kernel``)."""
+    from flowkit.kernels import use_spline_kernel
 
     def call(*args):
-        saved = getattr(module, switch)
-        setattr(module, switch, False)
-        try:
+        with use_spline_kernel(kernel):
             return function(*args)
-        finally:
-            setattr(module, switch, saved)
 
     return call
 
 
 def _unfused(function):
-    """``function`` with flowkit's splines on their reference path (knot table, autograd chain rule).
+    """``function`` with flowkit's splines on their reference kernel (knot table, autograd chain rule).
 
     The pseudo-library ``flowkit-reference`` (``--libraries flowkit flowkit-reference ...``) times flowkit
     before its fused spline node, interleaved with everything else; it is not counted as a peer.
     """
-    import flowkit.transformers.spline as spline
-
-    return _switched_off(spline, "_FUSED", function)
+    return _on_kernel("reference", function)
 
 
 def _without_native(function):
     """``function`` with flowkit's native spline kernel off (the fused node's PyTorch kernel runs)."""
-    import flowkit._native as native
-
-    return _switched_off(native, "ENABLED", function)
+    return _on_kernel("pytorch", function)
 
 
 def build_default(library: str, kind: str, features: int, layers: int, bins: int, bound: float, hidden: int):
@@ -557,9 +550,9 @@ def main() -> None:
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "speed.json"))
     args = parser.parse_args()
     if args.spline_path == "reference":
-        import flowkit.transformers.spline
+        from flowkit.kernels import use_spline_kernel
 
-        flowkit.transformers.spline._FUSED = False
+        use_spline_kernel("reference").__enter__()  # for the whole run: left at exit
     if args.child:
         peak_memory_child(args.child[0], args.child[1], int(args.child[2]), args)
         return

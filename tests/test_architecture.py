@@ -19,7 +19,7 @@ ROOT = Path(flowkit.__file__).parent
 LAYERS = (
     # shared infrastructure
     ("flowkit._config", "flowkit._validation", "flowkit.utils", "flowkit.domains", "flowkit.root_finding"),
-    ("flowkit._native", "flowkit.compiled", "flowkit.tails"),
+    ("flowkit.kernels", "flowkit.compiled", "flowkit.tails"),
     # the maths
     ("flowkit.transformers", "flowkit.nn", "flowkit.distributions"),
     ("flowkit.bijectors", "flowkit.lattice", "flowkit._legacy"),

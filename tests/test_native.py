@@ -1,4 +1,4 @@
-"""The native kernels' loader (`flowkit._native`): used where it applies, a warned fallback where it cannot build."""
+"""The spline kernels' rule and the native loader (`flowkit.kernels`): each kernel where it applies."""
 
 import shutil
 
@@ -6,16 +6,18 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import flowkit._native as native
+import flowkit.kernels.native as native
+from flowkit.kernels import spline_kernel, use_spline_kernel
 from flowkit.transformers import CircularSpline, RationalQuadraticSpline
 
 needs_compiler = pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler to build the kernel")
 
 
 @pytest.fixture(autouse=True)
-def enabled(monkeypatch):
-    """The kernel switched on, also where FLOWKIT_NATIVE=0 is set (tests that need it off say so)."""
-    monkeypatch.setattr(native, "ENABLED", True)
+def enabled():
+    """The native kernel chosen, also where FLOWKIT_NATIVE=0 is set (tests that need it off say so)."""
+    with use_spline_kernel("native"):
+        yield
 
 
 class _Calls(TorchDispatchMode):
@@ -49,7 +51,7 @@ def test_eager_splines_on_the_cpu_run_the_native_kernel(spline, dtype):
         assert "flowkit_native.rqs_forward.default" in _calls(lambda: spline.inverse(x, params))
 
 
-def test_half_precision_many_bins_and_switched_off_kernels_take_the_pytorch_path(monkeypatch):
+def test_half_precision_many_bins_and_switched_off_kernels_take_the_pytorch_path():
     spline = RationalQuadraticSpline(4, 2.0)
     x, params = torch.rand(10, dtype=torch.bfloat16), torch.randn(10, 11, dtype=torch.bfloat16)
     assert not any("flowkit_native" in name for name in _calls(lambda: spline(x, params)))
@@ -57,9 +59,9 @@ def test_half_precision_many_bins_and_switched_off_kernels_take_the_pytorch_path
     assert not any(
         "flowkit_native" in name for name in _calls(lambda: many(x.float(), torch.randn(10, many.params_per_element)))
     )
-    monkeypatch.setattr(native, "ENABLED", False)
-    assert native.spline_ops() is None
-    assert not any("flowkit_native" in name for name in _calls(lambda: spline(x.float(), params.float())))
+    with use_spline_kernel("pytorch"):
+        assert spline_kernel(x.float(), params.float(), 4) == "pytorch"
+        assert not any("flowkit_native" in name for name in _calls(lambda: spline(x.float(), params.float())))
 
 
 def test_a_kernel_that_cannot_be_built_warns_once_and_the_pytorch_path_gives_the_same_numbers(monkeypatch):
@@ -99,3 +101,29 @@ def test_the_kernel_names_bad_arguments():
         ops.rqs_backward(v, params, forward[3], v[:3], v, 7, -3.0, 3.0, 1e-3, 1e-3, 1e-3, False, False, True)
     with pytest.raises(RuntimeError, match="exps must be rqs_forward's"):
         ops.rqs_backward(v, params, forward[3][:, :4], v, v, 7, -3.0, 3.0, 1e-3, 1e-3, 1e-3, False, False, True)
+
+
+@needs_compiler
+def test_the_rule_names_the_kernel_each_call_takes():
+    x, params = torch.rand(4, dtype=torch.float64), torch.randn(4, 11, dtype=torch.float64)
+    assert spline_kernel(x, params, 4) == "native"
+    assert spline_kernel(x.float(), params, 4) == "reference"  # mixed dtypes: promoted by the reference
+    assert spline_kernel(x.to(torch.bfloat16), params.to(torch.bfloat16), 4) == "pytorch"
+    with use_spline_kernel("reference"):
+        assert spline_kernel(x, params, 4) == "reference"
+    with use_spline_kernel("pytorch"):
+        assert spline_kernel(x, params, 4) == "pytorch"
+    assert spline_kernel(x, params, 4) == "native"  # the choice ends with its block
+    import torch.autograd.forward_ad as fwAD
+
+    with fwAD.dual_level():
+        assert spline_kernel(fwAD.make_dual(x, torch.ones_like(x)), params, 4) == "reference"
+        assert spline_kernel(x, params, 4) == "native"  # no dual input: no tangent to carry
+    seen = []
+    torch.func.vmap(lambda row: seen.append(spline_kernel(row, params[0], 4)) or row)(x[:, None])
+    assert seen == ["reference"]
+
+
+def test_an_unknown_kernel_is_refused_by_name():
+    with pytest.raises(ValueError, match="unknown kernel 'fast'"), use_spline_kernel("fast"):
+        pass

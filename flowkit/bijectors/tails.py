@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from .._validation import check_number
-from ..transformers.spline import _RationalQuadraticBin
+from ..kernels.reference import _RationalQuadraticBin
 from .base import Bijector
 from .linear import _check_overflow, _loaded, _TriangularFactors
 

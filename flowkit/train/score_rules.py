@@ -342,10 +342,9 @@ def _affine_rule(direction: str) -> Callable:
 
 forward_and_ladj_derivative.register(Affine)(_affine_rule("forward"))
 inverse_and_ladj_derivative.register(Affine)(_affine_rule("inverse"))
-forward_and_ladj_derivative.register(RationalQuadraticSpline)(lambda t, x, p: t._map(x, p, False, True))
-inverse_and_ladj_derivative.register(RationalQuadraticSpline)(lambda t, y, p: t._map(y, p, True, True))
-forward_and_ladj_derivative.register(CircularSpline)(lambda t, x, p: t._map(x, p, False, True))
-inverse_and_ladj_derivative.register(CircularSpline)(lambda t, y, p: t._map(y, p, True, True))
+for _spline in (RationalQuadraticSpline, CircularSpline):
+    forward_and_ladj_derivative.register(_spline)(lambda t, x, p: t.with_ladj_derivative(x, p))
+    inverse_and_ladj_derivative.register(_spline)(lambda t, y, p: t.with_ladj_derivative(y, p, inverse=True))
 
 register_score_rule(
     Coupling,

@@ -7,8 +7,8 @@ import torch
 from nflows.transforms.splines.rational_quadratic import unconstrained_rational_quadratic_spline
 from zuko.transforms import MonotonicRQSTransform
 
+from flowkit.kernels.reference import _knots, _linear_tail_derivatives
 from flowkit.transformers import CircularSpline, RationalQuadraticSpline, unconstrained_rqs
-from flowkit.transformers.spline import _knots, _linear_tail_derivatives
 
 # Every test on both kernels of the fused spline node (`spline_kernel` in conftest.py).
 pytestmark = pytest.mark.usefixtures("spline_kernel")
@@ -214,7 +214,7 @@ def test_circular_spline_is_a_smooth_circle_map():
 
 @pytest.mark.parametrize("inverse", [False, True])
 def test_hand_written_bin_gradients_match_finite_differences_to_second_order(inverse):
-    from flowkit.transformers.spline import _RationalQuadraticBin
+    from flowkit.kernels.reference import _RationalQuadraticBin
 
     g = torch.Generator().manual_seed(3)
     n = 9

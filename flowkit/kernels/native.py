@@ -6,7 +6,7 @@ the first time a spline runs on the CPU (10-30 s, once: torch caches the build u
 `TORCH_EXTENSIONS_DIR`, by default `~/.cache/torch_extensions`, one build per torch version, rebuilt when
 the source changes). The build needs a C++ compiler and ninja (a dependency of flowkit). Where it cannot
 be built flowkit warns once and keeps to its PyTorch path, which gives the same numbers more slowly;
-`FLOWKIT_NATIVE=0` in the environment turns the kernel off.
+`FLOWKIT_NATIVE=0` in the environment keeps `"auto"` off it ([`flowkit.kernels.select`][flowkit.kernels.select]).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import os
 import threading
 import time
 import warnings
@@ -29,9 +28,6 @@ _LOCK = threading.Lock()
 _OPS: object | None = None
 _TRIED = False
 _FAKES_REGISTERED = False
-
-#: Switch for the native kernel (tests compare it with the PyTorch path by turning it off).
-ENABLED = os.environ.get("FLOWKIT_NATIVE", "1").strip().lower() not in ("0", "false", "no", "off")
 
 _log = logging.getLogger("flowkit")
 
@@ -98,8 +94,6 @@ def _build() -> object | None:
 def spline_ops() -> object | None:
     """The `torch.ops.flowkit_native` namespace, built on the first call; None where it is unavailable."""
     global _OPS, _TRIED
-    if not ENABLED:
-        return None
     if _TRIED:
         return _OPS
     with _LOCK:

@@ -1,0 +1,262 @@
+r"""The fused spline node: the whole spline as one autograd node, on the PyTorch or the native kernel.
+
+In eager mode a spline's whole map (knot construction, bin search, bin arithmetic, tails) is one autograd
+node with a hand-written backward pass (`_FusedSpline`): it exponentiates and accumulates the logits once,
+searches the bin, and then gathers only that bin's two knots and derivatives per point, where the
+reference builds the full knot and derivative tables; the backward pass maps the bin's cotangents to the
+logits in closed form (a cumulative sum of three spikes per row) and the inverse uses the
+implicit-function rule. On the CPU the node runs that maths point by point in one C++ operation per
+direction ([`flowkit.kernels.native`][flowkit.kernels.native]), elsewhere as a few dozen torch operations.
+A backward pass that records a graph differentiates the reference instead.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from . import native as _native
+from .reference import _MAX_DERIVATIVE, _bin_forward, _Layout, _reference_map, _scale_and_offset, _terms_pullback
+from .select import spline_kernel
+
+__all__: list[str] = []
+
+#: `log2(e)`: `exp(t) = 2^(t log2 e)`; torch's CPU `exp2` kernel is about three times faster than `exp`.
+_LOG2E = 1.4426950408889634
+
+
+def _fused_forward(v: Tensor, p: Tensor, layout: _Layout, inverse: bool, derivative: bool) -> tuple[Tensor, ...]:
+    r"""The spline at `v` `(n,)` from parameters `p` `(n, P)`, touching only the bin each point falls in.
+
+    Only a few passes need all `K` bins of a row: the exponentiated, shifted logits and their cumulative
+    sum `C` (both rows, shifted by the row maximum), and the knots of the searched axis (`x` forward,
+    `y` inverse) for `torch.searchsorted`, as in `_knots`. Everything else (the bin's two knots on both
+    axes, its two derivatives, softplus included) is gathered per point through flat indices, so the
+    `(n, 2, K + 1)` knot and `(n, K + 1)` derivative tables of the reference are never built. Per-point
+    pieces are stacked along a leading axis (`(2, n)`, `(4, n)`): torch's CPU kernels are slow on a short
+    last axis (a broadcast over it, a reduction along it, a stack into it).
+
+    Returns `(out, ladj, dlog, saved)`, where `saved` holds what `_fused_backward` needs.
+    """
+    k, low, high = layout.bins, layout.low, layout.high
+    n, width = p.shape
+    logits = p[:, : 2 * k].reshape(2 * n, k)  # a contiguous copy (a view only if p has no other columns)
+    shift = logits.amax(-1, keepdim=True)
+    # (logits - shift) log2(e), then 2^(.) in place. The subtraction comes first and alone: its result is
+    # <= 0 on any CPU, where a fused `log2(e) l - log2(e) m` (an FMA) leaves the row maximum at the rounding
+    # error of the product, ~1e25 for logits of 1e32, and 2^(that) is inf.
+    exps = torch.sub(logits, shift).mul_(_LOG2E).exp2_()
+    cumulative = exps.cumsum(-1)  # (2n, K): rows 2i (widths) and 2i + 1 (heights) of point i
+    total = cumulative[:, -1].view(n, 2).t().contiguous()  # (2, n)
+    scale, offset = _scale_and_offset(total, k, low, high, layout.min_bin_width, layout.min_bin_height)
+    axis = 1 if inverse else 0
+    clamped = v.clamp(low, high)
+    small = n * max(width, 2 * k) < 2**31  # int32 flat indices (half the memory traffic of int64)
+    index = torch.int32 if small else torch.long
+    if k > 1:
+        # The interior knots of the searched axis as `_knots` computes them; the bin is the number of them
+        # strictly below the point.
+        row = offset if offset.dim() == 1 else offset[axis]
+        inner = torch.addcmul(row[: k - 1], cumulative.view(n, 2, k)[:, axis, : k - 1], scale[axis].unsqueeze(-1))
+        bin_ = torch.searchsorted(inner, clamped.unsqueeze(-1), out_int32=small).view(n)
+    else:
+        bin_ = torch.zeros(n, dtype=index, device=v.device)
+    ends = torch.stack([bin_ == 0, bin_ == k - 1])  # the first and the last bin
+    first = ends[0]
+    # The bin's lower and upper knot: indices of the cumulative sums ending there (none at knot 0).
+    knot = torch.stack([(bin_ - 1).clamp_min(0), bin_])
+    rows = torch.arange(0, 2 * k * n, 2 * k, dtype=index, device=v.device)  # row starts in the cumulative sums
+    at = knot + rows
+    sums = cumulative.view(-1).index_select(0, torch.cat([at, at + k]).view(-1)).view(2, 2, n)
+    if offset.dim() == 1:
+        offsets = offset.index_select(0, knot.view(-1)).view(2, n)
+    else:
+        offsets = offset.index_select(1, knot.view(-1)).view(2, 2, n)
+    knots = torch.addcmul(offsets, sums, scale.unsqueeze(1))  # (axis, lower/upper, n)
+    knots[:, 0].masked_fill_(first, low)  # knot 0 is low
+    (x0, x1), (y0, y1) = knots
+    # Derivatives at the bin's two knots: softplus of two gathered columns.
+    columns = None
+    if layout.circular:
+        columns = torch.stack([torch.where(first, k - 1, bin_ - 1), bin_])
+    elif k > 1:
+        columns = knot.clamp_max(k - 2)
+    raw = None
+    if columns is None:
+        d0 = d1 = softened = torch.ones_like(v)
+    else:
+        columns += torch.arange(2 * k, width * n, width, dtype=index, device=v.device)  # flat indices into p
+        raw = p.reshape(-1).index_select(0, columns.view(-1)).view(2, n)
+        softened = F.softplus(raw) + layout.min_derivative
+        if not layout.circular:
+            softened.masked_fill_(ends, 1.0)  # boundary derivatives 1
+        d0, d1 = softened.clamp_max(_MAX_DERIVATIVE)
+    out, ladj, dlog, terms = _bin_forward(clamped, x0, x1, y0, y1, d0, d1, inverse, derivative)
+    inside = v == clamped
+    if not layout.circular:
+        out, ladj = torch.where(inside, out, v), torch.where(inside, ladj, 0.0)
+        if dlog is not None:
+            dlog = torch.where(inside, dlog, 0.0)
+    saved = (*terms, d0, d1, inside, bin_, ends, exps, sums, total, scale, raw, softened, columns)
+    return out, ladj, dlog, saved
+
+
+def _fused_backward(
+    saved: tuple[Tensor | None, ...],
+    layout: _Layout,
+    inverse: bool,
+    width: int,
+    g_out: Tensor,
+    g_ladj: Tensor,
+    need_params: bool = True,
+) -> tuple[Tensor, Tensor | None]:
+    r"""Cotangents of `(out, ladj)` `(n,)` pulled back to the input `(n,)` and the parameters `(n, P)`.
+
+    The parameters' part is skipped (None) unless `need_params`.
+
+    The bin's part is `_bin_pullback`. Knot `j` of a row is `low + A F_j + j\,span\,m`, with
+    `F_j = \sum_{b<j} p_b`, `p = softmax(l)` and `A = span (1 - K m)`, so
+    $\partial F_j / \partial l_i = p_i ([i<j] - F_j)$; the bin's two knots `k`, `k + 1` with cotangents
+    `g_0`, `g_1` give
+
+    $$ \bar l_i = A p_i \big( (g_0 + g_1 - c) - [i \ge k]\,g_0 - [i \ge k+1]\,g_1 \big),
+       \qquad c = g_0 F_k + g_1 F_{k+1}, $$
+
+    the cumulative sum of three spikes per row (at 0, `k` and `k + 1`): two passes over the `K` bins
+    instead of the reference's chain. Knots 0 and `K` are constant (`low`, `high`). The derivatives'
+    cotangents go to their two softplus columns.
+    """
+    *terms, d0, d1, inside, bin_, ends, exps, sums, total, scale, raw, softened, columns = saved
+    k = layout.bins
+    n = d0.shape[0]
+    g_in, g_ladj_in = g_out, g_ladj
+    if not layout.circular:
+        g_in, g_ladj_in = torch.where(inside, g_out, 0.0), torch.where(inside, g_ladj, 0.0)
+    g_v, g_x0, g_x1, g_y0, g_y1, g_d0, g_d1 = _terms_pullback(tuple(terms), d0, d1, inverse, g_in, g_ladj_in)
+    g_x = torch.where(inside, g_v, g_out if not layout.circular else 0.0)
+    if not need_params:
+        return g_x, None
+    g_params = torch.empty(n, width, dtype=d0.dtype, device=d0.device)
+    if width > 2 * k:
+        g_params[:, 2 * k :].zero_()
+    # Width and height logits: the knot cotangents times A / C_K (knots 0 and K are constant), spikes
+    # g_0 (1 - F_k) + g_1 (1 - F_{k+1}) at 0, -g_0 at k and -g_1 at k + 1, summed cumulatively, times e_i.
+    g_knots = torch.stack([g_x0, g_x1, g_y0, g_y1]).view(2, 2, n).masked_fill_(ends, 0.0)
+    g_knots.mul_(scale.unsqueeze(1))
+    spikes = torch.empty(2, 3, n, dtype=d0.dtype, device=d0.device)
+    total = total.unsqueeze(1)
+    torch.mul(g_knots, (total - sums) / total, out=spikes[:, 1:])
+    torch.add(spikes[:, 1], spikes[:, 2], out=spikes[:, 0])
+    torch.neg(g_knots, out=spikes[:, 1:])
+    base = torch.arange(0, n * 2 * k, 2 * k, dtype=bin_.dtype, device=d0.device)
+    lower, upper = base + bin_, base + (bin_ + 1).clamp_max(k - 1)
+    at = torch.stack([base, lower, upper, base + k, lower + k, upper + k])  # as spikes: (axis, spike, n)
+    steps = torch.zeros(n * 2 * k, dtype=d0.dtype, device=d0.device).index_add_(0, at.view(-1), spikes.view(-1))
+    torch.mul(exps.view(n, 2, k), steps.view(n, 2, k).cumsum_(-1), out=g_params[:, : 2 * k].view(n, 2, k))
+    # Derivatives: d = m + softplus(raw), capped, 1 at the linear tails' boundaries.
+    if raw is not None:
+        keep = softened <= _MAX_DERIVATIVE
+        if not layout.circular:
+            keep &= ~ends
+        g_raw = torch.ops.aten.softplus_backward(torch.stack([g_d0, g_d1]).mul_(keep), raw, 1.0, 20.0)
+        g_params.view(-1).index_add_(0, columns.view(-1), g_raw.view(-1))
+    return g_x, g_params
+
+
+def _native_kernel(x: Tensor, params: Tensor, layout: _Layout) -> Any:
+    """The native spline operations (`flowkit.kernels.native`) where the rule picks them for `x`, else None."""
+    if spline_kernel(x, params, layout.bins) != "native":
+        return None
+    return _native.spline_ops()
+
+
+def _native_forward(
+    ops: Any, v: Tensor, p: Tensor, layout: _Layout, inverse: bool, derivative: bool
+) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
+    """`_fused_forward`'s `(out, ladj, dlog)` from the native kernel (one operation), and the exponentiated logits.
+
+    The backward pass takes the logits back (`rqs_backward`).
+    """
+    out, ladj, dlog, exps = ops.rqs_forward(v, p, *layout, inverse, derivative)
+    return out, ladj, dlog if derivative else None, exps
+
+
+class _FusedSpline(torch.autograd.Function):
+    """The whole spline (knots, bin search, bin, tails) as one autograd node with a hand-written backward.
+
+    With the native kernel (`flowkit.kernels.native`, on the CPU) the forward and the backward pass are one
+    C++ operation each; the node saves the inputs and the exponentiated logits, and the backward pass
+    recomputes each point's bin. Otherwise the node saves the exponentiated logits and the per-point bin
+    (its terms, derivatives) of the forward pass, and the backward pass is `_fused_backward`. A backward
+    pass that records a graph (`create_graph=True`, for higher derivatives) differentiates
+    `_reference_map` on the saved inputs instead, so every order of derivative is that of the reference.
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        x: Tensor,
+        params: Tensor,
+        layout: _Layout,
+        inverse: bool,
+        derivative: bool,
+        native: bool | None = None,
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        batch = x.shape
+        v, p = x.reshape(-1), params.reshape(-1, params.shape[-1])
+        ctx.layout, ctx.inverse = layout, inverse
+        # `native`: the rule's verdict, when the caller has it (None: ask the rule).
+        ctx.native = _native_kernel(x, params, layout) if native is None else (_native.spline_ops() if native else None)
+        if ctx.native is not None:
+            out, ladj, dlog, exps = _native_forward(ctx.native, v, p, layout, inverse, derivative)
+            # The flat views too: `x` may be a strided slice and `params` expanded, which `reshape` would copy
+            # again.
+            ctx.save_for_backward(x, params, v, p, exps)
+        else:
+            out, ladj, dlog, saved = _fused_forward(v, p, layout, inverse, derivative)
+            ctx.save_for_backward(x, params, *saved)  # None (no derivative columns) is saved as None
+        if dlog is not None:
+            dlog = dlog.view(batch)
+            ctx.mark_non_differentiable(dlog)
+        return out.view(batch), ladj.view(batch), dlog
+
+    @staticmethod
+    def backward(ctx: Any, g_out: Tensor, g_ladj: Tensor, _: Any) -> tuple:  # type: ignore[override]
+        x, params, *saved = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph: the reference, differentiable to any order
+            wanted = [t for t, need in zip((x, params), ctx.needs_input_grad[:2], strict=True) if need]
+            out, ladj, _ = _reference_map(x, params, ctx.layout, ctx.inverse, False)
+            grads = iter(
+                torch.autograd.grad((out, ladj), wanted, (g_out, g_ladj), create_graph=True, allow_unused=True)
+            )
+            g_x, g_params = (next(grads) if need else None for need in ctx.needs_input_grad[:2])
+            return g_x, g_params, None, None, None, None
+        need_params = ctx.needs_input_grad[1]
+        if ctx.native is not None:
+            g_x, g_params = ctx.native.rqs_backward(
+                *saved,
+                g_out.reshape(-1),
+                g_ladj.reshape(-1),
+                *ctx.layout,
+                ctx.inverse,
+                need_params,
+            )
+            g_params = g_params if need_params else None
+        else:
+            g_x, g_params = _fused_backward(
+                tuple(saved),
+                ctx.layout,
+                ctx.inverse,
+                params.shape[-1],
+                g_out.reshape(-1),
+                g_ladj.reshape(-1),
+                need_params,
+            )
+        return g_x.view(x.shape), None if g_params is None else g_params.view(params.shape), None, None, None, None
+
+
+_FusedSpline.forward.__signature__ = inspect.signature(_FusedSpline.forward)  # type: ignore[attr-defined]

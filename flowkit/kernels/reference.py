@@ -1,0 +1,403 @@
+r"""The rational-quadratic spline in plain autograd: the reference every spline kernel agrees with.
+
+The maths of one bin, its inverse (the bin's quadratic solved without cancellation) and the knot
+construction from unconstrained parameters, as
+[`RationalQuadraticSpline`][flowkit.transformers.RationalQuadraticSpline] documents them; one autograd
+node per bin (`_RationalQuadraticBin`, with a hand-written backward pass, forward mode and `torch.func`
+support) and autograd's chain rule for the rest. The fused kernels (`flowkit.kernels.fused`,
+`flowkit.kernels.native`) reuse these functions for the per-point bin maths.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__: list[str] = []
+
+#: Derivatives at the knots are capped here: the squares in the bin maths stay finite in
+#: float32 for bounds up to 1e6 (a conditioner fed inputs of 1e30 outputs 1e32, say).
+_MAX_DERIVATIVE = 1e12
+
+
+def _softplus(x: Tensor) -> Tensor:
+    """`log(1 + e^x)` of a slice of a parameter tensor.
+
+    torch's CPU kernels run many times slower on the strided slice than on a
+    contiguous copy of it, so copy first.
+    """
+    return F.softplus(x.contiguous())
+
+
+def _scale_and_offset(
+    total: Tensor, bins: int, low: float, high: float, min_bin_width: float, min_bin_height: float
+) -> tuple[Tensor, Tensor]:
+    """`scale = span (1 - K m) / C_K`, shaped like `total`, and `offset_k = k span m + low`.
+
+    `total` has the rows (widths, heights) in dim -2: `(..., 2, 1)` for the reference, `(2, n)` fused.
+
+    `offset` is `(K,)` when both minimums agree, else `(2, K)` (rows for the widths and the heights).
+    Knot `k >= 1` on either axis sits at `offset_{k-1} + C_{k-1} scale`, with `C` the cumulative sum
+    of the exponentiated logits and `C_K = total`; the reference and the fused knot constructions
+    share this arithmetic.
+    """
+    span = high - low
+    ramp = torch.arange(1, bins + 1, dtype=total.dtype, device=total.device)
+    if min_bin_width == min_bin_height:
+        return span * (1 - bins * min_bin_width) / total, ramp * (span * min_bin_width) + low
+    minimum = total.new_tensor([[min_bin_width], [min_bin_height]])
+    return span * (1 - bins * minimum) / total, ramp * (span * minimum) + low
+
+
+def _knots(
+    unnormalized_bins: Tensor,
+    derivatives: Tensor,
+    low: float,
+    high: float,
+    min_bin_width: float,
+    min_bin_height: float,
+) -> tuple[Tensor, Tensor]:
+    """The knots: positions `(..., 2, K + 1)` (rows `x_k` and `y_k`) and derivatives `(..., K + 1)`.
+
+    Arguments:
+        unnormalized_bins: widths and heights stacked, `(..., 2, K)`.
+        derivatives: constrained derivatives at all `K + 1` knots, `(..., K + 1)`
+            (returned as they are).
+        low: lower end of the spline's (co)domain `[low, high]` on both axes.
+        high: upper end of that interval.
+        min_bin_width: the minimum bin width as a fraction of `high - low`.
+        min_bin_height: the minimum bin height, likewise.
+
+    With `e = exp(logits)` and `C` its cumulative sum, knot `k >= 1` sits at
+    `low + span ((1 - K m) C_k / C_K + k m)`: the cumulative softmax, with the
+    minimum bin size `m` added to every bin. For the few bins of a spline
+    (K ~ 8) and many rows, torch's fused softmax (and even a sum over the bins)
+    is several times slower on CPU than this cumulative sum, and the scaling
+    and offset take one fused pass. The logits, a strided slice of the
+    conditioner's output, are copied first (strided kernels are slow); the max
+    is taken on detached logits (any shift is exact).
+    """
+    logits = unnormalized_bins.contiguous()
+    cumulative = torch.cumsum(torch.exp(logits - logits.detach().amax(dim=-1, keepdim=True)), dim=-1)
+    bins = unnormalized_bins.shape[-1]
+    scale, offset = _scale_and_offset(cumulative[..., -1:], bins, low, high, min_bin_width, min_bin_height)
+    # The last knot is high up to rounding; the bin search uses the interior
+    # knots only, inputs are clamped to [low, high] and the bin-relative
+    # coordinate to [0, 1], so a point in a rounding gap at the end (an angle
+    # just below pi, say) lands in the last bin, at its end.
+    positions = F.pad(torch.addcmul(offset, cumulative, scale), (1, 0), value=low)
+    return positions, derivatives
+
+
+def _bin_shape(x0: Tensor, x1: Tensor, y0: Tensor, y1: Tensor, d0: Tensor, d1: Tensor) -> tuple[Tensor, ...]:
+    """Width `w`, height `h`, slope `s = h / w` and curvature `c = d0 + d1 - 2s` of a bin."""
+    w = x1 - x0
+    h = y1 - y0
+    s = h / w
+    return w, h, s, d0 + d1 - (s + s)
+
+
+def _bin_terms(x: Tensor, x0: Tensor, shape: tuple[Tensor, ...], d0: Tensor, d1: Tensor) -> tuple[Tensor, ...]:
+    """The pieces of the forward map in one bin at the point `x`.
+
+    Returns `(w, h, s, c, xi, 1 - xi, q, den, N, P)` with `(w, h, s, c)` from
+    `_bin_shape`, `xi = (x - x0) / w`, `q = xi (1 - xi)`,
+    `den = s + c q`, `N = s xi^2 + d0 q` and `P = d1 xi^2 + 2 s q + d0 (1 - xi)^2`,
+    so that `y = y0 + h N / den` and `log dy/dx = log(s^2 P / den^2)`.
+    """
+    return _xi_terms(((x - x0) / shape[0]).clamp(0, 1), shape, d0, d1)
+
+
+def _xi_terms(xi: Tensor, shape: tuple[Tensor, ...], d0: Tensor, d1: Tensor) -> tuple[Tensor, ...]:
+    """`_bin_terms` at the bin-relative coordinate `xi`, which must lie in `[0, 1]`.
+
+    Outside `[0, 1]` (by rounding, `x` on a knot) `P` can turn negative in a
+    steep bin, and its log NaN: `_bin_terms` clamps.
+    """
+    w, h, s, c = shape
+    one_m_xi = 1 - xi
+    xi_sq = xi * xi
+    q = xi * one_m_xi
+    den = s + c * q
+    n = s * xi_sq + d0 * q
+    p = d1 * xi_sq + (s + s) * q + d0 * one_m_xi * one_m_xi
+    return w, h, s, c, xi, one_m_xi, q, den, n, p
+
+
+def _dp_dxi(terms: tuple[Tensor, ...], d0: Tensor, d1: Tensor) -> Tensor:
+    """`dP/dxi = 2 (d1 xi + s (1 - 2 xi) - d0 (1 - xi))` in one bin."""
+    _, _, s, _, xi, one_m_xi, *_ = terms
+    return 2 * (d1 * xi + s * (one_m_xi - xi) - d0 * one_m_xi)
+
+
+def _dlog_dx(terms: tuple[Tensor, ...], dp: Tensor) -> Tensor:
+    """`d log(dy/dx) / dx = (P'/P - 2 den'/den) / w` in one bin, with `den' = c (1 - 2 xi)`."""
+    w, _, _, c, xi, one_m_xi, _, den, _, p = terms
+    return (dp / p - 2 * c * (one_m_xi - xi) / den) / w
+
+
+def _bin_vjp(
+    terms: tuple[Tensor, ...], dp: Tensor, d0: Tensor, d1: Tensor, g_y: Tensor, g_log: Tensor
+) -> tuple[Tensor, ...]:
+    """Pull the cotangents of `(y, log dy/dx)` back to `(x, x0, x1, y0, y1, d0, d1)` (reverse mode by hand)."""
+    w, h, s, c, xi, one_m_xi, q, den, n, p = terms
+    one_m_2xi = one_m_xi - xi
+    g_n = g_y * h / den
+    g_den = -(g_n * n + 2 * g_log) / den
+    g_p = g_log / p
+    g_xi = g_n * (2 * s * xi + d0 * one_m_2xi) + g_den * c * one_m_2xi + g_p * dp
+    g_s = g_n * xi * xi + g_den * (1 - 2 * q) + 2 * g_p * q + 2 * g_log / s
+    g_d0 = (g_n + g_den) * q + g_p * one_m_xi * one_m_xi
+    g_d1 = g_den * q + g_p * xi * xi
+    g_h = g_y * n / den + g_s / w
+    g_w = -(g_s * s + g_xi * xi) / w
+    g_x = g_xi / w
+    return g_x, -g_x - g_w, g_w, g_y - g_h, g_h, g_d0, g_d1
+
+
+def _terms_pullback(
+    terms: tuple[Tensor, ...], d0: Tensor, d1: Tensor, inverse: bool, g_out: Tensor, g_ladj: Tensor
+) -> tuple[Tensor, ...]:
+    """`_bin_pullback` from the bin's `terms` (`_xi_terms` where the forward map is evaluated)."""
+    dp = _dp_dxi(terms, d0, d1)
+    if not inverse:
+        return _bin_vjp(terms, dp, d0, d1, g_out, g_ladj)
+    # x = tau^{-1}(v; theta), ladj = -L(x; theta): the cotangent on x picks up -g_ladj dL/dx,
+    # and dx/dv = e^{-L}, dx/dtheta = -e^{-L} dtau/dtheta.
+    _, _, s, _, _, _, _, den, _, p = terms
+    g_v = (g_out - g_ladj * _dlog_dx(terms, dp)) * (den * den / (s * s * p))
+    return (g_v, *_bin_vjp(terms, dp, d0, d1, -g_v, -g_ladj)[1:])
+
+
+def _bin_pullback(
+    point: Tensor, knots: tuple[Tensor, ...], inverse: bool, g_out: Tensor, g_ladj: Tensor
+) -> tuple[Tensor, ...]:
+    """Cotangents of `(out, ladj)` pulled back to the bin's inputs `(v, x0, x1, y0, y1, d0, d1)`.
+
+    `point` is where the forward map is evaluated: the input `v` forward,
+    the solved output inverse.
+    """
+    x0, x1, y0, y1, d0, d1 = knots
+    terms = _bin_terms(point, x0, _bin_shape(x0, x1, y0, y1, d0, d1), d0, d1)
+    return _terms_pullback(terms, d0, d1, inverse, g_out, g_ladj)
+
+
+def _solve_bin(dy: Tensor, shape: tuple[Tensor, ...], d0: Tensor, d1: Tensor) -> Tensor:
+    r"""The root `xi` in `[0, 1]` of `a xi^2 + b xi + c_0 = 0`, the bin's map solved for `y = y_0 + dy`.
+
+    With `a = h (s - d_0) + dy\,c`, `b = h d_0 - dy\,c`, `c_0 = -s\,dy`
+    (`c_0 <= 0`), the root is `-2 c_0 / (b + r)` for `b >= 0` and
+    `(r - b) / (2a)` for `b < 0` (where `a >= |b| > 0`), `r = \sqrt{b^2 - 4 a c_0}`:
+    each form without cancellation (the first alone loses all digits when
+    `b < 0` and `a c_0` is small next to `b^2`, in steep bins). The coefficients are
+    evaluated as `b = d_0 (h - dy) - dy (d_1 - 2s)` and `a = h s - b` (the same numbers, with
+    `c = d_0 + d_1 - 2s` written out): the form `h d_0 - dy\,c` cancels `h d_0` against `dy\,d_0`
+    in a steep bin and is accurate only where the CPU fuses the multiply-add; this one is accurate
+    in plain arithmetic, on any CPU, as the native kernel computes it. One division of selected
+    numerator and denominator, so no branch can produce inf or NaN; the root is clamped into the bin
+    (it leaves `[0, 1]` by rounding at the knots).
+    """
+    _, h, s, _ = shape
+    b = d0 * (h - dy) - dy * (d1 - (s + s))
+    a = h * s - b
+    s_dy = s * dy  # -c_0
+    root = (b * b + 4 * (a * s_dy)).clamp_min(0).sqrt()
+    positive = b >= 0
+    numerator = torch.where(positive, s_dy + s_dy, root - b)
+    denominator = torch.where(positive, b + root, a + a).clamp_min(torch.finfo(dy.dtype).tiny)
+    return (numerator / denominator).clamp(0, 1)
+
+
+def _bin_forward(
+    v: Tensor, x0: Tensor, x1: Tensor, y0: Tensor, y1: Tensor, d0: Tensor, d1: Tensor, inverse: bool, derivative: bool
+) -> tuple[Tensor, Tensor, Tensor | None, tuple[Tensor, ...]]:
+    """The bin's map (or its inverse) at `v`: `(out, ladj, dlog, terms)`.
+
+    `dlog` is the derivative of `ladj` in `v` (None unless `derivative`); `terms` are those of
+    `_xi_terms` where the forward map is evaluated (at `v` forward, at the solved output inverse).
+    """
+    shape = _bin_shape(x0, x1, y0, y1, d0, d1)
+    if inverse:
+        xi = _solve_bin(v - y0, shape, d0, d1)
+        point = torch.lerp(x0, x1, xi)  # exactly x0 at xi = 0 and x1 at xi = 1
+        terms = _xi_terms(xi, shape, d0, d1)
+    else:
+        point = v
+        terms = _bin_terms(point, x0, shape, d0, d1)
+    _, h, s, _, _, _, _, den, n, p = terms
+    log_derivative = torch.log(s * s * p / (den * den))
+    dlog = None
+    if derivative:
+        dlog = _dlog_dx(terms, _dp_dxi(terms, d0, d1))
+        if inverse:
+            dlog = -dlog * torch.exp(-log_derivative)
+    if inverse:
+        return point, -log_derivative, dlog, terms
+    return y0 + h * n / den, log_derivative, dlog, terms
+
+
+class _RationalQuadraticBin(torch.autograd.Function):
+    r"""One rational-quadratic bin, forward or inverse, as a single autograd node.
+
+    The backward pass is written out by hand (`_bin_vjp`); the inverse
+    uses the implicit-function rule on the forward map at the solved point,
+    $\partial x / \partial \theta = -(\partial y / \partial \theta) / y'$.
+    This replaces some forty elementwise autograd nodes per call. The backward
+    is built from differentiable torch operations, so higher derivatives work
+    too; forward mode (`jvp`) and `torch.func` transforms (`vmap`,
+    `jacrev`, `jacfwd`) are supported.
+
+    Outputs: `(out, ladj, point, dlog)`, where `point` is where the forward
+    map was evaluated (kept for the backward pass) and `dlog` the derivative of
+    `ladj` in the input (`None` unless asked for).
+    """
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        v: Tensor,
+        x0: Tensor,
+        x1: Tensor,
+        y0: Tensor,
+        y1: Tensor,
+        d0: Tensor,
+        d1: Tensor,
+        inverse: bool,
+        derivative: bool,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        return _bin_forward(v, x0, x1, y0, y1, d0, d1, inverse, derivative)[:3]
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:  # type: ignore[override]
+        v, *knots, inverse, _ = inputs
+        out, _, dlog = output
+        if dlog is not None:
+            ctx.mark_non_differentiable(dlog)
+        ctx.inverse = inverse
+        # The inverse saves its output, so that higher derivatives see its dependence on the inputs.
+        point = out if inverse else v
+        ctx.save_for_backward(point, *knots)
+        ctx.save_for_forward(point, *knots)
+
+    @staticmethod
+    def backward(ctx: Any, g_out: Tensor, g_ladj: Tensor, _: Any) -> tuple:  # type: ignore[override]
+        point, *knots = ctx.saved_tensors
+        return (*_bin_pullback(point, tuple(knots), ctx.inverse, g_out, g_ladj), None, None)
+
+    @staticmethod
+    def jvp(ctx: Any, *tangents: Tensor) -> tuple:  # type: ignore[override]
+        point, *knots = ctx.saved_tensors
+        ones, zeros = torch.ones_like(point), torch.zeros_like(point)
+        # Everything is elementwise, so unit cotangents give every partial derivative at once.
+        d_out = _bin_pullback(point, tuple(knots), ctx.inverse, ones, zeros)
+        d_ladj = _bin_pullback(point, tuple(knots), ctx.inverse, zeros, ones)
+        pairs = [(i, t) for i, t in enumerate(tangents[:7]) if t is not None]
+        t_out = sum(d_out[i] * t for i, t in pairs)
+        t_ladj = sum(d_ladj[i] * t for i, t in pairs)
+        return t_out, t_ladj, None
+
+
+# `autograd.Function.apply` binds its arguments with `inspect.signature(forward)` on every call
+# (some 15 us, about 1% of a small flow's step): give it the signature ready-made.
+_RationalQuadraticBin.forward.__signature__ = inspect.signature(_RationalQuadraticBin.forward)  # type: ignore[attr-defined]
+
+
+def _spline(
+    x: Tensor, knots: tuple[Tensor, Tensor], low: float, high: float, inverse: bool, derivative: bool = False
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    r"""The spline (or its inverse) on `[low, high]` at `clamp(x)`, with the elementwise log-derivative.
+
+    Returns `(y, log|dy/dx|, clamped x, d)` forward, `(x, log|dx/dy|, clamped y, d)`
+    inverse, where `d` (only if `derivative`, else None; without a graph) is the
+    derivative of the returned log-derivative in the input. With
+    $L = \log|dy/dx| = \log(s^2 P) - 2\log \text{den}$,
+    $P = \delta_{k+1}\xi^2 + 2s\xi(1-\xi) + \delta_k(1-\xi)^2$:
+    $dL/dx = (P'/P - 2\,\text{den}'/\text{den}) / \Delta x$, and the
+    inverse's is $-(dL/dx)\, e^{-L}$.
+    """
+    positions, derivatives = knots
+    x = x.clamp(low, high)
+    axis = 1 if inverse else 0
+    # Number of interior knots strictly below x: the bin index, in [0, K - 1] for any x.
+    inner = positions[..., axis, 1:-1].contiguous()
+    k = torch.searchsorted(inner, x.unsqueeze(-1))
+    ends = torch.cat([k, k + 1], dim=-1)
+    table = positions.gather(-1, ends.unsqueeze(-2).expand(*positions.shape[:-1], 2))
+    (x0, x1), (y0, y1) = (row.unbind(-1) for row in table.unbind(-2))
+    d0, d1 = derivatives.gather(-1, ends).clamp_max(_MAX_DERIVATIVE).unbind(-1)
+    if torch.compiler.is_compiling():
+        # Dynamo cannot trace an autograd.Function with a custom jvp; the compiler
+        # differentiates and fuses the same elementwise maths itself.
+        out, ladj, dlog = _RationalQuadraticBin.forward(x, x0, x1, y0, y1, d0, d1, inverse, derivative)
+        dlog = None if dlog is None else dlog.detach()
+    else:
+        out, ladj, dlog = _RationalQuadraticBin.apply(x, x0, x1, y0, y1, d0, d1, inverse, derivative)
+    return out, ladj, x, dlog
+
+
+def _tails(
+    x: Tensor, clamped: Tensor, out: Tensor, ladj: Tensor, derivative: Tensor | None = None
+) -> tuple[Tensor, ...]:
+    """Identity with zero log-derivative where clamping moved `x` (selected without host synchronisation).
+
+    With `derivative` (the log-derivative's derivative), also zero it in the tails.
+    """
+    inside = x == clamped
+    mapped = torch.where(inside, out, x), torch.where(inside, ladj, 0.0)
+    if derivative is None:
+        return mapped
+    return (*mapped, torch.where(inside, derivative, 0.0))
+
+
+def _linear_tail_derivatives(unnormalized_derivatives: Tensor, min_derivative: float) -> Tensor:
+    """`m_d + softplus` of the `K - 1` interior derivatives, padded with the boundary derivatives 1."""
+    return F.pad(_softplus(unnormalized_derivatives) + min_derivative, (1, 1), value=1.0)
+
+
+class _Layout(NamedTuple):
+    """What a spline's parameter vector means: `K` width and `K` height logits, then the derivatives.
+
+    Linear tails (`circular=False`): `K - 1` interior pre-softplus derivatives, boundary derivatives 1 and
+    the identity outside `[low, high]`. Circular: `K` derivatives, the last one shared by both ends, and
+    no tails (inputs are clamped). Columns past the spline's own are ignored (the circle's rotation).
+    """
+
+    bins: int
+    low: float
+    high: float
+    min_bin_width: float
+    min_bin_height: float
+    min_derivative: float
+    circular: bool
+
+
+def _layout_knots(params: Tensor, layout: _Layout) -> tuple[Tensor, Tensor]:
+    """The knot table of `_knots` from a parameter tensor `(..., P)` laid out as `layout` says."""
+    k = layout.bins
+    if layout.circular:
+        derivatives = _softplus(params[..., 2 * k : 3 * k]) + layout.min_derivative
+        derivatives = torch.cat([derivatives[..., -1:], derivatives], dim=-1)
+    else:
+        derivatives = _linear_tail_derivatives(params[..., 2 * k : 3 * k - 1], layout.min_derivative)
+    bins = params[..., : 2 * k].unflatten(-1, (2, k))
+    return _knots(bins, derivatives, layout.low, layout.high, layout.min_bin_width, layout.min_bin_height)
+
+
+def _reference_map(
+    x: Tensor, params: Tensor, layout: _Layout, inverse: bool, derivative: bool
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """The spline through the full knot table and autograd's chain rule: the reference of `_FusedSpline`.
+
+    Returns `(out, ladj, d)` with `d` the derivative of `ladj` in the input (None unless `derivative`).
+    """
+    out, ladj, clamped, d = _spline(x, _layout_knots(params, layout), layout.low, layout.high, inverse, derivative)
+    if layout.circular:
+        return out, ladj, d
+    if derivative:
+        return _tails(x, clamped, out, ladj, d)
+    return (*_tails(x, clamped, out, ladj), None)
