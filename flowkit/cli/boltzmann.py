@@ -72,6 +72,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=256, help="batch size (default 256)")
     parser.add_argument("--lr", type=float, default=1e-3, help="initial learning rate, cosine-decayed (default 1e-3)")
     parser.add_argument(
+        "--clip",
+        type=float,
+        default=None,
+        help="gradient norm clip (default: the objective's, 10 for BoltzmannGenerator; 0 for none)",
+    )
+    parser.add_argument(
         "--flow",
         default="realnvp",
         choices=["realnvp", "nsf", "lattice"],
@@ -260,6 +266,8 @@ def train_boltzmann(args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError(f"--components must be a positive integer, got {args.components}")
     if not args.lr > 0:
         raise ValueError(f"--lr must be positive, got {args.lr}")
+    if args.clip is not None and not args.clip >= 0:
+        raise ValueError(f"--clip must be a non-negative number (0 for no clipping), got {args.clip}")
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -288,7 +296,7 @@ def train_boltzmann(args: argparse.Namespace) -> dict[str, Any]:
         steps=args.steps,
         batch_size=args.batch_size,
         lr=args.lr,
-        clip=10.0,
+        clip=None if args.clip is None else (args.clip or math.inf),  # None: the objective's default_clip
         progress=not args.no_progress,
         seed=args.seed,
     )

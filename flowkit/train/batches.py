@@ -176,9 +176,10 @@ class ShardedBatchSampler(Sampler[list[int]]):
 
 
 class _Source:
-    """A source of batches: `steps_per_epoch` (None when unknown) and `epoch(e, skip)`."""
+    """A source of batches: `steps_per_epoch` and `points` (None when unknown) and `epoch(e, skip)`."""
 
     steps_per_epoch: int | None
+    points: int | None = None
 
     def epoch(self, epoch: int, skip: int = 0) -> Iterator[Batch]:
         raise NotImplementedError
@@ -190,6 +191,7 @@ class _TensorSource(_Source):
     ) -> None:
         self.tensors, self.sampler, self.device, self.dtype = tensors, sampler, device, dtype
         self.steps_per_epoch = len(sampler)
+        self.points = int(tensors[0].shape[0])
 
     def epoch(self, epoch: int, skip: int = 0) -> Iterator[Batch]:
         self.sampler.set_epoch(epoch, skip)
@@ -209,6 +211,8 @@ class _LoaderSource(_Source):
 
     def __init__(self, loader: DataLoader, device: torch.device, dtype: torch.dtype | None) -> None:
         self.loader, self.device, self.dtype = loader, device, dtype
+        dataset = loader.dataset
+        self.points = len(dataset) if not isinstance(dataset, IterableDataset) and hasattr(dataset, "__len__") else None
         try:
             self.steps_per_epoch = len(loader)
         except TypeError:

@@ -444,6 +444,19 @@ class DependentMaximumLikelihood(Objective):
         """The number of training points."""
         return self.structure.n
 
+    def check_data(self, points: int | None) -> None:
+        r"""Refuse training data of another number of points than the kinship's or the group labels' `n`.
+
+        Fewer points than labels trained silently (the extra labels' points were never drawn, and $\Sigma$
+        was that of points that do not exist); more points fail at the first batch with an index past `n`.
+        """
+        if points is not None and points != self.n:
+            what = "kinship matrix is" if isinstance(self.structure, Kinship) else "group labels are"
+            raise ValueError(
+                f"{type(self).__name__}: the data has {points} points but the {what} for {self.n}; "
+                "give one label (one kinship row) per training point, in the data's order"
+            )
+
     @property
     def values(self) -> Tensor:
         r"""The current parameters, float64 `(parameters,)`: $\lambda$, $\rho$, or a $\rho$ per group or size."""

@@ -317,6 +317,7 @@ class _Arguments:
         if not isinstance(self.flow, nn.Module):
             raise ValueError(f"fit: flow must be a torch.nn.Module, got {type(self.flow).__name__}")
         self.objective = as_objective(self.objective, "fit")
+        self.clip = self.objective.default_clip if self.clip is None else self.clip
         for name in ("steps", "epochs", "batch_size", "patience", "val_every", "checkpoint_every", "threads"):
             _check_positive_int(getattr(self, name), name, allow_none=name not in ("batch_size", "checkpoint_every"))
         if self.steps is not None and self.epochs is not None:
@@ -403,6 +404,7 @@ def _make_run(args: _Arguments, ctx: DistributedContext, data_seed: int) -> _Run
         source: Any = LatentBatches(flow, batch_size)
     else:
         source = make_batches(args.data, batch_size, shuffle=True, name="data", **shard)
+        args.objective.check_data(source.points)
     val_source = None
     if args.val_data is not None:
         val_source = make_batches(args.val_data, batch_size, shuffle=False, name="val_data", **shard)
@@ -556,7 +558,10 @@ def fit(
         schedule: `"cosine"` (decay to 0 over the run), `"step"` (times 0.1 at 50% and 75%), None,
             a torch LR scheduler, or `factory(optimizer)`. A `ReduceLROnPlateau` is stepped with
             the validation loss; others once per step.
-        clip: maximum global gradient norm (None: no clipping).
+        clip: maximum global gradient norm; None takes the objective's
+            [`default_clip`][flowkit.train.Objective] (10 for [`BoltzmannGenerator`][flowkit.train.BoltzmannGenerator]
+            and [`PathGradientVI`][flowkit.train.PathGradientVI], none for the likelihood objectives);
+            `float("inf")` turns clipping off.
         val_data: validation data, in any form of `data`; the loss is the objective's
             [`validation_loss`][flowkit.train.objective.Objective.validation_loss] in eval mode, averaged over points.
         patience: stop after this many validations in a row without improvement (needs `val_data`).

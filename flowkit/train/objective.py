@@ -27,10 +27,21 @@ class Objective(Configurable):
             the loop draws a batch of latent points `z` from the flow's base
             and passes it as `batch`, so that two estimators can be compared
             on the same `z`.
+        default_clip: the gradient-norm clip [`fit`][flowkit.train.fit] uses when it is given
+            `clip=None` (None: no clipping). Energy-based objectives set one: the reverse KL's gradients
+            are heavy-tailed early on, and unclipped steps leave the flow far from the target.
     """
 
     _flowkit_register = False
     needs_data: bool = True
+    default_clip: float | None = None
+
+    def check_data(self, points: int | None) -> None:
+        """Called by [`fit`][flowkit.train.fit] with the number of training points (None when unknown).
+
+        The default accepts any; an objective that holds something per point raises a `ValueError` here
+        when its size is not the data's.
+        """
 
     def loss(self, flow: FlowModel, batch: Any) -> Tensor:
         """Scalar loss of `flow` on `batch` (a tensor `x`, a pair `(x, context)`, or latent `z`)."""
@@ -58,6 +69,7 @@ class _Adapted(Objective):
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.needs_data = bool(getattr(inner, "needs_data", True))
+        self.default_clip = getattr(inner, "default_clip", None)
 
     def loss(self, flow: FlowModel, batch: Any) -> Tensor:
         return self.inner.loss(flow, batch)
@@ -74,7 +86,7 @@ class _Adapted(Objective):
 def as_objective(objective: Any, where: str = "fit") -> Objective:
     """`objective` itself if it is an [`Objective`][flowkit.train.Objective], else wrapped as one.
 
-    Any object with a `loss(flow, batch)` method is accepted; its `needs_data`,
+    Any object with a `loss(flow, batch)` method is accepted; its `needs_data`, `default_clip`,
     `validation_loss` and `metrics` are used where it has them.
 
     Raises:

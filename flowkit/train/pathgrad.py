@@ -165,7 +165,9 @@ class PathGradientVI(Objective):
             `"standard"` (sticking-the-landing path gradient with a second pass)
             or `"reparam"` (plain reparameterised gradient).
 
-    After each call, `metrics` gives the batch's ESS and log Z estimate.
+    After each call, `metrics` gives the batch's ESS and log Z estimate. [`fit`][flowkit.train.fit]
+    clips the gradient norm at `default_clip = 10` unless given another `clip`, as for
+    [`BoltzmannGenerator`][flowkit.train.BoltzmannGenerator].
 
     Examples:
         >>> import flowkit
@@ -175,6 +177,7 @@ class PathGradientVI(Objective):
     """
 
     needs_data = False
+    default_clip = 10.0
 
     def __init__(self, target: Target, estimator: str = "fast") -> None:
         if estimator not in ESTIMATORS:

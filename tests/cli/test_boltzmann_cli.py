@@ -91,3 +91,36 @@ def test_boltzmann_refuses_to_overwrite_a_run_unless_forced(tmp_path, capsys):
     assert "pass --force" in capsys.readouterr().err
     assert (tmp_path / "metrics.json").read_text() == first  # the old run is untouched
     assert main([*args, "--force"]) == 0
+
+
+class _Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize(("option", "clip"), [([], 10.0), (["--clip", "3"], 3.0), (["--clip", "0"], float("inf"))])
+def test_boltzmann_clips_at_the_objective_default_unless_told(tmp_path, monkeypatch, option, clip):
+    from flowkit.train.loop import _Arguments
+
+    seen = []
+
+    def fit(flow, objective, **kwargs):  # the clip fit would use, then stop before training
+        seen.append(_Arguments(flow, objective, None, **{"epochs": None, **_FIT_DEFAULTS, **kwargs}).clip)
+        raise _Stop
+
+    monkeypatch.setattr(flowkit.train, "fit", fit)  # the command imports it when it runs
+    args = ["boltzmann", "double-well", "--steps", "2", "--transforms", "1", "--hidden", "4", "--no-progress"]
+    with pytest.raises(_Stop):
+        main([*args, *option, "--out", str(tmp_path / "run")])
+    assert seen == [clip]
+
+
+def test_boltzmann_refuses_a_negative_clip(tmp_path, capsys):
+    assert main(["boltzmann", "double-well", "--clip", "-1", "--steps", "1", "--out", str(tmp_path)]) == 2
+    assert "--clip must be a non-negative number" in capsys.readouterr().err
+
+
+_FIT_DEFAULTS = dict(
+    batch_size=256, lr=1e-3, optimizer=None, schedule="cosine", clip=None, val_data=None, patience=None,
+    checkpoint_dir=None, resume=False, progress=False, seed=None, val_every=None, checkpoint_every=1000,
+    restore_best=None, ddp_options=None, ema=None, callbacks=(),
+)  # fmt: skip

@@ -228,6 +228,24 @@ def test_bad_arguments_and_batches():
         DependenceUpdate(objective, flow, torch.randn(n, 2), every=0)
 
 
+@pytest.mark.parametrize(
+    "build, what",
+    [
+        (lambda n: DependentMaximumLikelihood(groups=torch.arange(n) // 4), "group labels are"),
+        (lambda n: DependentMaximumLikelihood(kinship=_kinship(n)), "kinship matrix is"),
+    ],
+)
+@pytest.mark.parametrize("labels", [70, 50])  # more labels than points (trained silently), and fewer
+def test_fit_refuses_data_of_another_size_than_the_labels(build, what, labels):
+    x = torch.randn(60, 2, dtype=F64)
+    objective = build(labels)
+    for data in (with_indices(x), torch.utils.data.DataLoader(torch.utils.data.TensorDataset(*with_indices(x)), 20)):
+        with pytest.raises(ValueError, match=rf"the data has 60 points but the {what} for {labels}"):
+            fit(_flow(), objective, data, steps=2, batch_size=20, progress=False)
+    history = fit(_flow(), build(60), with_indices(x), steps=2, batch_size=20, progress=False)
+    assert len(history.loss) == 2
+
+
 def test_synthetic_and_real_data_sets():
     data = equicorrelated_groups("sine", n=300, rho=0.5, seed=0)
     assert data.train.shape == (300, 2) and data.groups.shape == (300,)

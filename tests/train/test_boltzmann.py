@@ -88,3 +88,32 @@ def test_stochastic_flow_uses_the_loops_latent_batch():
     torch.manual_seed(1)
     _, log_w = flow.log_weights_at(z, target)
     assert torch.equal(loss, -log_w.mean())
+
+
+@pytest.mark.parametrize(
+    ("objective", "clip", "expected"),
+    [
+        (lambda: BoltzmannGenerator(DoubleWell()), None, 10.0),
+        (lambda: flowkit.train.PathGradientVI(DoubleWell()), None, 10.0),
+        (lambda: BoltzmannGenerator(DoubleWell()), 2.5, 2.5),  # the user's clip wins
+        (lambda: BoltzmannGenerator(DoubleWell()), float("inf"), float("inf")),  # and inf turns it off
+        (lambda: flowkit.train.MaximumLikelihood(), None, None),  # likelihood: no default clip
+    ],
+)
+def test_fit_clips_energy_based_objectives_by_default(monkeypatch, objective, clip, expected):
+    import flowkit.train.loop as loop
+
+    seen = []
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs["clip"])
+        return train_step(*args, **kwargs)
+
+    train_step = loop.train_step
+    monkeypatch.setattr(loop, "train_step", recording)
+    torch.manual_seed(0)
+    flow = flowkit.flows.RealNVP(2, transforms=1, hidden=(4,))
+    data = None if objective().needs_data is False else torch.randn(64, 2)
+    fit(flow, objective(), data, steps=2, batch_size=32, clip=clip, progress=False)
+    assert seen == [expected, expected]
+    assert BoltzmannGenerator.default_clip == flowkit.train.PathGradientVI.default_clip == 10.0
