@@ -28,8 +28,9 @@ is what grows with batch size and depth.
 The pseudo-library ``flowkit-compiled`` (``--libraries flowkit flowkit-compiled zuko ...``) times
 ``flowkit.compile(flow)`` (Inductor) of the same flow for ``train`` and ``log_prob`` (compiled in the
 warm-up; its ``sample`` is the eager one), with its own ratio column; like ``flowkit-reference`` it is not a
-peer. ``flowkit-pytorch`` times flowkit with its native spline kernel off (``flowkit.kernels.use_spline_kernel("pytorch")``: the fused
-spline node's PyTorch kernel instead of the C++ one), interleaved with the rest.
+peer. ``flowkit-pytorch`` times flowkit with its native spline kernel off
+(``flowkit.kernels.use_spline_kernel("pytorch")``: the fused spline node's PyTorch kernel instead of the C++ one),
+interleaved with the rest.
 
 Two tables: ``matched`` (every library builds the architecture above) and
 ``default`` (each library's own NSF as a user builds it, with the same number

@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from flowkit import tails
+from flowkit import stats as tails
 from flowkit.data import evaluate_nll, load, mtaf_synthetic, standardize
 from flowkit.flows import COMET, NSF, TailAdaptive
 from flowkit.train import MaximumLikelihood, fit

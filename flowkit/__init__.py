@@ -17,8 +17,11 @@ _SUBPACKAGES = (
     "flows",
     "interop",
     "io",
+    "kernels",
     "lattice",
+    "root_finding",
     "sampling",
+    "stats",
     "stochastic",
     "targets",
     "testing",
@@ -37,7 +40,7 @@ def _import_all() -> None:
 
 
 def __getattr__(name: str):
-    if name in _SUBPACKAGES or name in ("plot", "mcmc"):
+    if name in _SUBPACKAGES or name in ("plot", "mcmc", "tails"):
         return _importlib.import_module(f".{name}", __name__)
     if name in _DEFINED_IN:
         value = getattr(_importlib.import_module(f".{_DEFINED_IN[name]}", __name__), name)
@@ -60,6 +63,9 @@ __all__ = [
     "train",
     "sampling",
     "lattice",
+    "stats",
+    "kernels",
+    "root_finding",
     "data",
     "plot",
     "testing",

@@ -14,6 +14,7 @@ import flowkit
         ("flowkit.mcmc", "independent_metropolis", "flowkit.sampling"),
         ("flowkit.mcmc", "integrated_autocorrelation_time", "flowkit.sampling"),
         ("flowkit.targets.alanine", "internal_coordinate_flow", "flowkit.flows"),
+        ("flowkit.tails", "estimate_tails", "flowkit.stats"),
     ],
 )
 def test_moved_names_warn_and_are_the_same_object(old, name, new):

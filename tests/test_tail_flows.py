@@ -8,7 +8,7 @@ import torch
 from scipy import stats
 
 import flowkit
-from flowkit import tails
+from flowkit import stats as tails
 from flowkit._validation import module_dtype
 from flowkit.bijectors import Standardization
 from flowkit.flows import COMET, DATA_PRESETS, TailAdaptive, build_data_flow

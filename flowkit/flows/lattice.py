@@ -89,7 +89,7 @@ class LatticeFlow(Flow):
         conditioner: ConditionerFactory | None = None,
         base: Distribution | None = None,
     ) -> None:
-        from ..lattice import Z2Equivariant
+        from ..lattice.equivariance import Z2Equivariant
 
         shape = _event_shape(lattice)
         _checked("LatticeFlow", transformer, conditioner, {"transforms": (transforms, 1)}, hidden)

@@ -213,7 +213,7 @@ class TailAdaptive(Flow):
         r"""Estimate each feature's tail on training data `x` (`(N, D)`) and build the flow.
 
         The light/heavy decision and $\nu_j = 1/\hat\xi_j$ come from
-        [`estimate_tails`][flowkit.tails.estimate_tails]; a $\nu_j$ below the floor is raised to
+        [`estimate_tails`][flowkit.stats.estimate_tails]; a $\nu_j$ below the floor is raised to
         `1.05 * min_df`. gTAF estimates nothing.
 
         With `standardize`, the flow starts with a fixed robust standardisation (`loc` the median,
@@ -230,7 +230,7 @@ class TailAdaptive(Flow):
         Arguments:
             x: training data, `(N, D)`.
             variant: `"mtaf-fix"`, `"mtaf"` or `"gtaf"`.
-            light_below: the light threshold of [`estimate_tail`][flowkit.tails.estimate_tail].
+            light_below: the light threshold of [`estimate_tail`][flowkit.stats.estimate_tail].
             bootstraps: double-bootstrap resamples per stage.
             seed: seed of the resampling.
             standardize: put the robust standardisation first.
@@ -238,9 +238,9 @@ class TailAdaptive(Flow):
 
         Raises:
             ValueError: for `x` that is not a real `(N, D)` tensor, non-finite values, a constant feature (named),
-                or a feature whose tail cannot be estimated (see [`estimate_tail`][flowkit.tails.estimate_tail]).
+                or a feature whose tail cannot be estimated (see [`estimate_tail`][flowkit.stats.estimate_tail]).
         """
-        from ..tails import estimate_tails
+        from ..stats import estimate_tails
 
         where = "TailAdaptive.from_data"
         if not isinstance(x, Tensor) or x.dim() != 2 or x.is_complex():

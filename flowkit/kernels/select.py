@@ -97,13 +97,7 @@ def spline_kernel(x: Tensor, params: Tensor, bins: int) -> str:
     if torch.compiler.is_compiling():  # first: Dynamo traces none of what follows
         return "reference"
     choice = _CHOICE.get()
-    if (
-        choice == "reference"
-        or x.dtype != params.dtype
-        or _in_functorch_transform()
-        or _is_dual(x)
-        or _is_dual(params)
-    ):
+    if choice == "reference" or x.dtype != params.dtype or _in_functorch_transform() or _is_dual(x) or _is_dual(params):
         return "reference"
     if choice == "pytorch" or (choice == "auto" and not _NATIVE_BY_DEFAULT):
         return "pytorch"

@@ -5,7 +5,7 @@ import pytest
 from scipy import special, stats
 
 import flowkit
-from flowkit import tails
+from flowkit import stats as tails
 from flowkit.data import heavy_tailed, mtaf_synthetic, stock_returns
 
 
