@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -163,16 +164,24 @@ def leapfrog(
         grad: $\nabla u(x)$ when already known (saves one evaluation).
 
     Returns:
-        `(x, p, u(x), grad u(x))` at the end of the trajectory.
+        `(x, p, u(x), grad u(x))` at the end of the trajectory. A trajectory that diverges (a position,
+        energy or gradient not finite: a step size too large for the potential) stops at its last finite
+        position with $u = +\infty$, so that a Metropolis test rejects it; the potential is never
+        evaluated at a non-finite point.
     """
     n_steps = check_number(n_steps, "n_steps", where="leapfrog", integer=True, low=1)
     if grad is None:
         _, grad = potential(x)
+    diverged = torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
     p = p - 0.5 * step_size * grad
     for i in range(n_steps):
-        x = x + step_size * p
+        moved = x + step_size * p
+        diverged |= ~torch.isfinite(moved).flatten(1).all(-1)
+        x = torch.where(_expand(diverged, x), x, moved)  # a diverged chain stays where it was finite
         u, grad = potential(x)
+        diverged |= ~(torch.isfinite(u) & torch.isfinite(grad).flatten(1).all(-1))
         p = p - (step_size if i < n_steps - 1 else 0.5 * step_size) * grad
+    u = torch.where(diverged, torch.full_like(u, math.inf), u)
     return x, p, u, grad
 
 
@@ -242,6 +251,7 @@ def _hmc(
     n_leapfrog: int,
     jitter: float,
     generator: torch.Generator | None,
+    where: str = "hmc",
 ) -> Chains:
     start = time.perf_counter()
     chains = x.shape[0]
@@ -249,6 +259,7 @@ def _hmc(
     u, grad = pot(x)
     out = x.new_empty(n_steps, *x.shape)
     accepted = torch.zeros(chains, dtype=torch.float64, device=x.device)
+    diverged = 0
     for t in range(n_steps):
         p = torch.randn(x.shape, generator=generator, dtype=x.dtype, device=x.device)
         eps = step_size * (1 + jitter * (2 * torch.rand(chains, generator=generator, dtype=x.dtype) - 1))
@@ -260,8 +271,21 @@ def _hmc(
         u = torch.where(accept, u_new, u)
         grad = torch.where(_expand(accept, x), grad_new, grad)
         accepted += accept
+        diverged += int((~torch.isfinite(u_new)).sum())
         out[t] = x
+    _warn_divergences(where, diverged, n_steps * chains, step_size)
     return Chains(out, accepted / n_steps, time.perf_counter() - start)
+
+
+def _warn_divergences(where: str, diverged: int, trajectories: int, step_size: float) -> None:
+    """Say how many trajectories diverged (and were rejected), naming the step size."""
+    if diverged:
+        warnings.warn(
+            f"{where}: {diverged} of {trajectories} trajectories diverged (a non-finite position, energy or "
+            f"gradient) and were rejected; step_size={step_size:g} is too large for this target there",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 def _expand(mask: Tensor, like: Tensor) -> Tensor:
@@ -374,7 +398,9 @@ def flow_hmc(
         [`Chains`][flowkit.sampling.Chains] with `samples = T(latent)`.
     """
     settings = _checked_settings("flow_hmc", n_steps, step_size, n_leapfrog, jitter)
-    return _in_latent_space(flow, target, chains, z0, "flow_hmc", lambda u, z: _hmc(u, z, *settings, generator))
+    return _in_latent_space(
+        flow, target, chains, z0, "flow_hmc", lambda u, z: _hmc(u, z, *settings, generator, "flow_hmc")
+    )
 
 
 def neutra_mala(

@@ -1,6 +1,7 @@
 """flowkit.sampling.mcmc: HMC (jittered), MALA, flow HMC, NeuTra MALA and batched IMH against exact answers."""
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -179,3 +180,19 @@ def test_autocorrelation_time_of_an_ar1_series():
 def test_bad_arguments_are_errors(call, message):
     with pytest.raises(ValueError, match=message):
         call(Phi4(4))
+
+
+def test_hmc_rejects_diverging_trajectories_and_names_the_step_size():
+    # Regression: a step size far too large sent positions to inf, and the target's input check blamed x.
+    target = Phi4(4, -4.0, 8.0).double()
+    x0 = 0.1 * torch.randn(4, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    with pytest.warns(RuntimeWarning, match=r"trajectories diverged .* step_size=50 is too large"):
+        run = sampling.hmc(target, x0, 5, step_size=50.0, n_leapfrog=20, generator=torch.Generator().manual_seed(1))
+    assert torch.isfinite(run.samples).all()
+    # Every diverged proposal was rejected: the chains that never accepted are still at their start.
+    stuck = run.acceptance == 0
+    assert stuck.any() and torch.equal(run.samples[-1][stuck], x0[stuck])
+    # A sound step size gives no warning.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        sampling.hmc(target, x0, 5, step_size=0.05, generator=torch.Generator().manual_seed(1))
