@@ -18,7 +18,14 @@ ROOT = Path(flowkit.__file__).parent
 #: Units are top-level modules and subpackages of flowkit (`flowkit.targets` stands for all of its modules).
 LAYERS = (
     # shared infrastructure
-    ("flowkit._config", "flowkit._validation", "flowkit.utils", "flowkit.domains", "flowkit.root_finding"),
+    (
+        "flowkit._config",
+        "flowkit._validation",
+        "flowkit.utils",
+        "flowkit.domains",
+        "flowkit.root_finding",
+        "flowkit._deprecation",
+    ),
     ("flowkit.kernels", "flowkit.compiled", "flowkit.stats"),
     # the maths
     ("flowkit.transformers", "flowkit.nn", "flowkit.distributions"),
