@@ -54,6 +54,7 @@ from flowkit.bijectors import (
 )
 from flowkit.bijectors.image import Conv1x1, EIWShuffle, FactorOut, Squeeze
 from flowkit.distributions import (
+    DependentNormal,
     DiagNormal,
     Distribution,
     RigidBase,
@@ -336,6 +337,7 @@ TRANSFORMERS: dict[str, Callable[[], Transformer]] = {
 #: ``check_flow``, which integrates the density); see tests/test_distributions.py.
 DISTRIBUTIONS: dict[str, Callable[[], Distribution]] = {
     "StandardNormal": lambda: StandardNormal(2),
+    "DependentNormal": lambda: DependentNormal(2, parameters=3, value=0.3),
     "DiagNormal": lambda: randomize(DiagNormal(2, loc=0.5, scale=1.5)),
     "DiagNormal(fixed)": lambda: DiagNormal(1, loc=-1.0, scale=0.3, trainable=False),
     "SphereUniform": lambda: SphereUniform(4),

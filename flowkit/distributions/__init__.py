@@ -1,6 +1,7 @@
 """Base distributions for flows."""
 
 from .base import Distribution
+from .dependent import DependentNormal
 from .normal import DiagNormal, StandardNormal
 from .sphere import RigidBase, SphereUniform, haar_log_prob, matrix_to_quaternion, quaternion_to_matrix, rigid_domain
 from .studentt import StudentT, TailAdaptiveBase
@@ -9,6 +10,7 @@ __all__ = [
     "Distribution",
     "StandardNormal",
     "DiagNormal",
+    "DependentNormal",
     "StudentT",
     "TailAdaptiveBase",
     "SphereUniform",

@@ -38,6 +38,8 @@ Dependent Data*, ICML 2023 (code: `mkirchler/dependent_data_flows`).
 from __future__ import annotations
 
 import math
+import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -45,7 +47,7 @@ import torch
 from torch import Tensor
 
 from .._validation import check_number, check_point, outermost
-from ..distributions import StandardNormal
+from ..distributions import DependentNormal, StandardNormal
 from ..flows import Flow
 from ..flows.base import FlowModel
 from .batches import split_batch, split_indexed_batch
@@ -359,9 +361,13 @@ class DependentMaximumLikelihood(Objective):
     calls during [`fit`][flowkit.train.fit]. With $K = I$ the loss is exactly
     [`MaximumLikelihood`][flowkit.train.MaximumLikelihood]'s.
 
-    The flow must be a [`Flow`][flowkit.flows.Flow] with a
-    [`StandardNormal`][flowkit.distributions.StandardNormal] base: each $z_i$ is then
-    marginally $\mathcal N(0, I)$, and `flow.log_prob` is the model's marginal density,
+    The flow must be a [`Flow`][flowkit.flows.Flow] with the
+    [`DependentNormal`][flowkit.distributions.DependentNormal] base that
+    [`base`][flowkit.train.dependent.DependentMaximumLikelihood.base] builds, which holds $\lambda$ or the
+    $\rho$'s so that the model saves them and a resumed run restores them (a plain
+    [`StandardNormal`][flowkit.distributions.StandardNormal] base still works, with a DeprecationWarning:
+    the values then live in the objective only). Each $z_i$ is then marginally $\mathcal N(0, I)$,
+    and `flow.log_prob` is the model's marginal density,
     the validation loss (the mean marginal NLL, of points with or without indices). That is the
     exact likelihood of independent held-out points (the synthetic sets' validation and test
     points; the paper selects its checkpoints by it); for related held-out points,
@@ -398,8 +404,8 @@ class DependentMaximumLikelihood(Objective):
         >>> import torch, flowkit
         >>> from flowkit.train import DependenceUpdate, DependentMaximumLikelihood, fit, with_indices
         >>> x, groups = torch.randn(200, 2), torch.arange(200) // 4
-        >>> flow = flowkit.flows.RealNVP(2, transforms=2, hidden=(16,))
         >>> objective = DependentMaximumLikelihood(groups=groups)
+        >>> flow = flowkit.flows.RealNVP(2, transforms=2, hidden=(16,), base=objective.base(2))
         >>> update = DependenceUpdate(objective, flow, x, every=5)
         >>> history = fit(flow, objective, with_indices(x), steps=10, batch_size=50, callbacks=[update], progress=False)
         >>> 0 < objective.value < 1
@@ -425,6 +431,8 @@ class DependentMaximumLikelihood(Objective):
         if not isinstance(control_variate, bool):
             raise ValueError(f"{where}: control_variate must be True or False, got {control_variate!r}")
         self.control_variate = control_variate
+        self._warned = False
+        self._binds = True  # False for held_out's objectives: their parameters are not the model's
         #: With `control_variate`: the cached latents of all points, `(logits, z~, m~, tr(Z~^T A Z~))`.
         self.cache: tuple[Tensor, Tensor, Tensor, float] | None = None
         if (kinship is None) == (groups is None):
@@ -436,8 +444,72 @@ class DependentMaximumLikelihood(Objective):
         self.structure: Kinship | EquicorrelatedGroups = (
             Kinship(kinship, where) if kinship is not None else EquicorrelatedGroups(groups, where, rho)
         )
-        #: The logits of the parameters, float64 `(parameters,)`.
-        self.logits = torch.full((self.structure.parameters,), _logit(value), dtype=torch.float64)
+        self._logits = torch.full((self.structure.parameters,), _logit(value), dtype=torch.float64)
+        #: The model's [`DependentNormal`][flowkit.distributions.DependentNormal] base once a flow with one was seen.
+        self._state: DependentNormal | None = None
+
+    def base(self, event_shape: int | Sequence[int]) -> DependentNormal:
+        r"""A [`DependentNormal`][flowkit.distributions.DependentNormal] base sized for this objective.
+
+        With it as the flow's base, $\lambda$ (or the $\rho$'s) live in the model: saved by
+        [`flowkit.io.save`][flowkit.io.save] and in checkpoints, restored by a resumed [`fit`][flowkit.train.fit]
+        (which then does not refit them first). The objective's own copy serves flows with a plain
+        `StandardNormal` base (deprecated: their values are lost when the run stops).
+
+        Examples:
+            >>> import torch, flowkit
+            >>> objective = flowkit.train.DependentMaximumLikelihood(groups=torch.arange(8) // 2, rho="group")
+            >>> flow = flowkit.flows.RealNVP(2, transforms=2, base=objective.base(2))
+            >>> flow.base.values.shape
+            torch.Size([4])
+        """
+        return DependentNormal(event_shape, self.structure.parameters, float(torch.sigmoid(self._logits[0])))
+
+    @property
+    def logits(self) -> Tensor:
+        """The logits of the parameters, float64 `(parameters,)`.
+
+        The model's, once a flow with a [`DependentNormal`][flowkit.distributions.DependentNormal] base was
+        seen, else the objective's own.
+        """
+        return self._logits if self._state is None else self._state.logits.double()
+
+    @logits.setter
+    def logits(self, logits: Tensor) -> None:
+        if self._state is None:
+            self._logits = logits
+        else:
+            with torch.no_grad():
+                self._state.logits.copy_(logits)
+
+    def _bind(self, flow: FlowModel) -> None:
+        """Keep the parameters in the flow's base, when it is a `DependentNormal` of the right size."""
+        base = getattr(flow, "base", None)
+        if not self._binds:
+            return
+        if not isinstance(base, DependentNormal):
+            if not self._warned:
+                warnings.warn(
+                    f"{type(self).__name__}: the flow's base is a plain StandardNormal, so lambda/rho live in the "
+                    "objective and are neither saved with the model nor in checkpoints; build the flow with "
+                    "base=objective.base(features) (a DependentNormal)",
+                    DeprecationWarning,
+                    stacklevel=3,
+                )
+                self._warned = True
+            return
+        if base is self._state:
+            return
+        if base.logits.numel() != self.structure.parameters:
+            raise ValueError(
+                f"{type(self).__name__}: the flow's DependentNormal base holds {base.logits.numel()} parameters, "
+                f"the objective has {self.structure.parameters}; build it with objective.base(features)"
+            )
+        self._state = base
+
+    def holds_state_in(self, flow: FlowModel) -> bool:
+        """Whether `flow`'s base holds the dependence parameters (so checkpoints carry them)."""
+        return isinstance(getattr(flow, "base", None), DependentNormal)
 
     @property
     def n(self) -> int:
@@ -493,6 +565,7 @@ class DependentMaximumLikelihood(Objective):
                 f"{where}: the flow must be a flowkit Flow with a StandardNormal base, got "
                 f"{type(flow).__name__}" + (f" with base {type(flow.base).__name__}" if isinstance(flow, Flow) else "")
             )
+        self._bind(flow)
         if x.dim() != len(flow.event_shape) + 1:
             raise ValueError(
                 f"{where}: x must have one batch dimension, shape (b, {', '.join(map(str, flow.event_shape))}); "
@@ -596,6 +669,7 @@ class DependentMaximumLikelihood(Objective):
         if tying == "group":
             raise ValueError(f"{where}: a rho per training group does not carry to new groups; use rho='shared'/'size'")
         other = DependentMaximumLikelihood(kinship, groups, value=0.5, eps=self.eps, rho=tying)
+        other._binds = False
         if tying == "size":
             theirs = other.structure.parameter_sizes
             ours = mine.parameter_sizes
@@ -707,8 +781,8 @@ class DependenceUpdate(Callback):
             kinship one $n \times n$ product the next step; with groups, every 10 to 20 steps is cheap).
         at_start: also update before the first step, on the latents of the untrained flow
             (otherwise the flow's first `every` steps use the objective's initial value, as in the
-            paper's code). A run resumed from a checkpoint always updates first: the value is
-            not part of the checkpoint.
+            paper's code). A run resumed from a checkpoint updates first when the value is not
+            part of it (a flow without a [`DependentNormal`][flowkit.distributions.DependentNormal] base).
     """
 
     def __init__(
@@ -739,7 +813,8 @@ class DependenceUpdate(Callback):
         self._fitted_to = self._weights()
 
     def on_start(self, state: TrainState) -> None:
-        if self.at_start or state.step > 0:  # a resumed run refits the value, which checkpoints do not hold
+        # A resumed run refits the value unless the flow's base holds it (then the checkpoint restored it).
+        if self.at_start or (state.step > 0 and not self.objective.holds_state_in(self.flow)):
             self._update(state)
 
     def on_step_end(self, state: TrainState) -> None:

@@ -11,6 +11,7 @@ import torch
 import flowkit
 from flowkit.data import equicorrelated_groups, random_kinship, stock_pairs
 from flowkit.train import (
+    Callback,
     DependenceUpdate,
     DependentMaximumLikelihood,
     MaximumLikelihood,
@@ -569,3 +570,51 @@ def test_control_variate_cache_follows_the_parameter():
         DependentMaximumLikelihood(groups=groups, control_variate=1)
     with pytest.raises(ValueError, match="cached latents"):
         objective.point_terms(torch.randn(3, 3, dtype=F64), torch.arange(3))
+
+
+def test_a_dependent_normal_base_carries_rho_through_save_load_and_an_exact_resume(tmp_path):
+    n = 64
+    x = torch.randn(n, 2, generator=torch.Generator().manual_seed(3))
+    groups = torch.arange(n) // 8
+
+    class Killed(Exception):
+        pass
+
+    class KillAt(Callback):  # the run is killed mid-training (no end-of-run update, as for a real kill)
+        def on_step_end(self, state):
+            if state.step == 3:
+                raise Killed
+
+    def run(directory, resume, kill=False):
+        torch.manual_seed(0)
+        objective = DependentMaximumLikelihood(groups=groups, rho="group")
+        flow = flowkit.flows.RealNVP(2, transforms=1, hidden=(8,), base=objective.base(2))
+        callbacks = [DependenceUpdate(objective, flow, x, every=2), *([KillAt()] if kill else [])]
+        options = dict(steps=6, batch_size=16, progress=False, seed=0, checkpoint_dir=directory, resume=resume)
+        fit(flow, objective, with_indices(x), callbacks=callbacks, checkpoint_every=1, **options)
+        return flow, objective
+
+    straight, straight_objective = run(tmp_path / "straight", False)
+    with pytest.raises(Killed):
+        run(tmp_path / "resumed", False, kill=True)  # after the update at step 2 and the checkpoint of step 3
+    resumed, resumed_objective = run(tmp_path / "resumed", True)
+    assert not torch.equal(straight.base.logits, torch.zeros(8, dtype=torch.float64))  # rho moved from 0.5
+    for a, b in zip(straight.state_dict().values(), resumed.state_dict().values(), strict=True):
+        assert torch.equal(a, b)  # the weights and the rho's, bit for bit
+    assert torch.equal(straight_objective.values, resumed_objective.values)
+    # The objective's values are the model's, and the saved model keeps them.
+    assert torch.equal(straight_objective.values, straight.base.values)
+    flowkit.io.save(straight, tmp_path / "model")
+    loaded = flowkit.io.load(tmp_path / "model")
+    assert isinstance(loaded.base, flowkit.distributions.DependentNormal)
+    assert torch.equal(loaded.base.values, straight.base.values)
+
+
+def test_a_plain_standard_normal_base_warns_that_rho_is_not_saved():
+    objective = DependentMaximumLikelihood(groups=torch.arange(8) // 2)
+    flow = flowkit.flows.RealNVP(2, transforms=1, hidden=(4,))
+    with pytest.warns(DeprecationWarning, match=r"base=objective.base\(features\)"):
+        objective.loss(flow, (torch.randn(8, 2), torch.arange(8)))
+    wrong = flowkit.flows.RealNVP(2, transforms=1, hidden=(4,), base=flowkit.distributions.DependentNormal(2, 3))
+    with pytest.raises(ValueError, match="holds 3 parameters, the objective has 1"):
+        objective.loss(wrong, (torch.randn(8, 2), torch.arange(8)))
