@@ -6,20 +6,91 @@ table and JSON) with the peer models of `peers.py` (`zuko-nsf`, `zuko-maf`,
 models; by default it runs flowkit's autoregressive NSF and its two peers:
 
     python bench/likelihood.py --datasets 2d,digits --steps 1000 --seeds 3
+
+`--datasets small` adds small tabular sets that ship inside scikit-learn and
+statsmodels (`diabetes`, `wine`, `breast_cancer`, `star98`, `macrodata`): a few
+hundred points of 10 to 30 features, split 60/20/20 by a fixed seed; columns with
+fewer than 20 distinct values are dequantised by uniform noise of one spacing.
+`flowkit-nsf-near` is flowkit's NSF with `near_identity=True` (a start near, not
+at, the identity) and `flowkit-nsf-coupling-old` its coupling NSF with the random
+permutations it had before issue 33, to measure what these options change.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from functools import partial
 
+import numpy as np
 import peers
+import torch
 
 from flowkit.cli import bench
+from flowkit.data import Splits, split_array, standardize
+from flowkit.flows import NSF
 
-#: flowkit's models and the peers, by name.
-MODELS = {**bench.MODELS, **{name: partial(peers.build_peer, name) for name in peers.PEERS}}
+
+def _nsf_variant(
+    options: dict,
+    features: int,
+    *,
+    transforms: int | None = None,
+    hidden: Sequence[int] | None = None,
+    bins: int = 8,
+    standardize_with: torch.Tensor | None = None,
+) -> torch.nn.Module:
+    """The NSF of flowkit with other `options` (keyword arguments of `NSF`) at the preset's sizes."""
+    flow = NSF(features, transforms=transforms or 5, bins=bins, hidden=tuple(hidden or (128, 128)), **options)
+    return flow if standardize_with is None else standardize(flow, standardize_with)
+
+
+def _dequantise(x: np.ndarray, seed: int = 0) -> np.ndarray:
+    """Columns with fewer than 20 distinct values get uniform noise of one spacing (else their density is unbounded)."""
+    rng = np.random.default_rng(seed)
+    x = np.array(x, dtype=np.float64)
+    for j in range(x.shape[1]):
+        values = np.unique(x[:, j])
+        if len(values) < 20:
+            spacing = np.diff(values).min() if len(values) > 1 else 1.0
+            x[:, j] += spacing * (rng.random(len(x)) - 0.5)
+    return x
+
+
+def _sklearn(name: str) -> np.ndarray:
+    import sklearn.datasets
+
+    return getattr(sklearn.datasets, f"load_{name}")().data
+
+
+def _statsmodels(name: str) -> np.ndarray:
+    import statsmodels.api as sm
+
+    frame = getattr(sm.datasets, name).load_pandas().data.select_dtypes("number")
+    if name == "macrodata":  # the calendar columns are an index, not data
+        frame = frame.drop(columns=["year", "quarter"])
+    return frame.to_numpy()
+
+
+def small_set(name: str) -> Splits:
+    """A small tabular set shipped inside scikit-learn or statsmodels, dequantised and split 60/20/20 (seed 0)."""
+    x = _sklearn(name) if name in ("diabetes", "wine", "breast_cancer") else _statsmodels(name)
+    splits = split_array(_dequantise(x), name, val=0.2, test=0.2, seed=0)
+    splits.info["source"] = "scikit-learn" if name in ("diabetes", "wine", "breast_cancer") else "statsmodels"
+    return splits
+
+
+#: Small tabular sets inside installed packages, for `--datasets small`.
+SMALL_SETS = ("diabetes", "wine", "breast_cancer", "star98", "macrodata")
+
+#: flowkit's models, two variants of its NSF, and the peers, by name.
+MODELS = {
+    **bench.MODELS,
+    "flowkit-nsf-near": partial(_nsf_variant, {"near_identity": True}),
+    "flowkit-nsf-coupling-old": partial(_nsf_variant, {"coupling": True, "permutations": "random"}),
+    **{name: partial(peers.build_peer, name) for name in peers.PEERS},
+}
 #: Models run by default: flowkit's autoregressive NSF and its two peers.
 DEFAULT_MODELS = ("flowkit-nsf", "zuko-nsf", "nflows-nsf")
 
@@ -28,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     """Parse `argv` (default: the command line) and run the benchmark with the peers."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     bench.add_arguments(parser, MODELS, DEFAULT_MODELS)
-    return bench.run(parser.parse_args(argv), MODELS)
+    loaders = {name: partial(small_set, name) for name in SMALL_SETS}
+    return bench.run(parser.parse_args(argv), MODELS, loaders, {"small": SMALL_SETS})
 
 
 if __name__ == "__main__":

@@ -22,9 +22,22 @@ __all__ = ["LIBRARIES", "PEERS", "PeerFlow", "build_peer", "interface", "maf", "
 #: Libraries with an NSF in `nsf`.
 LIBRARIES = ("zuko", "nflows", "normflows")
 #: Peer models of the likelihood benchmark: `library-preset`, matched to flowkit's preset of that name.
-PEERS = ("zuko-nsf", "zuko-maf", "zuko-realnvp", "nflows-nsf", "nflows-maf")
+PEERS = (
+    "zuko-nsf",
+    "zuko-maf",
+    "zuko-realnvp",
+    "nflows-nsf",
+    "nflows-maf",
+    "zuko-nsf-coupling",
+    "nflows-nsf-coupling",
+)
 #: Layers and hidden sizes of the presets at the command line's defaults (`flowkit.flows.registry`).
-_DEFAULTS = {"nsf": (5, (128, 128)), "maf": (5, (64, 64)), "realnvp": (8, (128, 128))}
+_DEFAULTS = {
+    "nsf": (5, (128, 128)),
+    "nsf-coupling": (5, (128, 128)),
+    "maf": (5, (64, 64)),
+    "realnvp": (8, (128, 128)),
+}
 
 
 class _IgnoreContext(nn.Module):
@@ -262,7 +275,8 @@ def build_peer(
     """The peer `name` (one of `PEERS`) matched to flowkit's preset of the same name at the same sizes.
 
     `zuko-nsf`/`nflows-nsf` are autoregressive NSFs with linear tails outside
-    `[-5, 5]`; `zuko-maf`/`nflows-maf` affine MAFs; `zuko-realnvp` an affine
+    `[-5, 5]`, `zuko-nsf-coupling`/`nflows-nsf-coupling` their coupling NSFs;
+    `zuko-maf`/`nflows-maf` affine MAFs; `zuko-realnvp` an affine
     coupling flow. `None` sizes take the preset's defaults. Standardisation
     (when `standardize_with` is given) is the same fixed map as flowkit's,
     with its log-determinant.
@@ -270,11 +284,12 @@ def build_peer(
     key = name.lower()
     if key not in PEERS:
         raise ValueError(f"unknown peer flow {name!r}; choose one of {', '.join(PEERS)}")
-    library, kind = key.split("-")
+    library, kind = key.split("-", 1)
     transforms = transforms or _DEFAULTS[kind][0]
     hidden = tuple(hidden or _DEFAULTS[kind][1])
-    if kind == "nsf":
-        model = nsf(library, features, transforms=transforms, bins=bins, hidden=hidden)
+    if kind in ("nsf", "nsf-coupling"):
+        coupling = kind == "nsf-coupling"
+        model = nsf(library, features, transforms=transforms, bins=bins, hidden=hidden, coupling=coupling)
     elif kind == "maf":
         model = maf(library, features, transforms=transforms, hidden=hidden)
     else:

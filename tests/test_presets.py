@@ -143,3 +143,53 @@ def test_presets_refuse_bad_options_by_name():
         MAF(3, conditioner=MLP)
     with pytest.raises(ValueError, match="event shape"):
         NSF(3, base=flowkit.distributions.StandardNormal(4))
+
+
+def _transformed_features(flow):
+    """For each coupling layer of `flow`, the set of input features (data coordinates) it transforms."""
+    where = torch.arange(flow.event_shape[0])  # where[j]: the data feature at position j
+    sets = []
+    for b in flow.bijector:
+        if isinstance(b, flowkit.bijectors.Permutation):
+            where = where[b.perm]  # z_j = x_{perm[j]}
+        else:
+            sets.append(set(where[b.transformed_idx].tolist()))
+    return sets
+
+
+@pytest.mark.parametrize("features", [2, 3, 4, 5])
+def test_coupling_nsf_transforms_every_feature_every_other_layer(features):
+    sets = _transformed_features(NSF(features, transforms=4, hidden=(8,), coupling=True))
+    everything = set(range(features))
+    for previous, current in zip(sets, sets[1:], strict=False):
+        assert everything - previous <= current  # what one layer conditions on, the next transforms
+    if features == 2:
+        assert sets == [{1}, {0}, {1}, {0}]
+
+
+def test_coupling_nsf_random_permutations_are_the_earlier_seeded_ones():
+    flow = NSF(2, transforms=4, hidden=(8,), coupling=True, permutations="random")
+    perms = [b.perm for b in flow.bijector if isinstance(b, flowkit.bijectors.Permutation)]
+    for i, perm in enumerate(perms, start=1):
+        assert torch.equal(perm, flowkit.bijectors.Permutation(2, seed=i).perm)
+    # The defect they had at D = 2: one feature transformed by three of the four layers, the other by one.
+    counts = [sum(j in s for s in _transformed_features(flow)) for j in range(2)]
+    assert sorted(counts) == [1, 3]
+    with pytest.raises(ValueError, match="permutations"):
+        NSF(2, coupling=True, permutations="reverse")
+
+
+@pytest.mark.parametrize("coupling", [False, True])
+def test_nsf_starts_at_the_identity_and_near_it_with_near_identity(coupling):
+    x = torch.randn(7, 3, generator=torch.Generator().manual_seed(0))
+    exact = NSF(3, transforms=2, hidden=(16,), coupling=coupling)
+    torch.testing.assert_close(exact.log_prob(x), exact.base.log_prob(x))
+    torch.manual_seed(0)
+    flow = NSF(3, transforms=2, hidden=(16,), coupling=coupling, near_identity=True)
+    assert not torch.allclose(flow.log_prob(x), flow.base.log_prob(x))
+    for new, old in zip(flow.bijector, exact.bijector, strict=True):
+        if hasattr(new, "conditioner"):
+            last, reference = new.conditioner.last, old.conditioner.last
+            assert torch.equal(last.weight, torch.zeros_like(last.weight))
+            offset = last.bias - reference.bias  # the offsets of a fresh nn.Linear bias, U(-1/sqrt(16), 1/sqrt(16))
+            assert offset.abs().max() <= 0.25 and offset.abs().max() > 0

@@ -43,6 +43,7 @@ __all__ = [
     "run",
     "train_and_evaluate",
     "markdown_table",
+    "paired_table",
 ]
 
 Builder = Callable[..., torch.nn.Module]
@@ -120,19 +121,27 @@ def add_arguments(
     return parser
 
 
-def _dataset_names(spec: str, root: str | None) -> list[str]:
+Loader = Callable[[], Splits]
+"""A dataset loader of the caller's (e.g. the small sets of `bench/likelihood.py`): `() -> Splits`."""
+
+
+def _dataset_names(spec: str, root: str | None, groups: Mapping[str, Sequence[str]] | None = None) -> list[str]:
     names: list[str] = []
     for item in (s.strip().lower() for s in spec.split(",") if s.strip()):
         if item == "2d":
             names += list(TOY_DATASETS)
         elif item == "tabular":
             names += available_tabular(root)
+        elif groups and item in groups:
+            names += list(groups[item])
         else:
             names.append(item)
     return list(dict.fromkeys(names))
 
 
-def _load(name: str, root: str | None, n_train: int) -> Splits:
+def _load(name: str, root: str | None, n_train: int, loaders: Mapping[str, Loader] | None = None) -> Splits:
+    if loaders and name in loaders:
+        return loaders[name]()
     return toy_splits(name, n_train=n_train) if name in TOY_DATASETS else load(name, root=root)
 
 
@@ -243,12 +252,58 @@ def markdown_table(summaries: list[dict[str, Any]], steps: int) -> str:
     return "\n".join(lines)
 
 
-def run(args: argparse.Namespace, models: Mapping[str, Builder] = MODELS) -> int:
+def paired_table(runs: list[dict[str, Any]]) -> str:
+    """Each flowkit model against the best other model of each dataset, paired by seed, as a markdown table.
+
+    The best other model is the one of lowest mean test NLL; the difference is flowkit's NLL minus
+    its, seed by seed (same splits, same seed), with the standard error of the mean over seeds.
+    """
+    by_key: dict[tuple[str, str], dict[int, float]] = {}
+    for r in runs:
+        by_key.setdefault((r["dataset"], r["model"]), {})[r["seed"]] = r["test_nll"]
+    datasets = list(dict.fromkeys(d for d, _ in by_key))
+    lines = [
+        "Paired test-NLL differences, flowkit minus the best other model (lowest mean), +- 1 s.e. over seeds;",
+        "negative: flowkit better.",
+        "",
+        "| dataset | flowkit model | NLL | best other | NLL | difference | +-1se | diff/se |",
+        "|---|---|---:|---|---:|---:|---:|---:|",
+    ]
+    for d in datasets:
+        models = {m: v for (dd, m), v in by_key.items() if dd == d}
+        others = {m: v for m, v in models.items() if not m.startswith("flowkit-")}
+        if not others:
+            continue
+        best = min(others, key=lambda m: sum(others[m].values()) / len(others[m]))
+        for m, v in models.items():
+            if not m.startswith("flowkit-"):
+                continue
+            seeds = sorted(set(v) & set(others[best]))
+            diffs = [v[s] - others[best][s] for s in seeds]
+            n = len(diffs)
+            mean = sum(diffs) / n
+            se = math.sqrt(sum((x - mean) ** 2 for x in diffs) / (n - 1) / n) if n > 1 else float("nan")
+            ratio = f"{mean / se:+.1f}" if math.isfinite(se) and se > 0 else "-"
+            lines.append(
+                f"| {d} | {m} | {sum(v[s] for s in seeds) / n:.3f} | {best} "
+                f"| {sum(others[best][s] for s in seeds) / n:.3f} | {mean:+.3f} | {_error(se)} | {ratio} |"
+            )
+    return "\n".join(lines)
+
+
+def run(
+    args: argparse.Namespace,
+    models: Mapping[str, Builder] = MODELS,
+    loaders: Mapping[str, Loader] | None = None,
+    groups: Mapping[str, Sequence[str]] | None = None,
+) -> int:
     """Run the benchmark for parsed arguments: print the table and write the JSON; returns the exit code 0.
 
     Arguments:
         args: the options of [`add_arguments`][flowkit.cli.bench.add_arguments].
         models: model name -> builder; `args.models` names some of them.
+        loaders: extra datasets, name -> loader, that `--datasets` may name.
+        groups: extra names for groups of datasets in `--datasets` (as `2d` names the 2-D sets).
 
     Raises:
         ValueError: on a bad option, an unknown model or dataset, checked before the first run.
@@ -264,11 +319,11 @@ def run(args: argparse.Namespace, models: Mapping[str, Builder] = MODELS) -> int
             raise ValueError(f"unknown model {m!r}; choose from {', '.join(models)}{hint}")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be a positive integer, got {args.threads}")
-    datasets = _dataset_names(args.datasets, args.root)
+    datasets = _dataset_names(args.datasets, args.root, groups)
     if not datasets:
         raise ValueError("no datasets to run (the tabular sets are absent under the data directory)")
     # Every dataset and the output directory are checked before the first (long) run.
-    loaded = {name: _load(name, args.root, args.n_train) for name in datasets}
+    loaded = {name: _load(name, args.root, args.n_train, loaders) for name in datasets}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     if args.threads:
@@ -293,6 +348,8 @@ def run(args: argparse.Namespace, models: Mapping[str, Builder] = MODELS) -> int
             runs += per_seed
             summaries.append(_summarise(per_seed))
     print(markdown_table(summaries, args.steps))
+    print()
+    print(paired_table(runs))
     config = {k: v for k, v in vars(args).items() if k != "func"}
     report = {"config": config, "summary": summaries, "runs": runs}
     out.write_text(json.dumps(_finite_or_null(report), indent=1, default=str, allow_nan=False))
