@@ -102,6 +102,7 @@ from ..distributions.sphere import SEGMENTS, _check_segments, quaternion_to_matr
 from ..domains import Circle, Sphere
 from ..nn import MLP, _check_conditioner
 from ..root_finding import implicit_newton_step, solve_monotone
+from ..transformers import Affine
 from .base import Bijector
 
 __all__ = [
@@ -750,6 +751,89 @@ def _embed(x: Tensor, segments: Sequence[str], slices: Sequence[slice], keep: Se
 _FEATURES = {"quaternion": 9, "angle": 2, "real": 1}
 
 
+class _SegmentMap:
+    """The map of one transformed segment of a [`RigidCoupling`][flowkit.bijectors.RigidCoupling], given parameters.
+
+    The segment transformers of a rigid coupling, one class per segment kind, as the elementwise
+    transformers of a [`Coupling`][flowkit.bijectors.Coupling]: `size` parameters per segment,
+    `initial(init)` their starting values (the conditioner's last bias), and `__call__(c, theta, inverse)`
+    the map of the segment's coordinates `c` `(..., width)` (the sampling direction when `inverse`), with
+    its log-determinant.
+    """
+
+    size: int
+
+    def initial(self, init: float) -> Tensor:
+        raise NotImplementedError
+
+    def __call__(self, c: Tensor, theta: Tensor, inverse: bool) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+
+class _RealAffine(_SegmentMap):
+    """A real (auxiliary) coordinate: the [`Affine`][flowkit.transformers.Affine] transformer, $x e^s + t$."""
+
+    size = 2
+
+    def __init__(self, clamp: float) -> None:
+        self.affine = Affine(clamp)
+
+    def initial(self, init: float) -> Tensor:
+        return self.affine.identity_params()
+
+    def __call__(self, c: Tensor, theta: Tensor, inverse: bool) -> tuple[Tensor, Tensor]:
+        y, ladj = (self.affine.inverse if inverse else self.affine.forward)(c[..., 0], theta)
+        return y.unsqueeze(-1), ladj
+
+
+class _MoebiusHeads(_SegmentMap):
+    """A quaternion (`heads` double Moebius maps) or an angle (`heads` circle Moebius maps), applied in turn."""
+
+    def __init__(self, kind: str, heads: int, gate: float) -> None:
+        self.quaternion, self.heads, self.gate = kind == "quaternion", heads, gate
+        self.n = 4 if self.quaternion else 2
+        self.size = heads * (self.n + 1)
+
+    def initial(self, init: float) -> Tensor:
+        block = torch.zeros(self.heads, self.n + 1)
+        block[:, : self.n] = init * torch.randn(self.heads, self.n)
+        return block.flatten()
+
+    def __call__(self, c: Tensor, theta: Tensor, inverse: bool) -> tuple[Tensor, Tensor]:
+        centres = theta.unflatten(-1, (self.heads, self.n + 1))
+        ws = gated_center(centres[..., : self.n], centres[..., self.n], self.gate).unbind(-2)
+        if self.quaternion:
+            y, step = c, double_moebius_inverse if inverse else double_moebius
+        else:
+            y, step = c[..., 0], (lambda t, w: circle_moebius(t, -w)) if inverse else circle_moebius
+        y, ladj = _through_heads(y, [(w,) for w in ws], step, reverse=inverse)
+        return (y if self.quaternion else y.unsqueeze(-1)), ladj
+
+
+class _ConvexHeads(_SegmentMap):
+    """A quaternion or an angle through `heads` convex combinations of `components` maps (explicit when sampling)."""
+
+    def __init__(self, kind: str, heads: int, components: int, stretch: float) -> None:
+        self.quaternion, self.heads, self.components, self.stretch = kind == "quaternion", heads, components, stretch
+        self.size = heads * (4 + 2 * components) if self.quaternion else heads * (3 * components + 1)
+
+    def initial(self, init: float) -> Tensor:
+        if self.quaternion:
+            return _axial_initial(self.heads, 4, self.components, init).flatten()
+        return _circle_initial(self.heads, self.components, init).flatten()
+
+    def __call__(self, c: Tensor, theta: Tensor, inverse: bool) -> tuple[Tensor, Tensor]:
+        if self.quaternion:
+            heads = _axial_parameters(theta.unflatten(-1, (self.heads, -1)), 4, self.stretch)
+            y, explicit, solved = c, _convex_double_moebius, _convex_double_moebius_inverse
+        else:
+            heads = _circle_parameters(theta.unflatten(-1, (self.heads, -1)), self.stretch)
+            y, explicit, solved = c[..., 0], _convex_circle, _convex_circle_inverse
+        heads = list(zip(*(t.unbind(theta.ndim - 1) for t in heads), strict=True))  # the head dimension
+        y, total = _through_heads(y, heads, explicit) if inverse else _through_heads(y, heads, solved, reverse=True)
+        return (y if self.quaternion else y.unsqueeze(-1)), total
+
+
 class RigidCoupling(Bijector):
     r"""Coupling across rigid bodies: some segments of a layout change, conditioned on all the others.
 
@@ -853,11 +937,8 @@ class RigidCoupling(Bijector):
         self.slices = segment_slices(self.segments)
         self.domain = rigid_domain(self.segments)
         self.event_shape = torch.Size([self.domain.width])
-        k = self.components
-        sizes = {"quaternion": self.heads * 5, "angle": self.heads * 3, "real": 2}
-        if k is not None:
-            sizes.update(quaternion=self.heads * (4 + 2 * k), angle=self.heads * (3 * k + 1))
-        self._sizes = [sizes[self.segments[i]] for i in transformed]
+        self._maps = [self._segment_map(self.segments[i]) for i in transformed]
+        self._sizes = [m.size for m in self._maps]
         n_in = sum(_FEATURES[self.segments[i]] for i in self.keep)
         n_out = sum(self._sizes)
         if conditioner is None:
@@ -867,27 +948,17 @@ class RigidCoupling(Bijector):
         self.conditioner = conditioner
         self.conditioner.zero_last(self._initial_outputs(init))
 
+    def _segment_map(self, kind: str) -> _SegmentMap:
+        """The transformer of a segment of `kind`."""
+        if kind == "real":
+            return _RealAffine(self.clamp)
+        if self.components is not None:
+            return _ConvexHeads(kind, self.heads, self.components, self.stretch)
+        return _MoebiusHeads(kind, self.heads, self.gate if kind == "quaternion" else self.position_gate)
+
     def _initial_outputs(self, init: float) -> Tensor:
         """Small random centre vectors (zero gates, zero affine parameters): `w = 0` is a stationary point."""
-        parts = []
-        for i, size in zip(self.transformed, self._sizes, strict=True):
-            kind = self.segments[i]
-            if kind == "real":
-                parts.append(torch.zeros(size))
-                continue
-            if self.components is not None:
-                block = (
-                    _axial_initial(self.heads, 4, self.components, init)
-                    if kind == "quaternion"
-                    else _circle_initial(self.heads, self.components, init)
-                )
-                parts.append(block.flatten())
-                continue
-            n = SEGMENTS[kind] if kind == "quaternion" else 2
-            block = torch.zeros(self.heads, n + 1)
-            block[:, :n] = init * torch.randn(self.heads, n)
-            parts.append(block.flatten())
-        return torch.cat(parts)
+        return torch.cat([m.initial(init) for m in self._maps])
 
     def _params(self, x: Tensor, context: Tensor | None) -> list[Tensor]:
         h = self.conditioner(_embed(x, self.segments, self.slices, self.keep), context)
@@ -898,48 +969,13 @@ class RigidCoupling(Bijector):
         out = list(x.unbind(-1))
         batch = torch.broadcast_shapes(x.shape[:-1], params[0].shape[:-1]) if params else x.shape[:-1]
         total = x.new_zeros(batch)
-        for i, theta in zip(self.transformed, params, strict=True):
-            kind, sl = self.segments[i], self.slices[i]
-            c = x[..., sl].expand(*batch, SEGMENTS[kind])
-            if kind == "real":
-                shift, raw = theta.unbind(-1)
-                s = self.clamp * torch.tanh(raw / self.clamp)
-                y = (c[..., 0] - shift) * torch.exp(-s) if inverse else c[..., 0] * torch.exp(s) + shift
-                total = total + (-s if inverse else s)
-                out[sl.start] = y
-                continue
-            if self.components is not None:
-                out[sl], ladj = self._convex(kind, c, theta, inverse)
-                total = total + ladj
-                continue
-            n = 4 if kind == "quaternion" else 2
-            centres = theta.unflatten(-1, (self.heads, n + 1))
-            offset = self.gate if kind == "quaternion" else self.position_gate
-            ws = gated_center(centres[..., :n], centres[..., n], offset).unbind(-2)
-            if kind == "quaternion":
-                y, step = c, double_moebius_inverse if inverse else double_moebius
-            else:
-                y, step = c[..., 0], (lambda t, w: circle_moebius(t, -w)) if inverse else circle_moebius
-            y, ladj = _through_heads(y, [(w,) for w in ws], step, reverse=inverse)
+        for i, theta, segment_map in zip(self.transformed, params, self._maps, strict=True):
+            sl = self.slices[i]
+            y, ladj = segment_map(x[..., sl].expand(*batch, SEGMENTS[self.segments[i]]), theta, inverse)
+            out[sl] = list(y.unbind(-1))
             total = total + ladj
-            if kind == "quaternion":
-                out[sl] = list(y.unbind(-1))
-            else:
-                out[sl.start] = y
         out = [o.expand(batch) for o in out]
         return torch.stack(out, dim=-1), total
-
-    def _convex(self, kind: str, c: Tensor, theta: Tensor, inverse: bool) -> tuple[list[Tensor], Tensor]:
-        """A quaternion or angle through `heads` convex combinations: explicit when `inverse` (sampling)."""
-        if kind == "quaternion":
-            heads = _axial_parameters(theta.unflatten(-1, (self.heads, -1)), 4, self.stretch)
-            y, explicit, solved = c, _convex_double_moebius, _convex_double_moebius_inverse
-        else:
-            heads = _circle_parameters(theta.unflatten(-1, (self.heads, -1)), self.stretch)
-            y, explicit, solved = c[..., 0], _convex_circle, _convex_circle_inverse
-        heads = list(zip(*(t.unbind(theta.ndim - 1) for t in heads), strict=True))  # the head dimension
-        y, total = _through_heads(y, heads, explicit) if inverse else _through_heads(y, heads, solved, reverse=True)
-        return (list(y.unbind(-1)) if kind == "quaternion" else [y]), total
 
     def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         return self._run(x, context, inverse=False)
