@@ -1,6 +1,8 @@
 """``flowkit boltzmann``: a short run writes the model, metrics and plots."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -91,6 +93,68 @@ def test_boltzmann_refuses_to_overwrite_a_run_unless_forced(tmp_path, capsys):
     assert "pass --force" in capsys.readouterr().err
     assert (tmp_path / "metrics.json").read_text() == first  # the old run is untouched
     assert main([*args, "--force"]) == 0
+
+
+def test_every_target_spec_has_what_the_command_needs():
+    from flowkit.cli.boltzmann import OUTPUTS, TARGETS
+    from flowkit.cli.targets import FLOWS, TARGET_SPECS, TargetSpec
+
+    assert TARGETS == tuple(TARGET_SPECS)
+    for name, spec in TARGET_SPECS.items():
+        assert isinstance(spec, TargetSpec), name
+        for field in ("build_target", "build_flow", "samples", "metrics", "plots"):
+            assert callable(getattr(spec, field)), (name, field)
+        assert spec.plot_files and set(spec.plot_files) <= set(OUTPUTS), name  # --force clears what a run wrote
+    plot_files = {f for spec in TARGET_SPECS.values() for f in spec.plot_files}
+    assert set(OUTPUTS) == {"model", "metrics.json", "history.csv"} | plot_files  # no stale output name
+    assert all(callable(build) for build in FLOWS.values()) and set(FLOWS) == {"realnvp", "nsf", "lattice"}
+
+
+@pytest.mark.parametrize("argv", [["nope"], ["gmm", "--flow", "maf"]], ids=["target", "flow"])
+def test_an_unknown_target_or_flow_is_refused_with_the_names(capsys, argv):
+    from flowkit.cli.boltzmann import TARGETS
+    from flowkit.cli.targets import FLOWS
+
+    with pytest.raises(SystemExit) as exit:
+        main(["boltzmann", *argv])
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    assert "invalid choice" in err
+    assert all(repr(name) in err for name in (TARGETS if argv == ["nope"] else FLOWS))
+
+
+_HELP_WITHOUT_TORCH = """
+import contextlib, sys
+from flowkit.cli import main
+with contextlib.suppress(SystemExit):
+    main(["boltzmann", "--help"])
+assert "torch" not in sys.modules, "flowkit boltzmann --help imported torch"
+"""
+
+
+def test_boltzmann_help_imports_no_torch():
+    result = subprocess.run([sys.executable, "-c", _HELP_WITHOUT_TORCH], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "alanine-dipeptide" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("argv", "plots"),
+    [
+        (["gmm", "--flow", "nsf", "--samples", "200"], {"density.png", "target.png"}),
+        (["many-well", "--dim", "4"], set()),  # many-well: no plot
+    ],
+)
+def test_boltzmann_gmm_with_nsf_and_many_well(tmp_path, argv, plots):
+    from flowkit.cli.boltzmann import OUTPUTS
+
+    out = tmp_path / "run"
+    args = ["boltzmann", *argv, "--steps", "3", "--transforms", "2", "--hidden", "8", "--eval-samples", "200"]
+    assert main([*args, "--imh-steps", "20", "--no-progress", "--out", str(out)]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["target"] == argv[0] and ("modes_covered" in metrics) == (argv[0] == "gmm")
+    plot_files = set(OUTPUTS) - {"model", "metrics.json", "history.csv"}
+    assert {p.name for p in out.iterdir()} & plot_files == plots
 
 
 class _Stop(Exception):

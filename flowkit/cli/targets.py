@@ -1,0 +1,415 @@
+"""The built-in targets of `flowkit boltzmann`: one [`TargetSpec`][flowkit.cli.targets.TargetSpec] per name.
+
+`TARGET_SPECS` maps each `TARGET` name to what the command needs of it: the target, the flow, the
+maximum-likelihood samples, the target's own metrics and its plots. The targets on vectors and lattices take
+their flow from `FLOWS` by `--flow` name; the others bring their own (rigid bodies a
+[`RigidBodyFlow`][flowkit.flows.RigidBodyFlow], the molecule an internal-coordinate flow) and ignore `--flow`.
+A new target is one entry in `TARGET_SPECS` (the command's `TARGET` choices are its keys); a plot file it
+writes must also be in `flowkit.cli.boltzmann.OUTPUTS`, which `--force` clears.
+
+Everything here imports torch, flowkit's targets and matplotlib inside the functions, so that `flowkit --help`
+stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+__all__ = ["TargetSpec", "Evaluation", "TARGET_SPECS", "FLOWS"]
+
+
+def _exact_samples(args: argparse.Namespace, target: Any) -> Any:
+    """`--samples` exact samples of the target (None for `--samples 0`)."""
+    import torch
+
+    if not args.samples:
+        return None
+    if not target.has_samples:
+        raise ValueError(f"--samples: the target {args.target} cannot draw exact samples with these parameters")
+    return target.sample(args.samples, generator=torch.Generator().manual_seed(args.seed))
+
+
+def _no_metrics(args: argparse.Namespace, run: Evaluation) -> dict[str, Any]:
+    return {}
+
+
+@dataclass
+class Evaluation:
+    """What the trained flow gave on its target, handed to the target's metrics and plots.
+
+    Attributes:
+        flow: the trained flow, in eval mode.
+        target: the target it was trained on.
+        x: `--eval-samples` flow samples.
+        log_w: their log importance weights.
+        chain: the states of the independent Metropolis-Hastings chain.
+        reference: a reference chain that the target's metrics ran, for the plots to compare with (`phi4`:
+            jittered HMC); None when there is none.
+    """
+
+    flow: Any
+    target: Any
+    x: Any
+    log_w: Any
+    chain: Any
+    reference: Any = None
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """What `flowkit boltzmann TARGET` needs of one target.
+
+    Attributes:
+        build_target: `(args) -> target`, the target for the parsed arguments.
+        build_flow: `(args, target, samples) -> flow`, the untrained flow (`samples`: the ML samples or None).
+        plots: `(evaluation, out) -> None`, writes the target's PNG plots into `out` (unless `--no-plots`).
+        plot_files: the names of the files `plots` may write (each one of `flowkit.cli.boltzmann.OUTPUTS`).
+        samples: `(args, target) -> samples or None`, the samples of the maximum-likelihood term (default: `--samples`
+            exact samples, refused when the target cannot draw them).
+        metrics: `(args, evaluation) -> dict`, entries added to (or replacing) the common ones in metrics.json
+            (default: none).
+    """
+
+    build_target: Callable[[argparse.Namespace], Any]
+    build_flow: Callable[[argparse.Namespace, Any, Any], Any]
+    plots: Callable[[Evaluation, Path], None]
+    plot_files: tuple[str, ...]
+    samples: Callable[[argparse.Namespace, Any], Any] = _exact_samples
+    metrics: Callable[[argparse.Namespace, Evaluation], dict[str, Any]] = _no_metrics
+
+
+# --- targets
+
+
+def _double_well(args: argparse.Namespace) -> Any:
+    from ..targets import DoubleWell
+
+    return DoubleWell()
+
+
+def _many_well(args: argparse.Namespace) -> Any:
+    from ..targets import ManyWell
+
+    return ManyWell(args.dim)
+
+
+def _gmm(args: argparse.Namespace) -> Any:
+    from ..targets import GaussianMixture
+
+    return GaussianMixture(seed=args.seed)
+
+
+def _phi4(args: argparse.Namespace) -> Any:
+    from ..targets import Phi4
+
+    return Phi4(args.L, args.m2, args.lam)
+
+
+def _solvent(args: argparse.Namespace) -> str | None:
+    return None if args.solvent == "vacuum" else args.solvent
+
+
+def _alanine_dipeptide(args: argparse.Namespace) -> Any:
+    from ..targets import AlanineDipeptide
+
+    return AlanineDipeptide(args.temperature, solvent=_solvent(args))
+
+
+def _with_auxiliaries(body: Any, args: argparse.Namespace) -> Any:
+    """The rigid body with `--aux` auxiliary coordinates (`--aux 0`: the body alone)."""
+    from ..targets import WithAuxiliaries
+
+    return WithAuxiliaries(body, args.aux) if args.aux else body
+
+
+def _matrix_fisher_parameter() -> list[list[float]]:
+    """F = U diag(10, 9, 11) V^T with U, V two fixed random rotations (the matrix-Fisher target of bench/rigid.py)."""
+    import numpy as np
+    from scipy.spatial.transform import Rotation
+
+    u, v = Rotation.random(2, random_state=3).as_matrix()
+    return (u @ np.diag([10.0, 9.0, 11.0]) @ v.T).tolist()
+
+
+def _matrix_fisher(args: argparse.Namespace) -> Any:
+    from ..targets import MatrixFisher
+
+    return _with_auxiliaries(MatrixFisher(_matrix_fisher_parameter()), args)
+
+
+def _octupole(args: argparse.Namespace) -> Any:
+    from ..targets import Octupole
+
+    return _with_auxiliaries(Octupole(args.kappa), args)
+
+
+def _dipoles(args: argparse.Namespace) -> Any:
+    from ..targets import RigidDipoles
+
+    return RigidDipoles(args.bodies)
+
+
+# --- maximum-likelihood samples
+
+
+def _metropolis_samples(target: Any, n: int, seed: int) -> Any:
+    """`n` states of random-walk Metropolis chains on a rigid target's manifold (the first fifth dropped)."""
+    import torch
+
+    from ..distributions import rigid_domain
+    from ..sampling import metropolis
+
+    domain = rigid_domain(target.segments)
+    generator = torch.Generator().manual_seed(seed)
+    chains = min(n, 512)
+    per_chain = -(-n // chains)
+    x0 = domain.sample((chains, *target.event_shape), generator=generator).to(target.dtype)
+    states, _ = metropolis(target, x0, 10 * (per_chain + -(-per_chain // 4)), 0.3, domain, thin=10, generator=generator)
+    return states[-per_chain:].reshape(-1, *target.event_shape)[:n].float()
+
+
+def _rigid_samples(args: argparse.Namespace, target: Any) -> Any:
+    """Exact samples when the rigid target draws them, else Metropolis states on its manifold."""
+    if args.samples and not target.has_samples:
+        return _metropolis_samples(target, args.samples, args.seed)
+    return _exact_samples(args, target)
+
+
+def _md_samples(args: argparse.Namespace, target: Any) -> Any:
+    """Cached Langevin MD frames of `--md-ns` ns at `--temperature` (`--md-ns 0`: `--samples` exact samples)."""
+    if not args.md_ns > 0:
+        return _exact_samples(args, target)
+    from ..data import alanine_dipeptide_md
+
+    return alanine_dipeptide_md(args.temperature, args.md_ns, args.seed, solvent=_solvent(args)).float()
+
+
+# --- flows
+
+
+def _coupling_flow(preset: str, args: argparse.Namespace, target: Any, samples: Any) -> Any:
+    """A coupling preset on the target's vectors (standardised by the samples when given), lattices flattened."""
+    from ..bijectors import Chain, Reshape
+    from ..data import standardize
+    from ..distributions import StandardNormal
+    from ..flows import Flow, build_flow, parse_hidden
+
+    shape = tuple(target.event_shape)
+    features = math.prod(shape)
+    flow = build_flow(preset, features, transforms=args.transforms, hidden=parse_hidden(args.hidden))
+    if samples is not None:
+        flow = standardize(flow, samples.reshape(samples.shape[0], -1))
+    if len(shape) == 1:
+        return flow
+    bijector = Chain(Reshape(shape, (features,)), flow.bijector, Reshape((features,), shape))
+    return Flow(bijector, StandardNormal(shape))
+
+
+def _lattice_flow(args: argparse.Namespace, target: Any, samples: Any) -> Any:
+    """A [`LatticeFlow`][flowkit.flows.LatticeFlow] of checkerboard conv couplings (`--z2`: Z2-symmetric)."""
+    from ..flows import LatticeFlow, parse_hidden
+
+    shape = tuple(target.event_shape)
+    if len(shape) != 2:
+        raise ValueError(f"--flow lattice needs a lattice target (phi4), got {args.target}")
+    hidden = parse_hidden(args.hidden)
+    return LatticeFlow(shape, transforms=args.transforms, hidden=hidden, z2=bool(getattr(args, "z2", False)))
+
+
+FLOWS: dict[str, Callable[[argparse.Namespace, Any, Any], Any]] = {
+    "realnvp": partial(_coupling_flow, "realnvp"),
+    "nsf": partial(_coupling_flow, "nsf-coupling"),
+    "lattice": _lattice_flow,
+}
+"""`--flow` name -> `(args, target, samples) -> flow`, for the targets on vectors and lattices."""
+
+
+def _flow_by_name(args: argparse.Namespace, target: Any, samples: Any) -> Any:
+    return FLOWS[args.flow](args, target, samples)
+
+
+def _rigid_flow(args: argparse.Namespace, target: Any, samples: Any) -> Any:
+    """Double Moebius couplings on the bodies' quaternions (`--transforms` blocks, `--heads`, `--components`)."""
+    from ..flows import RigidBodyFlow, parse_hidden
+
+    return RigidBodyFlow(
+        target.segments,
+        blocks=args.transforms,
+        hidden=parse_hidden(args.hidden),
+        heads=args.heads,
+        components=args.components,
+    )
+
+
+def _internal_coordinate_flow(args: argparse.Namespace, target: Any, samples: Any) -> Any:
+    """Splines on the molecule's internal coordinates about its energy minimum (`--transforms // 2` layers)."""
+    from ..flows import internal_coordinate_flow, parse_hidden
+    from ..targets.alanine import alanine_internal_coordinates
+
+    internal = alanine_internal_coordinates(target.minimum())
+    return internal_coordinate_flow(internal, max(1, args.transforms // 2), parse_hidden(args.hidden), seed=args.seed)
+
+
+# --- metrics
+
+
+def _modes_covered(args: argparse.Namespace, run: Evaluation) -> dict[str, Any]:
+    """The number of the mixture's modes that hold at least one flow sample."""
+    return {"modes_covered": int((run.target.mode_counts(run.x) > 0).sum())}
+
+
+def _lattice_observables(args: argparse.Namespace, run: Evaluation) -> dict[str, Any]:
+    """Observables with blocked-jackknife errors and tau_int of the IMH chain and of a jittered-HMC reference.
+
+    The HMC chain (`--hmc-steps` trajectories; 0: none) is kept in `run.reference` for the plots.
+    """
+    import torch
+
+    from .. import lattice, sampling
+
+    if args.hmc_steps < 0:
+        raise ValueError(f"--hmc-steps must be non-negative, got {args.hmc_steps}")
+    target = run.target
+    chains = {"imh": run.chain}
+    if args.hmc_steps:
+        x0 = torch.zeros(8, *target.event_shape, dtype=torch.float64)
+        hmc = sampling.hmc(
+            target.double(), x0, args.hmc_steps, 0.1, 10, generator=torch.Generator().manual_seed(args.seed)
+        )
+        run.reference = chains["hmc"] = hmc.samples[args.hmc_steps // 10 :]
+    out: dict[str, Any] = {}
+    for name, samples in chains.items():
+        blocks = max(2, min(20, samples.shape[0] // 10))
+        measured = lattice.measure(samples, blocks=blocks)
+        entry = {key: [float(measured[key][0]), float(measured[key][1])] for key in ("M", "abs_M", "chi2", "pole_mass")}
+        m = lattice.magnetization(samples.double())
+        entry["tau_int_abs_M"] = sampling.integrated_autocorrelation_time(m.abs())
+        entry["tau_int_chi2"] = sampling.integrated_autocorrelation_time(m.square())
+        out[name] = entry
+    if args.hmc_steps:
+        out["hmc"]["acceptance"] = float(hmc.mean_acceptance)
+    return {"observables": out}
+
+
+def _alanine_metrics(args: argparse.Namespace, run: Evaluation) -> dict[str, Any]:
+    """P(phi > 0) (raw and reweighted), the mirror-image fraction and the MD frames used."""
+    import torch
+
+    from ..bijectors.internal import same_chirality
+    from ..targets.alanine import ALANINE_CHIRAL_CENTRES, backbone_dihedrals
+
+    phi, _ = backbone_dihedrals(run.x)
+    reference = run.flow.bijector[0].reference
+    mirror = ~same_chirality(run.x.double(), reference.double(), ALANINE_CHIRAL_CENTRES)
+    w = torch.softmax(run.log_w, 0)
+    return {
+        "flow": "internal-coordinate splines",
+        "temperature": args.temperature,
+        "solvent": args.solvent,
+        "md_ns": args.md_ns,
+        "p_phi_positive_raw": float((phi > 0).double().mean()),
+        "p_phi_positive_reweighted": float((w * (phi > 0).double()).sum()),
+        "mirror_fraction": float(mirror.double().mean()),
+    }
+
+
+# --- plots
+
+
+def _density_plots(run: Evaluation, out: Path) -> None:
+    """For a 2-D target: the flow density with its samples (`density.png`) and the target density (`target.png`)."""
+    import numpy as np
+    import torch
+    from matplotlib.figure import Figure
+
+    from .. import plot
+
+    x, target = run.x, run.target
+    if tuple(target.event_shape) != (2,):  # many-well in more dimensions: no plot
+        return
+    shown = x[:2000]
+    bounds = [(float(shown[:, i].min()) - 0.5, float(shown[:, i].max()) + 0.5) for i in range(2)]
+    plot.density(run.flow, shown, bounds=bounds, title="flow density and samples").savefig(out / "density.png", dpi=100)
+    xs, ys = (np.linspace(lo, hi, 200) for lo, hi in bounds)
+    grid = torch.as_tensor(np.stack(np.meshgrid(xs, ys, indexing="xy"), -1).reshape(-1, 2), dtype=x.dtype)
+    u = target.energy(grid).double().numpy().reshape(200, 200)
+    fig = Figure(figsize=(5, 4.4), layout="constrained")
+    ax = fig.add_subplot()
+    mesh = ax.pcolormesh(xs, ys, np.exp(-(u - u.min())), shading="auto", cmap="viridis")
+    fig.colorbar(mesh, ax=ax, label="exp(-u(x)) (unnormalised)")
+    ax.set(xlabel="$x_1$", ylabel="$x_2$", title="target density")
+    ax.set_aspect("equal")
+    fig.savefig(out / "target.png", dpi=100)
+
+
+def _lattice_plots(run: Evaluation, out: Path) -> None:
+    """Sample configurations, the magnetisation histogram and the autocorrelation of |M| (IMH, and HMC if run)."""
+    from .. import plot
+
+    plot.lattice_configurations(run.x, n=4, title="flow samples").savefig(out / "configurations.png", dpi=100)
+    chains = {"flow (IMH chain)": run.chain}
+    if run.reference is not None:
+        chains["HMC"] = run.reference
+    plot.magnetization_histogram(chains).savefig(out / "magnetization.png", dpi=100)
+    series = {name: c.double().mean((-1, -2)).abs() for name, c in chains.items()}
+    plot.autocorrelation(series, title="autocorrelation of |M|").savefig(out / "autocorrelation.png", dpi=100)
+
+
+def _ramachandran_plot(run: Evaluation, out: Path) -> None:
+    """The Ramachandran plot of the reweighted flow samples."""
+    from .. import plot
+    from ..targets.alanine import backbone_dihedrals
+
+    phi, psi = backbone_dihedrals(run.x)
+    plot.ramachandran(phi, psi, run.log_w, titles=("flow (reweighted)",)).savefig(out / "ramachandran.png", dpi=100)
+
+
+def _orientation_plot(run: Evaluation, out: Path) -> None:
+    """The orientation of the first body: flow samples raw and reweighted (and target samples when exact)."""
+    from .. import plot
+
+    q = run.x[:, :4]
+    sets = {"flow": q, "flow (reweighted)": q}
+    if run.target.has_samples:
+        sets["target"] = run.target.sample(len(q))[:, :4]
+    plot.orientations(sets, {"flow (reweighted)": run.log_w}).savefig(out / "orientations.png", dpi=100)
+
+
+_DENSITY_FILES = ("density.png", "target.png")
+
+TARGET_SPECS: dict[str, TargetSpec] = {
+    "double-well": TargetSpec(_double_well, _flow_by_name, plots=_density_plots, plot_files=_DENSITY_FILES),
+    "many-well": TargetSpec(_many_well, _flow_by_name, plots=_density_plots, plot_files=_DENSITY_FILES),
+    "gmm": TargetSpec(_gmm, _flow_by_name, plots=_density_plots, plot_files=_DENSITY_FILES, metrics=_modes_covered),
+    "phi4": TargetSpec(
+        _phi4,
+        _flow_by_name,
+        plots=_lattice_plots,
+        plot_files=("configurations.png", "magnetization.png", "autocorrelation.png"),
+        metrics=_lattice_observables,
+    ),
+    "alanine-dipeptide": TargetSpec(
+        _alanine_dipeptide,
+        _internal_coordinate_flow,
+        plots=_ramachandran_plot,
+        plot_files=("ramachandran.png",),
+        samples=_md_samples,
+        metrics=_alanine_metrics,
+    ),
+    "matrix-fisher": TargetSpec(
+        _matrix_fisher, _rigid_flow, plots=_orientation_plot, plot_files=("orientations.png",), samples=_rigid_samples
+    ),
+    "octupole": TargetSpec(
+        _octupole, _rigid_flow, plots=_orientation_plot, plot_files=("orientations.png",), samples=_rigid_samples
+    ),
+    "dipoles": TargetSpec(
+        _dipoles, _rigid_flow, plots=_orientation_plot, plot_files=("orientations.png",), samples=_rigid_samples
+    ),
+}
+"""`TARGET` name -> [`TargetSpec`][flowkit.cli.targets.TargetSpec], in the order of `flowkit boltzmann --help`."""
