@@ -186,6 +186,10 @@ def train_boltzmann(args: argparse.Namespace) -> dict[str, Any]:
     spec = TARGET_SPECS[args.target]
     target = spec.build_target(args)
     samples = spec.samples(args, target)
+    held_out = None
+    if samples is not None and spec.validation > 0:  # the last frames: the least correlated with the training ones
+        n_val = max(1, int(spec.validation * samples.shape[0]))
+        samples, held_out = samples[:-n_val], samples[-n_val:]
     flow = spec.build_flow(args, target, samples)
     objective = BoltzmannGenerator(target, samples=samples, w_ml=args.w_ml, w_kl=args.w_kl, estimator=args.estimator)
     out = Path(args.out or Path("runs") / f"boltzmann-{args.target}")
@@ -201,6 +205,7 @@ def train_boltzmann(args: argparse.Namespace) -> dict[str, Any]:
         clip=None if args.clip is None else (args.clip or math.inf),  # None: the objective's default_clip
         progress=not args.no_progress,
         seed=args.seed,
+        val_data=held_out,
     )
     seconds = time.perf_counter() - start
     flow.eval()
@@ -222,6 +227,15 @@ def train_boltzmann(args: argparse.Namespace) -> dict[str, Any]:
         "log_Z_exact": target.log_Z,
         "log_Z_abs_error": None if target.log_Z is None else abs(log_Z - target.log_Z),
         "imh_acceptance": acceptance,
+        **(
+            {}
+            if held_out is None
+            else {
+                "validation_samples": held_out.shape[0],
+                "best_step": history.best_step,
+                "best_val_nll": history.best_val_loss,
+            }
+        ),
         "eval_samples": args.eval_samples,
         "ml_samples": args.samples,
         "seed": args.seed,

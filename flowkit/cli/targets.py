@@ -74,6 +74,9 @@ class TargetSpec:
             exact samples, refused when the target cannot draw them).
         metrics: `(args, evaluation) -> dict`, entries added to (or replacing) the common ones in metrics.json
             (default: none).
+        validation: the fraction of the ML samples held out, from their end (MD frames are a time series: the
+            last ones are the least correlated with the training ones), to pick the best weights by their
+            negative log-likelihood (0: none held out, the last weights kept).
     """
 
     build_target: Callable[[argparse.Namespace], Any]
@@ -82,6 +85,7 @@ class TargetSpec:
     plot_files: tuple[str, ...]
     samples: Callable[[argparse.Namespace, Any], Any] = _exact_samples
     metrics: Callable[[argparse.Namespace, Evaluation], dict[str, Any]] = _no_metrics
+    validation: float = 0.0
 
 
 # --- targets
@@ -401,6 +405,7 @@ TARGET_SPECS: dict[str, TargetSpec] = {
         plot_files=("ramachandran.png",),
         samples=_md_samples,
         metrics=_alanine_metrics,
+        validation=0.1,
     ),
     "matrix-fisher": TargetSpec(
         _matrix_fisher, _rigid_flow, plots=_orientation_plot, plot_files=("orientations.png",), samples=_rigid_samples

@@ -150,6 +150,16 @@ class BoltzmannGenerator(Objective):
                 total = total + self.w_force * force_loss
         return total
 
+    def validation_loss(self, flow: FlowModel, batch: Tensor) -> Tensor:
+        """The held-out negative log-likelihood of a batch of target samples (MD frames kept out of training, say).
+
+        Given as `fit(..., val_data=held_out_samples)`, it is what `fit` picks the best weights by: the reverse KL
+        of a fresh batch is too noisy to select on, and the held-out NLL is the ML term's own measure of fit.
+        """
+        x = batch[0] if isinstance(batch, (tuple, list)) else batch
+        with torch.no_grad():
+            return -flow.path_log_likelihood(x).mean()
+
     def metrics(self) -> dict[str, float]:
         out = {name: float(self._last[name]) for name in ("kl", "nll", "force_loss") if name in self._last}
         out.update(_weight_metrics(self._last.get("log_w")))
