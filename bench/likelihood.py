@@ -12,8 +12,9 @@ statsmodels (`diabetes`, `wine`, `breast_cancer`, `star98`, `macrodata`): a few
 hundred points of 10 to 30 features, split 60/20/20 by a fixed seed; columns with
 fewer than 20 distinct values are dequantised by uniform noise of one spacing.
 `flowkit-nsf-near` is flowkit's NSF with `near_identity=True` (a start near, not
-at, the identity) and `flowkit-nsf-coupling-old` its coupling NSF with the random
-permutations it had before issue 33, to measure what these options change.
+at, the identity), `flowkit-nsf-coupling-alternate` its coupling NSF with
+`permutations="alternate"` and `flowkit-nsf-coupling-near` that one with
+`near_identity=True`, to measure what these options change.
 """
 
 from __future__ import annotations
@@ -88,7 +89,10 @@ SMALL_SETS = ("diabetes", "wine", "breast_cancer", "star98", "macrodata")
 MODELS = {
     **bench.MODELS,
     "flowkit-nsf-near": partial(_nsf_variant, {"near_identity": True}),
-    "flowkit-nsf-coupling-old": partial(_nsf_variant, {"coupling": True, "permutations": "random"}),
+    "flowkit-nsf-coupling-alternate": partial(_nsf_variant, {"coupling": True, "permutations": "alternate"}),
+    "flowkit-nsf-coupling-near": partial(
+        _nsf_variant, {"coupling": True, "permutations": "alternate", "near_identity": True}
+    ),
     **{name: partial(peers.build_peer, name) for name in peers.PEERS},
 }
 #: Models run by default: flowkit's autoregressive NSF and its two peers.
