@@ -86,6 +86,7 @@ def check_number(
     low: float | None = None,
     high: float | None = None,
     below: float | None = None,
+    rule: str | None = None,
 ) -> float:
     """Check a constructor's number and return it as a Python `float` (an `int` when `integer`).
 
@@ -100,31 +101,33 @@ def check_number(
         low: require `value >= low`.
         high: require `value <= high`.
         below: require `value < below`.
+        rule: what the value must be, in words, for the error (default: the range's own words,
+            e.g. "a positive integer", "a number in (0, 1]").
 
     Raises:
         ValueError: naming `where`, `name`, the range and the value.
     """
-    rule = f"{where}: {name} must be {_rule(integer, low, high, positive, below)}, got {value!r}"
+    message = f"{where}: {name} must be {rule or _rule(integer, low, high, positive, below)}, got {value!r}"
     if isinstance(value, bool):
-        raise ValueError(rule)
+        raise ValueError(message)
     if integer:
         try:
             number: float = operator.index(value)  # type: ignore[arg-type]
         except TypeError:
-            raise ValueError(rule) from None
+            raise ValueError(message) from None
     elif isinstance(value, numbers.Real) or (isinstance(value, Tensor) and value.numel() == 1):
         number = float(value)  # type: ignore[arg-type]
         if not math.isfinite(number):
-            raise ValueError(rule)
+            raise ValueError(message)
     else:
-        raise ValueError(rule)
+        raise ValueError(message)
     if (
         (positive and not number > 0)
         or (low is not None and number < low)
         or (high is not None and number > high)
         or (below is not None and not number < below)
     ):
-        raise ValueError(rule)
+        raise ValueError(message)
     return number
 
 

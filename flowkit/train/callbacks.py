@@ -6,8 +6,10 @@ is a list of [`Callback`][flowkit.train.Callback]s, each with one concern:
 [`Validation`][flowkit.train.callbacks.Validation] (validation loss, early
 stopping, restoring the best weights), [`Progress`][flowkit.train.callbacks.Progress]
 (the tqdm bar), [`Checkpoint`][flowkit.train.callbacks.Checkpoint] (exact resume)
-and [`SaveModel`][flowkit.train.callbacks.SaveModel] (the final model). `fit`
-builds them from its arguments and runs the user's `callbacks=` after them.
+and [`SaveModel`][flowkit.train.callbacks.SaveModel] (the final model); without
+`standardize=True`, a first one warns when most data points lie outside the
+splines' bound. `fit` builds them from its arguments and runs the user's
+`callbacks=` after them.
 
 Hooks are called in list order, with the [`TrainState`][flowkit.train.state.TrainState]:
 
@@ -38,12 +40,15 @@ from .batches import split_batch
 from .checkpoint import save_state
 from .distributed import DistributedContext
 from .objective import Objective
-from .state import TrainState, rng_state
+from .state import TrainState, rng_state, warn
 
 __all__ = ["Callback", "EMA", "Validation", "Progress", "Checkpoint", "SaveModel", "CallbackList", "CHECKPOINT_FILE"]
 
 #: Name of the checkpoint file that [`fit`][flowkit.train.fit] writes in `checkpoint_dir`.
 CHECKPOINT_FILE = "checkpoint.safetensors"
+
+#: Above this fraction of data points outside the splines' bound, `fit` warns (without `standardize=True`).
+_OUTSIDE_BOUND_WARNING = 0.5
 
 
 class Callback:
@@ -96,6 +101,44 @@ class CallbackList:
 
     def on_end(self, state: TrainState) -> None:
         self._call("on_end", state)
+
+
+class _BoundWarning(Callback):
+    """Warn at the start when most data points lie outside the splines' bound (where the splines are the identity).
+
+    `fit` puts it first without `standardize=True`. Nothing is checked for a flow without
+    splines, for data that is not a tensor, and for a flow whose first bijector scales the
+    data itself (a `Standardization`, or COMET's fitted marginal CDFs, `MarginalTailCDF`).
+
+    Arguments:
+        flow: the model.
+        x: the training points (None when the data is not a tensor or a pair `(x, context)`).
+    """
+
+    def __init__(self, flow: nn.Module, x: Tensor | None) -> None:
+        self.flow, self.x = flow, x
+
+    def on_start(self, state: TrainState) -> None:
+        from ..bijectors import Chain, MarginalTailCDF, Standardization
+
+        bijector = getattr(self.flow, "bijector", None)
+        first = bijector[0] if isinstance(bijector, Chain) else bijector
+        x, bound = self.x, _spline_bound(self.flow)
+        scaled = isinstance(first, (Standardization, MarginalTailCDF))  # COMET's marginal CDFs scale the data too
+        if x is None or bound is None or scaled or x.dim() < 2 or len(x) == 0:
+            return
+        outside = float((x[:10_000].detach().flatten(1).abs() > bound).any(1).double().mean())  # a sample suffices
+        if outside > _OUTSIDE_BOUND_WARNING:
+            warn(
+                f"fit: {100 * outside:.0f}% of the data points lie outside the splines' bound [-{bound:g}, {bound:g}], "
+                "where the splines are the identity; pass standardize=True (or flowkit.data.standardize(flow, x))"
+            )
+
+
+def _spline_bound(flow: nn.Module) -> float | None:
+    """The largest `bound` of the flow's spline transformers, None when it has none."""
+    bounds = [float(m.bound) for m in flow.modules() if isinstance(getattr(m, "bound", None), (int, float))]
+    return max(bounds) if bounds else None
 
 
 class EMA(Callback):

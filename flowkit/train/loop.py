@@ -11,8 +11,10 @@ The loop has three parts, after FlowJAX's `fit_to_data`:
 (loss, backward, clipping, the guard that skips a step with a non-finite loss
 or gradient, the optimiser step); a [`TrainState`][flowkit.train.state.TrainState]
 holds the counters, the history and the RNG bookkeeping of exact resume; and
-[callbacks][flowkit.train.callbacks] do everything around the step: EMA,
-validation and early stopping, progress, checkpoints and saving the model.
+[callbacks][flowkit.train.callbacks] do everything around the step: the warning
+about data outside the splines' bound, EMA, validation and early stopping,
+progress, checkpoints and saving the model. The torch thread count of a run is
+decided in one place, with [`default_threads`][flowkit.train.default_threads].
 Data-parallel training under `torchrun` is in [`distributed`][flowkit.train.distributed].
 """
 
@@ -22,6 +24,7 @@ import contextlib
 import contextvars
 import math
 import os
+import re
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -32,9 +35,20 @@ import torch
 from torch import Tensor, nn
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler, ReduceLROnPlateau
 
+from .._validation import check_number
 from ..utils import _sum_auxiliary_losses, auxiliary_loss_modules
 from .batches import LatentBatches, make_batches
-from .callbacks import CHECKPOINT_FILE, EMA, Callback, CallbackList, Checkpoint, Progress, SaveModel, Validation
+from .callbacks import (
+    CHECKPOINT_FILE,
+    EMA,
+    Callback,
+    CallbackList,
+    Checkpoint,
+    Progress,
+    SaveModel,
+    Validation,
+    _BoundWarning,
+)
 from .checkpoint import load_checkpoint
 from .distributed import DistributedContext, setup_distributed
 from .objective import Objective, as_objective, objective_name
@@ -44,28 +58,8 @@ __all__ = ["fit", "train_step", "default_threads"]  # History and CHECKPOINT_FIL
 
 _MAX_WARNINGS = 10
 
-#: Events of at most this many numbers train on one CPU thread by default (see `default_threads`).
-SINGLE_THREAD_FEATURES = 16
-
-#: torch's thread count when flowkit was imported: `fit` keeps a count the user has set since.
-_THREADS_AT_IMPORT = torch.get_num_threads()
-
-#: A thread count chosen by the user for the calls of `fit` inside `chosen_threads` (the `--threads` option).
-_CHOSEN_THREADS: contextvars.ContextVar[int | None] = contextvars.ContextVar("flowkit_threads", default=None)
-
-
-@contextlib.contextmanager
-def chosen_threads(threads: int | None) -> Iterator[None]:
-    """Inside the block, `fit(threads=None)` uses `threads` (a user's choice, e.g. `--threads`) over its default."""
-    token = _CHOSEN_THREADS.set(threads)
-    try:
-        yield
-    finally:
-        _CHOSEN_THREADS.reset(token)
-
-
-#: Above this fraction of data points outside the splines' bound, `fit` warns (without `standardize=True`).
-_OUTSIDE_BOUND_WARNING = 0.5
+#: torch's warning when a schedule steps before its optimiser has (a regular expression: the parentheses escaped).
+_SCHEDULE_BEFORE_STEP = re.escape("Detected call of `lr_scheduler.step()` before `optimizer.step()`")
 
 _OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
     "adam": torch.optim.Adam,
@@ -148,10 +142,22 @@ def _global_norm(grads: list[Tensor]) -> Tensor:
     """The 2-norm of all gradients together: one fused norm per tensor, then the norm of those norms."""
     if not grads:
         return torch.zeros(())
-    first = grads[0]
-    if any(g.device != first.device or g.dtype != first.dtype or g.is_sparse for g in grads):
+    device, dtype = grads[0].device, grads[0].dtype
+    if any(g.device != device or g.dtype != dtype or g.is_sparse for g in grads):
         return torch.nn.utils.get_total_norm(grads)  # mixed devices or dtypes: torch groups them
     return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+
+
+# ---------------------------------------------------------------- torch's CPU threads during a run
+
+#: Events of at most this many numbers train on one CPU thread by default (see `default_threads`).
+SINGLE_THREAD_FEATURES = 16
+
+#: torch's thread count when flowkit was imported: `fit` keeps a count the user has set since.
+_THREADS_AT_IMPORT = torch.get_num_threads()
+
+#: A thread count chosen by the user for the calls of `fit` inside `chosen_threads` (the `--threads` option).
+_CHOSEN_THREADS: contextvars.ContextVar[int | None] = contextvars.ContextVar("flowkit_threads", default=None)
 
 
 def default_threads(features: int) -> int | None:
@@ -167,15 +173,45 @@ def default_threads(features: int) -> int | None:
     return 1 if features <= SINGLE_THREAD_FEATURES else None
 
 
+@contextlib.contextmanager
+def chosen_threads(threads: int | None) -> Iterator[None]:
+    """Inside the block, `fit(threads=None)` uses `threads` (a user's choice, e.g. `--threads`) over its default."""
+    token = _CHOSEN_THREADS.set(threads)
+    try:
+        yield
+    finally:
+        _CHOSEN_THREADS.reset(token)
+
+
+@contextlib.contextmanager
+def _run_threads(flow: nn.Module, threads: int | None) -> Iterator[None]:
+    """The torch CPU threads of a run of `fit`; the previous count is restored on exit.
+
+    `threads` if given, else the count of an enclosing `chosen_threads`, else (on CPU, unless
+    `torch.set_num_threads` has changed the count since flowkit was imported: that count is kept)
+    `default_threads` of the flow's event size.
+    """
+    chosen = torch.get_num_threads() != _THREADS_AT_IMPORT  # torch.set_num_threads was called: keep it
+    if threads is None:
+        threads = _CHOSEN_THREADS.get()
+    if threads is None and not chosen and not any(p.is_cuda for p in flow.parameters()):
+        threads = default_threads(_event_features(flow) or 0)
+    previous = torch.get_num_threads()
+    if threads is not None and threads != previous:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != previous:
+            torch.set_num_threads(previous)
+
+
 def _event_features(flow: nn.Module) -> int | None:
     shape = getattr(flow, "event_shape", None)
     return math.prod(shape) if shape is not None else None
 
 
-def _spline_bound(flow: nn.Module) -> float | None:
-    """The largest `bound` of the flow's spline transformers, None when it has none."""
-    bounds = [float(m.bound) for m in flow.modules() if isinstance(getattr(m, "bound", None), (int, float))]
-    return max(bounds) if bounds else None
+# ---------------------------------------------------------------- setting up a run
 
 
 def _data_tensor(data: Any) -> Tensor | None:
@@ -205,24 +241,6 @@ def _standardize(flow: nn.Module, data: Any, robust: bool = False) -> None:
     flow.bijector = standardize(flow, x, robust=robust).bijector  # Chain(Standardization, the old bijector)
     # The model is saved as what it now is: a Flow of the chain over the same base.
     object.__setattr__(flow, "_flowkit_config", (Flow, {"bijector": flow.bijector, "base": flow.base}))
-
-
-def _warn_if_outside_bound(flow: nn.Module, data: Any) -> None:
-    """Warn when most data points lie outside the splines' bound (where the splines are the identity)."""
-    from ..bijectors import Chain, MarginalTailCDF, Standardization
-
-    bijector = getattr(flow, "bijector", None)
-    first = bijector[0] if isinstance(bijector, Chain) else bijector
-    x, bound = _data_tensor(data), _spline_bound(flow)
-    scaled = isinstance(first, (Standardization, MarginalTailCDF))  # COMET's fitted marginal CDFs scale the data too
-    if x is None or bound is None or scaled or x.dim() < 2 or len(x) == 0:
-        return
-    outside = float((x[:10_000].detach().flatten(1).abs() > bound).any(1).double().mean())  # a sample suffices
-    if outside > _OUTSIDE_BOUND_WARNING:
-        warn(
-            f"fit: {100 * outside:.0f}% of the data points lie outside the splines' bound [-{bound:g}, {bound:g}], "
-            "where the splines are the identity; pass standardize=True (or flowkit.data.standardize(flow, x))"
-        )
 
 
 def _make_optimizer(optimizer: Any, params: list[nn.Parameter], lr: float) -> torch.optim.Optimizer:
@@ -273,17 +291,6 @@ def _make_schedule(schedule: Any, optimizer: torch.optim.Optimizer, total: int |
     raise ValueError(f"fit: schedule must be 'cosine', 'step', None or a factory(optimizer); got {schedule!r}")
 
 
-def _check_positive_int(value: Any, name: str, allow_none: bool = True) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"fit: {name} must be a positive integer, got {value!r}")
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 @dataclass
 class _Arguments:
     """The arguments of [`fit`][flowkit.train.fit], checked (and completed: `epochs`, `restore_best`)."""
@@ -319,21 +326,22 @@ class _Arguments:
         self.objective = as_objective(self.objective, "fit")
         self.clip = self.objective.default_clip if self.clip is None else self.clip
         for name in ("steps", "epochs", "batch_size", "patience", "val_every", "checkpoint_every", "threads"):
-            _check_positive_int(getattr(self, name), name, allow_none=name not in ("batch_size", "checkpoint_every"))
+            value = getattr(self, name)
+            if value is not None or name in ("batch_size", "checkpoint_every"):
+                setattr(self, name, int(check_number(value, name, where="fit", integer=True, low=1)))
         if self.steps is not None and self.epochs is not None:
             raise ValueError("fit: give steps= or epochs=, not both")
-        if not (_is_number(self.lr) and self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError(f"fit: lr must be a positive number, got {self.lr!r}")
-        if self.clip is not None and not (_is_number(self.clip) and self.clip > 0):
-            raise ValueError(
-                f"fit: clip must be a positive number (the maximum gradient norm) or None, got {self.clip!r}"
-            )
-        if self.seed is not None and not (
-            _is_number(self.seed) and isinstance(self.seed, int) and abs(self.seed) < 2**62
-        ):
-            raise ValueError(f"fit: seed must be an integer (or None), got {self.seed!r}")
-        if self.ema is not None and not (_is_number(self.ema) and 0 < self.ema < 1):
-            raise ValueError(f"fit: ema must be a decay between 0 and 1 (exclusive) or None, got {self.ema!r}")
+        self.lr = check_number(self.lr, "lr", where="fit", positive=True, rule="a positive number")
+        if self.clip is not None and not (isinstance(self.clip, float) and self.clip == math.inf):  # inf: no clipping
+            rule = "a positive number (the maximum gradient norm) or None"
+            self.clip = check_number(self.clip, "clip", where="fit", positive=True, rule=rule)
+        if self.seed is not None:
+            limit = 2**62 - 1
+            self.seed = int(check_number(self.seed, "seed", where="fit", integer=True, low=-limit, high=limit,
+                                         rule="an integer (or None)"))  # fmt: skip
+        if self.ema is not None:
+            rule = "a decay between 0 and 1 (exclusive) or None"
+            self.ema = check_number(self.ema, "ema", where="fit", positive=True, below=1, rule=rule)
         bad = [type(c).__name__ for c in self.callbacks if not isinstance(c, Callback)]
         if bad:
             raise ValueError(f"fit: callbacks must be flowkit.train.Callback instances, got {bad}")
@@ -385,9 +393,12 @@ class _Run:
         """One step, then the schedule; after the run's first step, rank 0's weights on every rank."""
         outcome = train_step(self.model, self.args.objective, self.optimizer, batch, clip=self.args.clip, ctx=self.ctx)
         if self.scheduler is not None and not isinstance(self.scheduler, ReduceLROnPlateau):
-            with warnings.catch_warnings():  # a skipped first step calls the schedule before the optimiser
-                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
+            if outcome.skipped is None:  # the optimiser stepped: torch has nothing to warn about
                 self.scheduler.step()
+            else:
+                with warnings.catch_warnings():  # a skipped first step calls the schedule before the optimiser
+                    warnings.filterwarnings("ignore", message=_SCHEDULE_BEFORE_STEP)
+                    self.scheduler.step()
         if state.step == self.first_step and self.ctx.active:  # layers initialised from each rank's data
             self.ctx.broadcast_module(self.args.flow)
         return outcome
@@ -427,6 +438,7 @@ def _make_run(args: _Arguments, ctx: DistributedContext, data_seed: int) -> _Run
 def _make_callbacks(run: _Run) -> tuple[CallbackList, Progress, Checkpoint | None]:
     """The built-in callbacks, in the order their hooks must run, then the user's."""
     args, ctx, flow = run.args, run.ctx, run.args.flow
+    bound = None if args.standardize else _BoundWarning(flow, _data_tensor(args.data))
     ema = EMA(flow, args.ema) if args.ema is not None else None
     validation = None
     if run.val_source is not None:
@@ -439,7 +451,8 @@ def _make_callbacks(run: _Run) -> tuple[CallbackList, Progress, Checkpoint | Non
         checkpoint = Checkpoint(args.checkpoint_dir, args.checkpoint_every, ctx, flow, run.optimizer, run.scheduler,
                                 validation, ema)  # fmt: skip
         save = SaveModel(flow, args.checkpoint_dir, ctx)
-    return CallbackList([ema, validation, progress, checkpoint, save, *args.callbacks]), progress, checkpoint
+    hooks = CallbackList([bound, ema, validation, progress, checkpoint, save, *args.callbacks])
+    return hooks, progress, checkpoint
 
 
 def _progress_title(run: _Run) -> str:
@@ -613,19 +626,9 @@ def fit(
         (20, True)
     """
     args = _Arguments(**locals())  # locals(): the arguments above
-    chosen = torch.get_num_threads() != _THREADS_AT_IMPORT  # torch.set_num_threads was called: keep it
-    if args.threads is None:
-        args.threads = _CHOSEN_THREADS.get()
-    if args.threads is None and not chosen and not any(p.is_cuda for p in flow.parameters()):
-        args.threads = default_threads(_event_features(flow) or 0)
-    previous = torch.get_num_threads()
-    if args.threads is not None and args.threads != previous:
-        torch.set_num_threads(args.threads)
-    try:
+    with _run_threads(flow, args.threads):
         if args.standardize:
             _standardize(flow, data, robust=args.standardize == "robust")
-        else:
-            _warn_if_outside_bound(flow, data)
         run, state, hooks, bar = _prepare(args)
         try:
             _train(run, state, hooks)
@@ -633,7 +636,4 @@ def fit(
             bar.close()
         hooks.on_end(state)
         run.ctx.barrier()
-    finally:
-        if torch.get_num_threads() != previous:
-            torch.set_num_threads(previous)
     return state.history

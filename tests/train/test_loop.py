@@ -536,6 +536,27 @@ def test_a_seed_that_is_not_an_integer_is_refused(seed):
         fit(small_flow(), MaximumLikelihood(), X, steps=1, seed=seed, progress=False)
 
 
+def test_numbers_are_checked_by_check_number():
+    # NumPy numbers pass as Python ones do (check_number's rule); an infinite clip turns clipping off
+    numbers = dict(steps=np.int64(3), batch_size=np.int64(32), lr=np.float32(1e-3), seed=np.int64(0))
+    history = fit(small_flow(), MaximumLikelihood(), X, **numbers, ema=np.float64(0.9), clip=math.inf, progress=False)
+    assert history.steps_run == 3
+    with pytest.raises(ValueError, match=r"fit: clip must be a positive number \(the maximum gradient norm\)"):
+        fit(small_flow(), MaximumLikelihood(), X, steps=1, clip=-math.inf, progress=False)
+    with pytest.raises(ValueError, match=r"fit: lr must be a positive number, got nan"):
+        fit(small_flow(), MaximumLikelihood(), X, steps=1, lr=math.nan, progress=False)
+
+
+def test_a_schedule_after_a_skipped_first_step_does_not_warn():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history = fit(small_flow(), _FlakyObjective({1}, "loss"), torch.randn(64, 2), steps=4, batch_size=16,
+                      schedule="step", progress=False)  # fmt: skip
+    assert history.skipped == [1]
+    assert history.lr == pytest.approx([1e-3, 1e-3, 1e-4, 1e-5])  # the schedule stepped after the skipped step too
+    assert not [w for w in caught if "lr_scheduler" in str(w.message)]
+
+
 def test_one_epoch_by_default():
     history = fit(small_flow(), MaximumLikelihood(), X, batch_size=30, progress=False)
     assert len(history) == 4  # ceil(100 / 30)
