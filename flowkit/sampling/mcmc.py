@@ -281,7 +281,7 @@ def _warn_divergences(where: str, diverged: int, trajectories: int, step_size: f
     """Say how many trajectories diverged (and were rejected), naming the step size."""
     if diverged:
         warnings.warn(
-            f"{where}: {diverged} of {trajectories} trajectories diverged (a non-finite position, energy or "
+            f"{where}: {diverged} of {trajectories} proposals diverged (a non-finite position, energy or "
             f"gradient) and were rejected; step_size={step_size:g} is too large for this target there",
             RuntimeWarning,
             stacklevel=3,
@@ -318,12 +318,15 @@ def mala(
     return _mala(potential(energy), _check_start(x0, "mala"), n_steps, step_size, generator)
 
 
-def _mala(pot: Potential, x: Tensor, n_steps: int, eps: float, generator: torch.Generator | None) -> Chains:
+def _mala(
+    pot: Potential, x: Tensor, n_steps: int, eps: float, generator: torch.Generator | None, where: str = "mala"
+) -> Chains:
     start = time.perf_counter()
     chains = x.shape[0]
     u, grad = pot(x)
     out = x.new_empty(n_steps, *x.shape)
     accepted = torch.zeros(chains, dtype=torch.float64, device=x.device)
+    divergences = 0
 
     def log_q(to: Tensor, frm: Tensor, grad_frm: Tensor) -> Tensor:
         return -_event_sum((to - frm + 0.5 * eps * eps * grad_frm).square()) / (2 * eps * eps)
@@ -331,7 +334,13 @@ def _mala(pot: Potential, x: Tensor, n_steps: int, eps: float, generator: torch.
     for t in range(n_steps):
         noise = torch.randn(x.shape, generator=generator, dtype=x.dtype, device=x.device)
         x_new = x - 0.5 * eps * eps * grad + eps * noise
+        # A proposal that leaves the finite numbers is never evaluated: it stays at x with infinite energy (rejected).
+        diverged = ~torch.isfinite(x_new).flatten(1).all(-1)
+        x_new = torch.where(_expand(diverged, x), x, x_new)
         u_new, grad_new = pot(x_new)
+        diverged |= ~(torch.isfinite(u_new) & torch.isfinite(grad_new).flatten(1).all(-1))
+        u_new = torch.where(diverged, torch.full_like(u_new, math.inf), u_new)
+        divergences += int(diverged.sum())
         log_ratio = (u - u_new) + log_q(x, x_new, grad_new) - log_q(x_new, x, grad)
         log_u = torch.rand(chains, generator=generator, dtype=torch.float64).log().to(x.device)
         accept = log_u < log_ratio.double()
@@ -340,6 +349,7 @@ def _mala(pot: Potential, x: Tensor, n_steps: int, eps: float, generator: torch.
         grad = torch.where(_expand(accept, x), grad_new, grad)
         accepted += accept
         out[t] = x
+    _warn_divergences(where, divergences, n_steps * chains, eps)
     return Chains(out, accepted / n_steps, time.perf_counter() - start)
 
 
@@ -429,7 +439,9 @@ def neutra_mala(
         [`Chains`][flowkit.sampling.Chains] with `samples = T(latent)`.
     """
     n, eps, _, _ = _checked_settings("neutra_mala", n_steps, step_size)
-    return _in_latent_space(flow, target, chains, z0, "neutra_mala", lambda u, z: _mala(u, z, n, eps, generator))
+    return _in_latent_space(
+        flow, target, chains, z0, "neutra_mala", lambda u, z: _mala(u, z, n, eps, generator, "neutra_mala")
+    )
 
 
 @torch.no_grad()

@@ -186,7 +186,7 @@ def test_hmc_rejects_diverging_trajectories_and_names_the_step_size():
     # Regression: a step size far too large sent positions to inf, and the target's input check blamed x.
     target = Phi4(4, -4.0, 8.0).double()
     x0 = 0.1 * torch.randn(4, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    with pytest.warns(RuntimeWarning, match=r"trajectories diverged .* step_size=50 is too large"):
+    with pytest.warns(RuntimeWarning, match=r"proposals diverged .* step_size=50 is too large"):
         run = sampling.hmc(target, x0, 5, step_size=50.0, n_leapfrog=20, generator=torch.Generator().manual_seed(1))
     assert torch.isfinite(run.samples).all()
     # Every diverged proposal was rejected: the chains that never accepted are still at their start.
@@ -196,3 +196,12 @@ def test_hmc_rejects_diverging_trajectories_and_names_the_step_size():
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         sampling.hmc(target, x0, 5, step_size=0.05, generator=torch.Generator().manual_seed(1))
+
+
+def test_mala_rejects_diverging_proposals_and_names_the_step_size():
+    target = Phi4(4, -4.0, 8.0).double()
+    x0 = 0.1 * torch.randn(4, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    with pytest.warns(RuntimeWarning, match=r"mala: .* proposals diverged .* step_size=1e\+100"):
+        run = sampling.mala(target, x0, 5, step_size=1e100, generator=torch.Generator().manual_seed(1))
+    assert torch.isfinite(run.samples).all() and (run.acceptance == 0).all()
+    assert torch.equal(run.samples[-1], x0)
