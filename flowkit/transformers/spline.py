@@ -38,7 +38,7 @@ which runs it on the fastest kernel that applies (a fused node with a hand-writt
 C++ on the CPU) and on the reference where only it can serve (`torch.compile`, `torch.func`, forward
 mode, higher derivatives); [`flowkit.kernels`][flowkit.kernels] states the rule. The transformers also
 return the derivative of their log-derivative in the input
-([`with_ladj_derivative`][flowkit.transformers.RationalQuadraticSpline.with_ladj_derivative]), which the
+(their `with_ladj_derivative(x, params, inverse=False)`), which the
 fast path-gradient rule of coupling layers uses.
 
 References:
@@ -145,7 +145,30 @@ def unconstrained_rqs(
     return _tails(x, clamped, out, ladj)
 
 
-class RationalQuadraticSpline(Transformer):
+class _Spline(Transformer):
+    """What the two splines share: the map, its inverse and the log-derivative's derivative, all from `_map`."""
+
+    def _map(self, x: Tensor, params: Tensor, inverse: bool, derivative: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+        raise NotImplementedError
+
+    def with_ladj_derivative(self, x: Tensor, params: Tensor, inverse: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+        """The map (or its inverse) at `x`, its log-derivative, and that one's derivative in `x` (without a graph).
+
+        Returns `(y, L, dL/dx)` with `L = log|dy/dx|` (the inverse's `log|dx/dy|` and its derivative in
+        `y` when `inverse`); the fast path-gradient rule of coupling layers carries a score through with it.
+        """
+        out, ladj, d = self._map(x, params, inverse, True)
+        assert d is not None
+        return out, ladj, d
+
+    def forward(self, x: Tensor, params: Tensor) -> tuple[Tensor, Tensor]:
+        return self._map(x, params, False, False)[:2]
+
+    def inverse(self, y: Tensor, params: Tensor) -> tuple[Tensor, Tensor]:
+        return self._map(y, params, True, False)[:2]
+
+
+class RationalQuadraticSpline(_Spline):
     """Monotone rational-quadratic spline with `K` bins on `[-B, B]` and linear tails.
 
     Parameters per element: `3K - 1`, laid out as `K` width logits, `K`
@@ -197,22 +220,6 @@ class RationalQuadraticSpline(Transformer):
         """The spline (or its inverse) with its log-derivative and, if asked, that one's derivative."""
         return rational_quadratic(x, params, self._layout, inverse, derivative)
 
-    def with_ladj_derivative(self, x: Tensor, params: Tensor, inverse: bool = False) -> tuple[Tensor, Tensor, Tensor]:
-        """The map (or its inverse) at `x`, its log-derivative, and that one's derivative in `x` (without a graph).
-
-        Returns `(y, L, dL/dx)` with `L = log|dy/dx|` (the inverse's `log|dx/dy|` and its derivative in
-        `y` when `inverse`); the fast path-gradient rule of coupling layers carries a score through with it.
-        """
-        out, ladj, d = self._map(x, params, inverse, True)
-        assert d is not None
-        return out, ladj, d
-
-    def forward(self, x: Tensor, params: Tensor) -> tuple[Tensor, Tensor]:
-        return self._map(x, params, False, False)[:2]
-
-    def inverse(self, y: Tensor, params: Tensor) -> tuple[Tensor, Tensor]:
-        return self._map(y, params, True, False)[:2]
-
     def identity_params(self) -> Tensor:
         params = torch.zeros(self.params_per_element)
         params[2 * self.bins :] = _identity_derivative(self.min_derivative)
@@ -222,7 +229,7 @@ class RationalQuadraticSpline(Transformer):
         return f"bins={self.bins}, bound={self.bound}"
 
 
-class CircularSpline(Transformer):
+class CircularSpline(_Spline):
     r"""Circle diffeomorphism on `[-pi, pi)`: a rational-quadratic spline followed by a rotation.
 
     The spline maps `[-pi, pi]` onto itself with equal derivatives at both
@@ -279,22 +286,6 @@ class CircularSpline(Transformer):
             return rational_quadratic(self._wrap(x - shift), params, self._layout, True, derivative)
         out, ladj, d = rational_quadratic(x, params, self._layout, False, derivative)
         return self._wrap(out + shift), ladj, d
-
-    def with_ladj_derivative(self, x: Tensor, params: Tensor, inverse: bool = False) -> tuple[Tensor, Tensor, Tensor]:
-        """The map (or its inverse) at `x`, its log-derivative, and that one's derivative in `x` (without a graph).
-
-        Returns `(y, L, dL/dx)` with `L = log|dy/dx|` (the inverse's `log|dx/dy|` and its derivative in
-        `y` when `inverse`); the fast path-gradient rule of coupling layers carries a score through with it.
-        """
-        out, ladj, d = self._map(x, params, inverse, True)
-        assert d is not None
-        return out, ladj, d
-
-    def forward(self, x: Tensor, params: Tensor) -> tuple[Tensor, Tensor]:
-        return self._map(x, params, False, False)[:2]
-
-    def inverse(self, y: Tensor, params: Tensor) -> tuple[Tensor, Tensor]:
-        return self._map(y, params, True, False)[:2]
 
     def identity_params(self) -> Tensor:
         params = torch.zeros(self.params_per_element)
