@@ -14,6 +14,7 @@ import numbers
 import operator
 import threading
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
@@ -226,3 +227,14 @@ def check_point(bijector: nn.Module, x: object, context: object, direction: str,
             )
     batch = x.shape[: x.dim() - len(shape)]
     check_context(context, bijector.context_features, batch, dtype=dtype, where=where)
+
+
+def file_in_the_way(directory: Path) -> str | None:
+    """How `directory`, meant to be a folder, is blocked by an existing file, as words for an error; None if not.
+
+    `"is"` when `directory` itself is a file, `"is inside F, which is"` when a folder above it is the file `F`.
+    """
+    existing = next((p for p in (directory, *directory.parents) if p.exists()), None)
+    if existing is None or existing.is_dir():
+        return None
+    return "is" if existing == directory else f"is inside {existing}, which is"

@@ -36,6 +36,7 @@ from torch.overrides import TorchFunctionMode
 
 from ._config import MAX_DEPTH, Configurable, get_config, json_depth, read_json, registry
 from ._legacy import migrate
+from ._validation import file_in_the_way
 
 __all__ = ["save", "load", "to_config", "from_config"]
 
@@ -326,9 +327,8 @@ def save(model: nn.Module, path: str | os.PathLike) -> Path:
     if not isinstance(model, Configurable):
         raise ValueError(f"save: {type(model).__name__} is not a flowkit model")
     directory = Path(path)
-    existing = next((p for p in (directory, *directory.parents) if p.exists()), None)
-    if existing is not None and not existing.is_dir():
-        where = "is" if existing == directory else f"is inside {existing}, which is"
+    where = file_in_the_way(directory)
+    if where is not None:
         raise ValueError(
             f"save: {directory} {where} an existing file; a model is saved as a directory "
             f"(new or existing) holding {CONFIG_FILE} and {WEIGHTS_FILE}: give a directory path"

@@ -240,13 +240,13 @@ def prepare_output(
     """
     import shutil
 
+    from .._validation import file_in_the_way
     from ..train.checkpoint import load_checkpoint
 
     if force and resume:
         raise ValueError("--force starts the run in --out again and --resume continues it; give one")
-    existing = next((p for p in (out, *out.parents) if p.exists()), None)
-    if existing is not None and not existing.is_dir():
-        where = "is" if existing == out else f"is inside {existing}, which is"
+    where = file_in_the_way(out)
+    if where is not None:
         raise ValueError(
             f"--out {out} {where} an existing file; --out names a directory (new or existing) for the run's "
             f"outputs ({', '.join(outputs[:2])}, ...)"
