@@ -49,9 +49,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--flow", default="nsf", help="nsf, nsf-coupling, realnvp or maf (default: nsf)")
     parser.add_argument(
         "--model",
-        choices=("glow", "eiw", "tail-adaptive", "mtaf", "mtaf-fix", "gtaf", "comet"),
         default=None,
-        help="a multiscale image flow instead of --flow, for digits-images, fashion-mnist or fashion-mnist-28 "
+        help="a flow preset by name (any --flow name, and the families registered in flowkit.flows.PRESETS); "
+        "or a multiscale image flow (glow, eiw) for digits-images, fashion-mnist or fashion-mnist-28 "
         "(--levels: default 2; --transforms: steps per level, default 4; --hidden: default 64,64); or a flow "
         "for heavy tails fitted to the training data: tail-adaptive (= mtaf), mtaf-fix, gtaf, comet "
         "(--transforms default 5, --hidden default 64,64, --bins; they scale the data themselves)",
@@ -142,7 +142,7 @@ def fit_dataset(args: argparse.Namespace) -> dict[str, Any]:
     from ..data import evaluate_nll, load, standardize, training_data
     from ..distributions import StudentT
     from ..flows import Flow
-    from ..flows.registry import DATA_PRESETS, build_flow, count_parameters, parse_hidden
+    from ..flows.registry import build_flow, count_parameters, parse_hidden
     from ..train import MaximumLikelihood, default_threads, fit
 
     for name in ("steps", "batch_size", "transforms", "bins", "patience", "threads"):
@@ -159,12 +159,13 @@ def fit_dataset(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.out or Path("runs") / Path(data.name).stem)
     resumed_from = prepare_output(out, force=args.force, resume=args.resume, steps=args.steps)
     torch.manual_seed(args.seed)
-    if getattr(args, "model", None) in DATA_PRESETS:
+    model = _model_kind(args.model)
+    if model == "tails":
         name, flow = args.model, _tail_flow(args, data, hidden)
-    elif getattr(args, "model", None):
+    elif model == "image":
         name, flow = args.model, _image_flow(args, data, hidden)
     else:
-        name = _preset_name(args.flow, args.coupling)
+        name = _preset_name(args.model or args.flow, args.coupling)
         flow = build_flow(name, data.features, transforms=args.transforms, hidden=hidden, bins=args.bins)
         if getattr(args, "base", "normal") == "student-t":
             flow = Flow(flow.bijector, StudentT(flow.event_shape, df=args.df, learn_df=True))
@@ -203,8 +204,8 @@ def fit_dataset(args: argparse.Namespace) -> dict[str, Any]:
         "best_step": history.best_step,
         "skipped_steps": len(history.skipped),
         "train_seconds": round(seconds, 2),
-        "standardized": not args.no_standardize and not getattr(args, "model", None),
-        "robust_standardized": args.robust_standardize and not getattr(args, "model", None),
+        "standardized": not args.no_standardize and model == "preset",
+        "robust_standardized": args.robust_standardize and model == "preset",
         "seed": args.seed,
     }
     if "columns" in data.info:
@@ -272,6 +273,20 @@ def prepare_output(
         path = out / name
         shutil.rmtree(path) if path.is_dir() else path.unlink()
     return None
+
+
+def _model_kind(model: str | None) -> str:
+    """What `--model` names: `"tails"`, `"image"`, or `"preset"` (none given, or a `build_flow` preset)."""
+    from ..flows.registry import DATA_PRESETS, IMAGE_PRESETS, PRESET_NAMES
+
+    if model is None or model in PRESET_NAMES:
+        return "preset"
+    if model in DATA_PRESETS:
+        return "tails"
+    if model in IMAGE_PRESETS:
+        return "image"
+    known = ", ".join((*PRESET_NAMES, *IMAGE_PRESETS, *DATA_PRESETS))
+    raise ValueError(f"unknown --model {model!r}; choose one of {known}")
 
 
 def _tail_flow(args: argparse.Namespace, data: Any, hidden: Any) -> Any:
