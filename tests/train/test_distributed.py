@@ -62,6 +62,7 @@ WORKER = COMMON + textwrap.dedent(
     save_file({k: v.contiguous() for k, v in flow.state_dict().items()}, os.path.join(out, f"rank{rank}.safetensors"))
     with open(os.path.join(out, f"history{rank}.json"), "w") as f:
         json.dump(history.to_dict(), f)
+    print(f"rank {rank}: first run written", flush=True)
 
     # ActNorm initialises from each rank's own batch; the loop must make the ranks agree afterwards
     from flowkit.bijectors import ActNorm, AffineCoupling, Chain
@@ -71,6 +72,17 @@ WORKER = COMMON + textwrap.dedent(
     fit(flow, MaximumLikelihood(), x, steps=2, batch_size=8, progress=False)
     weights = {k: v.contiguous() for k, v in flow.state_dict().items()}
     save_file(weights, os.path.join(out, f"actnorm{rank}.safetensors"))
+    print(f"rank {rank}: both runs written", flush=True)
+
+    # Leave the group here and skip the interpreter's teardown: gloo's worker threads can abort a process
+    # that finalises while they are still being torn down ("terminate called without an active exception",
+    # seen once in CI after both runs), which says nothing about fit. A failure before this line still fails.
+    import torch.distributed as dist
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
     """
 )
 
