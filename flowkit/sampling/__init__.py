@@ -6,7 +6,7 @@ builds on the first. `flowkit.mcmc`, the old home of the chains, is a deprecated
 `flowkit.sampling.mcmc`.
 """
 
-from .importance import ess, importance_sample, log_weights, log_Z, reweight
+from .importance import ess, importance_sample, log_weights, log_Z, resample, reweight
 from .mcmc import (
     Chains,
     Potential,
@@ -30,6 +30,7 @@ __all__ = [
     "ess",
     "log_Z",
     "reweight",
+    "resample",
     "imh",
     "metropolis",
     "Chains",

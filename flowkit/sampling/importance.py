@@ -31,6 +31,7 @@ __all__ = [
     "ess",
     "log_Z",
     "reweight",
+    "resample",
 ]
 
 
@@ -172,3 +173,42 @@ def reweight(observable: Tensor, log_w: Tensor) -> tuple[Tensor, Tensor]:
     # Indicators and counts (bool, integer) give float64 averages; floating observables keep their dtype.
     dtype = observable.dtype if observable.is_floating_point() else torch.float64
     return estimate.to(dtype), error.to(dtype)
+
+
+def resample(log_w: Tensor, n: int | None = None, *, generator: torch.Generator | None = None) -> Tensor:
+    r"""Systematic resampling: indices of `n` draws from the samples in proportion to their weights.
+
+    With normalised weights $\bar w_i$, cumulative sums $c_i = \sum_{j \le i} \bar w_j$ and one
+    uniform $u \sim U[0, 1)$, draw $k$ ($k = 0, \dots, n - 1$) is the first $i$ with
+    $c_i > (k + u)/n$. Each sample is then drawn $\lfloor n \bar w_i \rfloor$ or
+    $\lceil n \bar w_i \rceil$ times, $n \bar w_i$ on average: unbiased, with less variance than
+    multinomial resampling (Kitagawa 1996; Douc, Cappé & Moulines 2005). The draws are equally
+    weighted samples of the target, e.g. to write a trajectory of reweighted configurations.
+
+    Arguments:
+        log_w: log weights `(N,)` (`-inf` for a zero weight).
+        n: number of draws (default `N`).
+        generator: random generator of the offset $u$.
+
+    Returns:
+        Indices `(n,)` (int64) into the samples, in increasing order.
+
+    Raises:
+        ValueError: for bad weights (see [`ess`][flowkit.sampling.ess]) or a non-positive `n`.
+
+    References:
+        Kitagawa, *Monte Carlo filter and smoother for non-Gaussian nonlinear state space models*,
+        J. Comput. Graph. Stat. 5 (1996); Douc, Cappé & Moulines, *Comparison of resampling schemes for
+        particle filtering*, ISPA 2005 (arXiv:cs/0507025).
+    """
+    log_w = _check_log_w(log_w, "resample")
+    n = log_w.numel() if n is None else n
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"resample: n must be a positive integer, got {n!r}")
+    cumulative = torch.cumsum(torch.softmax(log_w, 0), 0)
+    u = torch.rand((), dtype=torch.float64, generator=generator)
+    points = (torch.arange(n, dtype=torch.float64) + u) / n
+    # cumulative[-1] is 1 up to rounding: the clamp keeps the last draws on the last positive weight
+    index = torch.searchsorted(cumulative, points, right=True)
+    last = int(torch.nonzero(log_w > -math.inf).max())
+    return index.clamp(max=last)

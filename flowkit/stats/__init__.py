@@ -1,9 +1,13 @@
-"""Statistics on samples, in numpy and scipy: tail-index estimators and tail metrics (`flowkit.stats.tails`).
+"""Statistics on samples, in numpy and scipy: tail metrics, free-energy profiles and blocked errors.
+
+Tail-index estimators and tail metrics are in `flowkit.stats.tails`; free-energy profiles of reweighted
+samples and blocked errors of time series in `flowkit.stats.profiles`.
 
 `flowkit.tails`, the old home of these functions, is a deprecated alias (its name clashed with
 `flowkit.bijectors.tails` and `flowkit.flows.tails`, the heavy-tailed layers and flows).
 """
 
+from .profiles import FreeEnergyProfile, blocked_mean, free_energy_profile
 from .tails import (
     MIN_POINTS,
     TailEstimate,
@@ -19,6 +23,9 @@ from .tails import (
 )
 
 __all__ = [
+    "FreeEnergyProfile",
+    "free_energy_profile",
+    "blocked_mean",
     "TailEstimate",
     "hill",
     "moments",
