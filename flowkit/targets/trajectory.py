@@ -1,0 +1,89 @@
+"""Configurations of a molecule as files a chemist opens: PDB and DCD, written with OpenMM's own writers.
+
+Flowkit's molecular configurations are flattened Cartesian positions in nm, `(n, 3 n_atoms)`
+(`(x_0, y_0, z_0, x_1, ...)`, the convention of [`OpenMMEnergy`][flowkit.targets.OpenMMEnergy]).
+[`write_pdb`][flowkit.targets.trajectory.write_pdb] writes a topology with one frame
+(`openmm.app.PDBFile`, coordinates in angstrom to 3 decimals), and
+[`write_dcd`][flowkit.targets.trajectory.write_dcd] a trajectory of frames (`openmm.app.DCDFile`, CHARMM
+format, little-endian float32 angstrom). The positions go to OpenMM as quantities in nm, and OpenMM
+converts them to angstrom, so both files read back in VMD, PyMOL, MDTraj (`mdtraj.load("x.dcd",
+top="x.pdb")`) or OpenMM (`PDBFile`). Reweighted samples of a Boltzmann generator become a trajectory of
+equally weighted configurations by resampling them first
+([`flowkit.sampling.resample`][flowkit.sampling.resample]).
+
+OpenMM is an optional dependency: `pip install 'flowkit[md]'`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import torch
+
+from .openmm import require_openmm
+
+__all__ = ["write_pdb", "write_dcd"]
+
+
+def _frames(positions: Any, topology: Any, where: str) -> np.ndarray:
+    """Positions `(n, 3 n_atoms)` or `(n, n_atoms, 3)` (or one frame) in nm as `(n, n_atoms, 3)` float64."""
+    if isinstance(positions, torch.Tensor):
+        positions = positions.detach().cpu().double().numpy()
+    x = np.asarray(positions, dtype=np.float64)
+    atoms = int(topology.getNumAtoms())
+    if x.ndim >= 1 and x.shape[-1] == 3 * atoms and x.ndim <= 2:
+        x = x.reshape(-1, atoms, 3)
+    elif x.ndim == 2 and x.shape == (atoms, 3):
+        x = x[None]
+    if x.ndim != 3 or x.shape[1:] != (atoms, 3) or x.shape[0] < 1:
+        raise ValueError(
+            f"{where}: positions must be (frames, {3 * atoms}) or (frames, {atoms}, 3) in nm for a topology "
+            f"of {atoms} atoms, got shape {np.shape(positions)}"
+        )
+    if not np.isfinite(x).all():
+        raise ValueError(f"{where}: positions contain {int((~np.isfinite(x)).sum())} non-finite value(s)")
+    return x
+
+
+def write_pdb(path: str | os.PathLike, topology: Any, positions: Any) -> None:
+    """Write a PDB file of the topology with one frame, with `openmm.app.PDBFile`.
+
+    Arguments:
+        path: the file to write.
+        topology: an `openmm.app.Topology` (e.g.
+            [`AlanineDipeptide.topology`][flowkit.targets.AlanineDipeptide]).
+        positions: one frame in nm, `(3 n_atoms,)` or `(n_atoms, 3)`; of several frames `(n, 3 n_atoms)`,
+            the first.
+
+    Raises:
+        ValueError: when OpenMM is missing, or the positions do not fit the topology or are not finite.
+    """
+    mm = require_openmm()
+    frame = _frames(positions, topology, "write_pdb")[0]
+    with open(path, "w") as file:
+        mm.app.PDBFile.writeFile(topology, mm.unit.Quantity(frame, mm.unit.nanometer), file)
+
+
+def write_dcd(path: str | os.PathLike, topology: Any, positions: Any, *, interval: float = 1.0) -> None:
+    """Write the frames as a DCD trajectory, with `openmm.app.DCDFile`.
+
+    Arguments:
+        path: the file to write.
+        topology: an `openmm.app.Topology` with the atoms of the frames (a periodic one gets its box
+            written with every frame).
+        positions: frames in nm, `(n, 3 n_atoms)` or `(n, n_atoms, 3)`.
+        interval: time between frames in ps, recorded in the header (samples of a flow have no time: 1 ps).
+
+    Raises:
+        ValueError: when OpenMM is missing, or the positions do not fit the topology or are not finite.
+    """
+    mm = require_openmm()
+    frames = _frames(positions, topology, "write_dcd")
+    if not interval > 0:
+        raise ValueError(f"write_dcd: interval must be positive, got {interval}")
+    with open(path, "wb") as file:
+        dcd = mm.app.DCDFile(file, topology, interval * mm.unit.picosecond)
+        for frame in frames:
+            dcd.writeModel(mm.unit.Quantity(frame, mm.unit.nanometer))

@@ -1,0 +1,94 @@
+"""PDB and DCD files of configurations, written with OpenMM's writers, read back to file precision."""
+
+import struct
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("openmm")
+
+import openmm.app  # noqa: E402
+import openmm.unit  # noqa: E402
+
+from flowkit.targets import AlanineDipeptide  # noqa: E402
+from flowkit.targets.trajectory import write_dcd, write_pdb  # noqa: E402
+
+
+def read_dcd(path):
+    """A minimal reader of the CHARMM DCD files OpenMM writes (little-endian, no box): `(frames, atoms, 3)` in A."""
+    data = path.read_bytes()
+    size, magic, frames = struct.unpack_from("<i4si", data, 0)
+    assert size == 84 and magic == b"CORD"
+    assert struct.unpack_from("<i", data, 88)[0] == 84  # end of the first record
+    offset = 92
+    (title_bytes,) = struct.unpack_from("<i", data, offset)
+    offset += 4 + title_bytes + 4
+    size, atoms, end = struct.unpack_from("<3i", data, offset)
+    assert size == end == 4
+    offset += 12
+    out = np.empty((frames, atoms, 3), dtype=np.float32)
+    for f in range(frames):
+        for axis in range(3):
+            (size,) = struct.unpack_from("<i", data, offset)
+            assert size == 4 * atoms
+            out[f, :, axis] = np.frombuffer(data, "<f4", atoms, offset + 4)
+            assert struct.unpack_from("<i", data, offset + 4 + size)[0] == size
+            offset += size + 8
+    assert offset == len(data)
+    return out
+
+
+@pytest.fixture(scope="module")
+def molecule():
+    target = AlanineDipeptide(1000.0)
+    gen = torch.Generator().manual_seed(0)
+    frames = target.positions + 0.03 * torch.randn(5, 66, dtype=torch.float64, generator=gen)
+    return target, frames
+
+
+def test_pdb_round_trip_through_openmm(molecule, tmp_path):
+    target, frames = molecule
+    write_pdb(tmp_path / "x.pdb", target.topology, frames)  # several frames: the first
+    pdb = openmm.app.PDBFile(str(tmp_path / "x.pdb"))
+    back = np.asarray(pdb.getPositions(asNumpy=True).value_in_unit(openmm.unit.nanometer))
+    # PDB keeps 3 decimals of angstrom: 5e-5 nm
+    np.testing.assert_allclose(back, frames[0].reshape(22, 3).numpy(), rtol=0, atol=5.01e-5)
+    assert [a.name for a in pdb.topology.atoms()] == [a.name for a in target.topology.atoms()]
+    assert [r.name for r in pdb.topology.residues()] == ["ACE", "ALA", "NME"]
+    # a single frame, (22, 3) or (66,), writes the same file
+    write_pdb(tmp_path / "y.pdb", target.topology, frames[0].reshape(22, 3))
+    lines = lambda p: [line for line in p.read_text().splitlines() if line.startswith(("ATOM", "HETATM"))]  # noqa: E731
+    assert lines(tmp_path / "y.pdb") == lines(tmp_path / "x.pdb")
+
+
+def test_dcd_round_trip(molecule, tmp_path):
+    target, frames = molecule
+    write_dcd(tmp_path / "x.dcd", target.topology, frames)
+    back = read_dcd(tmp_path / "x.dcd")  # angstrom, float32
+    assert back.shape == (5, 22, 3)
+    np.testing.assert_allclose(back / 10.0, frames.reshape(5, 22, 3).numpy(), rtol=1e-6, atol=1e-7)
+
+
+def test_dcd_reads_in_mdtraj(molecule, tmp_path):
+    mdtraj = pytest.importorskip("mdtraj")
+    target, frames = molecule
+    write_pdb(tmp_path / "x.pdb", target.topology, frames)
+    write_dcd(tmp_path / "x.dcd", target.topology, frames)
+    trajectory = mdtraj.load(str(tmp_path / "x.dcd"), top=str(tmp_path / "x.pdb"))
+    assert trajectory.n_frames == 5 and trajectory.n_atoms == 22
+    np.testing.assert_allclose(trajectory.xyz, frames.reshape(5, 22, 3).numpy(), rtol=1e-6, atol=1e-7)  # nm
+
+
+def test_writers_bad_input(molecule, tmp_path):
+    target, frames = molecule
+    with pytest.raises(ValueError, match="positions must be"):
+        write_dcd(tmp_path / "x.dcd", target.topology, frames[:, :63])
+    with pytest.raises(ValueError, match="positions must be"):
+        write_pdb(tmp_path / "x.pdb", target.topology, torch.zeros(0, 66))
+    bad = frames.clone()
+    bad[1, 4] = float("nan")
+    with pytest.raises(ValueError, match="non-finite"):
+        write_dcd(tmp_path / "x.dcd", target.topology, bad)
+    with pytest.raises(ValueError, match="interval"):
+        write_dcd(tmp_path / "x.dcd", target.topology, frames, interval=0.0)
