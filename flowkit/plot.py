@@ -29,6 +29,7 @@ __all__ = [
     "pairwise",
     "training_curves",
     "ramachandran",
+    "free_energy_profiles",
     "lattice_configurations",
     "magnetization_histogram",
     "autocorrelation",
@@ -370,7 +371,8 @@ def ramachandran(
     *,
     bins: int = 60,
     reference: tuple[Tensor | np.ndarray, Tensor | np.ndarray] | None = None,
-    titles: Sequence[str] = ("samples", "reference"),
+    raw: bool = False,
+    titles: Sequence[str] | None = None,
 ) -> Figure:
     r"""Ramachandran plot: the free energy $-\log p(\phi, \psi)$ in units of $kT$ on $[-\pi, \pi)^2$.
 
@@ -379,17 +381,25 @@ def ramachandran(
         psi: backbone dihedrals $\psi$, shape `(n,)`.
         log_weights: log importance weights of the samples (reweighted histogram), or None.
         bins: histogram bins per axis.
-        reference: `(phi, psi)` of reference samples (molecular dynamics), drawn in a second panel.
-        titles: panel titles.
+        reference: `(phi, psi)` of reference samples (molecular dynamics), drawn in the last panel.
+        raw: with `log_weights`, also draw the unweighted samples, in a first panel.
+        titles: panel titles (default `("samples", "reference")`, or `("raw", "reweighted", "reference")`
+            with `raw`).
 
     Returns:
-        The figure (one panel, or two side by side with `reference`).
+        The figure: the panels (raw samples, samples, reference) side by side.
     """
     where = "plot.ramachandran"
     _positive(bins, "bins", where, minimum=2)
     panels = [(_numpy(phi).ravel(), _numpy(psi).ravel(), log_weights)]
+    if raw and log_weights is not None:
+        panels.insert(0, (panels[0][0], panels[0][1], None))
+    if titles is None:
+        titles = ("raw", "reweighted", "reference") if len(panels) == 2 else ("samples", "reference")
     if reference is not None:
         panels.append((_numpy(reference[0]).ravel(), _numpy(reference[1]).ravel(), None))
+    if len(titles) < len(panels):
+        raise ValueError(f"{where}: {len(panels)} panels need {len(panels)} titles, got {len(titles)}")
     edges = np.linspace(-math.pi, math.pi, bins + 1)
     fig = Figure(figsize=(4.6 * len(panels), 4), layout="constrained")
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
@@ -409,6 +419,43 @@ def ramachandran(
         mesh = ax.pcolormesh(edges, edges, np.ma.masked_invalid(free).T, cmap="viridis_r", vmax=10.0)
         ax.set(xlabel=r"$\phi$", ylabel=r"$\psi$", title=title, aspect="equal")
         fig.colorbar(mesh, ax=ax, label="free energy / kT")
+    return fig
+
+
+def free_energy_profiles(
+    profiles: Mapping[str, Any],
+    *,
+    xlabel: str = r"$\phi$",
+    title: str | None = None,
+) -> Figure:
+    r"""Free-energy profiles $F(s) = -\log p(s)$ in kT with their error bars, one line per profile.
+
+    Arguments:
+        profiles: name -> [`FreeEnergyProfile`][flowkit.stats.FreeEnergyProfile] (e.g. of
+            [`flowkit.stats.free_energy_profile`][flowkit.stats.free_energy_profile]: the reweighted flow
+            samples with bootstrap errors, MD frames with blocked errors), all drawn as they are (no shift).
+            Empty bins are left out; a profile without errors is drawn without bars.
+        xlabel: the coordinate's label.
+        title: the figure title.
+
+    Returns:
+        The figure.
+    """
+    where = "plot.free_energy_profiles"
+    if not profiles:
+        raise ValueError(f"{where}: profiles must name at least one profile")
+    fig = Figure(figsize=(5.5, 3.8), layout="constrained")
+    ax = fig.add_subplot()
+    for name, profile in profiles.items():
+        if not all(hasattr(profile, a) for a in ("edges", "free_energy", "error")):
+            raise ValueError(f"{where}: profile {name!r} is not a FreeEnergyProfile, got {type(profile).__name__}")
+        centres = 0.5 * (profile.edges[1:] + profile.edges[:-1])
+        keep = np.isfinite(profile.free_energy)
+        err = np.where(np.isfinite(profile.error), profile.error, 0.0)[keep]
+        label = name + (f" ({profile.method} errors)" if getattr(profile, "method", None) else "")
+        ax.errorbar(centres[keep], profile.free_energy[keep], yerr=err, marker="o", ms=3, capsize=2, label=label)
+    ax.set(xlabel=xlabel, ylabel="free energy / kT", title=title)
+    ax.legend(fontsize="small")
     return fig
 
 

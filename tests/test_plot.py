@@ -109,3 +109,37 @@ def test_plot_errors_name_the_problem():
 def test_bad_plot_input_is_a_clear_error(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_ramachandran_raw_reweighted_and_reference_panels():
+    rng = np.random.default_rng(0)
+    phi, psi = rng.uniform(-np.pi, np.pi, (2, 4000))
+    log_w = np.where(phi > 0, np.log(3.0), 0.0)  # the phi > 0 half reweighted 3:1
+    fig = fplot.ramachandran(phi, psi, log_w, bins=2, raw=True, reference=(phi[:100], psi[:100]))
+    panels = [ax for ax in fig.axes if ax.get_title()]
+    assert [ax.get_title() for ax in panels] == ["raw", "reweighted", "reference"]
+    raw, reweighted = (np.asarray(ax.collections[0].get_array()).reshape(2, 2) for ax in panels[:2])
+    # free energies relative to the lowest bin (the mesh is psi x phi): raw about 0 everywhere, reweighted
+    # phi < 0 at log 3
+    assert np.abs(raw).max() < 0.15
+    np.testing.assert_allclose(reweighted[:, 0], np.log(3.0), atol=0.15)
+    np.testing.assert_allclose(reweighted[:, 1], 0.0, atol=0.15)
+    with pytest.raises(ValueError, match="titles"):
+        fplot.ramachandran(phi, psi, log_w, raw=True, titles=("a", "b"), reference=(phi, psi))
+
+
+def test_free_energy_profiles_draws_each_profile_with_its_errors():
+    from flowkit.stats import free_energy_profile
+
+    rng = np.random.default_rng(1)
+    flow = free_energy_profile(rng.vonmises(0.0, 1.0, 3000), bins=12, resamples=20)
+    md = free_energy_profile(rng.vonmises(0.0, 1.0, 3000), bins=12, error="blocks")
+    fig = fplot.free_energy_profiles({"flow": flow, "MD": md}, title="F(phi)")
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["flow (bootstrap errors)", "MD (blocks errors)"]
+    x, y = ax.lines[0].get_data()
+    keep = np.isfinite(flow.free_energy)
+    np.testing.assert_allclose(x, flow.centres[keep])
+    np.testing.assert_allclose(y, flow.free_energy[keep])
+    with pytest.raises(ValueError, match="at least one"):
+        fplot.free_energy_profiles({})
