@@ -2,10 +2,12 @@
 
 One package, two layers without a cycle: `importance` (weights and their statistics) and `mcmc`
 (HMC, MALA, flow HMC, NeuTra MALA, flow IMH, random-walk Metropolis and autocorrelation times), which
-builds on the first. `flowkit.mcmc`, the old home of the chains, is a deprecated alias of
+builds on the first, and `ais` (annealed importance sampling from a flow), which builds on both.
+`flowkit.mcmc`, the old home of the chains, is a deprecated alias of
 `flowkit.sampling.mcmc`.
 """
 
+from .ais import AISResult, ais
 from .importance import ess, importance_sample, log_weights, log_Z, resample, reweight
 from .mcmc import (
     Chains,
@@ -13,6 +15,7 @@ from .mcmc import (
     autocorrelation,
     flow_hmc,
     hmc,
+    hmc_transition,
     imh,
     independent_metropolis,
     integrated_autocorrelation_time,
@@ -20,6 +23,7 @@ from .mcmc import (
     leapfrog,
     mala,
     metropolis,
+    metropolis_transition,
     neutra_mala,
     potential,
 )
@@ -39,6 +43,10 @@ __all__ = [
     "latent_energy",
     "leapfrog",
     "hmc",
+    "hmc_transition",
+    "metropolis_transition",
+    "ais",
+    "AISResult",
     "mala",
     "flow_hmc",
     "neutra_mala",

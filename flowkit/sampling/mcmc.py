@@ -62,6 +62,8 @@ __all__ = [
     "latent_energy",
     "leapfrog",
     "hmc",
+    "hmc_transition",
+    "metropolis_transition",
     "mala",
     "flow_hmc",
     "neutra_mala",
@@ -255,26 +257,64 @@ def _hmc(
 ) -> Chains:
     start = time.perf_counter()
     chains = x.shape[0]
-    ones = (1,) * (x.dim() - 1)
     u, grad = pot(x)
     out = x.new_empty(n_steps, *x.shape)
     accepted = torch.zeros(chains, dtype=torch.float64, device=x.device)
     diverged = 0
     for t in range(n_steps):
-        p = torch.randn(x.shape, generator=generator, dtype=x.dtype, device=x.device)
-        eps = step_size * (1 + jitter * (2 * torch.rand(chains, generator=generator, dtype=x.dtype) - 1))
-        x_new, p_new, u_new, grad_new = leapfrog(x, p, eps.to(x.device).reshape(chains, *ones), n_leapfrog, pot, grad)
-        delta = (u_new - u) + 0.5 * (_event_sum(p_new.square()) - _event_sum(p.square()))
-        log_u = torch.rand(chains, generator=generator, dtype=torch.float64).log().to(x.device)
-        accept = log_u < -delta.double()  # NaN energies are rejected
-        x = torch.where(_expand(accept, x), x_new, x)
-        u = torch.where(accept, u_new, u)
-        grad = torch.where(_expand(accept, x), grad_new, grad)
+        x, u, grad, accept, proposal_diverged = hmc_transition(
+            pot, x, u, grad, step_size, n_leapfrog, jitter, generator
+        )
         accepted += accept
-        diverged += int((~torch.isfinite(u_new)).sum())
+        diverged += int(proposal_diverged.sum())
         out[t] = x
     _warn_divergences(where, diverged, n_steps * chains, step_size)
     return Chains(out, accepted / n_steps, time.perf_counter() - start)
+
+
+def hmc_transition(
+    pot: Potential,
+    x: Tensor,
+    u: Tensor,
+    grad: Tensor,
+    step_size: float,
+    n_leapfrog: int,
+    jitter: float = 0.0,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    r"""One HMC trajectory per chain from `x` (where `pot` gave `u` and `grad`), with its Metropolis test.
+
+    The kernel of [`hmc`][flowkit.sampling.hmc], one step of it: momenta $p \sim N(0, I)$, a step size
+    $\epsilon\, U(1 - j, 1 + j)$ per chain, `n_leapfrog` leapfrog steps and acceptance with probability
+    $\min(1, e^{-\Delta H})$; it leaves $e^{-u}$ invariant. Samplers that carry more than the potential
+    along a chain (annealed importance sampling) call it with their own potential.
+
+    Arguments:
+        pot: the potential `x -> (u(x), grad u(x))`.
+        x: the current states `(chains, *event_shape)`.
+        u: `u(x)`, `(chains,)`.
+        grad: `grad u(x)`, shape of `x`.
+        step_size: the mean leapfrog step size.
+        n_leapfrog: leapfrog steps of the trajectory.
+        jitter: relative half-width of the step-size distribution.
+        generator: random generator of momenta, step sizes and accept draws.
+
+    Returns:
+        `(x, u, grad, accepted, diverged)`: the new states with their potential and gradient, a boolean
+        mask of the accepted proposals and one of the proposals that diverged (rejected).
+    """
+    chains = x.shape[0]
+    ones = (1,) * (x.dim() - 1)
+    p = torch.randn(x.shape, generator=generator, dtype=x.dtype, device=x.device)
+    eps = step_size * (1 + jitter * (2 * torch.rand(chains, generator=generator, dtype=x.dtype) - 1))
+    x_new, p_new, u_new, grad_new = leapfrog(x, p, eps.to(x.device).reshape(chains, *ones), n_leapfrog, pot, grad)
+    delta = (u_new - u) + 0.5 * (_event_sum(p_new.square()) - _event_sum(p.square()))
+    log_u = torch.rand(chains, generator=generator, dtype=torch.float64).log().to(x.device)
+    accept = log_u < -delta.double()  # NaN energies are rejected
+    x = torch.where(_expand(accept, x), x_new, x)
+    u = torch.where(accept, u_new, u)
+    grad = torch.where(_expand(accept, x), grad_new, grad)
+    return x, u, grad, accept, ~torch.isfinite(u_new)
 
 
 def _warn_divergences(where: str, diverged: int, trajectories: int, step_size: float) -> None:
@@ -622,13 +662,42 @@ def metropolis(
     u = target.energy(x)
     kept, accepted = [], 0.0
     for t in range(n_steps):
-        y = domain.propose(x, step, generator)
-        u_y = target.energy(y)
-        log_r = torch.rand(u.shape, dtype=u.dtype, generator=generator).to(u.device).log()
-        accept = log_r < u - u_y
-        x = torch.where(accept.reshape(*accept.shape, *([1] * (x.dim() - accept.dim()))), y, x)
-        u = torch.where(accept, u_y, u)
+        x, u, accept = metropolis_transition(target.energy, x, u, step, domain, generator)
         accepted += float(accept.double().mean())
         if (t + 1) % thin == 0:
             kept.append(x.clone())
     return torch.stack(kept), accepted / n_steps
+
+
+def metropolis_transition(
+    energy: Callable[[Tensor], Tensor],
+    x: Tensor,
+    u: Tensor,
+    step: float,
+    domain: Any = None,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    r"""One random-walk Metropolis move per chain from `x` (of energy `u`): the kernel of `metropolis`.
+
+    A symmetric proposal $x'$ of the domain ([`propose`][flowkit.domains.Domain.propose]) is accepted with
+    probability $\min(1, e^{u(x) - u(x')})$ (a NaN energy is rejected), which leaves $e^{-u}$ invariant.
+
+    Arguments:
+        energy: `x -> u(x)`, batched.
+        x: the current states `(chains, *event_shape)`.
+        u: `u(x)`, `(chains,)`.
+        step: the proposal scale.
+        domain: a [`Domain`][flowkit.domains.Domain] (default: the real line).
+        generator: random generator of the proposals and the accept draws.
+
+    Returns:
+        `(x, u, accepted)`: the new states, their energies and a boolean mask of the accepted moves.
+    """
+    domain = Real() if domain is None else domain
+    y = domain.propose(x, step, generator)
+    u_y = energy(y)
+    log_r = torch.rand(u.shape, dtype=u.dtype, generator=generator).to(u.device).log()
+    accept = log_r < u - u_y
+    x = torch.where(accept.reshape(*accept.shape, *([1] * (x.dim() - accept.dim()))), y, x)
+    u = torch.where(accept, u_y, u)
+    return x, u, accept
