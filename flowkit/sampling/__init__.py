@@ -8,6 +8,7 @@ builds on the first, and `ais` (annealed importance sampling from a flow), which
 """
 
 from .ais import AISResult, ais
+from .fermion_hmc import pseudofermion_hmc
 from .importance import ess, importance_sample, log_weights, log_Z, resample, reweight
 from .mcmc import (
     Chains,
@@ -50,6 +51,7 @@ __all__ = [
     "mala",
     "flow_hmc",
     "neutra_mala",
+    "pseudofermion_hmc",
     "independent_metropolis",
     "autocorrelation",
     "integrated_autocorrelation_time",

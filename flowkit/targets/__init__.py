@@ -14,6 +14,7 @@ from .openmm import OpenMMEnergy
 from .rigid import MatrixFisher, Octupole, RigidDipoles, WithAuxiliaries
 from .torus import TorusDoubleWell
 from .wells import DoubleWell, ManyWell
+from .yukawa import YukawaJoint, YukawaStaggered
 
 __all__ = [
     "Target",
@@ -24,6 +25,8 @@ __all__ = [
     "GaussianMixture",
     "Phi4",
     "Phi4Hopping",
+    "YukawaStaggered",
+    "YukawaJoint",
     "OpenMMEnergy",
     "AlanineDipeptide",
     "MatrixFisher",
