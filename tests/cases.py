@@ -25,8 +25,10 @@ from flowkit.bijectors import (
     ActNorm,
     AffineCoupling,
     Bijector,
+    BlockNeuralAutoregressive,
     Chain,
     CircularSplineCoupling,
+    ContinuousFlow,
     ConvexDoubleMoebius,
     ConvexMoebius,
     Coupling,
@@ -66,10 +68,18 @@ from flowkit.distributions import (
 from flowkit.domains import Circle
 from flowkit.flows.images import EIW
 from flowkit.lattice import Z2Equivariant
-from flowkit.nn import MLP, ConvNet
+from flowkit.nn import MLP, ConvNet, VectorField
 from flowkit.stochastic import LangevinBlock, MetropolisBlock
 from flowkit.testing import randomize
-from flowkit.transformers import Affine, CircularSpline, RationalQuadraticSpline, SmoothMixture, Transformer
+from flowkit.transformers import (
+    Affine,
+    CircularSpline,
+    MonotonicMLP,
+    RationalQuadraticSpline,
+    SmoothMixture,
+    Transformer,
+    UnconstrainedMonotonic,
+)
 
 Case = Callable[[], tuple[Bijector, Tensor]]
 
@@ -136,6 +146,10 @@ BIJECTORS: dict[str, Case] = {
     ),
     # coupling
     "AffineCoupling": lambda: (randomize(AffineCoupling(5, hidden=(16,))), torch.randn(6, 5)),
+    "ContinuousFlow(context)": lambda: (
+        ContinuousFlow(VectorField(2, hidden=(8,), activation="tanh", context=2), 2, atol=1e-8, rtol=1e-8),
+        torch.randn(4, 2),
+    ),
     "AffineCoupling(context)": lambda: (
         randomize(AffineCoupling(4, parity=1, hidden=(16,), context=2)),
         torch.randn(6, 4),
@@ -307,6 +321,28 @@ BIJECTORS: dict[str, Case] = {
         randomize(MaskedAutoregressive(SmoothMixture(2, low=-2.0, high=2.0), 3, hidden=(12,), activation="tanh")),
         torch.rand(6, 3) * 3.8 - 1.9,
     ),
+    # neural autoregressive flows (monotonic networks, numerical inverses)
+    "Coupling(MonotonicMLP, 2 layers)": lambda: (
+        randomize(Coupling(MonotonicMLP(4, layers=2), 4, hidden=(8,))),
+        1.5 * torch.randn(6, 4),
+    ),
+    "MaskedAutoregressive(MonotonicMLP, context)": lambda: (
+        randomize(MaskedAutoregressive(MonotonicMLP(3), 3, hidden=(8,), context=2)),
+        1.5 * torch.randn(6, 3),
+    ),
+    "Coupling(UnconstrainedMonotonic)": lambda: (
+        randomize(Coupling(UnconstrainedMonotonic(4), 4, hidden=(8,)), scale=0.3),
+        1.5 * torch.randn(6, 4),
+    ),
+    "MaskedAutoregressive(UnconstrainedMonotonic)": lambda: (
+        randomize(MaskedAutoregressive(UnconstrainedMonotonic(5, nodes=24), 3, hidden=(8,)), scale=0.3),
+        1.5 * torch.randn(6, 3),
+    ),
+    "BlockNeuralAutoregressive": lambda: (randomize(BlockNeuralAutoregressive(3, hidden=(6, 5))), torch.randn(6, 3)),
+    "BlockNeuralAutoregressive(context)": lambda: (
+        randomize(BlockNeuralAutoregressive(2, hidden=(4,), context=2)),
+        2 * torch.randn(6, 2),
+    ),
 }
 
 
@@ -331,6 +367,8 @@ TRANSFORMERS: dict[str, Callable[[], Transformer]] = {
     "CircularSpline": lambda: CircularSpline(bins=5),
     "SmoothMixture": lambda: SmoothMixture(4),
     "SmoothMixture(circle)": lambda: SmoothMixture(3, circular=True, power=2),
+    "MonotonicMLP": lambda: MonotonicMLP(4, layers=2),
+    "UnconstrainedMonotonic": lambda: UnconstrainedMonotonic(4),
 }
 
 #: Base distributions: name -> ``() -> distribution``, events of at most two elements (checked by
