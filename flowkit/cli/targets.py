@@ -39,6 +39,10 @@ def _no_metrics(args: argparse.Namespace, run: Evaluation) -> dict[str, Any]:
     return {}
 
 
+def _no_files(args: argparse.Namespace, run: Evaluation, out: Path) -> None:
+    return None
+
+
 @dataclass
 class Evaluation:
     """What the trained flow gave on its target, handed to the target's metrics and plots.
@@ -49,8 +53,9 @@ class Evaluation:
         x: `--eval-samples` flow samples.
         log_w: their log importance weights.
         chain: the states of the independent Metropolis-Hastings chain.
-        reference: a reference chain that the target's metrics ran, for the plots to compare with (`phi4`:
-            jittered HMC); None when there is none.
+        reference: what the target's metrics computed for its plots and files to use (`phi4`: the jittered-HMC
+            reference chain; `alanine-dipeptide`: a dict of the MD dihedrals, the free-energy profiles and the
+            resampled configurations); None when there is none.
     """
 
     flow: Any
@@ -77,6 +82,9 @@ class TargetSpec:
         validation: the fraction of the ML samples held out, from their end (MD frames are a time series: the
             last ones are the least correlated with the training ones), to pick the best weights by their
             negative log-likelihood (0: none held out, the last weights kept).
+        write: `(args, evaluation, out) -> None`, writes the target's data files into `out` (with or without
+            `--no-plots`; default: none), after `metrics`.
+        data_files: the names of the files `write` may write (each one of `flowkit.cli.boltzmann.OUTPUTS`).
     """
 
     build_target: Callable[[argparse.Namespace], Any]
@@ -86,6 +94,8 @@ class TargetSpec:
     samples: Callable[[argparse.Namespace, Any], Any] = _exact_samples
     metrics: Callable[[argparse.Namespace, Evaluation], dict[str, Any]] = _no_metrics
     validation: float = 0.0
+    write: Callable[[argparse.Namespace, Evaluation, Path], None] = _no_files
+    data_files: tuple[str, ...] = ()
 
 
 # --- targets
@@ -301,26 +311,86 @@ def _lattice_observables(args: argparse.Namespace, run: Evaluation) -> dict[str,
     return {"observables": out}
 
 
+def _md_reference(args: argparse.Namespace, target: Any) -> Any:
+    """The MD frames the flow is compared with: those of `--md-ns` (training and validation), or None for 0."""
+    return _md_samples(args, target) if args.md_ns > 0 else None
+
+
 def _alanine_metrics(args: argparse.Namespace, run: Evaluation) -> dict[str, Any]:
-    """P(phi > 0) (raw and reweighted), the mirror-image fraction and the MD frames used."""
+    """P(phi > 0) raw, reweighted and in MD with errors, F(phi) against MD, and the resampled configurations.
+
+    The reweighted estimates use the L-alanine samples only (mirror images dropped: MD started from L-alanine
+    never visits D-alanine, which has the same energy): P(phi > 0) with its delta-method error, F(phi) on 36
+    bins with the bootstrap error over 200 resamples of the flow samples. The MD reference (the `--md-ns`
+    frames) gets blocked errors over 10 contiguous blocks. `--trajectory-frames` configurations are drawn
+    from the reweighted samples by systematic resampling, for `samples.pdb` / `samples.dcd`.
+    """
     import torch
 
+    from .. import sampling
     from ..bijectors.internal import same_chirality
+    from ..stats import blocked_mean, free_energy_profile
     from ..targets.alanine import ALANINE_CHIRAL_CENTRES, backbone_dihedrals
 
-    phi, _ = backbone_dihedrals(run.x)
+    phi, psi = backbone_dihedrals(run.x)
     reference = run.flow.bijector[0].reference
-    mirror = ~same_chirality(run.x.double(), reference.double(), ALANINE_CHIRAL_CENTRES)
-    w = torch.softmax(run.log_w, 0)
-    return {
+    keep = same_chirality(run.x.double(), reference.double(), ALANINE_CHIRAL_CENTRES)
+    if int(keep.sum()) < 2:
+        raise ValueError(
+            f"alanine-dipeptide: {int(keep.sum())} of {len(keep)} flow samples are L-alanine (the others are mirror "
+            "images); nothing to reweight"
+        )
+    x, log_w, phi, psi = run.x[keep], run.log_w[keep], phi[keep], psi[keep]
+    p, p_error = sampling.reweight(phi > 0, log_w)
+    profiles = {
+        "flow (reweighted)": free_energy_profile(phi, log_w, error="bootstrap", resamples=200, seed=args.seed),
+        "flow (raw)": free_energy_profile(phi, error=None),
+    }
+    metrics: dict[str, Any] = {
         "flow": "internal-coordinate splines",
         "temperature": args.temperature,
         "solvent": args.solvent,
         "md_ns": args.md_ns,
+        "mirror_fraction": float(1 - keep.double().mean()),
+        "ess_l_alanine": sampling.ess(log_w),
         "p_phi_positive_raw": float((phi > 0).double().mean()),
-        "p_phi_positive_reweighted": float((w * (phi > 0).double()).sum()),
-        "mirror_fraction": float(mirror.double().mean()),
+        "p_phi_positive_reweighted": float(p),
+        "p_phi_positive_reweighted_error": float(p_error),
     }
+    frames = _md_reference(args, run.target)
+    md = None
+    if frames is not None:
+        md = backbone_dihedrals(frames)
+        metrics["p_phi_positive_md"], metrics["p_phi_positive_md_error"] = blocked_mean((md[0] > 0).double(), 10)
+        profiles["MD"] = free_energy_profile(md[0], error="blocks", blocks=10)
+        metrics["free_energy_vs_md"] = profiles["flow (reweighted)"].compare(profiles["MD"], below=5.0)
+    metrics["errors"] = (
+        "reweighted P(phi > 0): delta method of the self-normalised estimate; F(phi): bootstrap over 200 "
+        "resamples of the flow samples; MD: 10 contiguous blocks of the --md-ns frames (the training data)"
+    )
+    index = sampling.resample(log_w, args.trajectory_frames, generator=torch.Generator().manual_seed(args.seed))
+    metrics["trajectory_frames"] = len(index)
+    metrics["trajectory_distinct_frames"] = int(torch.unique(index).numel())
+    run.reference = {"phi_psi": (phi, psi), "log_w": log_w, "md": md, "profiles": profiles, "frames": x[index]}
+    return metrics
+
+
+def _alanine_files(args: argparse.Namespace, run: Evaluation, out: Path) -> None:
+    """`samples.pdb` (topology and first frame), `samples.dcd` (the resampled frames) and `free_energy.csv`."""
+    import numpy as np
+
+    from ..targets.trajectory import write_dcd, write_pdb
+
+    frames = run.reference["frames"]
+    write_pdb(out / "samples.pdb", run.target.topology, frames[0])
+    write_dcd(out / "samples.dcd", run.target.topology, frames)
+    profiles = run.reference["profiles"]
+    flow, raw, md = profiles["flow (reweighted)"], profiles["flow (raw)"], profiles.get("MD")
+    columns = {"phi": flow.centres, "F_flow": flow.free_energy, "F_flow_error": flow.error, "F_raw": raw.free_energy}
+    if md is not None:
+        columns.update({"F_md": md.free_energy, "F_md_error": md.error})
+    table = np.column_stack(list(columns.values()))
+    np.savetxt(out / "free_energy.csv", table, delimiter=",", header=",".join(columns), comments="")
 
 
 # --- plots
@@ -365,13 +435,18 @@ def _lattice_plots(run: Evaluation, out: Path) -> None:
     plot.autocorrelation(series, title="autocorrelation of |M|").savefig(out / "autocorrelation.png", dpi=100)
 
 
-def _ramachandran_plot(run: Evaluation, out: Path) -> None:
-    """The Ramachandran plot of the reweighted flow samples."""
+def _ramachandran_plots(run: Evaluation, out: Path) -> None:
+    """Ramachandran plots of the raw and reweighted L-alanine flow samples next to MD's, and F(phi) with errors."""
     from .. import plot
-    from ..targets.alanine import backbone_dihedrals
 
-    phi, psi = backbone_dihedrals(run.x)
-    plot.ramachandran(phi, psi, run.log_w, titles=("flow (reweighted)",)).savefig(out / "ramachandran.png", dpi=100)
+    phi, psi = run.reference["phi_psi"]
+    md = run.reference["md"]
+    titles = ("flow (raw)", "flow (reweighted)", "MD")
+    fig = plot.ramachandran(phi, psi, run.reference["log_w"], raw=True, reference=md, titles=titles)
+    fig.savefig(out / "ramachandran.png", dpi=100)
+    profiles = run.reference["profiles"]
+    fig = plot.free_energy_profiles(profiles, title=r"free energy along $\phi$")
+    fig.savefig(out / "free_energy.png", dpi=100)
 
 
 def _orientation_plot(run: Evaluation, out: Path) -> None:
@@ -401,11 +476,13 @@ TARGET_SPECS: dict[str, TargetSpec] = {
     "alanine-dipeptide": TargetSpec(
         _alanine_dipeptide,
         _internal_coordinate_flow,
-        plots=_ramachandran_plot,
-        plot_files=("ramachandran.png",),
+        plots=_ramachandran_plots,
+        plot_files=("ramachandran.png", "free_energy.png"),
         samples=_md_samples,
         metrics=_alanine_metrics,
         validation=0.1,
+        write=_alanine_files,
+        data_files=("samples.pdb", "samples.dcd", "free_energy.csv"),
     ),
     "matrix-fisher": TargetSpec(
         _matrix_fisher, _rigid_flow, plots=_orientation_plot, plot_files=("orientations.png",), samples=_rigid_samples

@@ -105,8 +105,10 @@ def test_every_target_spec_has_what_the_command_needs():
         for field in ("build_target", "build_flow", "samples", "metrics", "plots"):
             assert callable(getattr(spec, field)), (name, field)
         assert spec.plot_files and set(spec.plot_files) <= set(OUTPUTS), name  # --force clears what a run wrote
+        assert callable(spec.write) and set(spec.data_files) <= set(OUTPUTS), name
     plot_files = {f for spec in TARGET_SPECS.values() for f in spec.plot_files}
-    assert set(OUTPUTS) == {"model", "metrics.json", "history.csv"} | plot_files  # no stale output name
+    data_files = {f for spec in TARGET_SPECS.values() for f in spec.data_files}
+    assert set(OUTPUTS) == {"model", "metrics.json", "history.csv"} | plot_files | data_files  # no stale output name
     assert all(callable(build) for build in FLOWS.values()) and set(FLOWS) == {"realnvp", "nsf", "lattice"}
 
 
