@@ -452,7 +452,8 @@ def free_energy_profiles(
         centres = 0.5 * (profile.edges[1:] + profile.edges[:-1])
         keep = np.isfinite(profile.free_energy)
         err = np.where(np.isfinite(profile.error), profile.error, 0.0)[keep]
-        label = name + (f" ({profile.method} errors)" if getattr(profile, "method", None) else "")
+        method = {"bootstrap": " (bootstrap errors)", "blocks": " (block errors)"}.get(getattr(profile, "method", None))
+        label = name + (method or "")
         ax.errorbar(centres[keep], profile.free_energy[keep], yerr=err, marker="o", ms=3, capsize=2, label=label)
     ax.set(xlabel=xlabel, ylabel="free energy / kT", title=title)
     ax.legend(fontsize="small")

@@ -136,7 +136,7 @@ def test_free_energy_profiles_draws_each_profile_with_its_errors():
     md = free_energy_profile(rng.vonmises(0.0, 1.0, 3000), bins=12, error="blocks")
     fig = fplot.free_energy_profiles({"flow": flow, "MD": md}, title="F(phi)")
     ax = fig.axes[0]
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["flow (bootstrap errors)", "MD (blocks errors)"]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["flow (bootstrap errors)", "MD (block errors)"]
     x, y = ax.lines[0].get_data()
     keep = np.isfinite(flow.free_energy)
     np.testing.assert_allclose(x, flow.centres[keep])
