@@ -4,6 +4,7 @@ from .batches import split_batch, split_indexed_batch, with_indices
 from .boltzmann import BoltzmannGenerator
 from .callbacks import EMA, Callback
 from .dependent import DependenceUpdate, DependentMaximumLikelihood
+from .fab import FAB, PrioritisedReplayBuffer
 from .force_matching import ForceMatching
 from .likelihood import ForwardKLPathGradient, MaximumLikelihood
 from .loop import History, default_threads, fit
@@ -21,6 +22,8 @@ __all__ = [
     "PathGradientVI",
     "ForwardKLPathGradient",
     "BoltzmannGenerator",
+    "FAB",
+    "PrioritisedReplayBuffer",
     "ForceMatching",
     "ScoreMatching",
     "EMA",
