@@ -1,6 +1,8 @@
 """`flowkit boltzmann TARGET`: train a Boltzmann generator on a built-in target and write model, metrics and plots.
 
-TARGET is `double-well`, `many-well`, `gmm`, `phi4` or `alanine-dipeptide` (OpenMM, the `md`
+TARGET is `double-well`, `many-well`, `gmm`, `phi4`, `yukawa` (phi^4 with two flavours of staggered fermions,
+Yukawa coupling `--g`, the exact determinant: `--L` up to 16; metrics add the chiral condensate) or
+`alanine-dipeptide` (OpenMM, the `md`
 extra: an internal-coordinate flow, maximum likelihood on cached Langevin MD frames of
 `--md-ns` ns at `--temperature`, the last 10% held out to keep the best weights; metrics.json gets
 P(phi > 0) raw, reweighted and in MD with their errors and F(phi) against MD; `ramachandran.png` (raw and
@@ -11,7 +13,7 @@ resampled by their weights, written with OpenMM), or a rigid-body target on unit
 (`--bodies` rigid dipoles in a periodic box; `--samples` are Metropolis states for targets without exact
 samples), with a
 [`RigidBodyFlow`][flowkit.flows.RigidBodyFlow] of `--transforms` blocks and an orientation plot. The flow is
-trained by [`BoltzmannGenerator`][flowkit.train.BoltzmannGenerator] (reverse KL with the
+trained by [`BoltzmannGenerator`][flowkit.train.BoltzmannGenerator] (`--objective kl`, reverse KL with the
 chosen gradient estimator, plus maximum likelihood on `--samples` exact
 samples when the target can draw them). The output directory receives
 `model/` ([`flowkit.io.save`][flowkit.io.save]), `metrics.json` (ESS, log Z estimate
@@ -103,6 +105,26 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=0,
         help="exact target samples for the maximum-likelihood term (default 0: energy only)",
     )
+    parser.add_argument(
+        "--objective",
+        default="kl",
+        choices=["kl", "fab"],
+        help="kl: BoltzmannGenerator (reverse KL, plus ML on --samples / MD frames); fab: FAB (alpha-2 divergence by "
+        "AIS towards p^2/q, from the energy alone: no samples or MD frames are used). Default kl",
+    )
+    parser.add_argument("--ais-steps", type=int, default=8, help="fab: AIS intermediate distributions (default 8)")
+    parser.add_argument(
+        "--transition",
+        default=None,
+        choices=["hmc", "metropolis"],
+        help="fab: AIS kernel (default hmc; metropolis on the rigid bodies' manifolds)",
+    )
+    parser.add_argument(
+        "--ais-step-size", type=float, default=None, help="fab: initial AIS step size, adapted (default: the target's)"
+    )
+    parser.add_argument(
+        "--replay-buffer", type=int, default=0, help="fab: prioritised replay buffer capacity (default 0: none)"
+    )
     parser.add_argument("--w-ml", type=float, default=1.0, help="weight of the ML term (default 1)")
     parser.add_argument("--w-kl", type=float, default=1.0, help="weight of the reverse-KL term (default 1)")
     parser.add_argument("--dim", type=int, default=32, help="many-well dimension (default 32)")
@@ -110,6 +132,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--m2", type=float, default=-4.0, help="phi4 mass squared (default -4)")
     parser.add_argument("--lam", type=float, default=8.0, help="phi4 coupling (default 8)")
     parser.add_argument("--z2", action="store_true", help="phi4 with --flow lattice: Z2-symmetric conditioners")
+    parser.add_argument(
+        "--g", type=float, default=0.6, help="yukawa: Yukawa coupling of the staggered fermions (default 0.6)"
+    )
     parser.add_argument("--kappa", type=float, default=8.0, help="octupole field strength (default 8)")
     parser.add_argument("--bodies", type=int, default=3, help="dipoles: number of rigid dipoles (default 3)")
     parser.add_argument(
@@ -168,12 +193,48 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
+def _objective(args: argparse.Namespace, spec: Any, target: Any, samples: Any) -> Any:
+    """`--objective`: BoltzmannGenerator (reverse KL and ML on the samples) or FAB (the energy alone)."""
+    from ..train import FAB, BoltzmannGenerator
+
+    if args.objective == "kl":
+        return BoltzmannGenerator(target, samples=samples, w_ml=args.w_ml, w_kl=args.w_kl, estimator=args.estimator)
+    if args.ais_steps < 1:
+        raise ValueError(f"--ais-steps must be a positive integer, got {args.ais_steps}")
+    if args.replay_buffer < 0:
+        raise ValueError(f"--replay-buffer must be non-negative, got {args.replay_buffer}")
+    segments = getattr(target, "segments", None)  # rigid bodies: random walks on their manifold
+    domain = None
+    if segments:
+        from ..distributions import rigid_domain
+
+        domain = rigid_domain(segments)
+    transition = args.transition or ("metropolis" if segments else "hmc")
+    step_size = spec.ais_step_size if args.ais_step_size is None else args.ais_step_size
+    return FAB(
+        target,
+        ais_steps=args.ais_steps,
+        transition=transition,
+        replay_buffer=args.replay_buffer or None,
+        step_size=step_size,
+        domain=domain,
+    )
+
+
+def _train_evaluations(objective: Any, steps: int, batch_size: int) -> int:
+    """Configurations at which training evaluated the target: FAB counts its own; the reverse KL one batch a step."""
+    counted = getattr(objective, "target_evaluations", None)
+    if counted is not None:
+        return int(counted)
+    return steps * batch_size if objective.w_kl > 0 else 0
+
+
 def train_boltzmann(args: argparse.Namespace) -> dict[str, Any]:
     """Do the work of `flowkit boltzmann` for parsed arguments; returns the metrics written to metrics.json."""
     import torch
 
     from .. import io, sampling
-    from ..train import BoltzmannGenerator, fit
+    from ..train import fit
 
     for name in ("steps", "batch_size", "transforms", "eval_samples", "trajectory_frames"):
         if getattr(args, name) < 1:
@@ -199,13 +260,13 @@ def train_boltzmann(args: argparse.Namespace) -> dict[str, Any]:
     torch.manual_seed(args.seed)
     spec = TARGET_SPECS[args.target]
     target = spec.build_target(args)
-    samples = spec.samples(args, target)
+    samples = None if args.objective == "fab" else spec.samples(args, target)  # FAB: the energy alone
     held_out = None
     if samples is not None and spec.validation > 0:  # the last frames: the least correlated with the training ones
         n_val = max(1, int(spec.validation * samples.shape[0]))
         samples, held_out = samples[:-n_val], samples[-n_val:]
     flow = spec.build_flow(args, target, samples)
-    objective = BoltzmannGenerator(target, samples=samples, w_ml=args.w_ml, w_kl=args.w_kl, estimator=args.estimator)
+    objective = _objective(args, spec, target, samples)
     out = Path(args.out or Path("runs") / f"boltzmann-{args.target}")
     prepare_output(out, force=args.force, resume=False, steps=args.steps, outputs=OUTPUTS)
     out.mkdir(parents=True, exist_ok=True)
@@ -232,6 +293,8 @@ def train_boltzmann(args: argparse.Namespace) -> dict[str, Any]:
         "event_shape": list(target.event_shape),
         "flow": args.flow,
         "estimator": args.estimator,
+        "objective": args.objective,
+        "train_target_evaluations": _train_evaluations(objective, len(history), args.batch_size),
         "steps": len(history),
         "skipped_steps": len(history.skipped),
         "train_seconds": round(seconds, 2),

@@ -85,6 +85,8 @@ class TargetSpec:
         write: `(args, evaluation, out) -> None`, writes the target's data files into `out` (with or without
             `--no-plots`; default: none), after `metrics`.
         data_files: the names of the files `write` may write (each one of `flowkit.cli.boltzmann.OUTPUTS`).
+        ais_step_size: the initial step size of the AIS kernels of `--objective fab` (adapted as it trains), in the
+            target's coordinates (the molecule's: nm).
     """
 
     build_target: Callable[[argparse.Namespace], Any]
@@ -96,6 +98,7 @@ class TargetSpec:
     validation: float = 0.0
     write: Callable[[argparse.Namespace, Evaluation, Path], None] = _no_files
     data_files: tuple[str, ...] = ()
+    ais_step_size: float = 0.1
 
 
 # --- targets
@@ -123,6 +126,12 @@ def _phi4(args: argparse.Namespace) -> Any:
     from ..targets import Phi4
 
     return Phi4(args.L, args.m2, args.lam)
+
+
+def _yukawa(args: argparse.Namespace) -> Any:
+    from ..targets import YukawaStaggered
+
+    return YukawaStaggered(args.L, args.m2, args.lam, args.g)
 
 
 def _solvent(args: argparse.Namespace) -> str | None:
@@ -316,6 +325,20 @@ def _md_reference(args: argparse.Namespace, target: Any) -> Any:
     return _md_samples(args, target) if args.md_ns > 0 else None
 
 
+def _yukawa_observables(args: argparse.Namespace, run: Evaluation) -> dict[str, Any]:
+    """The lattice observables (IMH and exact-determinant HMC) plus the chiral condensate |Sigma| of each chain."""
+    from .. import lattice
+
+    out = _lattice_observables(args, run)
+    chains = {"imh": run.chain, **({} if run.reference is None else {"hmc": run.reference})}
+    for name, samples in chains.items():
+        thinned = samples[:: max(1, samples.shape[0] // 500)]
+        blocks = max(2, min(20, thinned.shape[0] // 10))
+        measured = lattice.measure_fermions(thinned, run.target.dirac, blocks=blocks)
+        out["observables"][name]["abs_chiral_condensate"] = [float(v) for v in measured["abs_chiral_condensate"]]
+    return out
+
+
 def _alanine_metrics(args: argparse.Namespace, run: Evaluation) -> dict[str, Any]:
     """P(phi > 0) raw, reweighted and in MD with errors, F(phi) against MD, and the resampled configurations.
 
@@ -473,6 +496,13 @@ TARGET_SPECS: dict[str, TargetSpec] = {
         plot_files=("configurations.png", "magnetization.png", "autocorrelation.png"),
         metrics=_lattice_observables,
     ),
+    "yukawa": TargetSpec(
+        _yukawa,
+        _flow_by_name,
+        plots=_lattice_plots,
+        plot_files=("configurations.png", "magnetization.png", "autocorrelation.png"),
+        metrics=_yukawa_observables,
+    ),
     "alanine-dipeptide": TargetSpec(
         _alanine_dipeptide,
         _internal_coordinate_flow,
@@ -483,6 +513,7 @@ TARGET_SPECS: dict[str, TargetSpec] = {
         validation=0.1,
         write=_alanine_files,
         data_files=("samples.pdb", "samples.dcd", "free_energy.csv"),
+        ais_step_size=0.002,
     ),
     "matrix-fisher": TargetSpec(
         _matrix_fisher, _rigid_flow, plots=_orientation_plot, plot_files=("orientations.png",), samples=_rigid_samples
