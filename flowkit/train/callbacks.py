@@ -341,11 +341,13 @@ class Progress(Callback):
         total: number of steps of the run, if known.
         enabled: False to show nothing (other ranks than 0, `progress=False`).
         desc: the bar's title.
+        metrics: names of the step's metrics shown beside the loss (the objective's `progress_metrics`).
     """
 
-    def __init__(self, total: int | None, enabled: bool = True, desc: str = "fit") -> None:
-        self.total, self.enabled, self.desc = total, enabled, desc
+    def __init__(self, total: int | None, enabled: bool = True, desc: str = "fit", metrics: Sequence[str] = ()) -> None:
+        self.total, self.enabled, self.desc, self.metrics = total, enabled, desc, tuple(metrics)
         self.bar: tqdm | None = None
+        self.shown: dict[str, str] = {}
 
     def on_start(self, state: TrainState) -> None:
         self.bar = tqdm(total=self.total, initial=state.step, disable=None if self.enabled else True, desc=self.desc)
@@ -354,11 +356,12 @@ class Progress(Callback):
         if self.bar.disable:  # no bar (progress=False, not a terminal, another rank): nothing to format
             return
         self.bar.update(1)
-        self.bar.set_postfix(loss=f"{state.last.loss:.4g}", refresh=False)
+        self.shown = {n: f"{state.last.metrics[n]:.4g}" for n in self.metrics if n in state.last.metrics}
+        self.bar.set_postfix(loss=f"{state.last.loss:.4g}", **self.shown, refresh=False)
 
     def on_validation(self, state: TrainState) -> None:
         loss = "nan" if state.last is None else f"{state.last.loss:.4g}"
-        self.bar.set_postfix(loss=loss, val=f"{state.val_loss:.4g}", refresh=False)
+        self.bar.set_postfix(loss=loss, **self.shown, val=f"{state.val_loss:.4g}", refresh=False)
 
     def on_train_end(self, state: TrainState) -> None:
         self.close()

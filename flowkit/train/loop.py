@@ -445,7 +445,8 @@ def _make_callbacks(run: _Run) -> tuple[CallbackList, Progress, Checkpoint | Non
         plateau = run.scheduler if isinstance(run.scheduler, ReduceLROnPlateau) else None
         validation = Validation(flow, args.objective, run.val_source, ctx, run.val_every, run.total, args.patience,
                                 args.restore_best, plateau, ema.average if ema is not None else None)  # fmt: skip
-    progress = Progress(run.total, enabled=args.progress and ctx.is_main, desc=_progress_title(run))
+    progress = Progress(run.total, enabled=args.progress and ctx.is_main, desc=_progress_title(run),
+                        metrics=args.objective.progress_metrics)  # fmt: skip
     checkpoint = save = None
     if args.checkpoint_dir is not None:
         checkpoint = Checkpoint(args.checkpoint_dir, args.checkpoint_every, ctx, flow, run.optimizer, run.scheduler,

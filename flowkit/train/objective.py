@@ -30,11 +30,14 @@ class Objective(Configurable):
         default_clip: the gradient-norm clip [`fit`][flowkit.train.fit] uses when it is given
             `clip=None` (None: no clipping). Energy-based objectives set one: the reverse KL's gradients
             are heavy-tailed early on, and unclipped steps leave the flow far from the target.
+        progress_metrics: names of `metrics()` entries that the progress bar shows beside the
+            loss (the number of function evaluations of a continuous flow, for instance).
     """
 
     _flowkit_register = False
     needs_data: bool = True
     default_clip: float | None = None
+    progress_metrics: tuple[str, ...] = ()
 
     def check_data(self, points: int | None) -> None:
         """Called by [`fit`][flowkit.train.fit] with the number of training points (None when unknown).
@@ -70,6 +73,7 @@ class _Adapted(Objective):
         self.inner = inner
         self.needs_data = bool(getattr(inner, "needs_data", True))
         self.default_clip = getattr(inner, "default_clip", None)
+        self.progress_metrics = tuple(getattr(inner, "progress_metrics", ()))
 
     def loss(self, flow: FlowModel, batch: Any) -> Tensor:
         return self.inner.loss(flow, batch)
