@@ -45,7 +45,10 @@ from flowkit.bijectors import (
     MaskedSplineAutoregressive,
     Moebius,
     Permutation,
+    Planar,
+    Radial,
     Reshape,
+    Residual,
     Reverse,
     RigidCoupling,
     SmoothLeakyReLU,
@@ -87,6 +90,11 @@ Case = Callable[[], tuple[Bijector, Tensor]]
 def _initialised(layer: ActNorm, data: Tensor) -> ActNorm:
     layer(data)  # data-dependent initialisation
     return layer
+
+
+def _contractive(layer: Residual) -> Residual:
+    """A residual block with weights large enough that every layer is at its spectral-norm bound."""
+    return randomize(layer, scale=1.0)
 
 
 def _standardization() -> tuple[Bijector, Tensor]:
@@ -317,6 +325,16 @@ BIJECTORS: dict[str, Case] = {
         ),
         _angles(),
     ),
+    # residual flows (spectral-normalised blocks, fixed-point inverse; eval mode: the exact log-det)
+    "Residual": lambda: (_contractive(Residual(3, hidden=(16, 16), coefficient=0.9)), torch.randn(6, 3)),
+    "Residual(series, tanh)": lambda: (
+        _contractive(Residual(4, hidden=(8,), coefficient=0.8, activation="tanh", logdet="series")),
+        torch.randn(6, 4),
+    ),
+    # planar and radial layers (Rezende & Mohamed 2015)
+    "Planar": lambda: (randomize(Planar(3), scale=1.0), 2 * torch.randn(6, 3)),
+    "Radial": lambda: (randomize(Radial(3), scale=1.0), 2 * torch.randn(6, 3)),
+    "Radial(1 feature)": lambda: (randomize(Radial(1), scale=1.0), 2 * torch.randn(6, 1)),
     "MaskedAutoregressive(SmoothMixture)": lambda: (
         randomize(MaskedAutoregressive(SmoothMixture(2, low=-2.0, high=2.0), 3, hidden=(12,), activation="tanh")),
         torch.rand(6, 3) * 3.8 - 1.9,

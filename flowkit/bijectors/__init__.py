@@ -13,6 +13,8 @@ from .linear import Linear, LULinear
 from .masked_coupling import MaskedCoupling
 from .normalization import ActNorm
 from .permutations import Permutation, Reverse
+from .planar import Planar, Radial
+from .residual import Residual
 from .sphere import ConvexDoubleMoebius, ConvexMoebius, DoubleMoebius, Moebius, RigidCoupling
 from .spline_coupling import CircularSplineCoupling, SplineCoupling
 from .standardization import Standardization
@@ -53,6 +55,9 @@ __all__ = [
     "ConvexDoubleMoebius",
     "RigidCoupling",
     "InternalCoordinates",
+    "Residual",
+    "Planar",
+    "Radial",
     "ContinuousFlow",
     "Domain",
     "Real",

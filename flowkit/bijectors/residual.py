@@ -1,0 +1,418 @@
+r"""Invertible residual layers $z = x + g(x)$ with a contractive $g$ (i-ResNet, residual flows).
+
+$g$ is a network of spectrally normalised linear layers and 1-Lipschitz activations, so
+$\mathrm{Lip}(g) \le c < 1$: the map is invertible (Banach's fixed-point theorem) and
+$\log|\det(I + J_g)| = \sum_{k \ge 1} (-1)^{k+1} \operatorname{tr}(J_g^k) / k$ converges.
+
+References:
+    Behrmann, Grathwohl, Chen, Duvenaud & Jacobsen, *Invertible Residual Networks*, ICML 2019
+    (arXiv:1811.00995);
+    Chen, Behrmann, Duvenaud & Jacobsen, *Residual Flows for Invertible Generative Modeling*,
+    NeurIPS 2019 (arXiv:1906.02735).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from .._validation import check_number
+from .base import Bijector
+
+__all__ = ["Residual", "LipSwish", "SpectralLinear"]
+
+#: How `Residual` computes `log|det(I + J_g)|` in training mode.
+LOGDET = ("exact", "series")
+#: Distributions of the number of extra power-series terms (Russian roulette).
+ESTIMATORS = ("geometric", "poisson")
+
+
+class LipSwish(nn.Module):
+    r"""The 1-Lipschitz Swish $\phi(x) = x \, \sigma(\beta x) / 1.1$ with a learned $\beta = \mathrm{softplus}(b) > 0$.
+
+    $\max_x \frac{d}{dx}[x \sigma(\beta x)] \approx 1.0998$ for every $\beta$, so the division by 1.1
+    makes $\phi$ 1-Lipschitz (Chen et al. 2019, section 4).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.raw_beta = nn.Parameter(torch.tensor(0.5))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * torch.sigmoid(F.softplus(self.raw_beta) * x) / 1.1
+
+    def derivative(self, x: Tensor) -> Tensor:
+        r"""$\phi'(x) = [\sigma(\beta x) + \beta x \, \sigma(\beta x)(1 - \sigma(\beta x))] / 1.1$."""
+        y = F.softplus(self.raw_beta) * x
+        s = torch.sigmoid(y)
+        return (s + y * s * (1 - s)) / 1.1
+
+
+class _Tanh(nn.Module):
+    """`tanh` (1-Lipschitz) with its derivative."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.tanh(x)
+
+    def derivative(self, x: Tensor) -> Tensor:
+        return 1 - torch.tanh(x) ** 2
+
+
+class _ELU(nn.Module):
+    """ELU with `alpha = 1` (1-Lipschitz) with its derivative."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.elu(x)
+
+    def derivative(self, x: Tensor) -> Tensor:
+        return torch.where(x > 0, torch.ones_like(x), torch.exp(torch.clamp(x, max=0.0)))
+
+
+#: The 1-Lipschitz activations `Residual` accepts.
+ACTIVATIONS = {"lipswish": LipSwish, "tanh": _Tanh, "elu": _ELU}
+
+
+#: Power iterations of a layer's first training-mode call, from random vectors.
+_COLD_ITERATIONS = 100
+
+
+class SpectralLinear(nn.Module):
+    r"""A linear layer rescaled to spectral norm at most `coefficient`: $\tilde W = W / \max(1, \sigma(W) / c)$.
+
+    In training mode $\sigma(W)$ is the power-iteration estimate $u^\top W v$, with `iterations`
+    steps per call warm-started from the previous call's vectors (buffers, saved with the model; the
+    first training-mode call of a built or loaded layer takes 100 steps),
+    and the gradient flows through it as in `torch.nn.utils.spectral_norm`. The estimate
+    approaches $\sigma(W)$ from below, so during training the norm of $\tilde W$ may exceed $c$ by
+    the estimate's relative error (tiny once the vectors have converged; `Residual` keeps $c < 1$,
+    so the block stays contractive). In eval mode $\sigma(W)$ is the exact largest singular value,
+    so $\|\tilde W\|_2 \le c$ holds to rounding.
+
+    Arguments:
+        in_features: input size.
+        out_features: output size.
+        coefficient: the bound `c` on the spectral norm, in (0, 1).
+        iterations: power iterations per training-mode call (at least 1).
+
+    References:
+        Miyato, Kataoka, Koyama & Yoshida, *Spectral Normalization for Generative Adversarial
+        Networks*, ICLR 2018 (arXiv:1802.05957); Behrmann et al. 2019 (algorithm 1).
+    """
+
+    def __init__(self, in_features: int, out_features: int, coefficient: float = 0.97, iterations: int = 1) -> None:
+        super().__init__()
+        where = "SpectralLinear"
+        check_number(in_features, "in_features", where=where, integer=True, low=1)
+        check_number(out_features, "out_features", where=where, integer=True, low=1)
+        self.coefficient = check_number(coefficient, "coefficient", where=where, positive=True, below=1)
+        self.iterations = check_number(iterations, "iterations", where=where, integer=True, low=1)
+        linear = nn.Linear(in_features, out_features)
+        self.weight = nn.Parameter(linear.weight.detach().clone())
+        self.bias = nn.Parameter(linear.bias.detach().clone())
+        self.register_buffer("u", F.normalize(torch.randn(out_features), dim=0))
+        self.register_buffer("v", F.normalize(torch.randn(in_features), dim=0))
+        self._cold = True  # the first training-mode call converges the vectors (_COLD_ITERATIONS steps)
+
+    def _sigma(self, update: bool) -> Tensor:
+        if not self.training:
+            return torch.linalg.matrix_norm(self.weight, ord=2)
+        with torch.no_grad():
+            u, v, w = self.u, self.v, self.weight.detach()
+            steps = (_COLD_ITERATIONS if self._cold else self.iterations) if update else 0
+            self._cold = self._cold and not update
+            for _ in range(steps):
+                v = F.normalize(w.T @ u, dim=0, eps=1e-12)
+                u = F.normalize(w @ v, dim=0, eps=1e-12)
+            if update:
+                self.u.copy_(u)
+                self.v.copy_(v)
+            u, v = u.clone(), v.clone()
+        return torch.dot(u, self.weight @ v)
+
+    def normalized_weight(self, update: bool = True) -> Tensor:
+        r"""The rescaled weight $\tilde W$; `update=False` uses the stored power-iteration vectors as they are."""
+        return self.weight / torch.clamp(self._sigma(update) / self.coefficient, min=1.0)
+
+    def forward(self, x: Tensor, update: bool = True) -> Tensor:
+        return F.linear(x, self.normalized_weight(update), self.bias)
+
+    def extra_repr(self) -> str:
+        out, inp = self.weight.shape
+        return f"in_features={inp}, out_features={out}, coefficient={self.coefficient}"
+
+
+def _roulette_tail(estimator: str, parameter: float, m: int) -> float:
+    """`P(N >= m)` for the number `N` of extra terms: geometric `P(N = n) = p (1 - p)^n` or Poisson."""
+    if m <= 0:
+        return 1.0
+    if estimator == "geometric":
+        return (1.0 - parameter) ** m
+    # P(Poisson(rate) >= m) is the regularised lower incomplete gamma function P(m, rate).
+    value = torch.special.gammainc(
+        torch.tensor(float(m), dtype=torch.float64), torch.tensor(parameter, dtype=torch.float64)
+    )
+    return float(value)
+
+
+class Residual(Bijector):
+    r"""Invertible residual block $z = x + g(x)$ (i-ResNet / residual flow) on vectors of `features`.
+
+    $g$ alternates `SpectralLinear` layers (spectral norm
+    at most `coefficient` $= c < 1$, re-normalised at every call, so also after every training step)
+    with 1-Lipschitz activations, hence $\mathrm{Lip}(g) \le c^{L} < 1$ for $L$ linear layers.
+
+    **Log-determinant.** $\log|\det(I + J_g(x))|$ is computed
+
+    - `logdet="exact"`: from the Jacobian $J_g = W_L \operatorname{diag}(\phi'(a_{L-1})) W_{L-1} \cdots
+      \operatorname{diag}(\phi'(a_1)) W_1$ assembled layer by layer and `slogdet` (deterministic; costs
+      $O(D^3)$ per point, meant for small $D$);
+    - `logdet="series"` (training mode only): by the power series
+      $\sum_{k \ge 1} (-1)^{k+1} v^\top J_g^k v / k$ with one Gaussian Hutchinson probe $v$, truncated after
+      `exact_terms` $+ N$ terms where $N$ is drawn once per call (geometric, $P(N = n) = p(1-p)^n$, or
+      Poisson with mean `rate`), term $k$ weighted by $1 / P(N \ge k - n_\text{exact})$: the Russian-roulette
+      estimator, unbiased for the log-determinant (Chen et al. 2019, theorem 1). With `neumann=True` its
+      gradient comes from the Neumann series
+      $\partial \log\det(I + J) = \sum_{m \ge 0} (-1)^m \operatorname{tr}(J^m \, \partial J)$ with the same
+      weights, evaluated as one vector-Jacobian product with a graph, $w^\top \partial J \, v$ with
+      $w^\top = \sum_m (-1)^m c_{m+1} v^\top J^m$ built without one: memory does not grow with the number
+      of terms (Chen et al. 2019, section 3.2). With `neumann=False` autograd differentiates the truncated
+      series itself.
+
+    In eval mode (`flow.eval()`, as in `check_bijector`) the log-determinant is always the exact one, so
+    `log_prob` is deterministic whatever `logdet` says; with many features that costs one $D \times D$
+    determinant per point.
+
+    **Inverse.** The fixed-point iteration $x_{k+1} = z - g(x_k)$ from $x_0 = z$, a contraction with rate
+    $\mathrm{Lip}(g) \le c$, runs until $\max |x_{k+1} - x_k| \le$ `tolerance` (or, below that, the dtype's
+    rounding floor $8 \varepsilon \max(1, |z|)$), at most `max_iterations` times; the result is then within
+    $c / (1 - c) \cdot$ `tolerance` of the exact inverse in every coordinate. Gradients of the inverse are
+    the implicit ones, $\partial x / \partial z = (I + J_g)^{-1}$ and
+    $\partial x / \partial \theta = -(I + J_g)^{-1} \partial g / \partial \theta$, applied by the same
+    fixed-point iteration on the incoming gradient.
+
+    Arguments:
+        features: number of features `D`.
+        hidden: hidden sizes of $g$.
+        coefficient: the spectral-norm bound `c` of every linear layer, in (0, 1).
+        activation: `"lipswish"` (learned $\beta$), `"tanh"` or `"elu"`.
+        logdet: `"exact"` or `"series"` (training mode; eval mode is always exact).
+        estimator: distribution of the number of extra terms, `"geometric"` or `"poisson"`.
+        p: success probability of the geometric distribution, in (0, 1) (mean $(1 - p) / p$ extra terms).
+        rate: mean of the Poisson distribution (positive).
+        exact_terms: terms always included before the roulette starts (non-negative).
+        neumann: use the memory-efficient Neumann-series gradient.
+        power_iterations: power iterations per training-mode call of each linear layer.
+        tolerance: stopping tolerance of the fixed-point inverse (positive).
+        max_iterations: the most fixed-point iterations.
+
+    References:
+        Behrmann et al., *Invertible Residual Networks*, ICML 2019 (arXiv:1811.00995);
+        Chen et al., *Residual Flows for Invertible Generative Modeling*, NeurIPS 2019 (arXiv:1906.02735).
+    """
+
+    def __init__(
+        self,
+        features: int,
+        hidden: Sequence[int] = (64, 64),
+        coefficient: float = 0.97,
+        activation: str = "lipswish",
+        logdet: str = "exact",
+        estimator: str = "geometric",
+        p: float = 0.5,
+        rate: float = 2.0,
+        exact_terms: int = 2,
+        neumann: bool = True,
+        power_iterations: int = 1,
+        tolerance: float = 1e-10,
+        max_iterations: int = 2000,
+    ) -> None:
+        super().__init__()
+        where = "Residual"
+        check_number(features, "features", where=where, integer=True, low=1)
+        if isinstance(hidden, (str, bytes)) or not isinstance(hidden, Sequence):
+            raise ValueError(f"{where}: hidden must be a sequence of layer sizes, got {hidden!r}")
+        for size in hidden:
+            check_number(size, "every hidden size", where=where, integer=True, low=1)
+        self.coefficient = check_number(coefficient, "coefficient", where=where, positive=True, below=1)
+        for name, value, choices in (
+            ("activation", activation, tuple(ACTIVATIONS)),
+            ("logdet", logdet, LOGDET),
+            ("estimator", estimator, ESTIMATORS),
+        ):
+            if value not in choices:
+                raise ValueError(f"{where}: {name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+        self.p = check_number(p, "p", where=where, positive=True, below=1)
+        self.rate = check_number(rate, "rate", where=where, positive=True)
+        self.exact_terms = check_number(exact_terms, "exact_terms", where=where, integer=True, low=0)
+        check_number(power_iterations, "power_iterations", where=where, integer=True, low=1)
+        self.tolerance = check_number(tolerance, "tolerance", where=where, positive=True)
+        self.max_iterations = check_number(max_iterations, "max_iterations", where=where, integer=True, low=1)
+        if not isinstance(neumann, bool):
+            raise ValueError(f"{where}: neumann must be True or False, got {neumann!r}")
+        self.event_shape = torch.Size((features,))
+        self.logdet, self.estimator, self.neumann = logdet, estimator, neumann
+        sizes = [features, *hidden, features]
+        self.linears = nn.ModuleList(
+            SpectralLinear(a, b, coefficient, power_iterations) for a, b in zip(sizes[:-1], sizes[1:], strict=False)
+        )
+        self.activations = nn.ModuleList(ACTIVATIONS[activation]() for _ in hidden)
+        with torch.no_grad():  # start near the identity
+            self.linears[-1].weight.mul_(0.1)
+            self.linears[-1].bias.zero_()
+
+    # -- the network g and its Jacobian --------------------------------------------------------------------------
+
+    def _weights(self, update: bool = True) -> list[Tensor]:
+        """The normalised weight of every linear layer; `update=False` keeps the power-iteration vectors."""
+        return [linear.normalized_weight(update) for linear in self.linears]
+
+    def _network(self, x: Tensor, weights: list[Tensor]) -> Tensor:
+        h = x
+        for i, (linear, weight) in enumerate(zip(self.linears, weights, strict=True)):
+            h = F.linear(h, weight, linear.bias)
+            if i < len(self.activations):
+                h = self.activations[i](h)
+        return h
+
+    def residual(self, x: Tensor) -> Tensor:
+        """$g(x)$."""
+        return self._network(x, self._weights())
+
+    def _residual_and_jacobian(self, x: Tensor, weights: list[Tensor]) -> tuple[Tensor, Tensor]:
+        """$g(x)$ and $J_g(x)$ of shape `(N, D, D)` for `x` of shape `(N, D)`."""
+        h, jac = x, None
+        for i, (linear, weight) in enumerate(zip(self.linears, weights, strict=True)):
+            a = F.linear(h, weight, linear.bias)
+            jac = weight.expand(x.shape[0], *weight.shape) if jac is None else weight @ jac
+            if i < len(self.activations):
+                act = self.activations[i]
+                jac = act.derivative(a).unsqueeze(-1) * jac
+                h = act(a)
+            else:
+                h = a
+        return h, jac
+
+    def spectral_norms(self) -> Tensor:
+        """Exact spectral norms of the weights $g$ uses in the current mode, one per linear layer (no update)."""
+        with torch.no_grad():
+            return torch.stack(
+                [torch.linalg.matrix_norm(lin.normalized_weight(update=False), ord=2) for lin in self.linears]
+            )
+
+    # -- log-determinants ----------------------------------------------------------------------------------------
+
+    def _exact(self, x: Tensor, weights: list[Tensor]) -> tuple[Tensor, Tensor]:
+        g, jac = self._residual_and_jacobian(x, weights)
+        eye = torch.eye(x.shape[-1], dtype=x.dtype, device=x.device)
+        return g, torch.linalg.slogdet(eye + jac)[1]
+
+    def _draw_terms(self) -> int:
+        if self.estimator == "geometric":
+            extra = int(torch.empty((), dtype=torch.float64).geometric_(self.p).item()) - 1
+        else:
+            extra = int(torch.poisson(torch.tensor(self.rate, dtype=torch.float64)).item())
+        return self.exact_terms + extra
+
+    def _weight(self, k: int) -> float:
+        r"""The roulette weight $1 / P(N \ge k - n_\text{exact})$ of power-series term `k`."""
+        parameter = self.p if self.estimator == "geometric" else self.rate
+        return 1.0 / _roulette_tail(self.estimator, parameter, k - self.exact_terms)
+
+    def _series(self, x: Tensor, weights: list[Tensor]) -> tuple[Tensor, Tensor]:
+        grad_enabled = torch.is_grad_enabled()
+        terms = self._draw_terms()
+        with torch.enable_grad():
+            x_ = x if x.requires_grad else x.detach().requires_grad_(True)
+            g = self._network(x_, weights)
+            v = torch.randn_like(x_)
+            ladj = x_.new_zeros(x_.shape[0])
+            vjp = v
+            if self.neumann:
+                w = v
+                with torch.no_grad():
+                    for k in range(1, terms + 1):
+                        vjp = torch.autograd.grad(g, x_, vjp, retain_graph=True)[0]  # v^T J^k
+                        ladj = ladj + (-1) ** (k + 1) / k * self._weight(k) * (vjp * v).sum(-1)
+                        if k < terms:
+                            w = w + (-1) ** k * self._weight(k + 1) * vjp
+                if terms > 0 and grad_enabled:
+                    surrogate = (torch.autograd.grad(g, x_, w, create_graph=True)[0] * v).sum(-1)
+                    ladj = ladj + surrogate - surrogate.detach()
+            else:
+                for k in range(1, terms + 1):
+                    vjp = torch.autograd.grad(g, x_, vjp, create_graph=grad_enabled, retain_graph=True)[0]
+                    ladj = ladj + (-1) ** (k + 1) / k * self._weight(k) * (vjp * v).sum(-1)
+        if not grad_enabled:
+            g, ladj = g.detach(), ladj.detach()
+        return g, ladj
+
+    def _residual_and_ladj(self, x: Tensor, update: bool = True) -> tuple[Tensor, Tensor]:
+        flat = x.reshape(-1, x.shape[-1])
+        series = self.training and self.logdet == "series"
+        weights = self._weights(update)
+        g, ladj = self._series(flat, weights) if series else self._exact(flat, weights)
+        return g.reshape(x.shape), ladj.reshape(x.shape[:-1])
+
+    # -- the bijector --------------------------------------------------------------------------------------------
+
+    def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        g, ladj = self._residual_and_ladj(x)
+        return x + g, ladj
+
+    def call(self, x: Tensor, context: Tensor | None = None) -> Tensor:
+        return x + self.residual(x)
+
+    def _fixed_point(self, z: Tensor) -> Tensor:
+        with torch.no_grad():
+            floor = 8 * torch.finfo(z.dtype).eps * max(1.0, float(z.abs().max())) if z.numel() else 0.0
+            tolerance = max(self.tolerance, floor)
+            weights = self._weights(update=False)
+            x = z
+            for _ in range(self.max_iterations):
+                x_next = z - self._network(x, weights)
+                step = float((x_next - x).abs().max()) if z.numel() else 0.0
+                x = x_next
+                if step <= tolerance:
+                    break
+        return x
+
+    def _implicit(self, z: Tensor, root: Tensor) -> Tensor:
+        """`root` with the implicit gradients of $x = z - g(x)$ (a fixed-point solve of the adjoint in backward)."""
+        if not (torch.is_grad_enabled() and (z.requires_grad or any(p.requires_grad for p in self.parameters()))):
+            return root
+        x0 = root.detach().requires_grad_(True)
+        g = self._network(x0, self._weights(update=False))
+        x = z - g
+        if x.requires_grad:
+            tolerance, iterations = self.tolerance, self.max_iterations
+
+            def adjoint(grad: Tensor) -> Tensor:
+                # u = grad - J_g^T u, i.e. u = (I + J_g)^{-T} grad, by the same contraction.
+                u = grad
+                for _ in range(iterations):
+                    u_next = grad - torch.autograd.grad(g, x0, u, retain_graph=True)[0]
+                    step = float((u_next - u).abs().max()) if u.numel() else 0.0
+                    u = u_next
+                    if step <= tolerance * max(1.0, float(grad.abs().max())):
+                        break
+                return u
+
+            x.register_hook(adjoint)
+        return x
+
+    def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        x = self._implicit(z, self._fixed_point(z))
+        _, ladj = self._residual_and_ladj(x, update=False)
+        return x, -ladj
+
+    def inverse_call(self, z: Tensor, context: Tensor | None = None) -> Tensor:
+        return self._implicit(z, self._fixed_point(z))
+
+    def extra_repr(self) -> str:
+        hidden = tuple(lin.weight.shape[0] for lin in self.linears[:-1])
+        return (
+            f"features={self.event_shape[0]}, hidden={hidden}, coefficient={self.coefficient}, logdet={self.logdet!r}"
+        )
