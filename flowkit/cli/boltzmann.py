@@ -1,6 +1,8 @@
 """`flowkit boltzmann TARGET`: train a Boltzmann generator on a built-in target and write model, metrics and plots.
 
-TARGET is `double-well`, `many-well`, `gmm`, `phi4` or `alanine-dipeptide` (OpenMM, the `md`
+TARGET is `double-well`, `many-well`, `gmm`, `phi4`, `yukawa` (phi^4 with two flavours of staggered fermions,
+Yukawa coupling `--g`, the exact determinant: `--L` up to 16; metrics add the chiral condensate) or
+`alanine-dipeptide` (OpenMM, the `md`
 extra: an internal-coordinate flow, maximum likelihood on cached Langevin MD frames of
 `--md-ns` ns at `--temperature`, the last 10% held out to keep the best weights; metrics.json gets
 P(phi > 0) raw, reweighted and in MD with their errors and F(phi) against MD; `ramachandran.png` (raw and
@@ -130,6 +132,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--m2", type=float, default=-4.0, help="phi4 mass squared (default -4)")
     parser.add_argument("--lam", type=float, default=8.0, help="phi4 coupling (default 8)")
     parser.add_argument("--z2", action="store_true", help="phi4 with --flow lattice: Z2-symmetric conditioners")
+    parser.add_argument(
+        "--g", type=float, default=0.6, help="yukawa: Yukawa coupling of the staggered fermions (default 0.6)"
+    )
     parser.add_argument("--kappa", type=float, default=8.0, help="octupole field strength (default 8)")
     parser.add_argument("--bodies", type=int, default=3, help="dipoles: number of rigid dipoles (default 3)")
     parser.add_argument(

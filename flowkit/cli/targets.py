@@ -128,6 +128,12 @@ def _phi4(args: argparse.Namespace) -> Any:
     return Phi4(args.L, args.m2, args.lam)
 
 
+def _yukawa(args: argparse.Namespace) -> Any:
+    from ..targets import YukawaStaggered
+
+    return YukawaStaggered(args.L, args.m2, args.lam, args.g)
+
+
 def _solvent(args: argparse.Namespace) -> str | None:
     return None if args.solvent == "vacuum" else args.solvent
 
@@ -319,6 +325,20 @@ def _md_reference(args: argparse.Namespace, target: Any) -> Any:
     return _md_samples(args, target) if args.md_ns > 0 else None
 
 
+def _yukawa_observables(args: argparse.Namespace, run: Evaluation) -> dict[str, Any]:
+    """The lattice observables (IMH and exact-determinant HMC) plus the chiral condensate |Sigma| of each chain."""
+    from .. import lattice
+
+    out = _lattice_observables(args, run)
+    chains = {"imh": run.chain, **({} if run.reference is None else {"hmc": run.reference})}
+    for name, samples in chains.items():
+        thinned = samples[:: max(1, samples.shape[0] // 500)]
+        blocks = max(2, min(20, thinned.shape[0] // 10))
+        measured = lattice.measure_fermions(thinned, run.target.dirac, blocks=blocks)
+        out["observables"][name]["abs_chiral_condensate"] = [float(v) for v in measured["abs_chiral_condensate"]]
+    return out
+
+
 def _alanine_metrics(args: argparse.Namespace, run: Evaluation) -> dict[str, Any]:
     """P(phi > 0) raw, reweighted and in MD with errors, F(phi) against MD, and the resampled configurations.
 
@@ -475,6 +495,13 @@ TARGET_SPECS: dict[str, TargetSpec] = {
         plots=_lattice_plots,
         plot_files=("configurations.png", "magnetization.png", "autocorrelation.png"),
         metrics=_lattice_observables,
+    ),
+    "yukawa": TargetSpec(
+        _yukawa,
+        _flow_by_name,
+        plots=_lattice_plots,
+        plot_files=("configurations.png", "magnetization.png", "autocorrelation.png"),
+        metrics=_yukawa_observables,
     ),
     "alanine-dipeptide": TargetSpec(
         _alanine_dipeptide,
