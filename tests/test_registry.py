@@ -9,7 +9,8 @@ from flowkit.flows.registry import count_parameters
 
 
 def test_names_are_the_registry_keys():
-    assert PRESET_NAMES == tuple(PRESETS) == ("nsf", "nsf-coupling", "realnvp", "maf", "lattice")
+    assert PRESET_NAMES == tuple(PRESETS)
+    assert PRESET_NAMES[:5] == ("nsf", "nsf-coupling", "realnvp", "maf", "lattice") and "cnf" in PRESET_NAMES
 
 
 @pytest.mark.parametrize("name", PRESET_NAMES)

@@ -70,8 +70,9 @@ def flowkit_model(
 MODELS: dict[str, Builder] = {f"flowkit-{name}": partial(flowkit_model, name) for name in PRESET_NAMES}
 """Model name -> builder: `flowkit-NAME` for each flowkit preset."""
 
-DEFAULT_MODELS: tuple[str, ...] = tuple(name for name in MODELS if name != "flowkit-lattice")
-"""Models run by default: every flowkit preset but `lattice` (square numbers of features only)."""
+DEFAULT_MODELS: tuple[str, ...] = tuple(name for name in MODELS if name not in ("flowkit-lattice", "flowkit-cnf"))
+"""Models run by default: every flowkit preset but `lattice` (square numbers of features only) and `cnf`
+(an ODE solve per step; its benchmark against zuko's CNF is bench/continuous.py)."""
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

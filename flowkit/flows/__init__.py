@@ -5,6 +5,7 @@
 """
 
 from .base import FlowModel
+from .continuous import CNF
 from .flow import Flow, FlowDistribution
 from .images import EIW, Glow
 from .lattice import LatticeFlow
@@ -21,6 +22,7 @@ __all__ = [
     "RealNVP",
     "MAF",
     "NSF",
+    "CNF",
     "Glow",
     "EIW",
     "LatticeFlow",

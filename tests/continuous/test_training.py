@@ -179,3 +179,17 @@ def test_bad_arguments_are_value_errors():
     cnf = Flow(ContinuousFlow(VectorField(2, hidden=(8,)), 2), StandardNormal(2))
     with pytest.raises(ValueError, match="bounds"):
         LearnEndTime(cnf, bounds=(2.0, 1.0))
+
+
+def test_progress_bar_shows_the_objectives_progress_metrics():
+    import io
+    from types import SimpleNamespace
+
+    from tqdm import tqdm
+
+    from flowkit.train.callbacks import Progress
+
+    progress = Progress(3, metrics=RegularizedLikelihood.progress_metrics)
+    progress.bar = tqdm(total=3, file=io.StringIO(), disable=False)
+    progress.on_step_end(SimpleNamespace(last=SimpleNamespace(loss=1.25, metrics={"nfe": 26.0, "t1": 1.0, "nll": 2})))
+    assert progress.bar.postfix == "loss=1.25, nfe=26, t1=1"
