@@ -88,6 +88,7 @@ from flowkit.bijectors.internal import same_chirality
 from flowkit.data import alanine_dipeptide_md
 from flowkit.flows import internal_coordinate_flow
 from flowkit.sampling import ess, importance_sample
+from flowkit.stats import free_energy_profile
 from flowkit.targets import AlanineDipeptide
 from flowkit.targets.alanine import (
     ALANINE_CHIRAL_CENTRES,
@@ -117,25 +118,17 @@ class _Report(Callback):
 
 def free_energy(phi: np.ndarray, log_w: np.ndarray | None = None) -> np.ndarray:
     """-log of the (weighted) histogram density of phi on `EDGES`, in kT (inf in empty bins)."""
-    w = None if log_w is None else np.exp(log_w - log_w.max())
-    hist, _ = np.histogram(phi, bins=EDGES, weights=w, density=True)
-    with np.errstate(divide="ignore"):
-        return -np.log(hist)
+    return free_energy_profile(phi, log_w, bins=len(EDGES) - 1, error=None).free_energy
 
 
 def bootstrap_error(phi: np.ndarray, log_w: np.ndarray, reps: int, seed: int) -> np.ndarray:
     """Per-bin standard deviation of the reweighted free energy over `reps` bootstrap resamples of the flow samples."""
-    rng = np.random.default_rng(seed)
-    profiles = np.array([free_energy(phi[idx], log_w[idx]) for idx in rng.integers(0, len(phi), (reps, len(phi)))])
-    profiles[~np.isfinite(profiles)] = np.nan
-    return np.nanstd(profiles, axis=0)
+    return free_energy_profile(phi, log_w, bins=len(EDGES) - 1, resamples=reps, seed=seed).error
 
 
 def block_error(phi: np.ndarray, blocks: int) -> np.ndarray:
     """Per-bin standard error of the MD free energy from `blocks` contiguous blocks (correlated frames)."""
-    profiles = np.array([free_energy(p) for p in np.array_split(phi, blocks)])
-    profiles[~np.isfinite(profiles)] = np.nan
-    return np.nanstd(profiles, axis=0, ddof=1) / math.sqrt(blocks)
+    return free_energy_profile(phi, bins=len(EDGES) - 1, error="blocks", blocks=blocks).error
 
 
 def forward_ess(log_w: torch.Tensor) -> float:
