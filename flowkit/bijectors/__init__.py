@@ -4,7 +4,6 @@ from ..domains import Circle, Domain, Interval, Product, Real, Sphere
 from .activations import Logit, SmoothLeakyReLU, SmoothTanh
 from .autoregressive import MaskedAffineAutoregressive, MaskedAutoregressive, MaskedSplineAutoregressive
 from .base import Bijector, Chain, Invert, Reshape
-from .block_autoregressive import BlockNeuralAutoregressive
 from .continuous import ContinuousFlow
 from .coupling import AffineCoupling, Coupling
 from .image import Conv1x1, EIWShuffle, FactorOut, Squeeze
@@ -48,7 +47,6 @@ __all__ = [
     "MaskedAutoregressive",
     "MaskedAffineAutoregressive",
     "MaskedSplineAutoregressive",
-    "BlockNeuralAutoregressive",
     "Moebius",
     "DoubleMoebius",
     "ConvexMoebius",

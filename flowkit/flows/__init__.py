@@ -12,6 +12,7 @@ from .lattice import LatticeFlow
 from .molecules import internal_coordinate_flow
 from .presets import MAF, NSF, RealNVP
 from .registry import DATA_PRESETS, PRESET_NAMES, PRESETS, build_data_flow, build_flow, parse_hidden
+from .residual import PlanarFlow, ResidualFlow
 from .rigid import RigidBodyFlow
 from .tails import COMET, TailAdaptive
 
@@ -22,6 +23,8 @@ __all__ = [
     "RealNVP",
     "MAF",
     "NSF",
+    "ResidualFlow",
+    "PlanarFlow",
     "CNF",
     "Glow",
     "EIW",

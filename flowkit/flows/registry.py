@@ -10,6 +10,8 @@
 | `realnvp` | [`RealNVP`][flowkit.flows.RealNVP] | 8 layers, hidden `(128, 128)` |
 | `maf` | [`MAF`][flowkit.flows.MAF] | 5 layers, hidden `(64, 64)` |
 | `lattice` | [`LatticeFlow`][flowkit.flows.LatticeFlow] on `D = L^2` features (an `L x L` lattice) | 16, `(8, 8)` |
+| `residual` | [`ResidualFlow`][flowkit.flows.ResidualFlow] (series log-det above 64 features) | 5, `(64, 64)` |
+| `planar` | [`PlanarFlow`][flowkit.flows.PlanarFlow] | 16 layers |
 | `cnf` | [`CNF`][flowkit.flows.CNF], a continuous normalizing flow (FFJORD) | 1 ODE block, hidden `(64, 64)` |
 
 Example:
@@ -33,6 +35,7 @@ from .flow import Flow
 from .images import EIW, Glow
 from .lattice import LatticeFlow
 from .presets import MAF, NSF, RealNVP
+from .residual import PlanarFlow, ResidualFlow
 from .tails import COMET, TailAdaptive
 
 __all__ = [
@@ -78,6 +81,15 @@ def _cnf(features: int, transforms: int | None, hidden: Sequence[int] | None, bi
     return CNF(features, transforms=transforms or 1, hidden=tuple(hidden or (64, 64)))
 
 
+def _residual(features: int, transforms: int | None, hidden: Sequence[int] | None, bins: int) -> Flow:
+    logdet = "exact" if features <= 64 else "series"
+    return ResidualFlow(features, transforms=transforms or 5, hidden=tuple(hidden or (64, 64)), logdet=logdet)
+
+
+def _planar(features: int, transforms: int | None, hidden: Sequence[int] | None, bins: int) -> Flow:
+    return PlanarFlow(features, transforms=transforms or 16)
+
+
 PRESETS: dict[str, Callable[[int, int | None, Sequence[int] | None, int], Flow]] = {
     "nsf": _nsf,
     "nsf-coupling": partial(_nsf, coupling=True),
@@ -85,6 +97,8 @@ PRESETS: dict[str, Callable[[int, int | None, Sequence[int] | None, int], Flow]]
     "maf": _maf,
     "lattice": _lattice,
     "cnf": _cnf,
+    "residual": _residual,
+    "planar": _planar,
 }
 """Preset name -> constructor `(features, transforms, hidden, bins) -> Flow`.
 
@@ -106,7 +120,7 @@ def build_flow(
     """Build the preset called `name` (case-insensitive; one of `PRESET_NAMES`).
 
     Arguments:
-        name: `nsf`, `nsf-coupling`, `realnvp`, `maf` or `lattice`.
+        name: a name of `PRESETS` (the table of the module: `nsf`, `nsf-coupling`, `realnvp`, `maf`, ...).
         features: data dimension `D`.
         transforms: number of layers (default 5; 8 for `realnvp`, 16 for `lattice`).
         hidden: conditioner hidden sizes (default `(128, 128)`; `(64, 64)` for `maf`, `(8, 8)` for `lattice`).
