@@ -6,6 +6,7 @@ from .callbacks import EMA, Callback
 from .dependent import DependenceUpdate, DependentMaximumLikelihood
 from .fab import FAB, PrioritisedReplayBuffer
 from .force_matching import ForceMatching
+from .free_form import FreeFormLikelihood
 from .likelihood import ForwardKLPathGradient, MaximumLikelihood
 from .loop import History, default_threads, fit
 from .objective import Objective
@@ -25,6 +26,7 @@ __all__ = [
     "FAB",
     "PrioritisedReplayBuffer",
     "ForceMatching",
+    "FreeFormLikelihood",
     "ScoreMatching",
     "EMA",
     "Callback",

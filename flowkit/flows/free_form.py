@@ -1,0 +1,328 @@
+r"""Free-form flows: any encoder/decoder pair of networks as a generative model.
+
+A free-form flow has an *encoder* $f: \mathbb{R}^D \to \mathbb{R}^d$ (data to latent), a *decoder*
+$g: \mathbb{R}^d \to \mathbb{R}^D$ (latent to data) and a latent distribution $p_Z$; samples are
+$x = g(z)$, $z \sim p_Z$. Neither network is constrained to be invertible: training
+([`FreeFormLikelihood`][flowkit.train.FreeFormLikelihood]) makes $g \approx f^{-1}$ by a reconstruction
+loss and trains the change of variables with a cheap surrogate of its log-determinant gradient.
+
+- [`FreeFormFlow`][flowkit.flows.FreeFormFlow] ($d = D$, free-form flows, Draxler, Sorrenson et al.,
+  AISTATS 2024): the density is the change of variables through the encoder,
+
+  $$
+  \log p(x) = \log p_Z(f(x)) + \log \lvert \det f'(x) \rvert .
+  $$
+
+- [`InjectiveFlow`][flowkit.flows.InjectiveFlow] ($d < D$, free-form injective flows, Sorrenson,
+  Draxler et al., ICLR 2024): the decoder embeds a $d$-dimensional manifold $g(\mathbb{R}^d)$ in
+  $\mathbb{R}^D$, the encoder projects onto it, and the density on the manifold (with respect to its
+  volume measure) is evaluated at the projection $z = f(x)$,
+
+  $$
+  \log p(x) = \log p_Z(z) - \tfrac{1}{2} \log \det \big(g'(z)^\top g'(z)\big), \qquad z = f(x),
+  $$
+
+  as the paper evaluates its test NLL. Samples lie on the manifold exactly.
+
+Both Jacobians are computed exactly, by forward-mode differentiation in every input direction
+($D$ passes for the encoder, $d$ for the decoder, batched into one), so evaluation costs $O(D)$
+network passes per point and an $O(D^3)$ determinant; training never forms them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.autograd.forward_ad as fwad
+from torch import Tensor, nn
+
+from .._validation import check_context, check_number, check_tensor, module_dtype, outermost
+from ..bijectors import Bijector
+from ..distributions import Distribution, StandardNormal
+from ..utils import as_shape
+from .base import FlowModel
+
+__all__ = ["FreeFormFlow", "InjectiveFlow", "jacobian"]
+
+#: Rows (points times directions) of one batched forward-mode pass when a Jacobian is formed.
+_JACOBIAN_ROWS = 2**15
+
+
+def jacobian(function: Callable[[Tensor], Tensor], x: Tensor) -> tuple[Tensor, Tensor]:
+    r"""`(function(x), J)` for points `x` of shape `(B, n)`, with `J[b] =` $\partial\,$`function`$(x_b)/\partial x_b$.
+
+    `function` maps `(N, n)` to `(N, m)` row by row. The Jacobian is exact: forward-mode derivatives
+    along the $n$ unit vectors, batched into passes of at most $2^{15}$ rows. It is differentiable
+    (training through it by reverse mode works).
+
+    Returns:
+        The values `(B, m)` and the Jacobians `(B, m, n)`.
+    """
+    batch, n = x.shape
+    chunk = max(1, _JACOBIAN_ROWS // n)
+    values, jacobians = [], []
+    eye = torch.eye(n, dtype=x.dtype, device=x.device)
+    for part in x.split(chunk):
+        b = part.shape[0]
+        points = part.unsqueeze(0).expand(n, b, n).reshape(n * b, n)
+        directions = eye.unsqueeze(1).expand(n, b, n).reshape(n * b, n)
+        with fwad.dual_level():
+            out = function(fwad.make_dual(points, directions))
+            value, tangent = fwad.unpack_dual(out)
+        m = value.shape[-1]
+        if tangent is None:  # the function does not depend on its input
+            tangent = torch.zeros_like(value)
+        values.append(value[:b])
+        jacobians.append(tangent.reshape(n, b, m).permute(1, 2, 0))
+    return torch.cat(values), torch.cat(jacobians)
+
+
+class _EncoderDecoderFlow(FlowModel):
+    """What both free-form models share: the two networks, the base, sampling and the input checks."""
+
+    _flowkit_register = False
+
+    def __init__(
+        self,
+        encoder: nn.Module,
+        decoder: nn.Module,
+        features: int,
+        latent_features: int,
+        base: Distribution | None,
+        where: str,
+    ) -> None:
+        super().__init__()
+        features = int(check_number(features, "features", where=where, integer=True, low=1))
+        latent_features = int(check_number(latent_features, "latent_features", where=where, integer=True, low=1))
+        for name, net in (("encoder", encoder), ("decoder", decoder)):
+            if not isinstance(net, nn.Module):
+                raise ValueError(f"{where}: {name} must be a torch.nn.Module, got {type(net).__name__}")
+        if base is None:  # in the networks' dtype
+            base = StandardNormal(latent_features).to(module_dtype(encoder) or torch.get_default_dtype())
+        if not isinstance(base, Distribution):
+            raise ValueError(f"{where}: base must be a flowkit Distribution, got {type(base).__name__}")
+        if tuple(base.event_shape) != (latent_features,):
+            raise ValueError(
+                f"{where}: the base's event shape {tuple(base.event_shape)} is not the latent shape "
+                f"({latent_features},)"
+            )
+        self.encoder, self.decoder, self.base = encoder, decoder, base
+        self.features, self.latent_features = features, latent_features
+        self._check_shapes(where)
+
+    def _check_shapes(self, where: str) -> None:
+        """Refuse networks whose outputs do not have the latent and data shapes (one pass on a zero point)."""
+        dtype = module_dtype(self.encoder) or module_dtype(self.base) or torch.get_default_dtype()
+        checks = (
+            ("encoder", self.encoder, self.features, self.latent_features),
+            ("decoder", self.decoder, self.latent_features, self.features),
+        )
+        for name, net, inputs, outputs in checks:
+            with torch.no_grad():
+                try:
+                    out = net(torch.zeros(2, inputs, dtype=dtype))
+                except RuntimeError as error:
+                    raise ValueError(
+                        f"{where}: the {name} cannot take inputs of shape (N, {inputs}): {error}"
+                    ) from None
+            if not isinstance(out, Tensor) or tuple(out.shape) != (2, outputs):
+                got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+                raise ValueError(
+                    f"{where}: the {name} maps inputs of shape (2, {inputs}) to {got}; it must give (2, {outputs})"
+                )
+
+    @property
+    def event_shape(self) -> torch.Size:
+        return torch.Size([self.features])
+
+    def preprocess(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """The points the encoder takes and the log-determinant of that map (the identity here)."""
+        return x, x.new_zeros(x.shape[:-1])
+
+    def encode(self, x: Tensor) -> Tensor:
+        """Latent points `z = f(x)` of shape `(..., d)` for data `x` of shape `(..., D)`."""
+        y = self.preprocess(x)[0]
+        return self.encoder(y.reshape(-1, self.features)).reshape(*x.shape[:-1], self.latent_features)
+
+    def decode(self, z: Tensor) -> Tensor:
+        """Data points `x = g(z)` of shape `(..., D)` for latent points `z` of shape `(..., d)`."""
+        return self.decoder(z.reshape(-1, self.latent_features)).reshape(*z.shape[:-1], self.features)
+
+    def reconstruct(self, x: Tensor) -> Tensor:
+        """`g(f(x))`: the reconstruction of `x` (for an injective flow, its projection onto the manifold)."""
+        return self.decode(self.encode(x))
+
+    def _check(self, x: Tensor, context: Tensor | None, where: str) -> None:
+        with outermost() as check:
+            if check:
+                check_tensor(x, self.event_shape, name="x", dtype=module_dtype(self), where=where)
+                check_context(context, 0, None, where=where)
+
+    def log_prob(self, x: Tensor, context: Tensor | None = None) -> Tensor:
+        """Log density of events `x` `(..., D)` (see the class), with the batch shape."""
+        self._check(x, context, f"{type(self).__name__}.log_prob")
+        flat = x.reshape(-1, self.features)
+        return self._log_density(flat).reshape(x.shape[:-1])
+
+    def path_log_likelihood(self, x: Tensor, context: Tensor | None = None) -> Tensor:
+        """The exact log density [`log_prob`][flowkit.flows.FreeFormFlow.log_prob] (no path-space variable)."""
+        return self.log_prob(x, context)
+
+    def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
+        """Same as `log_prob`."""
+        return self.log_prob(x, context)
+
+    def _log_density(self, x: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def rsample(self, shape: int | Sequence[int] = (), context: Tensor | None = None) -> Tensor:
+        """Samples `g(z)`, `z ~ base`, of shape `(*shape, D)`, differentiable in the decoder's parameters."""
+        check_context(context, 0, None, where=f"{type(self).__name__}.sample")
+        return self.decode(self.base.rsample(as_shape(shape)))
+
+    @torch.no_grad()
+    def sample(self, shape: int | Sequence[int] = (), context: Tensor | None = None) -> Tensor:
+        """Samples `g(z)`, `z ~ base`, of shape `(*shape, D)`, without gradients."""
+        return self.rsample(shape, context)
+
+    def auxiliary_loss(self) -> Tensor | None:
+        return None
+
+
+class FreeFormFlow(_EncoderDecoderFlow):
+    r"""A free-form flow: an encoder $f$ and a decoder $g$ on $\mathbb{R}^D$, any two networks.
+
+    Draxler, Sorrenson, Zimmermann, Rousselot & Köthe, "Free-form flows: make any architecture a
+    normalizing flow", AISTATS 2024. The model is trained with
+    [`FreeFormLikelihood`][flowkit.train.FreeFormLikelihood] so that $g \approx f^{-1}$; its exact density
+    is the change of variables through the encoder (after an optional fixed `preprocessing` bijector $h$,
+    such as a [`Standardization`][flowkit.bijectors.Standardization]):
+
+    $$
+    \log p(x) = \log p_Z\big(f(h(x))\big) + \log \lvert \det f'(h(x)) \rvert + \log \lvert \det h'(x) \rvert ,
+    $$
+
+    with the $D \times D$ Jacobian $f'$ formed by forward-mode differentiation (exact, $D$ network passes)
+    and its log-determinant by `torch.linalg.slogdet`. It is normalised when $f$ is a bijection of
+    $\mathbb{R}^D$, which training drives it to; samples are $h^{-1}(g(z))$, $z \sim p_Z$.
+
+    Arguments:
+        encoder: a module mapping `(N, D)` to `(N, D)` (data to latent).
+        decoder: a module mapping `(N, D)` to `(N, D)` (latent to data).
+        features: the data dimension `D`.
+        base: the latent distribution (default: a standard normal on `D` features, in the encoder's dtype).
+        preprocessing: an optional bijector applied to the data before the encoder (and inverted after the
+            decoder); training treats it as fixed.
+
+    Raises:
+        ValueError: for a non-positive `features`, modules that are not `nn.Module`s, a base of another
+            shape, or an encoder or decoder whose output shape is not `(N, D)`.
+
+    Examples:
+        >>> import torch
+        >>> from flowkit.flows import FreeFormFlow
+        >>> from flowkit.nn import MLP
+        >>> model = FreeFormFlow(MLP(2, 2, (16,)), MLP(2, 2, (16,)), features=2)
+        >>> model.log_prob(torch.randn(5, 2)).shape, model.sample((3,)).shape
+        (torch.Size([5]), torch.Size([3, 2]))
+    """
+
+    def __init__(
+        self,
+        encoder: nn.Module,
+        decoder: nn.Module,
+        features: int,
+        base: Distribution | None = None,
+        preprocessing: Bijector | None = None,
+    ) -> None:
+        where = "FreeFormFlow"
+        if preprocessing is not None:
+            if not isinstance(preprocessing, Bijector):
+                raise ValueError(
+                    f"{where}: preprocessing must be a flowkit Bijector, got {type(preprocessing).__name__}"
+                )
+            if tuple(preprocessing.event_shape) != (features,) or tuple(preprocessing.latent_shape) != (features,):
+                raise ValueError(
+                    f"{where}: preprocessing maps {tuple(preprocessing.event_shape)} to "
+                    f"{tuple(preprocessing.latent_shape)}; it must keep the shape ({features},)"
+                )
+        super().__init__(encoder, decoder, features, features, base, where)
+        self.preprocessing = preprocessing
+
+    def preprocess(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """`(h(x), log|det h'(x)|)` for the `preprocessing` bijector $h$ (the identity and 0 without one)."""
+        if self.preprocessing is None:
+            return super().preprocess(x)
+        return self.preprocessing(x)
+
+    def decode(self, z: Tensor) -> Tensor:
+        x = super().decode(z)
+        return x if self.preprocessing is None else self.preprocessing.inverse(x)[0]
+
+    def _log_density(self, x: Tensor) -> Tensor:
+        y, ladj = self.preprocess(x)
+        z, jac = jacobian(self.encoder, y)
+        return self.base.log_prob(z) + torch.linalg.slogdet(jac)[1] + ladj
+
+
+class InjectiveFlow(_EncoderDecoderFlow):
+    r"""A free-form injective flow: a decoder $g: \mathbb{R}^d \to \mathbb{R}^D$ ($d < D$) and an encoder back.
+
+    Sorrenson, Draxler, Rousselot, Hummerich, Zimmermann & Köthe, "Lifting architectural constraints of
+    injective flows", ICLR 2024. The decoder embeds a $d$-dimensional manifold in $\mathbb{R}^D$ and
+    $p_Z$ a density on it; the encoder projects data onto the manifold. Trained with
+    [`FreeFormLikelihood`][flowkit.train.FreeFormLikelihood], which the data's distance to the manifold
+    enters through the reconstruction term. The log density, with respect to the manifold's volume, is
+    evaluated at the projection $z = f(x)$:
+
+    $$
+    \log p(x) = \log p_Z(z) - \tfrac{1}{2} \log \det \big(g'(z)^\top g'(z)\big),
+    $$
+
+    the $D \times d$ decoder Jacobian $g'(z)$ formed exactly by forward-mode differentiation ($d$ passes).
+    Samples $g(z)$, $z \sim p_Z$, lie on the manifold.
+
+    Arguments:
+        encoder: a module mapping `(N, D)` to `(N, d)`.
+        decoder: a module mapping `(N, d)` to `(N, D)`.
+        features: the data dimension `D`.
+        latent_features: the manifold's dimension `d`, below `D`.
+        base: the latent distribution (default: a standard normal on `d` features, in the encoder's dtype).
+
+    Raises:
+        ValueError: for `latent_features` not in `1, ..., D - 1`, modules that are not `nn.Module`s, a base
+            of another shape, or an encoder or decoder whose output shape is not `(N, d)` or `(N, D)`.
+    """
+
+    def __init__(
+        self,
+        encoder: nn.Module,
+        decoder: nn.Module,
+        features: int,
+        latent_features: int,
+        base: Distribution | None = None,
+    ) -> None:
+        where = "InjectiveFlow"
+        check_number(features, "features", where=where, integer=True, low=1)
+        check_number(
+            latent_features,
+            "latent_features",
+            where=where,
+            integer=True,
+            low=1,
+            below=features,
+            rule=f"an integer from 1 to features - 1 = {features - 1} (an injective flow reduces the dimension; "
+            "FreeFormFlow keeps it)",
+        )
+        super().__init__(encoder, decoder, features, latent_features, base, where)
+
+    def _log_density(self, x: Tensor) -> Tensor:
+        z = self.encoder(x)
+        _, jac = jacobian(self.decoder, z)
+        gram = jac.transpose(-1, -2) @ jac
+        return self.base.log_prob(z) - 0.5 * torch.linalg.slogdet(gram)[1]
+
+    def distance_to_manifold(self, x: Tensor) -> Tensor:
+        """`|x - g(f(x))|`: the distance of `x` to its projection onto the learned manifold, batch shape."""
+        return (x - self.reconstruct(x)).norm(dim=-1)
