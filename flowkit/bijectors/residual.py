@@ -282,18 +282,22 @@ class Residual(Bijector):
         return self._network(x, self._weights())
 
     def _residual_and_jacobian(self, x: Tensor, weights: list[Tensor]) -> tuple[Tensor, Tensor]:
-        """$g(x)$ and $J_g(x)$ of shape `(N, D, D)` for `x` of shape `(N, D)`."""
-        h, jac = x, None
+        r"""$g(x)$ and the transposed Jacobian $J_g(x)^\top$, of shape `(N, D, D)`, for `x` of shape `(N, D)`.
+
+        The transpose `(N, D, H)` is carried through the layers, so that each product with a weight is
+        one matrix product `(N D, H) @ (H, H')` on contiguous memory.
+        """
+        h, jac_t = x, None
         for i, (linear, weight) in enumerate(zip(self.linears, weights, strict=True)):
             a = F.linear(h, weight, linear.bias)
-            jac = weight.expand(x.shape[0], *weight.shape) if jac is None else weight @ jac
+            jac_t = weight.T.expand(x.shape[0], *weight.T.shape) if jac_t is None else jac_t @ weight.T
             if i < len(self.activations):
                 act = self.activations[i]
-                jac = act.derivative(a).unsqueeze(-1) * jac
+                jac_t = act.derivative(a).unsqueeze(-2) * jac_t
                 h = act(a)
             else:
                 h = a
-        return h, jac
+        return h, jac_t
 
     def spectral_norms(self) -> Tensor:
         """Exact spectral norms of the weights $g$ uses in the current mode, one per linear layer (no update)."""
@@ -305,9 +309,9 @@ class Residual(Bijector):
     # -- log-determinants ----------------------------------------------------------------------------------------
 
     def _exact(self, x: Tensor, weights: list[Tensor]) -> tuple[Tensor, Tensor]:
-        g, jac = self._residual_and_jacobian(x, weights)
+        g, jac_t = self._residual_and_jacobian(x, weights)
         eye = torch.eye(x.shape[-1], dtype=x.dtype, device=x.device)
-        return g, torch.linalg.slogdet(eye + jac)[1]
+        return g, torch.linalg.slogdet(eye + jac_t)[1]  # det(I + J^T) = det(I + J)
 
     def _draw_terms(self) -> int:
         if self.estimator == "geometric":
