@@ -13,7 +13,6 @@ from .lattice import LatticeFlow
 from .molecules import internal_coordinate_flow
 from .presets import MAF, NSF, RealNVP
 from .registry import DATA_PRESETS, PRESET_NAMES, PRESETS, build_data_flow, build_flow, parse_hidden
-from .residual import PlanarFlow, ResidualFlow
 from .rigid import RigidBodyFlow
 from .tails import COMET, TailAdaptive
 
@@ -26,8 +25,6 @@ __all__ = [
     "RealNVP",
     "MAF",
     "NSF",
-    "ResidualFlow",
-    "PlanarFlow",
     "CNF",
     "Glow",
     "EIW",

@@ -10,8 +10,6 @@
 | `realnvp` | [`RealNVP`][flowkit.flows.RealNVP] | 8 layers, hidden `(128, 128)` |
 | `maf` | [`MAF`][flowkit.flows.MAF] | 5 layers, hidden `(64, 64)` |
 | `lattice` | [`LatticeFlow`][flowkit.flows.LatticeFlow] on `D = L^2` features (an `L x L` lattice) | 16, `(8, 8)` |
-| `residual` | [`ResidualFlow`][flowkit.flows.ResidualFlow] (series log-det above 64 features) | 5, `(64, 64)` |
-| `planar` | [`PlanarFlow`][flowkit.flows.PlanarFlow] | 16 layers |
 | `cnf` | [`CNF`][flowkit.flows.CNF], a continuous normalizing flow (FFJORD) | 1 ODE block, hidden `(64, 64)` |
 
 Example:
@@ -35,7 +33,6 @@ from .flow import Flow
 from .images import EIW, Glow
 from .lattice import LatticeFlow
 from .presets import MAF, NSF, RealNVP
-from .residual import PlanarFlow, ResidualFlow
 from .tails import COMET, TailAdaptive
 
 __all__ = [
@@ -81,15 +78,6 @@ def _cnf(features: int, transforms: int | None, hidden: Sequence[int] | None, bi
     return CNF(features, transforms=transforms or 1, hidden=tuple(hidden or (64, 64)))
 
 
-def _residual(features: int, transforms: int | None, hidden: Sequence[int] | None, bins: int) -> Flow:
-    logdet = "exact" if features <= 64 else "series"
-    return ResidualFlow(features, transforms=transforms or 5, hidden=tuple(hidden or (64, 64)), logdet=logdet)
-
-
-def _planar(features: int, transforms: int | None, hidden: Sequence[int] | None, bins: int) -> Flow:
-    return PlanarFlow(features, transforms=transforms or 16)
-
-
 PRESETS: dict[str, Callable[[int, int | None, Sequence[int] | None, int], Flow]] = {
     "nsf": _nsf,
     "nsf-coupling": partial(_nsf, coupling=True),
@@ -97,8 +85,6 @@ PRESETS: dict[str, Callable[[int, int | None, Sequence[int] | None, int], Flow]]
     "maf": _maf,
     "lattice": _lattice,
     "cnf": _cnf,
-    "residual": _residual,
-    "planar": _planar,
 }
 """Preset name -> constructor `(features, transforms, hidden, bins) -> Flow`.
 
