@@ -3,6 +3,7 @@
 from .batches import split_batch, split_indexed_batch, with_indices
 from .boltzmann import BoltzmannGenerator
 from .callbacks import EMA, Callback
+from .continuous import FlowMatching, LearnEndTime, RegularizedLikelihood
 from .dependent import DependenceUpdate, DependentMaximumLikelihood
 from .fab import FAB, PrioritisedReplayBuffer
 from .force_matching import ForceMatching
@@ -26,6 +27,9 @@ __all__ = [
     "FAB",
     "PrioritisedReplayBuffer",
     "ForceMatching",
+    "RegularizedLikelihood",
+    "LearnEndTime",
+    "FlowMatching",
     "FreeFormLikelihood",
     "ScoreMatching",
     "EMA",
