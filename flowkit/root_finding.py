@@ -7,6 +7,8 @@ Two solvers and the step that gives both their derivatives:
   convex Moebius maps);
 - [`monotone_inverse`][flowkit.root_finding.monotone_inverse]: safeguarded Newton (`rtsafe`) on a given
   bracket, for elementwise activations;
+- [`expand_bracket`][flowkit.root_finding.expand_bracket]: a bracket for a map of unknown range, found
+  by doubling a starting interval;
 - [`implicit_newton_step`][flowkit.root_finding.implicit_newton_step]: one Newton step taken with the graph
   from a root found without one, whose derivatives are those of the implicit-function theorem,
   $\partial x / \partial \theta = -(\partial f / \partial \theta) / f'$.
@@ -26,7 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["solve_monotone", "monotone_inverse", "implicit_newton_step"]
+__all__ = ["solve_monotone", "monotone_inverse", "implicit_newton_step", "expand_bracket"]
 
 
 def solve_monotone(
@@ -160,3 +162,39 @@ def monotone_inverse(
             dx_old, dx = dx, torch.where(use_newton, newton, x - 0.5 * (low + high))
             x = x - dx
     return implicit_newton_step(x, f(x) - y, df(x), low, high)
+
+
+def expand_bracket(
+    f: Callable[[Tensor], Tensor], y: Tensor, low: Tensor, high: Tensor, steps: int
+) -> tuple[Tensor, Tensor]:
+    """A bracket `[low, high]` with `f(low) <= y <= f(high)` for an increasing `f`, by doubling.
+
+    Each step evaluates `f` at both ends; where `f(low) > y` the root lies below: the old `low`
+    becomes the upper end and the lower end moves down by the bracket's width (and alike above),
+    so the width doubles per step on the side that needs it and a root at distance `r` is
+    bracketed after about `log2(r / width)` steps. A fixed number of steps on the whole tensor,
+    without gradients; where `steps` do not suffice the returned interval does not contain the
+    root (a solve on it then ends at its nearer end).
+
+    Arguments:
+        f: the increasing map, elementwise.
+        y: targets.
+        low: lower ends of the starting intervals (broadcastable to `y`).
+        high: upper ends (greater than `low`).
+        steps: number of doubling steps.
+
+    Returns:
+        `(low, high)`, of the shape of `y`.
+    """
+    with torch.no_grad():
+        yd = y.detach()
+        low = torch.broadcast_to(low.detach(), y.shape).clone()
+        high = torch.broadcast_to(high.detach(), y.shape).clone()
+        for _ in range(steps):
+            width = high - low
+            too_high, too_low = f(low) > yd, f(high) < yd
+            low, high = (
+                torch.where(too_high, low - width, torch.where(too_low, high, low)),
+                torch.where(too_low, high + width, torch.where(too_high, low, high)),
+            )
+    return low, high

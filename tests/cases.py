@@ -25,6 +25,7 @@ from flowkit.bijectors import (
     ActNorm,
     AffineCoupling,
     Bijector,
+    BlockNeuralAutoregressive,
     Chain,
     CircularSplineCoupling,
     ContinuousFlow,
@@ -73,7 +74,15 @@ from flowkit.lattice import Z2Equivariant
 from flowkit.nn import MLP, ConvNet, VectorField
 from flowkit.stochastic import LangevinBlock, MetropolisBlock
 from flowkit.testing import randomize
-from flowkit.transformers import Affine, CircularSpline, RationalQuadraticSpline, SmoothMixture, Transformer
+from flowkit.transformers import (
+    Affine,
+    CircularSpline,
+    MonotonicMLP,
+    RationalQuadraticSpline,
+    SmoothMixture,
+    Transformer,
+    UnconstrainedMonotonic,
+)
 
 Case = Callable[[], tuple[Bijector, Tensor]]
 
@@ -330,6 +339,28 @@ BIJECTORS: dict[str, Case] = {
         randomize(MaskedAutoregressive(SmoothMixture(2, low=-2.0, high=2.0), 3, hidden=(12,), activation="tanh")),
         torch.rand(6, 3) * 3.8 - 1.9,
     ),
+    # neural autoregressive flows (monotonic networks, numerical inverses)
+    "Coupling(MonotonicMLP, 2 layers)": lambda: (
+        randomize(Coupling(MonotonicMLP(4, layers=2), 4, hidden=(8,))),
+        1.5 * torch.randn(6, 4),
+    ),
+    "MaskedAutoregressive(MonotonicMLP, context)": lambda: (
+        randomize(MaskedAutoregressive(MonotonicMLP(3), 3, hidden=(8,), context=2)),
+        1.5 * torch.randn(6, 3),
+    ),
+    "Coupling(UnconstrainedMonotonic)": lambda: (
+        randomize(Coupling(UnconstrainedMonotonic(4), 4, hidden=(8,)), scale=0.3),
+        1.5 * torch.randn(6, 4),
+    ),
+    "MaskedAutoregressive(UnconstrainedMonotonic)": lambda: (
+        randomize(MaskedAutoregressive(UnconstrainedMonotonic(5, nodes=24), 3, hidden=(8,)), scale=0.3),
+        1.5 * torch.randn(6, 3),
+    ),
+    "BlockNeuralAutoregressive": lambda: (randomize(BlockNeuralAutoregressive(3, hidden=(6, 5))), torch.randn(6, 3)),
+    "BlockNeuralAutoregressive(context)": lambda: (
+        randomize(BlockNeuralAutoregressive(2, hidden=(4,), context=2)),
+        2 * torch.randn(6, 2),
+    ),
 }
 
 
@@ -354,6 +385,8 @@ TRANSFORMERS: dict[str, Callable[[], Transformer]] = {
     "CircularSpline": lambda: CircularSpline(bins=5),
     "SmoothMixture": lambda: SmoothMixture(4),
     "SmoothMixture(circle)": lambda: SmoothMixture(3, circular=True, power=2),
+    "MonotonicMLP": lambda: MonotonicMLP(4, layers=2),
+    "UnconstrainedMonotonic": lambda: UnconstrainedMonotonic(4),
 }
 
 #: Base distributions: name -> ``() -> distribution``, events of at most two elements (checked by

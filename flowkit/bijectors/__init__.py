@@ -4,6 +4,7 @@ from ..domains import Circle, Domain, Interval, Product, Real, Sphere
 from .activations import Logit, SmoothLeakyReLU, SmoothTanh
 from .autoregressive import MaskedAffineAutoregressive, MaskedAutoregressive, MaskedSplineAutoregressive
 from .base import Bijector, Chain, Invert, Reshape
+from .block_autoregressive import BlockNeuralAutoregressive
 from .continuous import ContinuousFlow
 from .coupling import AffineCoupling, Coupling
 from .image import Conv1x1, EIWShuffle, FactorOut, Squeeze
@@ -47,6 +48,7 @@ __all__ = [
     "MaskedAutoregressive",
     "MaskedAffineAutoregressive",
     "MaskedSplineAutoregressive",
+    "BlockNeuralAutoregressive",
     "Moebius",
     "DoubleMoebius",
     "ConvexMoebius",

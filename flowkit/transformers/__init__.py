@@ -2,7 +2,17 @@
 
 from .affine import Affine
 from .base import Transformer
+from .monotonic import MonotonicMLP, UnconstrainedMonotonic
 from .smooth import SmoothMixture
 from .spline import CircularSpline, RationalQuadraticSpline, unconstrained_rqs
 
-__all__ = ["Transformer", "Affine", "RationalQuadraticSpline", "CircularSpline", "unconstrained_rqs", "SmoothMixture"]
+__all__ = [
+    "Transformer",
+    "Affine",
+    "RationalQuadraticSpline",
+    "CircularSpline",
+    "unconstrained_rqs",
+    "SmoothMixture",
+    "MonotonicMLP",
+    "UnconstrainedMonotonic",
+]
