@@ -75,6 +75,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--transforms", type=int, default=None, help="number of layers (default 5; 8 for realnvp)")
     parser.add_argument("--hidden", default=None, help="hidden sizes, e.g. 128,128 (default 128,128; 64,64 for maf)")
     parser.add_argument("--bins", type=int, default=8, help="spline bins (nsf; default 8)")
+    parser.add_argument(
+        "--beta",
+        type=float,
+        default=10.0,
+        help="weight of the reconstruction error of --model free-form, which trains by free-form maximum "
+        "likelihood (flowkit.train.FreeFormLikelihood; default 10)",
+    )
     parser.add_argument("--steps", type=int, default=2000, help="optimisation steps (default 2000)")
     parser.add_argument("--batch-size", type=int, default=256, help="batch size (default 256)")
     parser.add_argument("--lr", type=float, default=1e-3, help="initial learning rate, cosine-decayed (default 1e-3)")
@@ -157,12 +164,20 @@ def _regularizers(text: str | None) -> dict[str, float]:
 
 
 def _objective(args: argparse.Namespace, flow: Any) -> Any:
-    """The objective of `--train` and `--regularize`: maximum likelihood, RNODE-regularised for a continuous flow."""
+    """The objective of `--train` and `--regularize`: maximum likelihood, RNODE-regularised for a continuous flow.
+
+    A free-form flow trains by [`FreeFormLikelihood`][flowkit.train.FreeFormLikelihood] with `--beta`.
+    """
     from ..bijectors.continuous import continuous_layers
-    from ..train import MaximumLikelihood
+    from ..flows import FreeFormFlow
+    from ..train import FreeFormLikelihood, MaximumLikelihood
     from ..train.continuous import FlowMatching, RegularizedLikelihood
 
     regularize, training = getattr(args, "regularize", None), getattr(args, "train", "likelihood")
+    if isinstance(flow, FreeFormFlow):
+        if regularize or training != "likelihood":
+            raise ValueError("--model free-form trains by free-form maximum likelihood: no --regularize or --train")
+        return FreeFormLikelihood(beta=getattr(args, "beta", 10.0))
     continuous = bool(continuous_layers(flow))
     if (regularize or training == "flow-matching") and not continuous:
         raise ValueError("--regularize and --train flow-matching need a continuous flow (--model cnf)")
@@ -196,9 +211,10 @@ def fit_dataset(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from .. import io
+    from ..bijectors import Standardization
     from ..data import evaluate_nll, load, standardize, training_data
     from ..distributions import StudentT
-    from ..flows import Flow
+    from ..flows import Flow, FreeFormFlow
     from ..flows.registry import build_flow, count_parameters, parse_hidden
     from ..train import default_threads, fit
 
@@ -224,9 +240,15 @@ def fit_dataset(args: argparse.Namespace) -> dict[str, Any]:
     else:
         name = _preset_name(args.model or args.flow, args.coupling)
         flow = build_flow(name, data.features, transforms=args.transforms, hidden=hidden, bins=args.bins)
+        free_form = isinstance(flow, FreeFormFlow)
         if getattr(args, "base", "normal") == "student-t":
+            if free_form:
+                raise ValueError("--base student-t applies to the bijective presets, not to --model free-form")
             flow = Flow(flow.bijector, StudentT(flow.event_shape, df=args.df, learn_df=True))
-        if not args.no_standardize:
+        if not args.no_standardize and free_form:
+            scaling = Standardization.from_data(data.train, robust=args.robust_standardize).to(flow.base.dtype)
+            flow = FreeFormFlow(flow.encoder, flow.decoder, flow.features, flow.base, preprocessing=scaling)
+        elif not args.no_standardize:
             flow = standardize(flow, data.train, robust=args.robust_standardize)
     out.mkdir(parents=True, exist_ok=True)
     train = training_data(data)

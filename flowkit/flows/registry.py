@@ -11,6 +11,7 @@
 | `maf` | [`MAF`][flowkit.flows.MAF] | 5 layers, hidden `(64, 64)` |
 | `lattice` | [`LatticeFlow`][flowkit.flows.LatticeFlow] on `D = L^2` features (an `L x L` lattice) | 16, `(8, 8)` |
 | `cnf` | [`CNF`][flowkit.flows.CNF], a continuous normalizing flow (FFJORD) | 1 ODE block, hidden `(64, 64)` |
+| `free-form` | [`FreeFormFlow`][flowkit.flows.FreeFormFlow], SiLU MLP encoder and decoder | hidden `(128, 128)` |
 
 Example:
     ```python
@@ -30,6 +31,7 @@ from torch import Tensor, nn
 
 from .continuous import CNF
 from .flow import Flow
+from .free_form import FreeFormFlow
 from .images import EIW, Glow
 from .lattice import LatticeFlow
 from .presets import MAF, NSF, RealNVP
@@ -78,6 +80,15 @@ def _cnf(features: int, transforms: int | None, hidden: Sequence[int] | None, bi
     return CNF(features, transforms=transforms or 1, hidden=tuple(hidden or (64, 64)))
 
 
+def _free_form(features: int, transforms: int | None, hidden: Sequence[int] | None, bins: int) -> FreeFormFlow:
+    from ..nn import MLP
+
+    if transforms is not None:
+        raise ValueError("free-form has no layers to count (one encoder and one decoder network): size it with hidden")
+    hidden = tuple(hidden or (128, 128))
+    return FreeFormFlow(MLP(features, features, hidden, "silu"), MLP(features, features, hidden, "silu"), features)
+
+
 PRESETS: dict[str, Callable[[int, int | None, Sequence[int] | None, int], Flow]] = {
     "nsf": _nsf,
     "nsf-coupling": partial(_nsf, coupling=True),
@@ -85,6 +96,7 @@ PRESETS: dict[str, Callable[[int, int | None, Sequence[int] | None, int], Flow]]
     "maf": _maf,
     "lattice": _lattice,
     "cnf": _cnf,
+    "free-form": _free_form,
 }
 """Preset name -> constructor `(features, transforms, hidden, bins) -> Flow`.
 
