@@ -327,6 +327,11 @@ BIJECTORS: dict[str, Case] = {
     ),
     # residual flows (spectral-normalised blocks, fixed-point inverse; eval mode: the exact log-det)
     "Residual": lambda: (_contractive(Residual(3, hidden=(16, 16), coefficient=0.9)), torch.randn(6, 3)),
+    "Residual(2 features, elu)": lambda: (
+        _contractive(Residual(2, hidden=(8, 8), coefficient=0.95, activation="elu")),
+        torch.randn(6, 2),
+    ),
+    "Residual(1 feature)": lambda: (_contractive(Residual(1, hidden=(8,), coefficient=0.9)), torch.randn(6, 1)),
     "Residual(series, tanh)": lambda: (
         _contractive(Residual(4, hidden=(8,), coefficient=0.8, activation="tanh", logdet="series")),
         torch.randn(6, 4),

@@ -44,6 +44,12 @@ class LipSwish(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return x * torch.sigmoid(F.softplus(self.raw_beta) * x) / 1.1
 
+    def with_derivative(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        r"""$(\phi(x), \phi'(x))$ from one sigmoid."""
+        y = F.softplus(self.raw_beta) * x
+        s = torch.sigmoid(y)
+        return x * s / 1.1, (s + y * s * (1 - s)) / 1.1
+
     def derivative(self, x: Tensor) -> Tensor:
         r"""$\phi'(x) = [\sigma(\beta x) + \beta x \, \sigma(\beta x)(1 - \sigma(\beta x))] / 1.1$."""
         y = F.softplus(self.raw_beta) * x
@@ -57,6 +63,10 @@ class _Tanh(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return torch.tanh(x)
 
+    def with_derivative(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        t = torch.tanh(x)
+        return t, 1 - t**2
+
     def derivative(self, x: Tensor) -> Tensor:
         return 1 - torch.tanh(x) ** 2
 
@@ -66,6 +76,9 @@ class _ELU(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return F.elu(x)
+
+    def with_derivative(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        return F.elu(x), self.derivative(x)
 
     def derivative(self, x: Tensor) -> Tensor:
         return torch.where(x > 0, torch.ones_like(x), torch.exp(torch.clamp(x, max=0.0)))
@@ -124,8 +137,10 @@ class SpectralLinear(nn.Module):
             steps = (_COLD_ITERATIONS if self._cold else self.iterations) if update else 0
             self._cold = self._cold and not update
             for _ in range(steps):
-                v = F.normalize(w.T @ u, dim=0, eps=1e-12)
-                u = F.normalize(w @ v, dim=0, eps=1e-12)
+                v = torch.mv(w.T, u)
+                v = v / v.norm().clamp(min=1e-12)
+                u = torch.mv(w, v)
+                u = u / u.norm().clamp(min=1e-12)
             if update:
                 self.u.copy_(u)
                 self.v.copy_(v)
@@ -292,9 +307,8 @@ class Residual(Bijector):
             a = F.linear(h, weight, linear.bias)
             jac_t = weight.T.expand(x.shape[0], *weight.T.shape) if jac_t is None else jac_t @ weight.T
             if i < len(self.activations):
-                act = self.activations[i]
-                jac_t = act.derivative(a).unsqueeze(-2) * jac_t
-                h = act(a)
+                h, slope = self.activations[i].with_derivative(a)
+                jac_t = slope.unsqueeze(-2) * jac_t
             else:
                 h = a
         return h, jac_t
@@ -310,6 +324,11 @@ class Residual(Bijector):
 
     def _exact(self, x: Tensor, weights: list[Tensor]) -> tuple[Tensor, Tensor]:
         g, jac_t = self._residual_and_jacobian(x, weights)
+        if x.shape[-1] == 1:
+            return g, torch.log1p(jac_t[:, 0, 0])  # 1 + g' > 0 (Lip(g) < 1)
+        if x.shape[-1] == 2:  # det(I + J) > 0: the 2 x 2 determinant in closed form
+            det = (1 + jac_t[:, 0, 0]) * (1 + jac_t[:, 1, 1]) - jac_t[:, 0, 1] * jac_t[:, 1, 0]
+            return g, torch.log(det)
         eye = torch.eye(x.shape[-1], dtype=x.dtype, device=x.device)
         return g, torch.linalg.slogdet(eye + jac_t)[1]  # det(I + J^T) = det(I + J)
 
