@@ -523,6 +523,24 @@ def time_embedding(t: Tensor, frequencies: int) -> Tensor:
     return torch.cat([t, torch.cos(k * t), torch.sin(k * t)], dim=-1)
 
 
+def _softplus_derivative(a: Tensor) -> Tensor:
+    return torch.where(a > 20, torch.ones_like(a), torch.sigmoid(a))  # nn.Softplus is linear above 20
+
+
+def _silu_derivative(a: Tensor) -> Tensor:
+    s = torch.sigmoid(a)
+    return s * (1 + a * (1 - s))
+
+
+#: Derivatives of the activations for which VectorField propagates its Jacobian forward.
+_DERIVATIVES: dict[str, Callable[[Tensor], Tensor]] = {
+    "softplus": _softplus_derivative,
+    "tanh": lambda a: 1 - torch.tanh(a).square(),
+    "elu": lambda a: torch.where(a > 0, torch.ones_like(a), torch.exp(a.clamp(max=0))),
+    "silu": _silu_derivative,
+}
+
+
 class VectorField(Conditioner):
     r"""Time-dependent MLP vector field $f(x, t, c)$ for [`ContinuousFlow`][flowkit.bijectors.ContinuousFlow].
 
@@ -533,6 +551,13 @@ class VectorField(Conditioner):
     is a Fourier time embedding ([`time_embedding`][flowkit.nn.time_embedding]) and $c$
     the context. The default activation is smooth (`softplus`): an ODE solver's
     error control assumes a smooth field, and a kink (ReLU) costs function evaluations.
+
+    With a smooth activation (`softplus`, `tanh`, `elu`, `silu`),
+    [`velocity_and_jacobian`][flowkit.nn.VectorField.velocity_and_jacobian] also returns
+    the exact Jacobian $\partial f / \partial x$, propagated forward through the layers,
+    $J_1 = W_1^{(x)}$, $J_{k+1} = W_{k+1} \operatorname{diag}(\sigma'(a_k)) J_k$: one
+    batched product per layer instead of `D` vector-Jacobian products, which is what
+    [`ContinuousFlow`][flowkit.bijectors.ContinuousFlow]'s exact trace uses.
 
     Arguments:
         features: the event size `D` (input and output).
@@ -546,6 +571,9 @@ class VectorField(Conditioner):
         >>> field = VectorField(2, hidden=(16,), context=3)
         >>> field(torch.randn(5, 2), torch.randn(5, 3), t=0.5).shape
         torch.Size([5, 2])
+        >>> v, jacobian = field.velocity_and_jacobian(torch.randn(5, 2), torch.randn(5, 3), t=0.5)
+        >>> jacobian.shape
+        torch.Size([5, 2, 2])
 
     References:
         Grathwohl, Chen, Bettencourt, Sutskever & Duvenaud, *FFJORD: Free-form continuous
@@ -571,6 +599,7 @@ class VectorField(Conditioner):
         self.in_features = self.out_features = self.features = int(features)
         self.context_features = int(context)
         self.frequencies = int(frequencies)
+        self.activation_name = activation
         sizes = [self.features + 1 + 2 * self.frequencies + self.context_features, *hidden, self.features]
         layers: list[nn.Module] = []
         for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
@@ -579,11 +608,42 @@ class VectorField(Conditioner):
             layers.append(nn.Linear(a, b))
         self.net = nn.Sequential(*layers)
 
+    @property
+    def jacobian_available(self) -> bool:
+        """Whether the activation is smooth with a known derivative, so that `velocity_and_jacobian` applies."""
+        return self.activation_name in _DERIVATIVES
+
+    def _input(self, x: Tensor, context: Tensor | None, t: Tensor | float) -> Tensor:
+        t = torch.as_tensor(t, dtype=x.dtype, device=x.device).expand(x.shape[:-1])
+        return broadcast_context(torch.cat([x, time_embedding(t, self.frequencies)], dim=-1), context)
+
     def forward(self, x: Tensor, context: Tensor | None = None, *, t: Tensor | float) -> Tensor:  # type: ignore[override]
         """The velocity `(..., D)` at points `x` `(..., D)`, time `t` and the context."""
-        t = torch.as_tensor(t, dtype=x.dtype, device=x.device).expand(x.shape[:-1])
-        h = broadcast_context(torch.cat([x, time_embedding(t, self.frequencies)], dim=-1), context)
-        return self.net(h)
+        return self.net(self._input(x, context, t))
+
+    def velocity_and_jacobian(
+        self, x: Tensor, context: Tensor | None = None, *, t: Tensor | float
+    ) -> tuple[Tensor, Tensor]:
+        r"""The velocity `(..., D)` and its Jacobian `(..., D, D)` in `x`: entry `[i, j]` is $\partial_j f_i$.
+
+        Raises:
+            ValueError: for an activation without a registered derivative (see `jacobian_available`).
+        """
+        if not self.jacobian_available:
+            raise ValueError(
+                f"VectorField.velocity_and_jacobian needs one of the activations {sorted(_DERIVATIVES)}, "
+                f"got {self.activation_name!r}"
+            )
+        derivative = _DERIVATIVES[self.activation_name]
+        linears = [m for m in self.net if isinstance(m, nn.Linear)]
+        act = self.net[1] if len(self.net) > 1 else None
+        a = linears[0](self._input(x, context, t))
+        jacobian = linears[0].weight[:, : self.features]
+        for layer in linears[1:]:
+            jacobian = derivative(a).unsqueeze(-1) * jacobian
+            a = layer(act(a))
+            jacobian = torch.matmul(layer.weight, jacobian)
+        return a, jacobian.expand(*a.shape, self.features)
 
     def zero_last(self, bias: Tensor | None = None) -> None:
         _zero_linear(self.net[-1], bias)

@@ -99,25 +99,27 @@ class _Dynamics(nn.Module):
         graph = torch.is_grad_enabled()
         self.evaluations += 1
         end = flow.t1
-        with torch.enable_grad():
-            if not graph or not x.requires_grad:
-                # A fresh leaf: without a graph, the solver's state is a view of its flat state made
-                # under no_grad, through which autograd would not reach the field's input.
-                x = x.detach().clone().requires_grad_(True)
-            velocity = flow._field(x, self.context, end * s)
-            rows = None
-            if self.probe is None:
-                trace, rows = _exact_trace(velocity, x, graph)
-            else:
-                vjp = torch.autograd.grad(velocity, x, self.probe, create_graph=graph)[0]
-                trace = (vjp * self.probe).sum(-1)
+        if self.probe is None and flow._forward_jacobian:
+            velocity, jacobian = flow._field_and_jacobian(x, self.context, end * s)
+            trace = torch.diagonal(jacobian, dim1=-2, dim2=-1).sum(-1)
+            squares = jacobian.square().sum((-2, -1)) if "jacobian" in self.integrals else None
+        else:
+            with torch.enable_grad():
+                if not graph or not x.requires_grad:
+                    # A fresh leaf: without a graph, the solver's state is a view of its flat state made
+                    # under no_grad, through which autograd would not reach the field's input.
+                    x = x.detach().clone().requires_grad_(True)
+                velocity = flow._field(x, self.context, end * s)
+                if self.probe is None:
+                    trace, rows = _exact_trace(velocity, x, graph)
+                    squares = rows.square().sum((0, -1))
+                else:
+                    vjp = torch.autograd.grad(velocity, x, self.probe, create_graph=graph)[0]
+                    trace = (vjp * self.probe).sum(-1)
+                    squares = vjp.square().sum(-1)
         out = [end * velocity, end * trace]
         for name in self.integrals:
-            if name == "kinetic":
-                out.append(end * velocity.square().sum(-1))
-            else:
-                squares = rows.square().sum((0, -1)) if rows is not None else vjp.square().sum(-1)
-                out.append(end * squares)
+            out.append(end * (velocity.square().sum(-1) if name == "kinetic" else squares))
         if not graph:
             out = [o.detach() for o in out]
         return tuple(out)
@@ -152,8 +154,9 @@ class ContinuousFlow(Bijector):
     so that the end time $T$ is an ordinary parameter (TO-FLOW learns it).
     `inverse` integrates the same system from $s = 1$ back to $0$.
 
-    The trace is exact (`D` vector-Jacobian products, batched with `vmap`; right
-    for small `D` and the only choice for `check_bijector`) or Hutchinson's
+    The trace is exact (from the Jacobian a [`VectorField`][flowkit.nn.VectorField]
+    with a smooth activation propagates forward, else from `D` vector-Jacobian
+    products batched with `vmap`; right for small `D`) or Hutchinson's
     unbiased estimate $\epsilon^\top \partial_x f\, \epsilon$ with one probe
     $\epsilon$ (Rademacher or Gaussian, $E[\epsilon\epsilon^\top] = I$) drawn per
     solve and held fixed along it, so that the integrand is a continuous function
@@ -279,6 +282,19 @@ class ContinuousFlow(Bijector):
                 )
             self._field_checked = True
         return v.reshape(x.shape[0], -1)
+
+    @property
+    def _forward_jacobian(self) -> bool:
+        """Whether the field gives its Jacobian itself (a VectorField with a smooth activation on vectors)."""
+        field = self.vector_field
+        return self.event_dims == 1 and bool(getattr(field, "jacobian_available", False))
+
+    def _field_and_jacobian(self, x: Tensor, context: Tensor | None, t: Tensor) -> tuple[Tensor, Tensor]:
+        """The field and its Jacobian `(N, D, D)` at flat points `(N, D)`, from the field's forward propagation."""
+        v, jacobian = self.vector_field.velocity_and_jacobian(x, context, t=t)
+        if not self._field_checked:
+            self._field(x, context, t)
+        return v, jacobian
 
     def velocity(self, x: Tensor, s: Tensor, context: Tensor | None = None) -> Tensor:
         r"""$dx/ds = T f(x, sT, c)$ in normalised time $s \in [0, 1]$, for points `(N, *event_shape)` and times `(N,)`.

@@ -176,3 +176,35 @@ def test_a_field_of_the_wrong_shape_or_not_a_module_is_refused():
         ContinuousFlow(Wrong(), 2)(torch.randn(3, 2))
     with pytest.raises(ValueError, match="vector_field"):
         ContinuousFlow(lambda x, c, t: x, 2)
+
+
+@pytest.mark.parametrize("activation", ["softplus", "tanh", "elu", "silu"])
+def test_vector_field_forward_jacobian_matches_autograd(activation):
+    torch.manual_seed(0)
+    field = VectorField(3, hidden=(8, 8), activation=activation, context=2).double()
+    x, c = 2 * torch.randn(5, 3, dtype=torch.float64), torch.randn(5, 2, dtype=torch.float64)
+    v, jacobian = field.velocity_and_jacobian(x, c, t=0.3)
+    torch.testing.assert_close(v, field(x, c, t=0.3))
+    for n in range(5):
+        expected = torch.autograd.functional.jacobian(lambda y, n=n: field(y, c[n], t=0.3), x[n])
+        torch.testing.assert_close(jacobian[n], expected)
+    assert not VectorField(3, activation="relu").jacobian_available
+
+
+def test_forward_jacobian_and_vjp_traces_agree():
+    class Opaque(nn.Module):  # the same field without velocity_and_jacobian: the VJP path
+        def __init__(self, field):
+            super().__init__()
+            self.field = field
+
+        def forward(self, x, context=None, *, t):
+            return self.field(x, context, t=t)
+
+    field = _field(3).double()
+    x = torch.randn(6, 3, dtype=torch.float64)
+    fast = ContinuousFlow(field, 3, atol=1e-9, rtol=1e-9).double()
+    slow = ContinuousFlow(Opaque(field), 3, atol=1e-9, rtol=1e-9).double()
+    assert fast._forward_jacobian and not slow._forward_jacobian
+    (z1, l1), (z2, l2) = fast(x), slow(x)
+    torch.testing.assert_close(z1, z2)
+    torch.testing.assert_close(l1, l2)
