@@ -11,6 +11,7 @@ from .free_form import FreeFormFlow, InjectiveFlow
 from .images import EIW, Glow
 from .lattice import LatticeFlow
 from .molecules import internal_coordinate_flow
+from .neural import BNAF, NAF, UNAF
 from .presets import MAF, NSF, RealNVP
 from .registry import DATA_PRESETS, PRESET_NAMES, PRESETS, build_data_flow, build_flow, parse_hidden
 from .rigid import RigidBodyFlow
@@ -25,6 +26,9 @@ __all__ = [
     "RealNVP",
     "MAF",
     "NSF",
+    "NAF",
+    "UNAF",
+    "BNAF",
     "CNF",
     "Glow",
     "EIW",

@@ -10,6 +10,9 @@
 | `realnvp` | [`RealNVP`][flowkit.flows.RealNVP] | 8 layers, hidden `(128, 128)` |
 | `maf` | [`MAF`][flowkit.flows.MAF] | 5 layers, hidden `(64, 64)` |
 | `lattice` | [`LatticeFlow`][flowkit.flows.LatticeFlow] on `D = L^2` features (an `L x L` lattice) | 16, `(8, 8)` |
+| `naf` | [`NAF`][flowkit.flows.NAF], deep sigmoidal flows from MADEs | 3 layers, hidden `(64, 64)`, 16 units |
+| `unaf` | [`UNAF`][flowkit.flows.UNAF], integrals of positive networks from MADEs | 3 layers, hidden `(64, 64)` |
+| `bnaf` | [`BNAF`][flowkit.flows.BNAF], block neural autoregressive layers | 3 layers, hidden `(16,)` per feature |
 | `cnf` | [`CNF`][flowkit.flows.CNF], a continuous normalizing flow (FFJORD) | 1 ODE block, hidden `(64, 64)` |
 | `free-form` | [`FreeFormFlow`][flowkit.flows.FreeFormFlow], SiLU MLP encoder and decoder | hidden `(128, 128)` |
 
@@ -34,6 +37,7 @@ from .flow import Flow
 from .free_form import FreeFormFlow
 from .images import EIW, Glow
 from .lattice import LatticeFlow
+from .neural import BNAF, NAF, UNAF
 from .presets import MAF, NSF, RealNVP
 from .tails import COMET, TailAdaptive
 
@@ -89,12 +93,27 @@ def _free_form(features: int, transforms: int | None, hidden: Sequence[int] | No
     return FreeFormFlow(MLP(features, features, hidden, "silu"), MLP(features, features, hidden, "silu"), features)
 
 
+def _naf(features: int, transforms: int | None, hidden: Sequence[int] | None, bins: int) -> Flow:
+    return NAF(features, transforms=transforms or 3, hidden=tuple(hidden or (64, 64)))
+
+
+def _unaf(features: int, transforms: int | None, hidden: Sequence[int] | None, bins: int) -> Flow:
+    return UNAF(features, transforms=transforms or 3, hidden=tuple(hidden or (64, 64)))
+
+
+def _bnaf(features: int, transforms: int | None, hidden: Sequence[int] | None, bins: int) -> Flow:
+    return BNAF(features, transforms=transforms or 3, hidden=tuple(hidden or (16,)))
+
+
 PRESETS: dict[str, Callable[[int, int | None, Sequence[int] | None, int], Flow]] = {
     "nsf": _nsf,
     "nsf-coupling": partial(_nsf, coupling=True),
     "realnvp": _realnvp,
     "maf": _maf,
     "lattice": _lattice,
+    "naf": _naf,
+    "unaf": _unaf,
+    "bnaf": _bnaf,
     "cnf": _cnf,
     "free-form": _free_form,
 }
