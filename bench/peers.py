@@ -17,7 +17,17 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-__all__ = ["LIBRARIES", "PEERS", "PeerFlow", "build_peer", "interface", "maf", "normflows_glow", "nsf"]
+__all__ = [
+    "LIBRARIES",
+    "PEERS",
+    "PeerFlow",
+    "build_peer",
+    "interface",
+    "maf",
+    "normflows_glow",
+    "normflows_residual",
+    "nsf",
+]
 
 #: Libraries with an NSF in `nsf`.
 LIBRARIES = ("zuko", "nflows", "normflows")
@@ -30,6 +40,7 @@ PEERS = (
     "nflows-maf",
     "zuko-nsf-coupling",
     "nflows-nsf-coupling",
+    "normflows-residual",
 )
 #: Layers and hidden sizes of the presets at the command line's defaults (`flowkit.flows.registry`).
 _DEFAULTS = {
@@ -37,6 +48,7 @@ _DEFAULTS = {
     "nsf-coupling": (5, (128, 128)),
     "maf": (5, (64, 64)),
     "realnvp": (8, (128, 128)),
+    "residual": (5, (64, 64)),
 }
 
 
@@ -292,6 +304,8 @@ def build_peer(
         model = nsf(library, features, transforms=transforms, bins=bins, hidden=hidden, coupling=coupling)
     elif kind == "maf":
         model = maf(library, features, transforms=transforms, hidden=hidden)
+    elif kind == "residual":
+        model = normflows_residual(features, transforms=transforms, hidden=hidden)
     else:
         import zuko
 
@@ -301,6 +315,27 @@ def build_peer(
         x = standardize_with.double()
         loc, scale = x.mean(0), x.std(0).clamp_min(1e-6)
     return PeerFlow(library, model, loc, scale)
+
+
+def normflows_residual(
+    features: int, *, transforms: int, hidden: Sequence[int], coefficient: float = 0.97
+) -> nn.Module:
+    """The residual flow of normflows, matched to `flowkit.flows.ResidualFlow(features, transforms, hidden)`.
+
+    `transforms` pairs of a residual block (`normflows.flows.Residual`, its defaults: the
+    Russian-roulette log-det with a geometric number of terms, two exact terms, the
+    memory-efficient Neumann gradient) on a `normflows.nets.LipschitzMLP` with the same widths
+    and Lipschitz constant, and an ActNorm; a standard normal base. normflows' blocks put a
+    LipSwish before every linear layer (flowkit's between them) and use the exact log-det in
+    eval mode only in 2-D (elsewhere the roulette with 20 exact terms).
+    """
+    import normflows as nf
+
+    layers: list[nn.Module] = []
+    for _ in range(transforms):
+        net = nf.nets.LipschitzMLP([features, *hidden, features], lipschitz_const=coefficient, init_zeros=True)
+        layers += [nf.flows.Residual(net, reduce_memory=True), nf.flows.ActNorm(features)]
+    return nf.NormalizingFlow(q0=nf.distributions.DiagGaussian(features, trainable=False), flows=layers)
 
 
 def normflows_glow(
