@@ -14,7 +14,7 @@ $S_B$ the $\phi^4$ action of [`Phi4`][flowkit.targets.Phi4] and $D$ the staggere
 - **pseudofermions**: $\det(D D^\dagger) = \pi^{-V}\int d\chi^\dagger d\chi\, e^{-\chi^\dagger (D D^\dagger)^{-1}\chi}$
   with a complex $\chi$, stored as two real fields $\chi_1, \chi_2$ (as $D$ is real,
   $\chi^\dagger A^{-1}\chi = \chi_1^T A^{-1}\chi_1 + \chi_2^T A^{-1}\chi_2$). The action
-  [`pseudofermion_action`][flowkit.targets.YukawaStaggered.pseudofermion_action] solves $A X = \chi$ by
+  [`pseudofermion_action`][flowkit.targets.yukawa.YukawaStaggered.pseudofermion_action] solves $A X = \chi$ by
   conjugate gradient; its gradient is $\partial S_{pf}/\partial\phi_x = -2g\sum_f X_{f,x} (D^\dagger X_f)_x$,
   $\partial S_{pf}/\partial \chi_f = 2 X_f$. The joint density of $(\phi, \chi)$ is the target
   [`YukawaJoint`][flowkit.targets.YukawaJoint], whose $\phi$-marginal is exactly the Yukawa model.
@@ -79,7 +79,7 @@ class YukawaStaggered(Target):
     $$
 
     with $D_{xy} = \frac12\sum_\mu \eta_\mu(x)[b_\mu(x)\delta_{y,x+\hat\mu} - b_\mu(x-\hat\mu)\delta_{y,x-\hat\mu}]
-    + (m_f + g\phi_x)\delta_{xy}$ (see [`flowkit.lattice.fermions`](lattice.md#flowkit.lattice.fermions)):
+    + (m_f + g\phi_x)\delta_{xy}$ (see [`flowkit.lattice.fermions`][flowkit.lattice.fermions]):
     Kogut-Susskind phases $\eta_0 = 1$, $\eta_1(x) = (-1)^{x_0}$, time (axis `-2`) antiperiodic.
 
     **Sign conventions.** $D$ is real and $\gamma_5$-hermitian ($\epsilon D \epsilon = D^\dagger = D^T$,
@@ -92,10 +92,10 @@ class YukawaStaggered(Target):
     **Energy and force.** [`energy`][flowkit.targets.base.Target.energy] is exact: dense LU
     (`torch.linalg.slogdet`, differentiable, its gradient through $D^{-1}$) for `L <= 16`; larger lattices
     raise a `ValueError` there and use the pseudofermion forms:
-    [`pseudofermion_action`][flowkit.targets.YukawaStaggered.pseudofermion_action] (conjugate gradient on
+    [`pseudofermion_action`][flowkit.targets.yukawa.YukawaStaggered.pseudofermion_action] (conjugate gradient on
     $D D^\dagger$ to the relative residual `cg_tol`),
-    [`sample_pseudofermions`][flowkit.targets.YukawaStaggered.sample_pseudofermions] (the heat bath
-    $\chi = D\eta$), [`joint`][flowkit.targets.YukawaStaggered.joint] (the density of
+    [`sample_pseudofermions`][flowkit.targets.yukawa.YukawaStaggered.sample_pseudofermions] (the heat bath
+    $\chi = D\eta$), [`joint`][flowkit.targets.yukawa.YukawaStaggered.joint] (the density of
     $(\phi, \chi)$) and [`pseudofermion_hmc`][flowkit.sampling.pseudofermion_hmc]. The force is analytic:
     $-\nabla u = -\nabla S_B + 2g\,\operatorname{diag}(D^{-1})$.
 
@@ -177,7 +177,8 @@ class YukawaStaggered(Target):
 
         Returns the two real parts `(..., 2, L, L)` of $\chi$; given $\phi$ they have the density
         $\propto e^{-\chi^\dagger (D D^\dagger)^{-1}\chi}$, and
-        [`pseudofermion_action`][flowkit.targets.YukawaStaggered.pseudofermion_action] at them is $\eta^\dagger\eta$.
+        [`pseudofermion_action`][flowkit.targets.yukawa.YukawaStaggered.pseudofermion_action] at them is
+        $\eta^\dagger\eta$.
         """
         self._check(x, "sample_pseudofermions")
         eta = torch.randn(*x.shape[:-2], 2, self.L, self.L, generator=generator, dtype=x.dtype, device=x.device)
