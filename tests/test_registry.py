@@ -16,7 +16,7 @@ def test_names_are_the_registry_keys():
 @pytest.mark.parametrize("name", PRESET_NAMES)
 def test_builds_every_preset(name):
     flow = build_flow(name.upper(), 4, transforms=2, hidden=(8, 8), bins=4)
-    assert isinstance(flow, flowkit.Flow) and tuple(flow.event_shape) == (4,)
+    assert isinstance(flow, flowkit.flows.FlowModel) and tuple(flow.event_shape) == (4,)
     x = torch.randn(5, 4)
     assert flow.log_prob(x).shape == (5,) and torch.isfinite(flow.log_prob(x)).all()
     assert flow.sample((4,)).shape == (4, 4)

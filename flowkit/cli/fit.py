@@ -241,6 +241,8 @@ def fit_dataset(args: argparse.Namespace) -> dict[str, Any]:
         name = _preset_name(args.model or args.flow, args.coupling)
         flow = build_flow(name, data.features, transforms=args.transforms, hidden=hidden, bins=args.bins)
         free_form = isinstance(flow, FreeFormFlow)
+        if free_form and args.transforms is not None:
+            raise ValueError("--transforms does not apply to --model free-form (two networks): size it with --hidden")
         if getattr(args, "base", "normal") == "student-t":
             if free_form:
                 raise ValueError("--base student-t applies to the bijective presets, not to --model free-form")

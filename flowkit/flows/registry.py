@@ -14,7 +14,7 @@
 | `unaf` | [`UNAF`][flowkit.flows.UNAF], integrals of positive networks from MADEs | 3 layers, hidden `(64, 64)` |
 | `bnaf` | [`BNAF`][flowkit.flows.BNAF], block neural autoregressive layers | 3 layers, hidden `(16,)` per feature |
 | `cnf` | [`CNF`][flowkit.flows.CNF], a continuous normalizing flow (FFJORD) | 1 ODE block, hidden `(64, 64)` |
-| `free-form` | [`FreeFormFlow`][flowkit.flows.FreeFormFlow], SiLU MLP encoder and decoder | hidden `(128, 128)` |
+| `free-form` | [`FreeFormFlow`][flowkit.flows.FreeFormFlow], SiLU MLP encoder and decoder (no layers) | `(128, 128)` |
 
 Example:
     ```python
@@ -87,8 +87,7 @@ def _cnf(features: int, transforms: int | None, hidden: Sequence[int] | None, bi
 def _free_form(features: int, transforms: int | None, hidden: Sequence[int] | None, bins: int) -> FreeFormFlow:
     from ..nn import MLP
 
-    if transforms is not None:
-        raise ValueError("free-form has no layers to count (one encoder and one decoder network): size it with hidden")
+    # `transforms` does not apply: one encoder and one decoder network, sized by `hidden`.
     hidden = tuple(hidden or (128, 128))
     return FreeFormFlow(MLP(features, features, hidden, "silu"), MLP(features, features, hidden, "silu"), features)
 

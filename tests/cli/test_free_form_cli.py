@@ -37,7 +37,7 @@ def test_fit_model_free_form(tmp_path):
 def test_free_form_refuses_what_does_not_apply(tmp_path, capsys):
     base = ["fit", "moons", "--model", "free-form", "--steps", "2", "--no-plots", *SMALL]
     for extra, message in (
-        (["--transforms", "2"], "size it with hidden"),
+        (["--transforms", "2"], "--transforms does not apply"),
         (["--base", "student-t"], "student-t applies to the bijective presets"),
         (["--beta", "-1"], "beta must be"),
     ):
