@@ -41,6 +41,8 @@ PEERS = (
     "zuko-nsf-coupling",
     "nflows-nsf-coupling",
     "normflows-residual",
+    "zuko-naf",
+    "zuko-unaf",
 )
 #: Layers and hidden sizes of the presets at the command line's defaults (`flowkit.flows.registry`).
 _DEFAULTS = {
@@ -49,6 +51,8 @@ _DEFAULTS = {
     "maf": (5, (64, 64)),
     "realnvp": (8, (128, 128)),
     "residual": (5, (64, 64)),
+    "naf": (3, (64, 64)),
+    "unaf": (3, (64, 64)),
 }
 
 
@@ -289,7 +293,8 @@ def build_peer(
     `zuko-nsf`/`nflows-nsf` are autoregressive NSFs with linear tails outside
     `[-5, 5]`, `zuko-nsf-coupling`/`nflows-nsf-coupling` their coupling NSFs;
     `zuko-maf`/`nflows-maf` affine MAFs; `zuko-realnvp` an affine
-    coupling flow. `None` sizes take the preset's defaults. Standardisation
+    coupling flow; `zuko-naf`/`zuko-unaf` zuko's NAF and UNAF (MADEs of the same hidden sizes, zuko's
+    monotonic and integrand networks at its defaults). `None` sizes take the preset's defaults. Standardisation
     (when `standardize_with` is given) is the same fixed map as flowkit's,
     with its log-determinant.
     """
@@ -306,6 +311,10 @@ def build_peer(
         model = maf(library, features, transforms=transforms, hidden=hidden)
     elif kind == "residual":
         model = normflows_residual(features, transforms=transforms, hidden=hidden)
+    elif kind in ("naf", "unaf"):  # zuko's defaults: signal 16, monotonic / integrand networks (64, 64)
+        import zuko
+
+        model = getattr(zuko.flows, kind.upper())(features, transforms=transforms, hidden_features=hidden)
     else:
         import zuko
 

@@ -82,3 +82,19 @@ def test_speed_builds_the_same_nsf_in_every_library(script, coupling):
         assert sample(3).shape == (3, 4), library
         sizes.add(sum(p.numel() for p in module.parameters() if p.requires_grad))
     assert len(sizes) == 1, sizes
+
+
+def test_families_benchmark_pairs_models_with_their_references(script, tmp_path):
+    families = script("families")
+    out = tmp_path / "f.json"
+    argv = ["--datasets", "8gaussians", "--models", "flowkit-naf,flowkit-nsf,zuko-naf", "--steps", "2"]
+    argv += ["--seeds", "2", "--n-train", "300", "--transforms", "1", "--hidden", "8", "--out", str(out)]
+    assert families.main([*argv, "--timing-rounds", "1", "--timing-steps", "1"]) == 0
+    report = json.loads(out.read_text())
+    pairs = {(c["model"], c["reference"]): c for c in report["comparisons"]}
+    assert set(pairs) == {("flowkit-naf", "flowkit-nsf"), ("flowkit-naf", "zuko-naf")}
+    runs = {(r["model"], r["seed"]): r["test_nll"] for r in report["runs"]}
+    difference = sum(runs[("flowkit-naf", s)] - runs[("zuko-naf", s)] for s in (0, 1)) / 2
+    assert pairs[("flowkit-naf", "zuko-naf")]["difference"] == pytest.approx(difference)
+    times = report["time_per_step_s"]["8gaussians"]
+    assert pairs[("flowkit-naf", "zuko-naf")]["time_ratio"] == pytest.approx(times["zuko-naf"] / times["flowkit-naf"])
