@@ -523,20 +523,17 @@ def time_embedding(t: Tensor, frequencies: int) -> Tensor:
     return torch.cat([t, torch.cos(k * t), torch.sin(k * t)], dim=-1)
 
 
-def _softplus_derivative(a: Tensor) -> Tensor:
-    return torch.where(a > 20, torch.ones_like(a), torch.sigmoid(a))  # nn.Softplus is linear above 20
-
-
-def _silu_derivative(a: Tensor) -> Tensor:
+def _silu_derivative(a: Tensor, h: Tensor) -> Tensor:
     s = torch.sigmoid(a)
     return s * (1 + a * (1 - s))
 
 
-#: Derivatives of the activations for which VectorField propagates its Jacobian forward.
-_DERIVATIVES: dict[str, Callable[[Tensor], Tensor]] = {
-    "softplus": _softplus_derivative,
-    "tanh": lambda a: 1 - torch.tanh(a).square(),
-    "elu": lambda a: torch.where(a > 0, torch.ones_like(a), torch.exp(a.clamp(max=0))),
+#: Derivatives `sigma'(a)` of the activations, given the pre-activation `a` and `h = sigma(a)`, for which
+#: VectorField propagates its Jacobian forward.
+_DERIVATIVES: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
+    "softplus": lambda a, h: torch.where(a > 20, 1.0, -torch.expm1(-h)),  # sigmoid(a); nn.Softplus is linear > 20
+    "tanh": lambda a, h: 1 - h.square(),
+    "elu": lambda a, h: torch.where(a > 0, 1.0, h + 1),
     "silu": _silu_derivative,
 }
 
@@ -556,8 +553,10 @@ class VectorField(Conditioner):
     [`velocity_and_jacobian`][flowkit.nn.VectorField.velocity_and_jacobian] also returns
     the exact Jacobian $\partial f / \partial x$, propagated forward through the layers,
     $J_1 = W_1^{(x)}$, $J_{k+1} = W_{k+1} \operatorname{diag}(\sigma'(a_k)) J_k$: one
-    batched product per layer instead of `D` vector-Jacobian products, which is what
-    [`ContinuousFlow`][flowkit.bijectors.ContinuousFlow]'s exact trace uses.
+    batched product per layer instead of `D` vector-Jacobian products, and
+    [`velocity_and_divergence`][flowkit.nn.VectorField.velocity_and_divergence] its trace
+    without the last product; [`ContinuousFlow`][flowkit.bijectors.ContinuousFlow]'s exact
+    trace uses them.
 
     Arguments:
         features: the event size `D` (input and output).
@@ -613,13 +612,56 @@ class VectorField(Conditioner):
         """Whether the activation is smooth with a known derivative, so that `velocity_and_jacobian` applies."""
         return self.activation_name in _DERIVATIVES
 
-    def _input(self, x: Tensor, context: Tensor | None, t: Tensor | float) -> Tensor:
-        t = torch.as_tensor(t, dtype=x.dtype, device=x.device).expand(x.shape[:-1])
-        return broadcast_context(torch.cat([x, time_embedding(t, self.frequencies)], dim=-1), context)
+    def _first(self, x: Tensor, context: Tensor | None, t: Tensor | float) -> Tensor:
+        r"""The first layer's pre-activation on $[x, \tau(t), c]$, without concatenating them.
+
+        At one time for the whole batch (an ODE solve), the embedding's part is a bias of the layer.
+        """
+        first = self.net[0]
+        d, e = self.features, 1 + 2 * self.frequencies
+        weight = first.weight
+        t = torch.as_tensor(t, dtype=x.dtype, device=x.device)
+        if t.dim() == 0:
+            a = F.linear(
+                x, weight[:, :d], torch.addmv(first.bias, weight[:, d : d + e], time_embedding(t, self.frequencies))
+            )
+        else:
+            a = F.linear(x, weight[:, :d], first.bias) + F.linear(
+                time_embedding(t, self.frequencies), weight[:, d : d + e]
+            )
+        if context is not None:
+            a = a + F.linear(context, weight[:, d + e :])
+        return a
 
     def forward(self, x: Tensor, context: Tensor | None = None, *, t: Tensor | float) -> Tensor:  # type: ignore[override]
         """The velocity `(..., D)` at points `x` `(..., D)`, time `t` and the context."""
-        return self.net(self._input(x, context, t))
+        h = self._first(x, context, t)
+        for layer in self.net[1:]:
+            h = layer(h)
+        if h.shape[:-1] != x.shape[:-1]:  # a time or context without the points' batch shape
+            h = h.expand(*torch.broadcast_shapes(h.shape[:-1], x.shape[:-1]), h.shape[-1])
+        return h
+
+    def _propagate(self, x: Tensor, context: Tensor | None, t: Tensor | float) -> tuple[Tensor, Tensor]:
+        """The last hidden activation `(..., H)` and the transposed Jacobian `(..., D, H)` of it in `x`."""
+        if not self.jacobian_available:
+            raise ValueError(
+                f"VectorField: the forward Jacobian needs one of the activations {sorted(_DERIVATIVES)}, "
+                f"got {self.activation_name!r}"
+            )
+        derivative = _DERIVATIVES[self.activation_name]
+        linears = [m for m in self.net if isinstance(m, nn.Linear)]
+        transposed = linears[0].weight[:, : self.features].T  # (D, H): d(first pre-activation)/dx, transposed
+        h = x
+        for i, layer in enumerate(linears[:-1]):
+            if i == 0:
+                a = self._first(x, context, t)
+            else:
+                a = layer(h)
+                transposed = F.linear(transposed, layer.weight)  # one GEMM for the batch and all D directions
+            h = self.net[2 * i + 1](a)
+            transposed = transposed * derivative(a, h).unsqueeze(-2)
+        return h, transposed
 
     def velocity_and_jacobian(
         self, x: Tensor, context: Tensor | None = None, *, t: Tensor | float
@@ -629,21 +671,27 @@ class VectorField(Conditioner):
         Raises:
             ValueError: for an activation without a registered derivative (see `jacobian_available`).
         """
-        if not self.jacobian_available:
-            raise ValueError(
-                f"VectorField.velocity_and_jacobian needs one of the activations {sorted(_DERIVATIVES)}, "
-                f"got {self.activation_name!r}"
-            )
-        derivative = _DERIVATIVES[self.activation_name]
-        linears = [m for m in self.net if isinstance(m, nn.Linear)]
-        act = self.net[1] if len(self.net) > 1 else None
-        a = linears[0](self._input(x, context, t))
-        jacobian = linears[0].weight[:, : self.features]
-        for layer in linears[1:]:
-            jacobian = derivative(a).unsqueeze(-1) * jacobian
-            a = layer(act(a))
-            jacobian = torch.matmul(layer.weight, jacobian)
-        return a, jacobian.expand(*a.shape, self.features)
+        last = self.net[-1]
+        if len(self.net) == 1:  # no hidden layer: a linear field
+            v = self.forward(x, context, t=t)
+            return v, last.weight[:, : self.features].expand(*v.shape, self.features)
+        h, transposed = self._propagate(x, context, t)
+        return last(h), F.linear(transposed, last.weight).transpose(-1, -2)
+
+    def velocity_and_divergence(
+        self, x: Tensor, context: Tensor | None = None, *, t: Tensor | float
+    ) -> tuple[Tensor, Tensor]:
+        r"""The velocity `(..., D)` and its divergence $\operatorname{tr} \partial f / \partial x$ `(...)`, exactly.
+
+        The trace $\sum_{i,h} (W_L)_{ih} (J_{L-1})_{hi}$ of the last layer needs no product of it with the
+        Jacobian of the layers before.
+        """
+        last = self.net[-1]
+        if len(self.net) == 1:
+            v = self.forward(x, context, t=t)
+            return v, last.weight[:, : self.features].diagonal().sum().expand(v.shape[:-1])
+        h, transposed = self._propagate(x, context, t)
+        return last(h), (transposed * last.weight).sum((-2, -1))
 
     def zero_last(self, bias: Tensor | None = None) -> None:
         _zero_linear(self.net[-1], bias)

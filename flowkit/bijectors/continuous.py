@@ -100,9 +100,13 @@ class _Dynamics(nn.Module):
         self.evaluations += 1
         end = flow.t1
         if self.probe is None and flow._forward_jacobian:
-            velocity, jacobian = flow._field_and_jacobian(x, self.context, end * s)
-            trace = torch.diagonal(jacobian, dim1=-2, dim2=-1).sum(-1)
-            squares = jacobian.square().sum((-2, -1)) if "jacobian" in self.integrals else None
+            squares = None
+            if "jacobian" in self.integrals:
+                velocity, jacobian = flow._field_and_jacobian(x, self.context, end * s, full=True)
+                trace = torch.diagonal(jacobian, dim1=-2, dim2=-1).sum(-1)
+                squares = jacobian.square().sum((-2, -1))
+            else:
+                velocity, trace = flow._field_and_jacobian(x, self.context, end * s, full=False)
         else:
             with torch.enable_grad():
                 if not graph or not x.requires_grad:
@@ -289,12 +293,13 @@ class ContinuousFlow(Bijector):
         field = self.vector_field
         return self.event_dims == 1 and bool(getattr(field, "jacobian_available", False))
 
-    def _field_and_jacobian(self, x: Tensor, context: Tensor | None, t: Tensor) -> tuple[Tensor, Tensor]:
-        """The field and its Jacobian `(N, D, D)` at flat points `(N, D)`, from the field's forward propagation."""
-        v, jacobian = self.vector_field.velocity_and_jacobian(x, context, t=t)
+    def _field_and_jacobian(self, x: Tensor, context: Tensor | None, t: Tensor, full: bool) -> tuple[Tensor, Tensor]:
+        """The field and its Jacobian `(N, D, D)` (`full`) or divergence `(N,)` at flat points `(N, D)`."""
+        field = self.vector_field
+        out = field.velocity_and_jacobian(x, context, t=t) if full else field.velocity_and_divergence(x, context, t=t)
         if not self._field_checked:
             self._field(x, context, t)
-        return v, jacobian
+        return out
 
     def velocity(self, x: Tensor, s: Tensor, context: Tensor | None = None) -> Tensor:
         r"""$dx/ds = T f(x, sT, c)$ in normalised time $s \in [0, 1]$, for points `(N, *event_shape)` and times `(N,)`.

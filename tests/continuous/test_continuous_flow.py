@@ -208,3 +208,14 @@ def test_forward_jacobian_and_vjp_traces_agree():
     (z1, l1), (z2, l2) = fast(x), slow(x)
     torch.testing.assert_close(z1, z2)
     torch.testing.assert_close(l1, l2)
+
+
+def test_vector_field_divergence_is_the_trace_of_its_jacobian():
+    torch.manual_seed(0)
+    for hidden in [(8, 8), ()]:
+        field = VectorField(3, hidden=hidden, activation="elu", context=1).double()
+        x, c = torch.randn(4, 3, dtype=torch.float64), torch.randn(4, 1, dtype=torch.float64)
+        v, jacobian = field.velocity_and_jacobian(x, c, t=0.7)
+        v2, divergence = field.velocity_and_divergence(x, c, t=0.7)
+        torch.testing.assert_close(v2, v)
+        torch.testing.assert_close(divergence, torch.diagonal(jacobian, dim1=-2, dim2=-1).sum(-1))

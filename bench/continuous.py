@@ -1,0 +1,255 @@
+r"""Continuous normalizing flows: flowkit's CNF against zuko's, RNODE, TO-FLOW and flow matching (issue 29).
+
+Every model of a seed is trained in one process, **interleaved step by step** (one step
+of each model per round, on the same batch), so that a slow spell of the shared machine
+hits them alike:
+
+- ``flowkit``: ``flowkit.flows.CNF`` by maximum likelihood;
+- ``zuko``: ``zuko.flows.CNF`` with the same field (an MLP with ``--hidden`` ELU units,
+  3 time frequencies; flowkit's embedding also feeds ``t`` itself, one more input),
+  the same tolerances (``--atol``, ``--rtol``, dopri5 for both), the same trace
+  (exact in 2-D, Hutchinson on ``digits``) and base;
+- ``rnode``: flowkit's CNF with ``RegularizedLikelihood(kinetic=l, jacobian=l)``,
+  ``l = --rnode`` (Finlay et al. 2020);
+- ``toflow``: flowkit's CNF with ``LearnEndTime`` (TO-FLOW, Du et al. 2022: the end time
+  learnt by clipped coordinate steps with the temporal regulariser ``--toflow-penalty``);
+- ``fm``: flowkit's CNF trained by flow matching (``FlowMatching("ot")``, minibatch OT
+  pairs; ``--fm-steps`` steps spread over the rounds), whose exact NLL is then computed
+  by the same ODE solve.
+
+Reported per dataset (means over seeds): test NLL (standardised data, nats) with the
+paired difference to ``flowkit`` and its standard error (over seeds and test points),
+the median time per training step and the ratio ``zuko / flowkit``, the forward NFE per
+step over the last quarter of training, the end time, and the CPU time of training
+(``time.process_time`` around each model's steps). The targets of the issue are checked
+and printed with the figures; JSON goes to ``--out``.
+
+Run: ``python bench/continuous.py --threads 1`` (defaults: moons, 8gaussians and digits,
+3 seeds); ``--quick`` for a smoke run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+import zuko
+
+from flowkit.bijectors.continuous import function_evaluations
+from flowkit.data import digits, toy_splits
+from flowkit.flows import CNF
+from flowkit.train.continuous import FlowMatching, LearnEndTime, RegularizedLikelihood
+
+RESULTS = Path(__file__).resolve().parent / "results"
+MODELS = ("flowkit", "zuko", "rnode", "toflow", "fm")
+
+
+def _data(name: str, n_train: int, n_test: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Train and test points, standardised with the training mean and deviation."""
+    if name == "digits":
+        splits = digits(seed=0)
+        train, test = splits.train, splits.test
+    else:
+        splits = toy_splits(name, n_train=n_train, n_val=10, n_test=n_test, seed=seed)
+        train, test = splits.train, splits.test
+    train, test = torch.as_tensor(train, dtype=torch.float32), torch.as_tensor(test, dtype=torch.float32)
+    mean, std = train.mean(0), train.std(0).clamp_min(1e-3)
+    return (train - mean) / std, ((test - mean) / std)[:n_test]
+
+
+def _flowkit(d: int, args: argparse.Namespace, trace: str) -> CNF:
+    return CNF(d, hidden=args.hidden, activation="elu", trace=trace, atol=args.atol, rtol=args.rtol)
+
+
+def _zuko(d: int, args: argparse.Namespace, exact: bool) -> zuko.flows.CNF:
+    return zuko.flows.CNF(d, freqs=3, atol=args.atol, rtol=args.rtol, exact=exact, hidden_features=args.hidden)
+
+
+def _nll(model: str, flow: torch.nn.Module, x: torch.Tensor, batch: int = 1000) -> torch.Tensor:
+    """Per-point test NLL (exact trace for the 2-D sets; flowkit's by its own solve, zuko's by its own)."""
+    out = []
+    flow.eval()
+    with torch.no_grad():
+        for part in x.split(batch):
+            out.append(-(flow().log_prob(part) if model == "zuko" else flow.log_prob(part)))
+    flow.train()
+    return torch.cat(out)
+
+
+def run_seed(name: str, seed: int, args: argparse.Namespace) -> dict:
+    train, test = _data(name, args.n_train, args.n_test, seed)
+    d = train.shape[1]
+    exact = d <= 8
+    trace = "exact" if exact else "hutchinson"
+    flows, optimizers = {}, {}
+    for model in MODELS:
+        torch.manual_seed(seed)  # the same initial field for the flowkit models
+        flows[model] = _zuko(d, args, exact) if model == "zuko" else _flowkit(d, args, trace)
+        trainable = [p for p in flows[model].parameters() if p.requires_grad]  # not T: LearnEndTime's
+        optimizers[model] = torch.optim.Adam(trainable, lr=args.lr)
+    rnode = RegularizedLikelihood(kinetic=args.rnode, jacobian=args.rnode)
+    plain = RegularizedLikelihood()
+    matching = FlowMatching("ot")
+    learner = LearnEndTime(flows["toflow"], lr=args.toflow_lr, penalty=args.toflow_penalty, clip=args.toflow_clip)
+    learner.on_start(None)
+    outcome = SimpleNamespace(last=SimpleNamespace(skipped=None))
+    step_times = {m: [] for m in MODELS}
+    cpu = dict.fromkeys(MODELS, 0.0)
+    nfe = {m: [] for m in ("flowkit", "rnode", "toflow")}
+    gen = torch.Generator().manual_seed(seed)
+    fm_per_round = max(1, args.fm_steps // args.steps)
+    for _ in range(args.steps):
+        batch = train[torch.randint(len(train), (args.batch_size,), generator=gen)]
+        for model in MODELS:
+            flow, optimizer = flows[model], optimizers[model]
+            wall, start = time.perf_counter(), time.process_time()
+            for _ in range(fm_per_round if model == "fm" else 1):
+                optimizer.zero_grad(set_to_none=True)
+                if model == "zuko":
+                    loss = -flow().log_prob(batch).mean()
+                elif model == "fm":
+                    loss = matching.loss(flow, batch)
+                else:
+                    loss = (rnode if model == "rnode" else plain).loss(flow, batch)
+                loss.backward()
+                optimizer.step()
+            if model == "toflow":
+                learner.on_step_end(outcome)
+            cpu[model] += time.process_time() - start
+            step_times[model].append(time.perf_counter() - wall)
+            if model in nfe:
+                nfe[model].append(function_evaluations(flow))
+    learner.on_end(None)
+    quarter = max(1, args.steps // 4)
+    nlls = {m: _nll(m, flows[m], test) for m in MODELS}
+    result = {"dataset": name, "seed": seed, "features": d, "trace": trace, "models": {}}
+    for m in MODELS:
+        entry = {
+            "test_nll": float(nlls[m].mean()),
+            "test_nll_se": float(nlls[m].std() / math.sqrt(len(test))),
+            "median_step_seconds": statistics.median(step_times[m]),
+            "train_cpu_seconds": cpu[m],
+        }
+        if m != "zuko":
+            diff = nlls[m] - nlls["flowkit"] if m != "flowkit" else None
+            if diff is not None:
+                entry["nll_minus_flowkit"] = float(diff.mean())
+                entry["nll_minus_flowkit_se"] = float(diff.std() / math.sqrt(len(test)))
+        if m in nfe:
+            entry["nfe_last_quarter"] = float(np.mean(nfe[m][-quarter:]))
+            entry["t1"] = float(flows[m].bijector.t1)
+        result["models"][m] = entry
+    diff = nlls["zuko"] - nlls["flowkit"]
+    result["models"]["zuko"]["nll_minus_flowkit"] = float(diff.mean())
+    result["models"]["zuko"]["nll_minus_flowkit_se"] = float(diff.std() / math.sqrt(len(test)))
+    return result
+
+
+def summarise(runs: list[dict]) -> dict:
+    """Means over seeds; the SE of a difference combines the seeds' spread and the test points'."""
+    out = {}
+    for name in dict.fromkeys(r["dataset"] for r in runs):
+        rs = [r for r in runs if r["dataset"] == name]
+        table = {}
+        for m in MODELS:
+            vals = [r["models"][m] for r in rs]
+            row = {k: float(np.mean([v[k] for v in vals])) for k in vals[0]}
+            if "nll_minus_flowkit" in vals[0]:
+                diffs = [v["nll_minus_flowkit"] for v in vals]
+                seed_se = float(np.std(diffs, ddof=1) / math.sqrt(len(diffs))) if len(diffs) > 1 else 0.0
+                point_se = math.sqrt(sum(v["nll_minus_flowkit_se"] ** 2 for v in vals)) / len(vals)
+                row["nll_minus_flowkit_se"] = math.sqrt(seed_se**2 + point_se**2)
+            table[m] = row
+        fk, zk = table["flowkit"], table["zuko"]
+        checks = {
+            "zuko_step_time_over_flowkit": zk["median_step_seconds"] / fk["median_step_seconds"],
+            "zuko_nll_within_2se": abs(zk["nll_minus_flowkit"]) <= 2 * zk["nll_minus_flowkit_se"],
+            "rnode_nfe_cut": 1 - table["rnode"]["nfe_last_quarter"] / fk["nfe_last_quarter"],
+            "rnode_nll_minus_flowkit": table["rnode"]["nll_minus_flowkit"],
+            "toflow_nfe_over_fixed_t": table["toflow"]["nfe_last_quarter"] / fk["nfe_last_quarter"],
+            "toflow_nll_minus_flowkit": table["toflow"]["nll_minus_flowkit"],
+            "toflow_cpu_speedup": fk["train_cpu_seconds"] / table["toflow"]["train_cpu_seconds"],
+            "fm_nll_minus_ml": table["fm"]["nll_minus_flowkit"],
+            "ml_cpu_over_fm_cpu": fk["train_cpu_seconds"] / table["fm"]["train_cpu_seconds"],
+        }
+        out[name] = {"seeds": len(rs), "models": table, "checks": checks}
+    return out
+
+
+def _print(summary: dict) -> None:
+    for name, s in summary.items():
+        print(f"\n## {name} ({s['seeds']} seeds)\n")
+        print("| model | test NLL | minus flowkit (SE) | median step s | train CPU s | NFE/step | T |")
+        print("|---|---|---|---|---|---|---|")
+        for m, row in s["models"].items():
+            diff = f"{row['nll_minus_flowkit']:+.4f} ({row['nll_minus_flowkit_se']:.4f})" if m != "flowkit" else ""
+            nfe = f"{row['nfe_last_quarter']:.1f}" if "nfe_last_quarter" in row else ""
+            t1 = f"{row['t1']:.3f}" if "t1" in row else ""
+            print(
+                f"| {m} | {row['test_nll']:.4f} | {diff} | {row['median_step_seconds']:.4f} | "
+                f"{row['train_cpu_seconds']:.1f} | {nfe} | {t1} |"
+            )
+        c = s["checks"]
+        print(f"\nzuko/flowkit time per step: {c['zuko_step_time_over_flowkit']:.2f}x (target >= 2)")
+        print(f"zuko NLL within 2 SE of flowkit's: {c['zuko_nll_within_2se']}")
+        print(
+            f"RNODE NFE cut: {100 * c['rnode_nfe_cut']:.0f}% (target >= 30%) at NLL {c['rnode_nll_minus_flowkit']:+.3f}"
+        )
+        print(
+            f"TO-FLOW NFE / fixed T: {c['toflow_nfe_over_fixed_t']:.2f} at NLL {c['toflow_nll_minus_flowkit']:+.3f}; "
+            f"training CPU speed-up {c['toflow_cpu_speedup']:.2f}x"
+        )
+        print(
+            f"flow matching NLL - ML NLL: {c['fm_nll_minus_ml']:+.3f} (target <= 0.1) with "
+            f"{c['ml_cpu_over_fm_cpu']:.1f}x less CPU (target >= 5)"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--datasets", default="moons,8gaussians,digits")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=300, help="training rounds (one step of each ML model)")
+    parser.add_argument("--fm-steps", type=int, default=1500, help="flow-matching steps, spread over the rounds")
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--hidden", type=lambda s: tuple(int(h) for h in s.split(",")), default=(64, 64))
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--atol", type=float, default=1e-5)
+    parser.add_argument("--rtol", type=float, default=1e-5)
+    parser.add_argument("--rnode", type=float, default=0.01, help="weight of both RNODE regularisers")
+    parser.add_argument("--toflow-lr", type=float, default=0.01)
+    parser.add_argument("--toflow-penalty", type=float, default=0.1)
+    parser.add_argument("--toflow-clip", type=float, default=1.0)
+    parser.add_argument("--n-train", type=int, default=5000)
+    parser.add_argument("--n-test", type=int, default=2000)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 1 seed, 4 rounds, moons")
+    parser.add_argument("--out", default=str(RESULTS / "continuous.json"))
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.datasets, args.seeds, args.steps, args.fm_steps, args.n_test, args.hidden = "moons", 1, 4, 8, 200, (16,)
+    torch.set_num_threads(args.threads)
+    runs = []
+    for name in args.datasets.split(","):
+        for seed in range(args.seeds):
+            start = time.perf_counter()
+            runs.append(run_seed(name, seed, args))
+            print(f"{name} seed {seed}: {time.perf_counter() - start:.0f} s", flush=True)
+    summary = summarise(runs)
+    _print(summary)
+    payload = {"arguments": {k: v for k, v in vars(args).items()}, "runs": runs, "summary": summary}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(payload, indent=2, default=list))
+    print(json.dumps(summary, indent=2, default=list))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
