@@ -531,9 +531,9 @@ def _silu_derivative(a: Tensor, h: Tensor) -> Tensor:
 #: Derivatives `sigma'(a)` of the activations, given the pre-activation `a` and `h = sigma(a)`, for which
 #: VectorField propagates its Jacobian forward.
 _DERIVATIVES: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
-    "softplus": lambda a, h: torch.where(a > 20, 1.0, -torch.expm1(-h)),  # sigmoid(a); nn.Softplus is linear > 20
+    "softplus": lambda a, h: -torch.expm1(-h),  # = sigmoid(a); 1 - exp(-a) above nn.Softplus's threshold 20
     "tanh": lambda a, h: 1 - h.square(),
-    "elu": lambda a, h: torch.where(a > 0, 1.0, h + 1),
+    "elu": lambda a, h: h.clamp(max=0) + 1,
     "silu": _silu_derivative,
 }
 
@@ -642,8 +642,13 @@ class VectorField(Conditioner):
             h = h.expand(*torch.broadcast_shapes(h.shape[:-1], x.shape[:-1]), h.shape[-1])
         return h
 
-    def _propagate(self, x: Tensor, context: Tensor | None, t: Tensor | float) -> tuple[Tensor, Tensor]:
-        """The last hidden activation `(..., H)` and the transposed Jacobian `(..., D, H)` of it in `x`."""
+    def _propagate(
+        self, x: Tensor, context: Tensor | None, t: Tensor | float, directions: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """The last hidden activation `(..., H)` and its derivatives `(..., K, H)` along `directions` `(..., K, D)`.
+
+        Without directions, along the `D` unit vectors (the transposed Jacobian, `K = D`).
+        """
         if not self.jacobian_available:
             raise ValueError(
                 f"VectorField: the forward Jacobian needs one of the activations {sorted(_DERIVATIVES)}, "
@@ -651,7 +656,8 @@ class VectorField(Conditioner):
             )
         derivative = _DERIVATIVES[self.activation_name]
         linears = [m for m in self.net if isinstance(m, nn.Linear)]
-        transposed = linears[0].weight[:, : self.features].T  # (D, H): d(first pre-activation)/dx, transposed
+        w_x = linears[0].weight[:, : self.features]
+        transposed = w_x.T if directions is None else F.linear(directions, w_x)  # d(first pre-activation)
         h = x
         for i, layer in enumerate(linears[:-1]):
             if i == 0:
@@ -677,6 +683,20 @@ class VectorField(Conditioner):
             return v, last.weight[:, : self.features].expand(*v.shape, self.features)
         h, transposed = self._propagate(x, context, t)
         return last(h), F.linear(transposed, last.weight).transpose(-1, -2)
+
+    def velocity_and_jvp(
+        self, x: Tensor, direction: Tensor, context: Tensor | None = None, *, t: Tensor | float
+    ) -> tuple[Tensor, Tensor]:
+        r"""The velocity `(..., D)` and the Jacobian-vector product $(\partial f / \partial x)\, \epsilon$ `(..., D)`.
+
+        Forward-mode, one extra product per layer: with it, Hutchinson's estimate
+        $\epsilon^\top (\partial f / \partial x) \epsilon$ needs no backward pass.
+        """
+        last = self.net[-1]
+        if len(self.net) == 1:
+            return self.forward(x, context, t=t), F.linear(direction, last.weight[:, : self.features])
+        h, tangent = self._propagate(x, context, t, direction.unsqueeze(-2))
+        return last(h), F.linear(tangent, last.weight).squeeze(-2)
 
     def velocity_and_divergence(
         self, x: Tensor, context: Tensor | None = None, *, t: Tensor | float

@@ -58,9 +58,9 @@ def trajectory_integrals(module: nn.Module, names: Sequence[str] = INTEGRALS) ->
 
     - `"kinetic"`: $\int_0^T \|f(x(t), t)\|^2 \, dt$,
     - `"jacobian"`: $\int_0^T \|\partial f / \partial x\|_F^2 \, dt$ (exact with the
-      exact trace, from its `D` vector-Jacobian products; with Hutchinson's trace,
-      $\|\epsilon^\top \partial f / \partial x\|^2$ with the solve's probe, unbiased since
-      $E[\epsilon \epsilon^\top] = I$),
+      exact trace; with Hutchinson's trace, $\|(\partial f / \partial x)\, \epsilon\|^2$ (a
+      [`VectorField`][flowkit.nn.VectorField]'s forward JVP) or $\|\epsilon^\top \partial f / \partial x\|^2$
+      (a VJP otherwise) with the solve's probe, both unbiased since $E[\epsilon \epsilon^\top] = I$),
 
     and appends a dict `{name: tensor of the batch shape}` to the yielded list
     (Finlay et al. 2020). Outside the block, solves integrate the state and the
@@ -99,6 +99,8 @@ class _Dynamics(nn.Module):
         graph = torch.is_grad_enabled()
         self.evaluations += 1
         end = flow.t1
+        if not flow._field_checked:
+            flow._field(x, self.context, end * s)
         if self.probe is None and flow._forward_jacobian:
             squares = None
             if "jacobian" in self.integrals:
@@ -107,6 +109,10 @@ class _Dynamics(nn.Module):
                 squares = jacobian.square().sum((-2, -1))
             else:
                 velocity, trace = flow._field_and_jacobian(x, self.context, end * s, full=False)
+        elif self.probe is not None and flow._forward_jacobian:
+            velocity, jvp = flow.vector_field.velocity_and_jvp(x, self.probe, self.context, t=end * s)
+            trace = (jvp * self.probe).sum(-1)
+            squares = jvp.square().sum(-1)
         else:
             with torch.enable_grad():
                 if not graph or not x.requires_grad:
@@ -160,7 +166,8 @@ class ContinuousFlow(Bijector):
 
     The trace is exact (from the Jacobian a [`VectorField`][flowkit.nn.VectorField]
     with a smooth activation propagates forward, else from `D` vector-Jacobian
-    products batched with `vmap`; right for small `D`) or Hutchinson's
+    products batched with `vmap`; right for small `D`) or Hutchinson's (the field's
+    forward Jacobian-vector product, else one vector-Jacobian product)
     unbiased estimate $\epsilon^\top \partial_x f\, \epsilon$ with one probe
     $\epsilon$ (Rademacher or Gaussian, $E[\epsilon\epsilon^\top] = I$) drawn per
     solve and held fixed along it, so that the integrand is a continuous function
@@ -296,10 +303,7 @@ class ContinuousFlow(Bijector):
     def _field_and_jacobian(self, x: Tensor, context: Tensor | None, t: Tensor, full: bool) -> tuple[Tensor, Tensor]:
         """The field and its Jacobian `(N, D, D)` (`full`) or divergence `(N,)` at flat points `(N, D)`."""
         field = self.vector_field
-        out = field.velocity_and_jacobian(x, context, t=t) if full else field.velocity_and_divergence(x, context, t=t)
-        if not self._field_checked:
-            self._field(x, context, t)
-        return out
+        return field.velocity_and_jacobian(x, context, t=t) if full else field.velocity_and_divergence(x, context, t=t)
 
     def velocity(self, x: Tensor, s: Tensor, context: Tensor | None = None) -> Tensor:
         r"""$dx/ds = T f(x, sT, c)$ in normalised time $s \in [0, 1]$, for points `(N, *event_shape)` and times `(N,)`.

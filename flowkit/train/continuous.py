@@ -63,7 +63,7 @@ class RegularizedLikelihood(Objective):
     adaptive solver takes (Finlay et al. 2020). Both integrals are extra states of the
     same solve as the log-density ([`trajectory_integrals`][flowkit.bijectors.continuous.trajectory_integrals]);
     the Frobenius norm is exact with the exact trace and Hutchinson's estimate
-    $\|\epsilon^\top \partial_x f\|^2$ with the solve's probe otherwise.
+    $\|\partial_x f\, \epsilon\|^2$ (or $\|\epsilon^\top \partial_x f\|^2$) with the solve's probe otherwise.
 
     With both weights zero this is plain maximum likelihood. After each call, `metrics`
     gives `nll`, `nfe` (the field evaluations of the step's forward solves, summed over

@@ -219,3 +219,28 @@ def test_vector_field_divergence_is_the_trace_of_its_jacobian():
         v2, divergence = field.velocity_and_divergence(x, c, t=0.7)
         torch.testing.assert_close(v2, v)
         torch.testing.assert_close(divergence, torch.diagonal(jacobian, dim1=-2, dim2=-1).sum(-1))
+
+
+def test_forward_jvp_gives_the_hutchinson_estimate_of_the_vjp_path():
+    torch.manual_seed(0)
+    field = VectorField(3, hidden=(8, 8), activation="silu", context=2).double()
+    x, c, eps = (torch.randn(4, k, dtype=torch.float64) for k in (3, 2, 3))
+    v, jvp = field.velocity_and_jvp(x, eps, c, t=0.2)
+    expected = torch.func.jvp(lambda y: field(y, c, t=0.2), (x,), (eps,))[1]
+    torch.testing.assert_close(jvp, expected)
+
+    class Opaque(nn.Module):
+        def __init__(self, field):
+            super().__init__()
+            self.field = field
+
+        def forward(self, x, context=None, *, t):
+            return self.field(x, context, t=t)
+
+    fast = ContinuousFlow(field, 3, trace="hutchinson", atol=1e-9, rtol=1e-9).double()
+    slow = ContinuousFlow(Opaque(field), 3, trace="hutchinson", atol=1e-9, rtol=1e-9, context=2).double()
+    torch.manual_seed(5)
+    _, l_fast = fast(x, c)
+    torch.manual_seed(5)
+    _, l_slow = slow(x, c)
+    torch.testing.assert_close(l_fast, l_slow)
