@@ -99,6 +99,50 @@ def paired(runs: list[dict[str, Any]], dataset: str, model: str, reference: str)
     }
 
 
+def report(runs: list[dict[str, Any]], timings: dict[str, dict[str, float]], chosen: list[str]) -> dict[str, Any]:
+    """Summaries per dataset and model, and the paired comparisons of `COMPARISONS` with their speed ratios."""
+    datasets = list(dict.fromkeys(r["dataset"] for r in runs))
+    summaries = []
+    for d in datasets:
+        for m in chosen:
+            model_runs = [r for r in runs if r["dataset"] == d and r["model"] == m]
+            if model_runs:
+                summaries.append(bench._summarise(model_runs))
+    comparisons = []
+    for d in datasets:
+        for model, references in COMPARISONS.items():
+            for reference in references:
+                if model in chosen and reference in chosen:
+                    row = paired(runs, d, model, reference)
+                    if row is not None:
+                        row["time_ratio"] = timings[d][reference] / timings[d][model]  # > 1: model faster
+                        comparisons.append(row)
+    return {"time_per_step_s": timings, "summary": summaries, "comparisons": comparisons, "runs": runs}
+
+
+def print_tables(result: dict[str, Any], steps: int) -> None:
+    """The summary table and the paired comparisons as markdown."""
+    print(bench.markdown_table(result["summary"], steps))
+    print()
+    print("Paired test-NLL differences (model minus reference, +- 1 s.e. over seeds) and time per step")
+    print("(ratio > 1: the model is faster). Targets: no worse within 2 s.e., at least 1.5x faster than each peer.")
+    print()
+    print("| dataset | model | reference | difference | +-1se | no worse (2 se) | speed ratio |")
+    print("|---|---|---|---:|---:|---|---:|")
+    for c in result["comparisons"]:
+        se = f"{c['se']:.3f}" if math.isfinite(c["se"]) else "-"
+        print(
+            f"| {c['dataset']} | {c['model']} | {c['reference']} | {c['difference']:+.3f} | {se} "
+            f"| {c['no_worse_within_2se']} | {c['time_ratio']:.2f} |"
+        )
+
+
+def write(out: Path, args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """Write the configuration and `result` as JSON (NaN as null)."""
+    config = {k: v for k, v in vars(args).items() if k != "func"}
+    out.write_text(json.dumps(bench._finite_or_null({"config": config, **result}), indent=1, default=str))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse `argv` (default: the command line), run the interleaved benchmark, print tables and write JSON."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -137,37 +181,11 @@ def main(argv: list[str] | None = None) -> int:
                     f"({result['wall_s']:.1f} s; elapsed {time.perf_counter() - start:.0f} s)",
                     flush=True,
                 )
+        write(out, args, report(runs, timings, chosen))  # the datasets so far, in case the run is cut short
 
-    summaries = [
-        bench._summarise([r for r in runs if r["dataset"] == d and r["model"] == m]) for d in loaded for m in chosen
-    ]
-    comparisons = []
-    for d in loaded:
-        for model, references in COMPARISONS.items():
-            for reference in references:
-                if model in chosen and reference in chosen:
-                    row = paired(runs, d, model, reference)
-                    if row is not None:
-                        row["time_ratio"] = timings[d][reference] / timings[d][model]  # > 1: model faster
-                        comparisons.append(row)
-
-    print(bench.markdown_table(summaries, args.steps))
-    print()
-    print("Paired test-NLL differences (model minus reference, +- 1 s.e. over seeds) and time per step")
-    print("(ratio > 1: the model is faster). Targets: no worse within 2 s.e., at least 1.5x faster than each peer.")
-    print()
-    print("| dataset | model | reference | difference | +-1se | no worse (2 se) | speed ratio |")
-    print("|---|---|---|---:|---:|---|---:|")
-    for c in comparisons:
-        se = f"{c['se']:.3f}" if math.isfinite(c["se"]) else "-"
-        print(
-            f"| {c['dataset']} | {c['model']} | {c['reference']} | {c['difference']:+.3f} | {se} "
-            f"| {c['no_worse_within_2se']} | {c['time_ratio']:.2f} |"
-        )
-    config = {k: v for k, v in vars(args).items() if k != "func"}
-    report = {"config": config, "time_per_step_s": timings, "summary": summaries, "comparisons": comparisons}
-    report["runs"] = runs
-    out.write_text(json.dumps(bench._finite_or_null(report), indent=1, default=str, allow_nan=False))
+    result = report(runs, timings, chosen)
+    print_tables(result, args.steps)
+    write(out, args, result)
     print(f"wrote {out}")
     return 0
 
