@@ -141,10 +141,8 @@ class SpectralLinear(nn.Module):
                 v = v / v.norm().clamp(min=1e-12)
                 u = torch.mv(w, v)
                 u = u / u.norm().clamp(min=1e-12)
-            if update:
-                self.u.copy_(u)
-                self.v.copy_(v)
-            u, v = u.clone(), v.clone()
+            if update:  # new tensors, never written in place: the graph may hold the old ones
+                self.u, self.v = u, v
         return torch.dot(u, self.weight @ v)
 
     def normalized_weight(self, update: bool = True) -> Tensor:
@@ -296,22 +294,33 @@ class Residual(Bijector):
         """$g(x)$."""
         return self._network(x, self._weights())
 
-    def _residual_and_jacobian(self, x: Tensor, weights: list[Tensor]) -> tuple[Tensor, Tensor]:
-        r"""$g(x)$ and the transposed Jacobian $J_g(x)^\top$, of shape `(N, D, D)`, for `x` of shape `(N, D)`.
-
-        The transpose `(N, D, H)` is carried through the layers, so that each product with a weight is
-        one matrix product `(N D, H) @ (H, H')` on contiguous memory.
-        """
-        h, jac_t = x, None
+    def _network_with_slopes(self, x: Tensor, weights: list[Tensor]) -> tuple[Tensor, list[Tensor]]:
+        r"""$g(x)$ and the activations' slopes $\phi'(a_i)$, one `(N, H_i)` tensor per hidden layer."""
+        h, slopes = x, []
         for i, (linear, weight) in enumerate(zip(self.linears, weights, strict=True)):
-            a = F.linear(h, weight, linear.bias)
-            jac_t = weight.T.expand(x.shape[0], *weight.T.shape) if jac_t is None else jac_t @ weight.T
+            h = F.linear(h, weight, linear.bias)
             if i < len(self.activations):
-                h, slope = self.activations[i].with_derivative(a)
-                jac_t = slope.unsqueeze(-2) * jac_t
-            else:
-                h = a
-        return h, jac_t
+                h, slope = self.activations[i].with_derivative(h)
+                slopes.append(slope)
+        return h, slopes
+
+    @staticmethod
+    def _vjp(u: Tensor, weights: list[Tensor], slopes: list[Tensor]) -> Tensor:
+        r"""$u^\top J_g$: back through the layers, $u \leftarrow (u W_i) \odot \phi'(a_{i-1})$."""
+        for i in reversed(range(len(weights))):
+            u = u @ weights[i]
+            if i:
+                u = u * slopes[i - 1]
+        return u
+
+    @staticmethod
+    def _jvp(v: Tensor, weights: list[Tensor], slopes: list[Tensor]) -> Tensor:
+        r"""$J_g v$ (rows of `v`): forward through the layers, $v \leftarrow (v W_i^\top) \odot \phi'(a_i)$."""
+        for i, weight in enumerate(weights):
+            v = F.linear(v, weight)
+            if i < len(slopes):
+                v = v * slopes[i]
+        return v
 
     def spectral_norms(self) -> Tensor:
         """Exact spectral norms of the weights $g$ uses in the current mode, one per linear layer (no update)."""
@@ -323,13 +332,17 @@ class Residual(Bijector):
     # -- log-determinants ----------------------------------------------------------------------------------------
 
     def _exact(self, x: Tensor, weights: list[Tensor]) -> tuple[Tensor, Tensor]:
-        g, jac_t = self._residual_and_jacobian(x, weights)
+        g, slopes = self._network_with_slopes(x, weights)
+        # J^T, (N, D, D): the rows of the identity pushed forward, one matrix product (N D, H) @ (H, H') a layer.
+        eye = torch.eye(x.shape[-1], dtype=x.dtype, device=x.device)
+        jac_t = self._jvp(eye, weights, [slope.unsqueeze(-2) for slope in slopes])
+        if jac_t.dim() == 2:  # no hidden layer: J = W, the same for every point
+            jac_t = jac_t.expand(x.shape[0], *jac_t.shape)
         if x.shape[-1] == 1:
             return g, torch.log1p(jac_t[:, 0, 0])  # 1 + g' > 0 (Lip(g) < 1)
         if x.shape[-1] == 2:  # det(I + J) > 0: the 2 x 2 determinant in closed form
             det = (1 + jac_t[:, 0, 0]) * (1 + jac_t[:, 1, 1]) - jac_t[:, 0, 1] * jac_t[:, 1, 0]
             return g, torch.log(det)
-        eye = torch.eye(x.shape[-1], dtype=x.dtype, device=x.device)
         return g, torch.linalg.slogdet(eye + jac_t)[1]  # det(I + J^T) = det(I + J)
 
     def _draw_terms(self) -> int:
@@ -345,31 +358,28 @@ class Residual(Bijector):
         return 1.0 / _roulette_tail(self.estimator, parameter, k - self.exact_terms)
 
     def _series(self, x: Tensor, weights: list[Tensor]) -> tuple[Tensor, Tensor]:
-        grad_enabled = torch.is_grad_enabled()
+        g, slopes = self._network_with_slopes(x, weights)
         terms = self._draw_terms()
-        with torch.enable_grad():
-            x_ = x if x.requires_grad else x.detach().requires_grad_(True)
-            g = self._network(x_, weights)
-            v = torch.randn_like(x_)
-            ladj = x_.new_zeros(x_.shape[0])
-            vjp = v
-            if self.neumann:
-                w = v
-                with torch.no_grad():
-                    for k in range(1, terms + 1):
-                        vjp = torch.autograd.grad(g, x_, vjp, retain_graph=True)[0]  # v^T J^k
-                        ladj = ladj + (-1) ** (k + 1) / k * self._weight(k) * (vjp * v).sum(-1)
-                        if k < terms:
-                            w = w + (-1) ** k * self._weight(k + 1) * vjp
-                if terms > 0 and grad_enabled:
-                    surrogate = (torch.autograd.grad(g, x_, w, create_graph=True)[0] * v).sum(-1)
-                    ladj = ladj + surrogate - surrogate.detach()
-            else:
+        v = torch.randn_like(x)
+        ladj = x.new_zeros(x.shape[0])
+        u = v
+        if self.neumann:
+            with torch.no_grad():
+                fixed_weights = [weight.detach() for weight in weights]
+                fixed_slopes = [slope.detach() for slope in slopes]
+                adjoint = self._weight(1) * v  # w^T = sum_m (-1)^m c_{m+1} v^T J^m
                 for k in range(1, terms + 1):
-                    vjp = torch.autograd.grad(g, x_, vjp, create_graph=grad_enabled, retain_graph=True)[0]
-                    ladj = ladj + (-1) ** (k + 1) / k * self._weight(k) * (vjp * v).sum(-1)
-        if not grad_enabled:
-            g, ladj = g.detach(), ladj.detach()
+                    u = self._vjp(u, fixed_weights, fixed_slopes)  # v^T J^k
+                    ladj = ladj + (-1) ** (k + 1) / k * self._weight(k) * (u * v).sum(-1)
+                    if k < terms:
+                        adjoint = adjoint + (-1) ** k * self._weight(k + 1) * u
+            if terms > 0 and torch.is_grad_enabled():
+                surrogate = (adjoint * self._jvp(v, weights, slopes)).sum(-1)  # w^T J v, its gradient only
+                ladj = ladj + surrogate - surrogate.detach()
+        else:
+            for k in range(1, terms + 1):
+                u = self._vjp(u, weights, slopes)
+                ladj = ladj + (-1) ** (k + 1) / k * self._weight(k) * (u * v).sum(-1)
         return g, ladj
 
     def _residual_and_ladj(self, x: Tensor, update: bool = True) -> tuple[Tensor, Tensor]:

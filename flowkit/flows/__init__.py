@@ -14,6 +14,7 @@ from .molecules import internal_coordinate_flow
 from .neural import BNAF, NAF, UNAF
 from .presets import MAF, NSF, RealNVP
 from .registry import DATA_PRESETS, PRESET_NAMES, PRESETS, build_data_flow, build_flow, parse_hidden
+from .residual import PlanarFlow, ResidualFlow
 from .rigid import RigidBodyFlow
 from .tails import COMET, TailAdaptive
 
@@ -26,6 +27,8 @@ __all__ = [
     "RealNVP",
     "MAF",
     "NSF",
+    "ResidualFlow",
+    "PlanarFlow",
     "NAF",
     "UNAF",
     "BNAF",

@@ -10,6 +10,8 @@
 | `realnvp` | [`RealNVP`][flowkit.flows.RealNVP] | 8 layers, hidden `(128, 128)` |
 | `maf` | [`MAF`][flowkit.flows.MAF] | 5 layers, hidden `(64, 64)` |
 | `lattice` | [`LatticeFlow`][flowkit.flows.LatticeFlow] on `D = L^2` features (an `L x L` lattice) | 16, `(8, 8)` |
+| `residual` | [`ResidualFlow`][flowkit.flows.ResidualFlow] (series log-det above 4 features) | 5, `(64, 64)` |
+| `planar` | [`PlanarFlow`][flowkit.flows.PlanarFlow] | 16 layers |
 | `naf` | [`NAF`][flowkit.flows.NAF], deep sigmoidal flows from MADEs | 3 layers, hidden `(64, 64)`, 16 units |
 | `unaf` | [`UNAF`][flowkit.flows.UNAF], integrals of positive networks from MADEs | 3 layers, hidden `(64, 64)` |
 | `bnaf` | [`BNAF`][flowkit.flows.BNAF], block neural autoregressive layers | 3 layers, hidden `(16,)` per feature |
@@ -39,6 +41,7 @@ from .images import EIW, Glow
 from .lattice import LatticeFlow
 from .neural import BNAF, NAF, UNAF
 from .presets import MAF, NSF, RealNVP
+from .residual import PlanarFlow, ResidualFlow
 from .tails import COMET, TailAdaptive
 
 __all__ = [
@@ -104,12 +107,23 @@ def _bnaf(features: int, transforms: int | None, hidden: Sequence[int] | None, b
     return BNAF(features, transforms=transforms or 3, hidden=tuple(hidden or (16,)))
 
 
+def _residual(features: int, transforms: int | None, hidden: Sequence[int] | None, bins: int) -> Flow:
+    logdet = "exact" if features <= 4 else "series"
+    return ResidualFlow(features, transforms=transforms or 5, hidden=tuple(hidden or (64, 64)), logdet=logdet)
+
+
+def _planar(features: int, transforms: int | None, hidden: Sequence[int] | None, bins: int) -> Flow:
+    return PlanarFlow(features, transforms=transforms or 16)
+
+
 PRESETS: dict[str, Callable[[int, int | None, Sequence[int] | None, int], Flow]] = {
     "nsf": _nsf,
     "nsf-coupling": partial(_nsf, coupling=True),
     "realnvp": _realnvp,
     "maf": _maf,
     "lattice": _lattice,
+    "residual": _residual,
+    "planar": _planar,
     "naf": _naf,
     "unaf": _unaf,
     "bnaf": _bnaf,
