@@ -43,6 +43,8 @@ COMPARISONS: dict[str, tuple[str, ...]] = {
     "flowkit-naf": ("flowkit-nsf", "zuko-naf"),
     "flowkit-unaf": ("flowkit-nsf", "zuko-unaf"),
     "flowkit-bnaf": ("flowkit-nsf",),
+    "flowkit-residual": ("flowkit-nsf", "normflows-residual"),
+    "flowkit-planar": ("flowkit-nsf",),
 }
 #: Models run by default: the family models and their references.
 DEFAULT_MODELS: tuple[str, ...] = tuple(
