@@ -344,7 +344,8 @@ def normflows_residual(
     for _ in range(transforms):
         net = nf.nets.LipschitzMLP([features, *hidden, features], lipschitz_const=coefficient, init_zeros=True)
         layers += [nf.flows.Residual(net, reduce_memory=True), nf.flows.ActNorm(features)]
-    return nf.NormalizingFlow(q0=nf.distributions.DiagGaussian(features, trainable=False), flows=layers)
+    model = nf.NormalizingFlow(q0=nf.distributions.DiagGaussian(features, trainable=False), flows=layers)
+    return model.float()  # normflows makes the roulette's parameters float64 (from NumPy scalars)
 
 
 def normflows_glow(
