@@ -98,3 +98,19 @@ def test_families_benchmark_pairs_models_with_their_references(script, tmp_path)
     assert pairs[("flowkit-naf", "zuko-naf")]["difference"] == pytest.approx(difference)
     times = report["time_per_step_s"]["8gaussians"]
     assert pairs[("flowkit-naf", "zuko-naf")]["time_ratio"] == pytest.approx(times["zuko-naf"] / times["flowkit-naf"])
+
+
+def test_families_benchmark_trains_the_free_form_flow_at_nsf_cpu_time(script, tmp_path):
+    families = script("families")
+    out = tmp_path / "ff.json"
+    argv = ["--datasets", "8gaussians", "--models", "flowkit-free-form,flowkit-nsf", "--steps", "4", "--seeds", "1"]
+    argv += ["--n-train", "300", "--hidden", "8", "--out", str(out), "--timing-rounds", "1", "--timing-steps", "1"]
+    assert families.main(argv) == 0
+    report = json.loads(out.read_text())
+    times = report["time_per_step_s"]["8gaussians"]
+    steps = {r["model"]: r["steps"] for r in report["runs"]}
+    assert steps["flowkit-nsf"] == 4
+    assert steps["flowkit-free-form"] == max(1, round(4 * times["flowkit-nsf"] / times["flowkit-free-form"]))
+    (pair,) = report["comparisons"]
+    assert (pair["model"], pair["reference"]) == ("flowkit-free-form", "flowkit-nsf")
+    assert pair["within_0.1_nats"] == (pair["difference"] <= 0.1)

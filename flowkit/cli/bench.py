@@ -150,9 +150,16 @@ def _load(name: str, root: str | None, n_train: int, loaders: Mapping[str, Loade
 
 
 def train_and_evaluate(
-    model: str, data: Splits, args: argparse.Namespace, seed: int, models: Mapping[str, Builder] = MODELS
+    model: str,
+    data: Splits,
+    args: argparse.Namespace,
+    seed: int,
+    models: Mapping[str, Builder] = MODELS,
+    objective: Any = None,
 ) -> dict[str, Any]:
     """Train the model called `model` (a key of `models`) with one seed on one dataset.
+
+    `objective` is maximum likelihood unless given (a free-form flow trains by its own).
 
     Returns:
         Its test NLL with two standard errors, bits/dim for image data, parameter count and times.
@@ -166,7 +173,7 @@ def train_and_evaluate(
     wall, cpu = time.perf_counter(), time.process_time()
     history = fit(
         flow,
-        MaximumLikelihood(),
+        MaximumLikelihood() if objective is None else objective,
         train,
         steps=args.steps,
         batch_size=args.batch_size,

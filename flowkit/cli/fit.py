@@ -33,6 +33,8 @@ OUTPUTS = (
 
 #: The trainings `--train` chooses from.
 TRAININGS = ("likelihood", "flow-matching")
+#: The regularisers `--regularize` names (those of the cnf preset's vector field).
+REGULARIZERS = ("kinetic", "jacobian")
 #: The weight of a `--regularize` regulariser given without one (RNODE's choice for tabular data).
 DEFAULT_REGULARIZATION = 0.01
 
@@ -143,8 +145,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def _regularizers(text: str | None) -> dict[str, float]:
     """`--regularize kinetic,jacobian=0.05` as the weights of a RegularizedLikelihood."""
-    from ..train.continuous import REGULARIZERS
-
     weights: dict[str, float] = {}
     for part in (text or "").split(","):
         if not part.strip():
@@ -211,7 +211,6 @@ def fit_dataset(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from .. import io
-    from ..bijectors import Standardization
     from ..data import evaluate_nll, load, standardize, training_data
     from ..distributions import StudentT
     from ..flows import Flow, FreeFormFlow
@@ -247,10 +246,7 @@ def fit_dataset(args: argparse.Namespace) -> dict[str, Any]:
             if free_form:
                 raise ValueError("--base student-t applies to the bijective presets, not to --model free-form")
             flow = Flow(flow.bijector, StudentT(flow.event_shape, df=args.df, learn_df=True))
-        if not args.no_standardize and free_form:
-            scaling = Standardization.from_data(data.train, robust=args.robust_standardize).to(flow.base.dtype)
-            flow = FreeFormFlow(flow.encoder, flow.decoder, flow.features, flow.base, preprocessing=scaling)
-        elif not args.no_standardize:
+        if not args.no_standardize:
             flow = standardize(flow, data.train, robust=args.robust_standardize)
     out.mkdir(parents=True, exist_ok=True)
     train = training_data(data)

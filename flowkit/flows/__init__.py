@@ -7,7 +7,7 @@
 from .base import FlowModel
 from .continuous import CNF
 from .flow import Flow, FlowDistribution
-from .free_form import FreeFormFlow, InjectiveFlow
+from .free_form import FreeFormFlow, InjectiveFlow, ResidualMLP
 from .images import EIW, Glow
 from .lattice import LatticeFlow
 from .molecules import internal_coordinate_flow
@@ -24,14 +24,15 @@ __all__ = [
     "FlowDistribution",
     "FreeFormFlow",
     "InjectiveFlow",
+    "ResidualMLP",
     "RealNVP",
     "MAF",
     "NSF",
-    "ResidualFlow",
-    "PlanarFlow",
     "NAF",
     "UNAF",
     "BNAF",
+    "ResidualFlow",
+    "PlanarFlow",
     "CNF",
     "Glow",
     "EIW",

@@ -37,13 +37,15 @@ import torch
 import torch.autograd.forward_ad as fwad
 from torch import Tensor, nn
 
+from .._config import Configurable
 from .._validation import check_context, check_number, check_tensor, module_dtype, outermost
 from ..bijectors import Bijector
 from ..distributions import Distribution, StandardNormal
+from ..nn import MLP
 from ..utils import as_shape
 from .base import FlowModel
 
-__all__ = ["FreeFormFlow", "InjectiveFlow", "jacobian"]
+__all__ = ["FreeFormFlow", "InjectiveFlow", "ResidualMLP", "jacobian"]
 
 #: Rows (points times directions) of one batched forward-mode pass when a Jacobian is formed.
 _JACOBIAN_ROWS = 2**15
@@ -76,6 +78,40 @@ def jacobian(function: Callable[[Tensor], Tensor], x: Tensor) -> tuple[Tensor, T
         values.append(value[:b])
         jacobians.append(tangent.reshape(n, b, m).permute(1, 2, 0))
     return torch.cat(values), torch.cat(jacobians)
+
+
+class ResidualMLP(Configurable, nn.Module):
+    r"""A residual network on $\mathbb{R}^D$: $x \mapsto x + r_1(x)$, then $+\, r_2$, ..., each $r_k$ an MLP.
+
+    The encoder and decoder of the `free-form` preset (the free-form flows papers use residual networks
+    too). Each block's last layer starts at zero, so the network starts as the identity: an encoder and
+    a decoder built this way start as exact inverses with log-determinant 0, where the log-det surrogate
+    is exact, and training departs from the standard normal.
+
+    Arguments:
+        features: the dimension `D` of inputs and outputs.
+        hidden: hidden sizes of each block's MLP.
+        blocks: number of residual blocks.
+        activation: the MLPs' activation (see [`activation`][flowkit.nn.activation]; smooth ones suit
+            the forward-mode Jacobians of free-form flows).
+    """
+
+    def __init__(
+        self, features: int, hidden: Sequence[int] = (64, 64), blocks: int = 2, activation: str = "silu"
+    ) -> None:
+        super().__init__()
+        where = "ResidualMLP"
+        features = int(check_number(features, "features", where=where, integer=True, low=1))
+        blocks = int(check_number(blocks, "blocks", where=where, integer=True, low=1))
+        self.blocks = nn.ModuleList(MLP(features, features, tuple(hidden), activation) for _ in range(blocks))
+        for block in self.blocks:
+            block.zero_last()
+        self.features = features
+
+    def forward(self, x: Tensor) -> Tensor:
+        for block in self.blocks:
+            x = x + block(x)
+        return x
 
 
 class _EncoderDecoderFlow(FlowModel):

@@ -10,13 +10,13 @@
 | `realnvp` | [`RealNVP`][flowkit.flows.RealNVP] | 8 layers, hidden `(128, 128)` |
 | `maf` | [`MAF`][flowkit.flows.MAF] | 5 layers, hidden `(64, 64)` |
 | `lattice` | [`LatticeFlow`][flowkit.flows.LatticeFlow] on `D = L^2` features (an `L x L` lattice) | 16, `(8, 8)` |
-| `residual` | [`ResidualFlow`][flowkit.flows.ResidualFlow] (series log-det above 4 features) | 5, `(64, 64)` |
-| `planar` | [`PlanarFlow`][flowkit.flows.PlanarFlow] | 16 layers |
 | `naf` | [`NAF`][flowkit.flows.NAF], deep sigmoidal flows from MADEs | 3 layers, hidden `(64, 64)`, 16 units |
 | `unaf` | [`UNAF`][flowkit.flows.UNAF], integrals of positive networks from MADEs | 3 layers, hidden `(64, 64)` |
 | `bnaf` | [`BNAF`][flowkit.flows.BNAF], block neural autoregressive layers | 3 layers, hidden `(16,)` per feature |
+| `residual` | [`ResidualFlow`][flowkit.flows.ResidualFlow] (series log-det above 4 features) | 5, `(64, 64)` |
+| `planar` | [`PlanarFlow`][flowkit.flows.PlanarFlow] | 16 layers |
 | `cnf` | [`CNF`][flowkit.flows.CNF], a continuous normalizing flow (FFJORD) | 1 ODE block, hidden `(64, 64)` |
-| `free-form` | [`FreeFormFlow`][flowkit.flows.FreeFormFlow], SiLU MLP encoder and decoder (no layers) | `(128, 128)` |
+| `free-form` | [`FreeFormFlow`][flowkit.flows.FreeFormFlow] of residual MLPs | hidden `(64, 64)`, 2 blocks |
 
 Example:
     ```python
@@ -36,7 +36,7 @@ from torch import Tensor, nn
 
 from .continuous import CNF
 from .flow import Flow
-from .free_form import FreeFormFlow
+from .free_form import FreeFormFlow, ResidualMLP
 from .images import EIW, Glow
 from .lattice import LatticeFlow
 from .neural import BNAF, NAF, UNAF
@@ -87,12 +87,19 @@ def _cnf(features: int, transforms: int | None, hidden: Sequence[int] | None, bi
     return CNF(features, transforms=transforms or 1, hidden=tuple(hidden or (64, 64)))
 
 
-def _free_form(features: int, transforms: int | None, hidden: Sequence[int] | None, bins: int) -> FreeFormFlow:
-    from ..nn import MLP
+def _residual(features: int, transforms: int | None, hidden: Sequence[int] | None, bins: int) -> Flow:
+    logdet = "exact" if features <= 4 else "series"
+    return ResidualFlow(features, transforms=transforms or 5, hidden=tuple(hidden or (64, 64)), logdet=logdet)
 
-    # `transforms` does not apply: one encoder and one decoder network, sized by `hidden`.
-    hidden = tuple(hidden or (128, 128))
-    return FreeFormFlow(MLP(features, features, hidden, "silu"), MLP(features, features, hidden, "silu"), features)
+
+def _planar(features: int, transforms: int | None, hidden: Sequence[int] | None, bins: int) -> Flow:
+    return PlanarFlow(features, transforms=transforms or 16)
+
+
+def _free_form(features: int, transforms: int | None, hidden: Sequence[int] | None, bins: int) -> FreeFormFlow:
+    # `transforms` does not apply: one encoder and one decoder network (2 residual blocks each), sized by `hidden`.
+    hidden = tuple(hidden or (64, 64))
+    return FreeFormFlow(ResidualMLP(features, hidden), ResidualMLP(features, hidden), features)
 
 
 def _naf(features: int, transforms: int | None, hidden: Sequence[int] | None, bins: int) -> Flow:
@@ -107,26 +114,17 @@ def _bnaf(features: int, transforms: int | None, hidden: Sequence[int] | None, b
     return BNAF(features, transforms=transforms or 3, hidden=tuple(hidden or (16,)))
 
 
-def _residual(features: int, transforms: int | None, hidden: Sequence[int] | None, bins: int) -> Flow:
-    logdet = "exact" if features <= 4 else "series"
-    return ResidualFlow(features, transforms=transforms or 5, hidden=tuple(hidden or (64, 64)), logdet=logdet)
-
-
-def _planar(features: int, transforms: int | None, hidden: Sequence[int] | None, bins: int) -> Flow:
-    return PlanarFlow(features, transforms=transforms or 16)
-
-
 PRESETS: dict[str, Callable[[int, int | None, Sequence[int] | None, int], Flow]] = {
     "nsf": _nsf,
     "nsf-coupling": partial(_nsf, coupling=True),
     "realnvp": _realnvp,
     "maf": _maf,
     "lattice": _lattice,
-    "residual": _residual,
-    "planar": _planar,
     "naf": _naf,
     "unaf": _unaf,
     "bnaf": _bnaf,
+    "residual": _residual,
+    "planar": _planar,
     "cnf": _cnf,
     "free-form": _free_form,
 }

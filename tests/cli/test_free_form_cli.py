@@ -13,18 +13,18 @@ SMALL = ["--hidden", "16,16", "--batch-size", "128", "--no-progress"]
 
 def test_fit_model_free_form(tmp_path):
     out = tmp_path / "ff"
-    assert (
-        main(["fit", "moons", "--model", "free-form", "--steps", "300", "--beta", "20", "--out", str(out), *SMALL]) == 0
-    )
+    args = ["fit", "moons", "--model", "free-form", "--steps", "300", "--lr", "3e-3", "--out", str(out), *SMALL]
+    assert main(args) == 0
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["flow"] == "free-form" and metrics["objective"] == "FreeFormLikelihood"
-    # an untrained pair scores 9.5 to 11 nats on moons; 300 steps bring it to about 3.4 (NSF: 2.4 after 1000)
-    assert metrics["test_nll"] < 4
+    # the untrained pair is the identity: the Gaussian fit to the standardised data (3.4 nats); training beats it
+    data = flowkit.data.load("moons", seed=0)
+    gaussian = flowkit.data.standardize(flowkit.flows.build_flow("free-form", 2, hidden=(16, 16)), data.train)
+    assert metrics["test_nll"] < float(-gaussian.log_prob(data.test).detach().mean()) - 0.1
     assert (out / "density.png").exists() and (out / "samples.png").exists()
     model = flowkit.io.load(out / "model")
     assert isinstance(model, flowkit.flows.FreeFormFlow)
     assert type(model.preprocessing).__name__ == "Standardization"  # trained on standardised data
-    data = flowkit.data.load("moons", seed=0)
     nll = -model.log_prob(data.test).detach().mean()
     assert abs(float(nll) - metrics["test_nll"]) < 1e-4
     samples = tmp_path / "s.npy"

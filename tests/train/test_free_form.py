@@ -10,7 +10,7 @@ from torch import nn
 
 import flowkit
 from flowkit.bijectors import Standardization
-from flowkit.flows import FlowModel, FreeFormFlow, InjectiveFlow
+from flowkit.flows import FlowModel, FreeFormFlow, InjectiveFlow, ResidualMLP
 from flowkit.nn import MLP
 from flowkit.train import FreeFormLikelihood, fit
 from flowkit.train.free_form import log_det_surrogate, orthonormal_probes
@@ -133,6 +133,11 @@ def test_preprocessing_enters_the_density_the_samples_and_the_loss():
     loss = FreeFormLikelihood(beta=2.0).loss(model, data[:5])
     torch.manual_seed(3)
     assert torch.allclose(loss, FreeFormLikelihood(beta=2.0).loss(plain, y) - ladj.mean(), atol=1e-12)
+    standardized = flowkit.data.standardize(plain, data)  # the same networks, with this preprocessing
+    assert isinstance(standardized.preprocessing, Standardization) and standardized.encoder is encoder
+    assert torch.allclose(standardized.log_prob(data[:5]), model.log_prob(data[:5]), atol=1e-12)
+    with pytest.raises(ValueError, match="preprocessing already"):
+        flowkit.data.standardize(model, data)
 
 
 def test_injective_log_prob_is_the_manifold_density_at_the_projection():
@@ -147,6 +152,18 @@ def test_injective_log_prob_is_the_manifold_density_at_the_projection():
     samples = model.sample((100,))
     assert torch.allclose(samples[:, 0] * 4, samples[:, 1] * 3, atol=1e-12)  # on the line through a
     assert torch.allclose(model.distance_to_manifold(x), (x - torch.outer(z, decoder.weight[:, 0])).norm(dim=-1))
+
+
+def test_residual_networks_start_as_the_identity_and_as_exact_inverses():
+    torch.manual_seed(0)
+    model = FreeFormFlow(ResidualMLP(3, (8,), blocks=2), ResidualMLP(3, (8,), blocks=3), 3)
+    x = torch.randn(6, 3)
+    assert torch.equal(model.encode(x), x) and torch.equal(model.reconstruct(x), x)
+    assert torch.allclose(model.log_prob(x), model.base.log_prob(x))  # log|det| = 0 at the start
+    _, surrogate, _ = log_det_surrogate(model.encoder, model.decoder, x, probes=1)
+    assert torch.allclose(surrogate, torch.full((6,), 3.0))  # tr(f' g') = tr(I) for any probe of norm sqrt(3)
+    with pytest.raises(ValueError, match="blocks"):
+        ResidualMLP(3, blocks=0)
 
 
 def test_models_follow_the_flow_contract():
