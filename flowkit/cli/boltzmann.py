@@ -43,7 +43,7 @@ from typing import Any
 from .fit import prepare_output
 from .targets import FLOWS, TARGET_SPECS, Evaluation
 
-__all__ = ["add_parser", "run", "TARGETS", "OUTPUTS"]
+__all__ = ["add_parser", "run", "TARGETS", "OUTPUTS", "DEFAULTS"]
 
 #: What `flowkit boltzmann` writes in its output directory (removed by `--force` before a new run).
 OUTPUTS = (
@@ -62,6 +62,9 @@ OUTPUTS = (
     "magnetization.png",
     "autocorrelation.png",
 )
+
+#: The command's defaults of the options a target may change (`TargetSpec.defaults`; the parser's default is None).
+DEFAULTS = {"steps": 2000, "w_kl": 1.0}
 
 #: Built-in target names (what each brings: `flowkit.cli.targets.TARGET_SPECS`).
 TARGETS = tuple(TARGET_SPECS)
@@ -82,7 +85,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         choices=["fast", "standard", "reparam"],
         help="reverse-KL gradient estimator (default fast)",
     )
-    parser.add_argument("--steps", type=int, default=2000, help="optimisation steps (default 2000)")
+    parser.add_argument(
+        "--steps", type=int, default=None, help="optimisation steps (default 2000; alanine-dipeptide 3000)"
+    )
     parser.add_argument("--batch-size", type=int, default=256, help="batch size (default 256)")
     parser.add_argument("--lr", type=float, default=1e-3, help="initial learning rate, cosine-decayed (default 1e-3)")
     parser.add_argument(
@@ -126,7 +131,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--replay-buffer", type=int, default=0, help="fab: prioritised replay buffer capacity (default 0: none)"
     )
     parser.add_argument("--w-ml", type=float, default=1.0, help="weight of the ML term (default 1)")
-    parser.add_argument("--w-kl", type=float, default=1.0, help="weight of the reverse-KL term (default 1)")
+    parser.add_argument(
+        "--w-kl",
+        type=float,
+        default=None,
+        help="weight of the reverse-KL term (default 1; alanine-dipeptide 0.1: more drains the minor phi basin)",
+    )
     parser.add_argument("--dim", type=int, default=32, help="many-well dimension (default 32)")
     parser.add_argument("--L", type=int, default=8, help="phi4 lattice size (default 8)")
     parser.add_argument("--m2", type=float, default=-4.0, help="phi4 mass squared (default -4)")
@@ -162,8 +172,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--md-ns",
         type=float,
-        default=1.0,
-        help="alanine-dipeptide: ns of cached Langevin MD for the ML term (default 1; 0: energy only)",
+        default=5.0,
+        help="alanine-dipeptide: ns of cached Langevin MD for the ML term (default 5; 0: energy only)",
     )
     parser.add_argument(
         "--trajectory-frames",
@@ -236,6 +246,10 @@ def train_boltzmann(args: argparse.Namespace) -> dict[str, Any]:
     from .. import io, sampling
     from ..train import fit
 
+    spec = TARGET_SPECS[args.target]
+    for name, value in {**DEFAULTS, **spec.defaults}.items():  # the options the user left out
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     for name in ("steps", "batch_size", "transforms", "eval_samples", "trajectory_frames"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
@@ -258,7 +272,6 @@ def train_boltzmann(args: argparse.Namespace) -> dict[str, Any]:
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    spec = TARGET_SPECS[args.target]
     target = spec.build_target(args)
     samples = None if args.objective == "fab" else spec.samples(args, target)  # FAB: the energy alone
     held_out = None

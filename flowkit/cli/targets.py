@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -85,6 +85,8 @@ class TargetSpec:
         write: `(args, evaluation, out) -> None`, writes the target's data files into `out` (with or without
             `--no-plots`; default: none), after `metrics`.
         data_files: the names of the files `write` may write (each one of `flowkit.cli.boltzmann.OUTPUTS`).
+        defaults: option values (by `args` name) that replace the command's defaults
+            `flowkit.cli.boltzmann.DEFAULTS` for this target when the user leaves the option out.
         ais_step_size: the initial step size of the AIS kernels of `--objective fab` (adapted as it trains), in the
             target's coordinates (the molecule's: nm).
     """
@@ -98,6 +100,7 @@ class TargetSpec:
     validation: float = 0.0
     write: Callable[[argparse.Namespace, Evaluation, Path], None] = _no_files
     data_files: tuple[str, ...] = ()
+    defaults: Mapping[str, Any] = field(default_factory=dict)
     ais_step_size: float = 0.1
 
 
@@ -374,6 +377,7 @@ def _alanine_metrics(args: argparse.Namespace, run: Evaluation) -> dict[str, Any
         "temperature": args.temperature,
         "solvent": args.solvent,
         "md_ns": args.md_ns,
+        "w_kl": args.w_kl,
         "mirror_fraction": float(1 - keep.double().mean()),
         "ess_l_alanine": sampling.ess(log_w),
         "p_phi_positive_raw": float((phi > 0).double().mean()),
@@ -513,6 +517,9 @@ TARGET_SPECS: dict[str, TargetSpec] = {
         validation=0.1,
         write=_alanine_files,
         data_files=("samples.pdb", "samples.dcd", "free_energy.csv"),
+        # measured (2 shared cores, 1000 K): 5 ns MD, 3000 steps, w_kl 0.1 give P(phi > 0) 0.107 +- 0.024 against
+        # 0.113 +- 0.009 in 10 ns of independent MD, ESS 2.4%; w_kl 1 drains the phi > 0 basin (0.014)
+        defaults={"steps": 3000, "w_kl": 0.1},
         ais_step_size=0.002,
     ),
     "matrix-fisher": TargetSpec(

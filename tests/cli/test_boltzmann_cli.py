@@ -96,7 +96,7 @@ def test_boltzmann_refuses_to_overwrite_a_run_unless_forced(tmp_path, capsys):
 
 
 def test_every_target_spec_has_what_the_command_needs():
-    from flowkit.cli.boltzmann import OUTPUTS, TARGETS
+    from flowkit.cli.boltzmann import DEFAULTS, OUTPUTS, TARGETS
     from flowkit.cli.targets import FLOWS, TARGET_SPECS, TargetSpec
 
     assert TARGETS == tuple(TARGET_SPECS)
@@ -106,6 +106,7 @@ def test_every_target_spec_has_what_the_command_needs():
             assert callable(getattr(spec, field)), (name, field)
         assert spec.plot_files and set(spec.plot_files) <= set(OUTPUTS), name  # --force clears what a run wrote
         assert callable(spec.write) and set(spec.data_files) <= set(OUTPUTS), name
+        assert set(spec.defaults) <= set(DEFAULTS), name  # a target changes only the defaults the command resolves
     plot_files = {f for spec in TARGET_SPECS.values() for f in spec.plot_files}
     data_files = {f for spec in TARGET_SPECS.values() for f in spec.data_files}
     assert set(OUTPUTS) == {"model", "metrics.json", "history.csv"} | plot_files | data_files  # no stale output name

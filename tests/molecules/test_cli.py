@@ -31,6 +31,7 @@ def test_boltzmann_alanine_dipeptide(tmp_path, monkeypatch):
     assert main([*args, "--out", str(out), "--no-progress", "--threads", "1"]) == 0
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["target"] == "alanine-dipeptide" and metrics["temperature"] == 800.0 and metrics["steps"] == 3
+    assert metrics["w_kl"] == 0.1  # the target's default (TargetSpec.defaults); --steps 3 given wins over its 3000
     assert 0 <= metrics["p_phi_positive_raw"] <= 1 and 0 <= metrics["mirror_fraction"] <= 1
     # The last 10% of the MD frames are held out; the weights kept are those of the best held-out NLL.
     frames = flowkit.data.alanine_dipeptide_md(800.0, 0.004, 0)
@@ -74,7 +75,7 @@ def test_alanine_files_hold_the_resampled_samples(tmp_path, monkeypatch):
     # by systematic resampling of the L-alanine samples, to file precision, in angstrom.
     monkeypatch.setenv("FLOWKIT_DATA", str(tmp_path / "data"))
     spec = TARGET_SPECS["alanine-dipeptide"]
-    args = argparse.Namespace(temperature=800.0, solvent="vacuum", md_ns=0.004, seed=1, trajectory_frames=40)
+    args = argparse.Namespace(temperature=800.0, solvent="vacuum", md_ns=0.004, seed=1, trajectory_frames=40, w_kl=0.1)
     args.transforms, args.hidden, args.samples = 2, "8", 0
     target = spec.build_target(args)
     flow = spec.build_flow(args, target, None)
