@@ -29,6 +29,7 @@ __all__ = [
     "MaskedLinear",
     "MADE",
     "VectorField",
+    "PotentialField",
     "time_embedding",
     "activation",
     "broadcast_context",
@@ -715,3 +716,107 @@ class VectorField(Conditioner):
 
     def zero_last(self, bias: Tensor | None = None) -> None:
         _zero_linear(self.net[-1], bias)
+
+
+class PotentialField(Conditioner):
+    r"""The gradient field $f = -\nabla_x \Phi(x, t, c)$ of a scalar potential (OT-Flow's form).
+
+    $\Phi$ is an MLP on $[x, \tau(t), c]$ (the time embedding of
+    [`VectorField`][flowkit.nn.VectorField]) plus a quadratic $\tfrac12 x^\top (L L^\top) x$
+    term's learnable factor $L$ (zero at the start). Optimal-transport fields are of this
+    form (Benamou–Brenier): the OT map's velocity is the gradient of a potential that solves
+    the Hamilton–Jacobi equation $\partial_t \Phi - \tfrac12 \|\nabla_x \Phi\|^2 = 0$.
+    [`ContinuousFlow`][flowkit.bijectors.ContinuousFlow] takes the exact trace of
+    $\partial_x f = -\nabla_x^2 \Phi$ (the Hessian's, by `D` vector-Jacobian products) or
+    Hutchinson's, and [`RegularizedLikelihood`][flowkit.train.continuous.RegularizedLikelihood]`(hjb=...)`
+    integrates $|\partial_t \Phi - \tfrac12 \|\nabla_x \Phi\|^2|$ along the trajectories
+    ([`hjb_residual`][flowkit.nn.PotentialField.hjb_residual]).
+
+    The field is a gradient, computed with `create_graph=True` whatever the grad mode, so that
+    the solve can differentiate it once more.
+
+    Arguments:
+        features: the event size `D`.
+        hidden: sizes of the potential's hidden layers.
+        activation: a smooth activation (the field is the potential's gradient).
+        context: number of context features.
+        frequencies: Fourier frequencies of the time embedding.
+
+    Examples:
+        >>> import torch
+        >>> field = PotentialField(2, hidden=(16,))
+        >>> field(torch.randn(5, 2), t=0.3).shape
+        torch.Size([5, 2])
+
+    References:
+        Onken, Wu Fung, Li & Ruthotto, *OT-Flow: fast and accurate continuous normalizing
+        flows via optimal transport*, AAAI 2021 (arXiv:2006.00104).
+    """
+
+    def __init__(
+        self,
+        features: int,
+        hidden: Sequence[int] = (64, 64),
+        activation: str = "tanh",
+        *,
+        context: int = 0,
+        frequencies: int = 3,
+    ) -> None:
+        super().__init__()
+        hidden = [int(h) for h in hidden]
+        if features < 1 or context < 0 or frequencies < 0 or any(h < 1 for h in hidden):
+            raise ValueError(
+                f"PotentialField needs features >= 1, context >= 0, frequencies >= 0 and positive hidden sizes, "
+                f"got features={features}, context={context}, frequencies={frequencies}, hidden={tuple(hidden)}"
+            )
+        self.in_features = self.out_features = self.features = int(features)
+        self.context_features = int(context)
+        self.frequencies = int(frequencies)
+        sizes = [self.features + 1 + 2 * self.frequencies + self.context_features, *hidden, 1]
+        layers: list[nn.Module] = []
+        for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
+            if i:
+                layers.append(globals()["activation"](activation))
+            layers.append(nn.Linear(a, b))
+        self.net = nn.Sequential(*layers)
+        self.quadratic = nn.Parameter(torch.zeros(self.features, self.features))
+
+    def potential(self, x: Tensor, context: Tensor | None = None, *, t: Tensor | float) -> Tensor:
+        r"""$\Phi(x, t, c)$ of shape `x.shape[:-1]`."""
+        t = torch.as_tensor(t, dtype=x.dtype, device=x.device)
+        h = torch.cat([x, time_embedding(t.expand(x.shape[:-1]), self.frequencies)], dim=-1)
+        phi = self.net(broadcast_context(h, context)).squeeze(-1)
+        return phi + 0.5 * (x @ self.quadratic).square().sum(-1)
+
+    def _gradient(self, x: Tensor, context: Tensor | None, t: Tensor | float) -> tuple[Tensor, Tensor, Tensor]:
+        with torch.enable_grad():
+            if not x.requires_grad:
+                x = x.detach().clone().requires_grad_(True)
+            t = torch.as_tensor(t, dtype=x.dtype, device=x.device)
+            if not t.requires_grad:  # a time that depends on a learnt end time keeps its graph
+                t = t.detach().clone().requires_grad_(True)
+            phi = self.potential(x, context, t=t)
+            grad_x, grad_t = torch.autograd.grad(phi.sum(), (x, t), create_graph=True)
+        return phi, grad_x, grad_t
+
+    def forward(self, x: Tensor, context: Tensor | None = None, *, t: Tensor | float) -> Tensor:  # type: ignore[override]
+        r"""The velocity $-\nabla_x \Phi$ `(..., D)`."""
+        return -self._gradient(x, context, t)[1]
+
+    def hjb_residual(self, x: Tensor, context: Tensor | None = None, *, t: Tensor | float) -> Tensor:
+        r"""$\partial_t \Phi - \tfrac12 \|\nabla_x \Phi\|^2$ at `(x, t)`, of shape `x.shape[:-1]`.
+
+        For a time $t$ shared by the batch (a solve), $\partial_t \Phi$ is the derivative of the
+        batch's sum, which is each point's own since points do not interact.
+        """
+        t = torch.as_tensor(t, dtype=x.dtype, device=x.device)
+        if t.dim() == 0:
+            t = t.expand(x.shape[:-1])
+        _, grad_x, grad_t = self._gradient(x, context, t)
+        return grad_t - 0.5 * grad_x.square().sum(-1)
+
+    def zero_last(self, bias: Tensor | None = None) -> None:
+        """Make the potential constant in `x` (a zero field); `bias` is ignored (the field has no offset)."""
+        _zero_linear(self.net[-1], None)
+        with torch.no_grad():
+            self.quadratic.zero_()

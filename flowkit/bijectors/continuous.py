@@ -37,7 +37,9 @@ TRACES = ("exact", "hutchinson")
 #: Distributions of Hutchinson's probe.
 PROBES = ("rademacher", "gaussian")
 #: Integrals a training objective may ask for along the forward solve (see `trajectory_integrals`).
-INTEGRALS = ("kinetic", "jacobian")
+INTEGRALS = ("kinetic", "jacobian", "hjb")
+#: Up to this many dimensions the exact trace's vector-Jacobian products run in a loop rather than under vmap.
+_LOOP_BELOW = 8
 
 
 def continuous_layers(module: nn.Module) -> list[ContinuousFlow]:
@@ -51,12 +53,16 @@ def function_evaluations(module: nn.Module) -> int:
 
 
 @contextlib.contextmanager
-def trajectory_integrals(module: nn.Module, names: Sequence[str] = INTEGRALS) -> Iterator[list[dict[str, Tensor]]]:
+def trajectory_integrals(
+    module: nn.Module, names: Sequence[str] = ("kinetic", "jacobian")
+) -> Iterator[list[dict[str, Tensor]]]:
     r"""Integrate extra quantities along the solves of the ContinuousFlow layers in `module`.
 
     Within the block, every solve of such a layer also integrates, per point,
 
     - `"kinetic"`: $\int_0^T \|f(x(t), t)\|^2 \, dt$,
+    - `"hjb"`: $\int_0^T |\partial_t \Phi - \tfrac12 \|\nabla_x \Phi\|^2| \, dt$ for a potential field
+      $f = -\nabla_x \Phi$ ([`PotentialField`][flowkit.nn.PotentialField]; Onken et al. 2021),
     - `"jacobian"`: $\int_0^T \|\partial f / \partial x\|_F^2 \, dt$ (exact with the
       exact trace; with Hutchinson's trace, $\|(\partial f / \partial x)\, \epsilon\|^2$ (a
       [`VectorField`][flowkit.nn.VectorField]'s forward JVP) or $\|\epsilon^\top \partial f / \partial x\|^2$
@@ -129,7 +135,12 @@ class _Dynamics(nn.Module):
                     squares = vjp.square().sum(-1)
         out = [end * velocity, end * trace]
         for name in self.integrals:
-            out.append(end * (velocity.square().sum(-1) if name == "kinetic" else squares))
+            if name == "kinetic":
+                out.append(end * velocity.square().sum(-1))
+            elif name == "jacobian":
+                out.append(end * squares)
+            else:
+                out.append(end * flow.vector_field.hjb_residual(x, self.context, t=end * s).abs())
         if not graph:
             out = [o.detach() for o in out]
         return tuple(out)
@@ -140,8 +151,10 @@ def _exact_trace(velocity: Tensor, x: Tensor, graph: bool) -> tuple[Tensor, Tens
     d = x.shape[-1]
     basis = torch.eye(d, dtype=x.dtype, device=x.device).unsqueeze(1).expand(d, *x.shape)
     try:
+        if d <= _LOOP_BELOW:
+            raise RuntimeError("a few rows: a loop is faster than vmap")
         rows = torch.autograd.grad(velocity, x, basis, create_graph=graph, is_grads_batched=True)[0]
-    except RuntimeError:  # a field vmap cannot batch over: one VJP per row
+    except RuntimeError:  # few rows, or a field vmap cannot batch over: one VJP per row
         rows = torch.stack(
             [torch.autograd.grad(velocity, x, basis[i], create_graph=graph, retain_graph=True)[0] for i in range(d)]
         )
@@ -330,6 +343,11 @@ class ContinuousFlow(Bijector):
             else:
                 probe = torch.randn_like(flat)
         integrals = self._integrals if self._records is not None else ()
+        if "hjb" in integrals and not callable(getattr(self.vector_field, "hjb_residual", None)):
+            raise ValueError(
+                "ContinuousFlow: the 'hjb' integral needs a potential field with hjb_residual "
+                f"(flowkit.nn.PotentialField), got {type(self.vector_field).__name__}"
+            )
         dynamics = _Dynamics(self, context, probe, integrals)
         zeros = flat.new_zeros(n)
         state = (flat, zeros, *(zeros for _ in integrals))

@@ -35,8 +35,8 @@ from .state import TrainState
 
 __all__ = ["RegularizedLikelihood", "LearnEndTime", "FlowMatching", "FLOW_MATCHING_PATHS", "REGULARIZERS"]
 
-#: The RNODE regularisers by name.
-REGULARIZERS = ("kinetic", "jacobian")
+#: The regularisers by name: RNODE's two and OT-Flow's HJB penalty (for a potential field).
+REGULARIZERS = ("kinetic", "jacobian", "hjb")
 #: The probability paths of flow matching.
 FLOW_MATCHING_PATHS = ("gaussian", "ot")
 
@@ -55,8 +55,14 @@ class RegularizedLikelihood(Objective):
     $$
     L = -\frac1B \sum_i \log q(x_i)
         + \lambda_K \frac1B \sum_i \int_0^T \|f(x_i(t), t)\|^2 dt
-        + \lambda_J \frac1B \sum_i \int_0^T \|\partial_x f(x_i(t), t)\|_F^2 dt .
+        + \lambda_J \frac1B \sum_i \int_0^T \|\partial_x f(x_i(t), t)\|_F^2 dt
+        + \lambda_H \frac1B \sum_i \int_0^T \big|\partial_t \Phi - \tfrac12 \|\nabla_x \Phi\|^2\big| dt .
     $$
+
+    The last term (OT-Flow, Onken et al. 2021) needs a potential field $f = -\nabla_x\Phi$
+    ([`PotentialField`][flowkit.nn.PotentialField]): it penalises the residual of the
+    Hamilton–Jacobi–Bellman equation that the optimal-transport potential solves, and with the
+    kinetic term it is OT-Flow's objective.
 
     The kinetic term makes the transport close to optimal (straight, constant-speed
     paths); the Jacobian term keeps the field smooth; together they cut the steps an
@@ -67,12 +73,13 @@ class RegularizedLikelihood(Objective):
 
     With both weights zero this is plain maximum likelihood. After each call, `metrics`
     gives `nll`, `nfe` (the field evaluations of the step's forward solves, summed over
-    the continuous layers), `t1` (their mean end time) and, when asked for, `kinetic`
-    and `jacobian` (batch means); the progress bar shows `nfe` and `t1`.
+    the continuous layers), `t1` (their mean end time) and, when asked for, `kinetic`,
+    `jacobian` and `hjb` (batch means); the progress bar shows `nfe` and `t1`.
 
     Arguments:
         kinetic: weight $\lambda_K \ge 0$ of the kinetic energy.
         jacobian: weight $\lambda_J \ge 0$ of the Jacobian Frobenius norm.
+        hjb: weight $\lambda_H \ge 0$ of the HJB residual (a potential field only).
 
     Raises:
         ValueError: for a negative or non-finite weight; at the first loss, for positive
@@ -80,15 +87,18 @@ class RegularizedLikelihood(Objective):
 
     References:
         Finlay, Jacobsen, Nurbekyan & Oberman, *How to train your neural ODE: the world of
-        Jacobian and kinetic regularization*, ICML 2020 (arXiv:2002.02798).
+        Jacobian and kinetic regularization*, ICML 2020 (arXiv:2002.02798). Onken, Wu Fung, Li &
+        Ruthotto, *OT-Flow: fast and accurate continuous normalizing flows via optimal transport*,
+        AAAI 2021 (arXiv:2006.00104).
     """
 
     progress_metrics = ("nfe", "t1")
 
-    def __init__(self, kinetic: float = 0.0, jacobian: float = 0.0) -> None:
+    def __init__(self, kinetic: float = 0.0, jacobian: float = 0.0, hjb: float = 0.0) -> None:
         where = type(self).__name__
         self.kinetic = check_number(kinetic, "kinetic", where=where, low=0.0)
         self.jacobian = check_number(jacobian, "jacobian", where=where, low=0.0)
+        self.hjb = check_number(hjb, "hjb", where=where, low=0.0)
         self._last: dict[str, float] = {}
 
     @property
