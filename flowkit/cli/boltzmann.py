@@ -64,7 +64,7 @@ OUTPUTS = (
 )
 
 #: The command's defaults of the options a target may change (`TargetSpec.defaults`; the parser's default is None).
-DEFAULTS = {"steps": 2000, "w_kl": 1.0}
+DEFAULTS = {"steps": 2000, "w_kl": 1.0, "eval_samples": 20_000}
 
 #: Built-in target names (what each brings: `flowkit.cli.targets.TARGET_SPECS`).
 TARGETS = tuple(TARGET_SPECS)
@@ -182,7 +182,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="alanine-dipeptide: reweighted configurations resampled into samples.dcd (default 1000)",
     )
     parser.add_argument(
-        "--eval-samples", type=int, default=20_000, help="flow samples for ESS and log Z (default 20000)"
+        "--eval-samples",
+        type=int,
+        default=None,
+        help="flow samples for ESS, log Z and the target's metrics (default 20000; alanine-dipeptide 100000)",
     )
     parser.add_argument("--imh-steps", type=int, default=10_000, help="length of the IMH chain (default 10000)")
     parser.add_argument("--seed", type=int, default=0, help="seed (default 0; also the GMM means)")
