@@ -21,8 +21,8 @@ probability 0.997, all 40 with probability 0.90), and the modes holding any raw 
 2-D mixture is RealNVP behind a fixed ``Standardization`` of scale 40/sqrt(3) (the box of the means, the same for
 every method: the base N(0, 1) would otherwise sit in one mode).
 
-Run: ``python bench/fab.py --threads 1`` (results in ``bench/results/fab.json``). Measured figures are in
-``docs/api/fab.md``.
+Run: ``python bench/fab.py --threads 1`` (results in ``bench/results/fab.json``; ``--summarize FILE...`` prints
+the table of saved results: means over seeds, ranges in brackets). Measured figures are in ``docs/api/fab.md``.
 """
 
 from __future__ import annotations
@@ -165,6 +165,38 @@ def evaluate(name: str, method: str, target: Counted, flow: Flow, obj: Any, args
     return out
 
 
+def summarize(rows: list[dict[str, Any]]) -> str:
+    """A markdown table: per target and method, the mean over seeds (and the spread) of the main figures."""
+    keys = [
+        ("train_evaluations", "{:.3g}"),
+        ("ess", "{:.3f}"),
+        ("log_Z_abs_error", "{:.3f}"),
+        ("ais_log_Z_abs_error", "{:.3f}"),
+        ("modes_within_3se", "{:.1f}"),
+        ("modes_with_raw_samples", "{:.1f}"),
+        ("p_phi_positive", "{:.3f}"),
+        ("train_seconds", "{:.0f}"),
+    ]
+    present = [(k, f) for k, f in keys if any(k in r for r in rows)]
+    lines = ["| target | method | seeds | " + " | ".join(k for k, _ in present) + " |"]
+    lines.append("|---" * (3 + len(present)) + "|")
+    for target in dict.fromkeys(r["target"] for r in rows):
+        for method in dict.fromkeys(r["method"] for r in rows if r["target"] == target):
+            group = [r for r in rows if r["target"] == target and r["method"] == method]
+            cells = []
+            for key, form in present:
+                values = [r[key][0] if isinstance(r.get(key), list) else r.get(key) for r in group]
+                values = [v for v in values if v is not None]
+                if not values:
+                    cells.append("-")
+                    continue
+                mean = sum(values) / len(values)
+                spread = f" ({form.format(min(values))}..{form.format(max(values))})" if len(values) > 1 else ""
+                cells.append(form.format(mean) + spread)
+            lines.append(f"| {target} | {method} | {len(group)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--targets", nargs="+", default=["gmm", "manywell"], choices=["gmm", "manywell", "alanine"])
@@ -183,7 +215,11 @@ def main() -> None:
     parser.add_argument("--eval-ais", type=int, default=10_000, help="FAB's AIS samples for its own log Z")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "fab.json"))
+    parser.add_argument("--summarize", nargs="+", default=None, help="only print the table of these JSON results")
     args = parser.parse_args()
+    if args.summarize:
+        print(summarize([row for path in args.summarize for row in json.loads(Path(path).read_text())["rows"]]))
+        return
     args.buffer = args.buffer or None
     torch.set_num_threads(args.threads)
     rows = []
@@ -221,6 +257,7 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"config": vars(args), "rows": rows}, indent=2))
+    print(summarize(rows))
     print(f"wrote {out}")
 
 
