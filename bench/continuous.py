@@ -32,7 +32,7 @@ moons,8gaussians,digits``; hidden (64, 64), atol = rtol = 1e-5, batch 256, Adam 
 with about six other jobs; means over 3 seeds, NLL in nats of the standardised data, SE of the paired
 difference over seeds and test points):
 
-| dataset | zuko/flowkit step | zuko - flowkit NLL (SE) | RNODE NFE cut, dNLL | TO-FLOW NFE ratio, dNLL, T | FM - ML NLL, CPU ratio |
+| set | zuko/flowkit step | zuko - flowkit NLL (SE) | RNODE NFE cut, dNLL | TO-FLOW NFE, dNLL, T | FM - ML, CPU |
 |---|---|---|---|---|---|
 | moons | 1.83x (0.453 / 0.247 s) | -0.001 (0.009) | 4%, +0.004 | 0.94, +0.002, 0.90 | -0.034, 0.8x |
 | 8gaussians | 1.84x (0.898 / 0.487 s) | -0.183 (0.096) | 2%, +0.005 | 1.04, -0.011, 1.02 | -0.196, 0.9x |
