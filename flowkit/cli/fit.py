@@ -53,7 +53,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "pinwheel, spirals, rings, digits, power, gas, hepmass, miniboone, bsds300; images for --model: "
         "digits-images, fashion-mnist, fashion-mnist-28) or a .csv/.npy file",
     )
-    parser.add_argument("--flow", default="nsf", help="nsf, nsf-coupling, realnvp or maf (default: nsf)")
+    parser.add_argument(
+        "--flow",
+        default="nsf",
+        help="nsf, nsf-coupling, realnvp, maf, naf, unaf, bnaf, residual, planar, free-form or cnf (default: nsf)",
+    )
     parser.add_argument(
         "--model",
         default=None,
