@@ -124,3 +124,30 @@ def test_ais_refuses_bad_input() -> None:
     nowhere = Energy(lambda x: x.square().sum(-1) * math.inf, D).double()
     with pytest.raises(ValueError, match="every one of the 10 AIS weights is zero"):
         ais(flow, nowhere, 2, 10, transition="metropolis")
+
+
+def test_ais_runs_the_flow_in_eval_mode_and_refuses_a_random_density() -> None:
+    # a residual flow with the Russian-roulette log-det is a random estimate in training mode: AIS must use the
+    # exact (eval-mode) density, and give the flow back in the mode it was in
+    from flowkit.bijectors import ContinuousFlow
+    from flowkit.flows import ResidualFlow
+    from flowkit.nn import VectorField
+
+    torch.manual_seed(0)
+    flow = ResidualFlow(D, transforms=1, hidden=(8,), logdet="series").double().train()
+    target = _gaussian_target().double()
+    seen = []
+    log_prob = flow.log_prob
+
+    def recording(x: torch.Tensor) -> torch.Tensor:
+        seen.append(flow.training)
+        return log_prob(x)
+
+    flow.log_prob = recording
+    ais(flow, target, 2, 16, transition="metropolis", step_size=0.3)
+    assert seen and not any(seen)
+    assert flow.training
+    field = VectorField(D, hidden=(8,))
+    cnf = Flow(ContinuousFlow(field, (D,), trace="hutchinson"), DiagNormal(D))
+    with pytest.raises(ValueError, match="hutchinson"):
+        ais(cnf, target.float(), 2, 16)

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torchdiffeq
 from torch import Tensor, nn
-from torchdiffeq._impl.odeint import SOLVERS
+from torchdiffeq._impl.odeint import SOLVERS  # torchdiffeq's table of solver names (pinned <0.3 in setup.cfg)
 
 from .._validation import check_number
 from ..utils import as_shape

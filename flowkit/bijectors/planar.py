@@ -59,12 +59,18 @@ class Planar(Bijector):
     def u_hat(self) -> Tensor:
         r"""$\hat u$, the constrained direction: $w^\top \hat u = -1 + \mathrm{softplus}(w^\top u) > -1$."""
         wu = self.w @ self.u
-        return self.u + (F.softplus(wu) - 1 - wu) * self.w / (self.w @ self.w)
+        # w = 0 makes the layer the identity (w.u_hat = 0 there); the floor keeps 0/0 out of it
+        return self.u + (F.softplus(wu) - 1 - wu) * self.w / (self.w @ self.w).clamp_min(torch.finfo(self.w.dtype).tiny)
 
     def _ladj(self, a: Tensor) -> Tensor:
-        # 1 + w.u_hat tanh'(a) = tanh(a)^2 + s (1 - tanh(a)^2) with s = softplus(w.u) > 0: positive in any dtype.
+        # 1 + w.u_hat tanh'(a) = tanh(a)^2 + s (1 - tanh(a)^2) with s = 1 + w.u_hat = softplus(w.u) > 0: positive in
+        # any dtype. At w = 0 (the identity plus a shift) w.u_hat = 0, so s = 1.
         t2 = torch.tanh(a) ** 2
-        return torch.log(t2 + F.softplus(self.w @ self.u) * (1 - t2))
+        return torch.log(t2 + self._slope_factor() * (1 - t2))
+
+    def _slope_factor(self) -> Tensor:
+        r"""$1 + w^\top \hat u$ = softplus(w.u) > 0 (without the rounding of 1 + w @ u_hat); 1 where w = 0."""
+        return torch.where(self.w @ self.w > 0, F.softplus(self.w @ self.u), torch.ones_like(self.b))
 
     def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         a = x @ self.w + self.b
@@ -76,7 +82,7 @@ class Planar(Bijector):
     def _solve(self, z: Tensor) -> tuple[Tensor, Tensor]:
         """`(x, a)` with `a = w^T x + b` for the `x` that maps to `z`."""
         u = self.u_hat()
-        wu = F.softplus(self.w @ self.u) - 1  # w.u_hat, without the rounding of w @ u_hat
+        wu = self._slope_factor() - 1  # w.u_hat, without the rounding of w @ u_hat
         target = z @ self.w
         width = wu.abs() + 1
 

@@ -38,9 +38,10 @@ References:
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -48,6 +49,7 @@ import torch
 from torch import Tensor
 
 from .._validation import check_number, check_tensor
+from ..bijectors.continuous import continuous_layers
 from ..domains import Real
 from ..flows.base import FlowModel
 from ..targets import Target
@@ -142,6 +144,28 @@ def _step_sizes(step_size: float | Tensor, steps: int) -> Tensor:
 
 
 @torch.no_grad()
+@contextlib.contextmanager
+def _evaluation_mode(flow: FlowModel) -> Iterator[None]:
+    """The flow in eval mode for one AIS run (its density deterministic: exact log-dets, no power-iteration steps).
+
+    Raises:
+        ValueError: for a continuous flow with Hutchinson's trace, whose density is a random estimate.
+    """
+    if any(layer.trace == "hutchinson" for layer in continuous_layers(flow)):
+        raise ValueError(
+            "ais: a ContinuousFlow with trace='hutchinson' has a random log-density estimate; AIS weights need the "
+            "exact density (trace='exact')"
+        )
+    training = bool(getattr(flow, "training", False))
+    if training:
+        flow.eval()
+    try:
+        yield
+    finally:
+        if training:
+            flow.train()
+
+
 def ais(
     flow: FlowModel,
     target: Target,
@@ -192,85 +216,86 @@ def ais(
         ValueError: for bad arguments (no steps, a non-finite or non-positive step size, an unknown transition),
             a flow without exact density, or a target whose energy is NaN at every starting sample.
     """
-    where = "ais"
-    _check_target(flow, target, where)
-    if not getattr(flow, "exact_log_prob", False):
-        raise ValueError(f"ais: needs a flow with an exact density, got {type(flow).__name__}")
-    steps = check_number(steps, "steps", where=where, integer=True, low=1)
-    if transition not in TRANSITIONS:
-        raise ValueError(f"ais: unknown transition {transition!r}; choose one of {TRANSITIONS}")
-    alpha = check_number(alpha, "alpha", where=where, positive=True)
-    n_leapfrog = check_number(n_leapfrog, "n_leapfrog", where=where, integer=True, low=1)
-    mcmc_steps = check_number(mcmc_steps, "mcmc_steps", where=where, integer=True, low=1)
-    jitter = check_number(jitter, "jitter", where=where, low=0, below=1)
-    aim = TARGET_ACCEPTANCE[transition] if target_acceptance is None else target_acceptance
-    aim = check_number(aim, "target_acceptance", where=where, positive=True, below=1)
-    sizes = _step_sizes(step_size, steps)
-    gammas = [alpha * b for b in _schedule(betas, steps)]
-    domain = Real() if domain is None else domain
-    if transition == "hmc" and type(domain) is not Real:
-        raise ValueError(f"ais: HMC moves on the real line; on {domain!r} use transition='metropolis'")
-    if (z is None) == (n is None):
-        raise ValueError("ais: give the number of samples n or the latent points z (one of them)")
-    if z is not None:
-        bijector = getattr(flow, "bijector", None)
-        if bijector is None:
-            raise ValueError(f"ais: z needs a Flow (a bijector over a base), got {type(flow).__name__}")
-        check_tensor(z, flow.base.event_shape, name="z", where=where)
-        x = bijector.inverse(z.detach())[0].detach()
-    else:
-        n = check_number(n, "n", where=where, integer=True, low=2)
-        x = flow.sample((n,)).detach()
-    chains = x.shape[0]
-    evaluations = 0
-    with_grad = transition == "hmc"
+    with _evaluation_mode(flow):
+        where = "ais"
+        _check_target(flow, target, where)
+        if not getattr(flow, "exact_log_prob", False):
+            raise ValueError(f"ais: needs a flow with an exact density, got {type(flow).__name__}")
+        steps = check_number(steps, "steps", where=where, integer=True, low=1)
+        if transition not in TRANSITIONS:
+            raise ValueError(f"ais: unknown transition {transition!r}; choose one of {TRANSITIONS}")
+        alpha = check_number(alpha, "alpha", where=where, positive=True)
+        n_leapfrog = check_number(n_leapfrog, "n_leapfrog", where=where, integer=True, low=1)
+        mcmc_steps = check_number(mcmc_steps, "mcmc_steps", where=where, integer=True, low=1)
+        jitter = check_number(jitter, "jitter", where=where, low=0, below=1)
+        aim = TARGET_ACCEPTANCE[transition] if target_acceptance is None else target_acceptance
+        aim = check_number(aim, "target_acceptance", where=where, positive=True, below=1)
+        sizes = _step_sizes(step_size, steps)
+        gammas = [alpha * b for b in _schedule(betas, steps)]
+        domain = Real() if domain is None else domain
+        if transition == "hmc" and type(domain) is not Real:
+            raise ValueError(f"ais: HMC moves on the real line; on {domain!r} use transition='metropolis'")
+        if (z is None) == (n is None):
+            raise ValueError("ais: give the number of samples n or the latent points z (one of them)")
+        if z is not None:
+            bijector = getattr(flow, "bijector", None)
+            if bijector is None:
+                raise ValueError(f"ais: z needs a Flow (a bijector over a base), got {type(flow).__name__}")
+            check_tensor(z, flow.base.event_shape, name="z", where=where)
+            x = bijector.inverse(z.detach())[0].detach()
+        else:
+            n = check_number(n, "n", where=where, integer=True, low=2)
+            x = flow.sample((n,)).detach()
+        chains = x.shape[0]
+        evaluations = 0
+        with_grad = transition == "hmc"
 
-    def evaluate(x: Tensor) -> _State:
-        nonlocal evaluations
-        evaluations += x.shape[0]
-        if not with_grad:
-            return _State(target.energy(x), flow.log_prob(x), None, None)
-        with torch.enable_grad():
-            leaf = x.detach().requires_grad_(True)
-            log_q = flow.log_prob(leaf)
-            (grad_log_q,) = torch.autograd.grad(log_q.sum(), leaf)
-        u, force = target.energy_and_force(x)
-        return _State(u.detach(), log_q.detach(), -force, grad_log_q)
+        def evaluate(x: Tensor) -> _State:
+            nonlocal evaluations
+            evaluations += x.shape[0]
+            if not with_grad:
+                return _State(target.energy(x), flow.log_prob(x), None, None)
+            with torch.enable_grad():
+                leaf = x.detach().requires_grad_(True)
+                log_q = flow.log_prob(leaf)
+                (grad_log_q,) = torch.autograd.grad(log_q.sum(), leaf)
+            u, force = target.energy_and_force(x)
+            return _State(u.detach(), log_q.detach(), -force, grad_log_q)
 
-    state = evaluate(x)
-    if bool(torch.isnan(state.u).all()):
-        raise ValueError(
-            f"ais: the target's energy ({type(target).__name__}) is NaN at every one of the {chains} flow samples"
-        )
-    log_w = torch.zeros(chains, dtype=torch.float64, device=x.device)
-    acceptance = torch.zeros(steps, dtype=torch.float64)
+        state = evaluate(x)
+        if bool(torch.isnan(state.u).all()):
+            raise ValueError(
+                f"ais: the target's energy ({type(target).__name__}) is NaN at every one of the {chains} flow samples"
+            )
+        log_w = torch.zeros(chains, dtype=torch.float64, device=x.device)
+        acceptance = torch.zeros(steps, dtype=torch.float64)
 
-    def increment(state: _State, delta: float) -> Tensor:
-        return delta * (-state.u - state.log_q).double()
+        def increment(state: _State, delta: float) -> Tensor:
+            return delta * (-state.u - state.log_q).double()
 
-    for j in range(1, steps + 1):
-        log_w += increment(state, gammas[j] - gammas[j - 1])
-        x, state, accepted = _move(
-            x, state, gammas[j], float(sizes[j - 1]), transition, n_leapfrog, mcmc_steps, jitter, domain, generator,
-            evaluate,
-        )  # fmt: skip
-        acceptance[j - 1] = accepted
-    log_w += increment(state, gammas[-1] - gammas[-2])
-    log_w = torch.where(torch.isnan(log_w), torch.full_like(log_w, -math.inf), log_w)
-    if not bool(torch.isfinite(log_w).any()):
-        raise ValueError(
-            f"ais: every one of the {chains} AIS weights is zero or NaN: the target's energy "
-            f"({type(target).__name__}) or the flow's density is not finite at any of the samples"
-        )
-    if adapt:
-        sizes = torch.where(acceptance > aim, sizes * _ADAPT_FACTOR, sizes / _ADAPT_FACTOR)
-    if log_w.numel() >= 2:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # degenerate weights: the caller sees the ESS
-            estimate, error = log_Z(log_w)
-    else:
-        estimate, error = float(log_w[0]), math.nan
-    return AISResult(x, log_w, estimate, error, acceptance, sizes, evaluations)
+        for j in range(1, steps + 1):
+            log_w += increment(state, gammas[j] - gammas[j - 1])
+            x, state, accepted = _move(
+                x, state, gammas[j], float(sizes[j - 1]), transition, n_leapfrog, mcmc_steps, jitter, domain, generator,
+                evaluate,
+            )  # fmt: skip
+            acceptance[j - 1] = accepted
+        log_w += increment(state, gammas[-1] - gammas[-2])
+        log_w = torch.where(torch.isnan(log_w), torch.full_like(log_w, -math.inf), log_w)
+        if not bool(torch.isfinite(log_w).any()):
+            raise ValueError(
+                f"ais: every one of the {chains} AIS weights is zero or NaN: the target's energy "
+                f"({type(target).__name__}) or the flow's density is not finite at any of the samples"
+            )
+        if adapt:
+            sizes = torch.where(acceptance > aim, sizes * _ADAPT_FACTOR, sizes / _ADAPT_FACTOR)
+        if log_w.numel() >= 2:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # degenerate weights: the caller sees the ESS
+                estimate, error = log_Z(log_w)
+        else:
+            estimate, error = float(log_w[0]), math.nan
+        return AISResult(x, log_w, estimate, error, acceptance, sizes, evaluations)
 
 
 def _move(

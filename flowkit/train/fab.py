@@ -118,13 +118,14 @@ class PrioritisedReplayBuffer:
         probabilities = torch.softmax(self.log_w, 0)
         return torch.multinomial(probabilities, batch, replacement=True, generator=generator)
 
-    def adjust(self, index: Tensor, log_q_old: Tensor, log_q_new: Tensor) -> None:
-        r"""Move the weights of the points `index` from $p^2/q_{old}$ to $p^2/q_{new}$.
+    def adjust(self, index: Tensor, log_q_old: Tensor, log_q_new: Tensor, alpha: float = 2.0) -> None:
+        r"""Move the weights of the points `index` from $p^\alpha q_{old}^{1-\alpha}$ to $p^\alpha q_{new}^{1-\alpha}$.
 
-        $\log w \leftarrow \log w + \log q_{old}(x) - \log q_{new}(x)$. A point drawn twice is
-        adjusted once (its two entries carry the same values).
+        $\log w \leftarrow \log w + (\alpha - 1)(\log q_{old}(x) - \log q_{new}(x))$ (for FAB's $\alpha = 2$,
+        from $p^2/q_{old}$ to $p^2/q_{new}$; for $\alpha = 1$ the target does not depend on the flow and the weights
+        stay). A point drawn twice is adjusted once (its two entries carry the same values).
         """
-        delta = (log_q_old - log_q_new).double().to(self.log_w.device)
+        delta = ((alpha - 1.0) * (log_q_old - log_q_new)).double().to(self.log_w.device)
         unique, first = _first_occurrences(index)
         updated = self.log_w[unique] + delta[first]
         self.log_w[unique] = torch.where(torch.isnan(updated), torch.full_like(updated, -math.inf), updated)
@@ -268,7 +269,7 @@ class FAB(Objective):
             index, log_q_old = self._pending
             assert buffer.x is not None
             with torch.no_grad():
-                buffer.adjust(index, log_q_old, flow.log_prob(buffer.x[index]))
+                buffer.adjust(index, log_q_old, flow.log_prob(buffer.x[index]), self.alpha)
             self._pending = None
         if self._calls % buffer.updates_per_ais == 0:
             buffer.add(*self._sample(flow, z))

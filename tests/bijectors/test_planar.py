@@ -17,6 +17,21 @@ def test_planar_constraint_holds_for_any_u():
             assert wu == pytest.approx(torch.nn.functional.softplus(layer.w @ layer.u).item() - 1)
 
 
+def test_planar_with_w_zero_is_a_shift():
+    # w = 0: f(x) = x + u tanh(b), no 0/0 in u_hat and a log-det of exactly 0
+    layer = Planar(3).double()
+    with torch.no_grad():
+        layer.w.zero_()
+        layer.b.fill_(0.4)
+    x = torch.randn(8, 3, dtype=torch.float64)
+    z, ladj = layer(x)
+    torch.testing.assert_close(z, x + layer.u.detach() * torch.tanh(torch.tensor(0.4, dtype=torch.float64)))
+    assert torch.equal(ladj, torch.zeros(8, dtype=torch.float64))
+    x_back, ladj_inv = layer.inverse(z)
+    torch.testing.assert_close(x_back, x, rtol=0, atol=1e-12)
+    assert torch.equal(ladj_inv, torch.zeros(8, dtype=torch.float64))
+
+
 def test_planar_inverse_is_exact_where_the_map_is_nearly_flat():
     # w.u_hat = -1 + softplus(-8) ~ -0.9997: the map along w has slope 3e-4 at its steepest point
     layer = Planar(2).double()

@@ -193,7 +193,9 @@ def test_pseudofermion_hmc_agrees_with_exact_determinant_hmc():
     a, b, c = _means(exact.samples), _means(pf.samples), _means(bosons.samples)
     for key in ("phi2", "abs_M"):
         (va, ea), (vb, eb), (vc, ec) = a[key], b[key], c[key]
-        assert abs(float(va - vb)) < 2 * math.hypot(float(ea), float(eb)), key
+        # 3 combined SE, not the 2: the chains are chaotic under rounding, so on another CPU this is a fresh
+        # draw, and two keys at 2 SE would fail about one run in ten there
+        assert abs(float(va - vb)) < 3 * math.hypot(float(ea), float(eb)), key
         # the determinant matters at this coupling: the bosonic theory alone is many errors away
         assert abs(float(va - vc)) > 10 * math.hypot(float(ea), float(ec)), key
 

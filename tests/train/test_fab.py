@@ -79,11 +79,14 @@ def test_fab_trains_a_gaussian_flow_to_a_gaussian_target() -> None:
     torch.testing.assert_close(scales, torch.full((2,), scale, dtype=torch.float64), atol=0, rtol=0.05)
 
 
-def test_replay_buffer_adjusts_the_drawn_weights_to_the_updated_flow() -> None:
+@pytest.mark.parametrize("alpha", [2.0, 1.0, 3.0])
+def test_replay_buffer_adjusts_the_drawn_weights_to_the_updated_flow(alpha: float) -> None:
+    # the points target p^alpha q^(1 - alpha): moving them to the new flow adds (alpha - 1)(log q_old - log q_new)
     torch.manual_seed(0)
     target = _mixture()
     flow = _gaussian_flow(1, loc=0.0, scale=2.0)
-    objective = FAB(target, ais_steps=2, replay_buffer=PrioritisedReplayBuffer(300, updates_per_ais=100, min_fill=200))
+    buffer = PrioritisedReplayBuffer(300, updates_per_ais=100, min_fill=200)
+    objective = FAB(target, ais_steps=2, alpha=alpha, replay_buffer=buffer)
     optimizer = torch.optim.SGD(flow.parameters(), lr=0.1)
     objective.loss(flow, flow.base.sample((100,))).backward()
     buffer = objective.buffer
@@ -99,9 +102,9 @@ def test_replay_buffer_adjusts_the_drawn_weights_to_the_updated_flow() -> None:
     expected = before.clone()
     log_q_at_draw = torch.empty(200, dtype=torch.float64)
     log_q_at_draw[index] = log_q_old
-    expected[drawn] = before[drawn] + log_q_at_draw[drawn] - log_q_new[drawn]
+    expected[drawn] = before[drawn] + (alpha - 1) * (log_q_at_draw[drawn] - log_q_new[drawn])
     torch.testing.assert_close(buffer.log_w, expected, rtol=0, atol=1e-12)
-    assert not torch.equal(buffer.log_w[drawn], before[drawn])
+    assert torch.equal(buffer.log_w[drawn], before[drawn]) == (alpha == 1.0)
 
 
 def test_replay_buffer_is_first_in_first_out() -> None:
