@@ -539,6 +539,29 @@ _DERIVATIVES: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
 }
 
 
+def _time_field_net(
+    name: str, features: int, hidden: Sequence[int], activation_name: str, context: int, frequencies: int, out: int
+) -> nn.Sequential:
+    """The MLP of a time-dependent field: `[x, time embedding, context] -> out`, `activation_name` between layers.
+
+    Raises:
+        ValueError: for features < 1, context or frequencies < 0, or a hidden size < 1 (the message names `name`).
+    """
+    hidden = [int(h) for h in hidden]
+    if features < 1 or context < 0 or frequencies < 0 or any(h < 1 for h in hidden):
+        raise ValueError(
+            f"{name} needs features >= 1, context >= 0, frequencies >= 0 and positive hidden sizes, "
+            f"got features={features}, context={context}, frequencies={frequencies}, hidden={tuple(hidden)}"
+        )
+    sizes = [int(features) + 1 + 2 * int(frequencies) + int(context), *hidden, out]
+    layers: list[nn.Module] = []
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
+        if i:
+            layers.append(activation(activation_name))
+        layers.append(nn.Linear(a, b))
+    return nn.Sequential(*layers)
+
+
 class VectorField(Conditioner):
     r"""Time-dependent MLP vector field $f(x, t, c)$ for [`ContinuousFlow`][flowkit.bijectors.ContinuousFlow].
 
@@ -590,23 +613,11 @@ class VectorField(Conditioner):
         frequencies: int = 3,
     ) -> None:
         super().__init__()
-        hidden = [int(h) for h in hidden]
-        if features < 1 or context < 0 or frequencies < 0 or any(h < 1 for h in hidden):
-            raise ValueError(
-                f"VectorField needs features >= 1, context >= 0, frequencies >= 0 and positive hidden sizes, "
-                f"got features={features}, context={context}, frequencies={frequencies}, hidden={tuple(hidden)}"
-            )
+        self.net = _time_field_net("VectorField", features, hidden, activation, context, frequencies, features)
         self.in_features = self.out_features = self.features = int(features)
         self.context_features = int(context)
         self.frequencies = int(frequencies)
         self.activation_name = activation
-        sizes = [self.features + 1 + 2 * self.frequencies + self.context_features, *hidden, self.features]
-        layers: list[nn.Module] = []
-        for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
-            if i:
-                layers.append(globals()["activation"](activation))
-            layers.append(nn.Linear(a, b))
-        self.net = nn.Sequential(*layers)
 
     @property
     def jacobian_available(self) -> bool:
@@ -763,22 +774,10 @@ class PotentialField(Conditioner):
         frequencies: int = 3,
     ) -> None:
         super().__init__()
-        hidden = [int(h) for h in hidden]
-        if features < 1 or context < 0 or frequencies < 0 or any(h < 1 for h in hidden):
-            raise ValueError(
-                f"PotentialField needs features >= 1, context >= 0, frequencies >= 0 and positive hidden sizes, "
-                f"got features={features}, context={context}, frequencies={frequencies}, hidden={tuple(hidden)}"
-            )
+        self.net = _time_field_net("PotentialField", features, hidden, activation, context, frequencies, 1)
         self.in_features = self.out_features = self.features = int(features)
         self.context_features = int(context)
         self.frequencies = int(frequencies)
-        sizes = [self.features + 1 + 2 * self.frequencies + self.context_features, *hidden, 1]
-        layers: list[nn.Module] = []
-        for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
-            if i:
-                layers.append(globals()["activation"](activation))
-            layers.append(nn.Linear(a, b))
-        self.net = nn.Sequential(*layers)
         self.quadratic = nn.Parameter(torch.zeros(self.features, self.features))
 
     def potential(self, x: Tensor, context: Tensor | None = None, *, t: Tensor | float) -> Tensor:
