@@ -12,7 +12,6 @@ A backward pass that records a graph differentiates the reference instead.
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import torch
@@ -20,7 +19,15 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import native as _native
-from .reference import _MAX_DERIVATIVE, _bin_forward, _Layout, _reference_map, _scale_and_offset, _terms_pullback
+from .reference import (
+    _MAX_DERIVATIVE,
+    _batch_first,
+    _bin_forward,
+    _Layout,
+    _reference_map,
+    _scale_and_offset,
+    _terms_pullback,
+)
 from .select import spline_kernel
 
 __all__: list[str] = []
@@ -194,47 +201,79 @@ class _FusedSpline(torch.autograd.Function):
     (its terms, derivatives) of the forward pass, and the backward pass is `_fused_backward`. A backward
     pass that records a graph (`create_graph=True`, for higher derivatives) differentiates
     `_reference_map` on the saved inputs instead, so every order of derivative is that of the reference.
+
+    The node follows torch's contract for `torch.func` (a `forward` without a context, `setup_context`, and
+    a `vmap` rule), so the transforms need no query of their own: `vmap` batches through the rule (the
+    reference on the batched points: the spline acts point by point), and `grad`, `vjp` and `jacrev`
+    differentiate with a graph, which takes the reference backward above. Forward-mode AD (dual inputs,
+    `jvp`, `jacfwd`) is routed to the reference before the node, by
+    [`spline_kernel`][flowkit.kernels.spline_kernel]. The forward's fourth output holds what the backward
+    pass needs (the kernel and the intermediate tensors); [`fused_spline`][flowkit.kernels.fused.fused_spline]
+    drops it.
     """
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any,
         x: Tensor,
         params: Tensor,
         layout: _Layout,
         inverse: bool,
         derivative: bool,
         native: bool | None = None,
-    ) -> tuple[Tensor, Tensor, Tensor | None]:
+    ) -> tuple[Tensor, Tensor, Tensor | None, tuple]:
         batch = x.shape
         v, p = x.reshape(-1), params.reshape(-1, params.shape[-1])
-        ctx.layout, ctx.inverse = layout, inverse
         # `native`: the rule's verdict, when the caller has it (None: ask the rule).
-        ctx.native = _native_kernel(x, params, layout) if native is None else (_native.spline_ops() if native else None)
-        if ctx.native is not None:
-            out, ladj, dlog, exps = _native_forward(ctx.native, v, p, layout, inverse, derivative)
+        ops = _native_kernel(x, params, layout) if native is None else (_native.spline_ops() if native else None)
+        if ops is not None:
+            out, ladj, dlog, exps = _native_forward(ops, v, p, layout, inverse, derivative)
             # The flat views too: `x` may be a strided slice and `params` expanded, which `reshape` would copy
             # again.
-            ctx.save_for_backward(x, params, v, p, exps)
+            saved = (v, p, exps)
         else:
             out, ladj, dlog, saved = _fused_forward(v, p, layout, inverse, derivative)
-            ctx.save_for_backward(x, params, *saved)  # None (no derivative columns) is saved as None
-        if dlog is not None:
-            dlog = dlog.view(batch)
-            ctx.mark_non_differentiable(dlog)
-        return out.view(batch), ladj.view(batch), dlog
+        return out.view(batch), ladj.view(batch), None if dlog is None else dlog.view(batch), (ops, saved)
 
     @staticmethod
-    def backward(ctx: Any, g_out: Tensor, g_ladj: Tensor, _: Any) -> tuple:  # type: ignore[override]
+    def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
+        x, params, layout, inverse = inputs[:4]
+        _, _, dlog, (ops, saved) = output
+        ctx.layout, ctx.inverse, ctx.native = layout, inverse, ops
+        ctx.save_for_backward(x, params, *saved)  # None (no derivative columns) is saved as None
+        ctx.save_for_forward(x, params)
+        if dlog is not None:
+            ctx.mark_non_differentiable(dlog)
+
+    @staticmethod
+    def vmap(info: Any, in_dims: tuple, x: Tensor, params: Tensor, layout: _Layout, inverse: bool, *flags: Any):  # noqa: ANN205
+        """`torch.func.vmap`'s rule: the reference on the batched points (the batch axis moved to the front)."""
+        x, params = (_batch_first(t, dim, info.batch_size) for t, dim in zip((x, params), in_dims, strict=False))
+        out, ladj, dlog = _reference_map(x, params, layout, inverse, flags[0])
+        return (out, ladj, dlog, (None, ())), (0, 0, None if dlog is None else 0, None)
+
+    @staticmethod
+    def jvp(ctx: Any, t_x: Tensor | None, t_params: Tensor | None, *_: Any) -> tuple:
+        """Forward mode under a transform that wraps the node (`hessian`, `jacfwd` of `jacrev`): the reference's."""
+        x, params = ctx.saved_tensors[:2]
+        tangents = (
+            torch.zeros_like(x) if t_x is None else t_x,
+            torch.zeros_like(params) if t_params is None else t_params,
+        )
+        layout, inverse = ctx.layout, ctx.inverse
+        _, (t_out, t_ladj) = torch.func.jvp(
+            lambda a, b: _reference_map(a, b, layout, inverse, False)[:2], (x, params), tangents
+        )
+        return t_out, t_ladj, None, None
+
+    @staticmethod
+    def backward(ctx: Any, g_out: Tensor, g_ladj: Tensor, *_: Any) -> tuple:  # type: ignore[override]
         x, params, *saved = ctx.saved_tensors
-        if torch.is_grad_enabled():  # create_graph: the reference, differentiable to any order
-            wanted = [t for t, need in zip((x, params), ctx.needs_input_grad[:2], strict=True) if need]
-            out, ladj, _ = _reference_map(x, params, ctx.layout, ctx.inverse, False)
-            grads = iter(
-                torch.autograd.grad((out, ladj), wanted, (g_out, g_ladj), create_graph=True, allow_unused=True)
-            )
-            g_x, g_params = (next(grads) if need else None for need in ctx.needs_input_grad[:2])
-            return g_x, g_params, None, None, None, None
+        if torch.is_grad_enabled():  # create_graph (and every torch.func transform): the reference
+            layout, inverse = ctx.layout, ctx.inverse
+            _, pullback = torch.func.vjp(lambda a, b: _reference_map(a, b, layout, inverse, False)[:2], x, params)
+            g_x, g_params = pullback((g_out, g_ladj))
+            need_x, need_params = ctx.needs_input_grad[:2]
+            return g_x if need_x else None, g_params if need_params else None, None, None, None, None
         need_params = ctx.needs_input_grad[1]
         if ctx.native is not None:
             g_x, g_params = ctx.native.rqs_backward(
@@ -259,4 +298,18 @@ class _FusedSpline(torch.autograd.Function):
         return g_x.view(x.shape), None if g_params is None else g_params.view(params.shape), None, None, None, None
 
 
-_FusedSpline.forward.__signature__ = inspect.signature(_FusedSpline.forward)  # type: ignore[attr-defined]
+def fused_spline(
+    x: Tensor, params: Tensor, layout: _Layout, inverse: bool, derivative: bool, native: bool | None = None
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """`(out, ladj, dlog)` of the fused node ([`_FusedSpline`][flowkit.kernels.fused._FusedSpline]).
+
+    Arguments:
+        x: the points (the batch shape of `params` without its last axis).
+        params: the spline parameters `(..., P)`.
+        layout: the spline's layout.
+        inverse: evaluate the inverse map.
+        derivative: also return the derivative of the log-derivative in the input (without a graph).
+        native: run the native kernel (True), the PyTorch one (False), or ask the rule (None).
+    """
+    out, ladj, dlog, _ = _FusedSpline.apply(x, params, layout, inverse, derivative, native)
+    return out, ladj, dlog

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from .reference import _batch_first
+
 __all__ = ["spline_ops"]
 
 _SOURCE = Path(__file__).with_name("csrc") / "spline.cpp"
@@ -55,7 +57,7 @@ def _remove_stale_lock(name: str) -> None:
 
 
 def _register_fakes() -> None:
-    """Shape-only implementations, so that fake-tensor tracing (`make_fx`, export) passes through the ops."""
+    """Shape-only implementations (fake-tensor tracing: `make_fx`, export) and the forward's `vmap` rule."""
     global _FAKES_REGISTERED
     if _FAKES_REGISTERED:  # once per process: torch refuses a second registration
         return
@@ -70,6 +72,19 @@ def _register_fakes() -> None:
     def _(v, params, exps, g_out, g_ladj, bins, *layout_and_flags):  # noqa: ANN001, ANN002, ANN202
         need_params = layout_and_flags[-1]
         return v.new_empty(v.shape[0]), params.new_empty(params.shape[0] if need_params else 0, params.shape[1])
+
+    @torch.library.register_vmap("flowkit_native::rqs_forward")
+    def _(info, in_dims, v, params, *layout_and_flags):  # noqa: ANN001, ANN002, ANN202
+        # The spline acts point by point: the batched points are more points.
+        size = info.batch_size
+        v, params = (_batch_first(t, dim, size) for t, dim in zip((v, params), in_dims, strict=False))
+        n, width = v.shape[1], params.shape[-1]
+        out, ladj, dlog, exps = torch.ops.flowkit_native.rqs_forward(
+            v.reshape(-1), params.reshape(-1, width), *layout_and_flags
+        )
+        derivative = layout_and_flags[-1]
+        batched = (out.view(size, n), ladj.view(size, n), dlog.view(size, n) if derivative else dlog)
+        return (*batched, exps.view(size, n, -1)), (0, 0, 0 if derivative else None, 0)
 
 
 def _build() -> object | None:

@@ -359,6 +359,11 @@ def _linear_tail_derivatives(unnormalized_derivatives: Tensor, min_derivative: f
     return F.pad(_softplus(unnormalized_derivatives) + min_derivative, (1, 1), value=1.0)
 
 
+def _batch_first(t: Tensor, dim: int | None, size: int) -> Tensor:
+    """`t` with the `torch.func.vmap` batch axis `dim` in front (expanded to `size` if `t` is not batched)."""
+    return t.expand(size, *t.shape) if dim is None else t.movedim(dim, 0)
+
+
 class _Layout(NamedTuple):
     """What a spline's parameter vector means: `K` width and `K` height logits, then the derivatives.
 

@@ -4,12 +4,17 @@ r"""Which spline kernel runs: the one public rule, and the user's choice.
 choice made with [`use_spline_kernel`][flowkit.kernels.use_spline_kernel]:
 
 1. `"reference"` (plain autograd) where the fused node cannot serve: under `torch.compile` (which fuses
-   the reference's elementwise maths itself), inside `torch.func` transforms and for dual tensors
-   (forward-mode AD), which the fused node does not implement, for inputs and parameters of different
-   dtypes (promoted by the reference), and wherever the choice is `"reference"`;
+   the reference's elementwise maths itself), for dual tensors (forward-mode AD, also `torch.func.jvp`
+   and `jacfwd`: `torch.autograd.forward_ad.unpack_dual` sees their tangents), which the fused node does
+   not implement, for inputs and parameters of different dtypes (promoted by the reference), and wherever
+   the choice is `"reference"`;
 2. otherwise `"native"` (`flowkit.kernels.native`, one C++ operation per direction) where it applies: on
    the CPU, float32 or float64, at most 128 bins, built here, and the choice is `"auto"` or `"native"`;
 3. otherwise `"pytorch"` (the fused node as a few dozen torch operations: CUDA, half precision, no compiler).
+
+The other `torch.func` transforms need no rule here: the fused node carries its own (a `vmap` rule, a
+`jvp` rule and a backward pass that records a graph, each on the reference), and the native forward
+operation has a batching rule registered with `torch.library.register_vmap`. No private torch state is read.
 
 All three give the same numbers (the fused tests check it to rounding). The environment variable
 `FLOWKIT_NATIVE=0` makes `"auto"` skip the native kernel.
@@ -71,11 +76,6 @@ def _is_dual(t: Tensor) -> bool:
     return torch.autograd.forward_ad.unpack_dual(t).tangent is not None
 
 
-def _in_functorch_transform() -> bool:
-    # torch has no public query for an active torch.func transform; this is the one place that asks.
-    return torch._C._functorch.peek_interpreter_stack() is not None
-
-
 def native_applies(x: Tensor, bins: int) -> bool:
     """Whether the native kernel can take `x` (CPU, float32 or float64, at most 128 bins, built here)."""
     if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64) or bins > NATIVE_MAX_BINS:
@@ -97,7 +97,7 @@ def spline_kernel(x: Tensor, params: Tensor, bins: int) -> str:
     if torch.compiler.is_compiling():  # first: Dynamo traces none of what follows
         return "reference"
     choice = _CHOICE.get()
-    if choice == "reference" or x.dtype != params.dtype or _in_functorch_transform() or _is_dual(x) or _is_dual(params):
+    if choice == "reference" or x.dtype != params.dtype or _is_dual(x) or _is_dual(params):
         return "reference"
     if choice == "pytorch" or (choice == "auto" and not _NATIVE_BY_DEFAULT):
         return "pytorch"

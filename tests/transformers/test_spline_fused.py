@@ -5,13 +5,14 @@ PyTorch one.
 """
 
 import math
+import warnings
 
 import pytest
 import torch
 from cases import BIJECTORS
 
 from flowkit.kernels import rational_quadratic, use_spline_kernel
-from flowkit.kernels.fused import _FusedSpline
+from flowkit.kernels.fused import fused_spline
 from flowkit.kernels.reference import _layout_knots, _reference_map
 from flowkit.transformers import CircularSpline, RationalQuadraticSpline
 
@@ -45,7 +46,7 @@ def inputs(spline, shape, seed, scale=2.0):
 def both(x, params, spline, inverse):
     """`(out, ladj, dlog)` of the fused node and of the reference."""
     layout = spline._layout
-    return _FusedSpline.apply(x, params, layout, inverse, True), _reference_map(x, params, layout, inverse, True)
+    return fused_spline(x, params, layout, inverse, True), _reference_map(x, params, layout, inverse, True)
 
 
 @pytest.mark.parametrize("inverse", [False, True], ids=["forward", "inverse"])
@@ -98,7 +99,7 @@ def test_gradcheck(name, inverse):
     x, params = inputs(spline, (7,), seed=4, scale=1.0)
 
     def fused(x, params):
-        return _FusedSpline.apply(x, params, spline._layout, inverse, False)[:2]
+        return fused_spline(x, params, spline._layout, inverse, False)[:2]
 
     assert torch.autograd.gradcheck(fused, (x, params))
 
@@ -114,12 +115,39 @@ def test_second_derivatives_fall_back_to_the_reference(inverse):
         (score,) = torch.autograd.grad(ladj.sum(), x, create_graph=True)
         return torch.autograd.grad((score**2).sum(), (x, params))
 
-    for f, r in zip(score_loss(_FusedSpline.apply), score_loss(_reference_map), strict=True):
+    for f, r in zip(score_loss(fused_spline), score_loss(_reference_map), strict=True):
         torch.testing.assert_close(f, r, rtol=1e-10, atol=1e-10)
     x7, p7 = inputs(spline, (5,), seed=6, scale=1.0)
-    assert torch.autograd.gradgradcheck(
-        lambda a, b: _FusedSpline.apply(a, b, spline._layout, inverse, False)[:2], (x7, p7)
-    )
+    assert torch.autograd.gradgradcheck(lambda a, b: fused_spline(a, b, spline._layout, inverse, False)[:2], (x7, p7))
+
+
+@pytest.mark.parametrize("inverse", [False, True], ids=["forward", "inverse"])
+def test_nested_torch_func_transforms_agree_with_autograd(inverse, kernel):
+    # The node's torch.func rules (vmap, jvp, the reference backward with a graph) and the native op's
+    # batching rule: every nesting gives autograd's numbers, with no per-sample fallback and no op
+    # differentiated without its autograd kernel (both only warn in torch).
+    from torch.func import grad, hessian, vmap
+
+    spline = RationalQuadraticSpline(4, 2.0).double()
+    x, params = (t.detach() for t in inputs(spline, (6,), seed=11, scale=1.0))
+    transform = spline.inverse if inverse else spline.forward
+
+    def ladj(x, params):
+        return transform(x, params)[1].sum()
+
+    xg = x.clone().requires_grad_(True)
+    (slope,) = torch.autograd.grad(ladj(xg, params), xg, create_graph=True)
+    second = torch.stack([torch.autograd.grad(s, xg, retain_graph=True)[0] for s in slope])
+    rows = (x[:, None], params[:, None])
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*(performance drop|autograd kernel was not registered).*")
+        torch.testing.assert_close(grad(ladj)(x, params), slope)
+        torch.testing.assert_close(vmap(grad(ladj))(*rows).squeeze(-1), slope)
+        torch.testing.assert_close(grad(lambda x: vmap(ladj)(x[:, None], params[:, None]).sum())(x), slope)
+        torch.testing.assert_close(hessian(ladj)(x, params), second)
+        with torch.no_grad():
+            batched = vmap(lambda a, b: torch.stack(transform(a, b)))(x.view(2, 3), params.view(2, 3, -1))
+    torch.testing.assert_close(batched, torch.stack(transform(x, params)).view(2, 2, 3).transpose(0, 1))
 
 
 def test_eager_calls_use_the_fused_node_and_transforms_the_reference():
