@@ -27,7 +27,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor as _Tensor
 
-from .fused import _fused_forward, _native_forward, fused_spline
+from .fused import _fused_forward, _native_forward
+from .fused import fused_spline as _fused_spline
 from .native import spline_ops as _spline_ops
 from .reference import _Layout, _reference_map
 from .select import SPLINE_KERNELS, current_choice, native_applies, spline_kernel, use_spline_kernel
@@ -71,7 +72,7 @@ def rational_quadratic(
     if torch.is_grad_enabled():
         # Through the node even where nothing requires a gradient yet: under `torch.func.grad` of a `vmap` a
         # traced input does not say it requires one, and only the node's rules carry the transforms.
-        return fused_spline(x, params, layout, inverse, derivative, native)
+        return _fused_spline(x, params, layout, inverse, derivative, native)
     # No gradients (sampling, densities under `torch.no_grad`): the forward pass alone.
     v, p = x.reshape(-1), params.reshape(-1, params.shape[-1])
     if native:
