@@ -12,6 +12,7 @@ A backward pass that records a graph differentiates the reference instead.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -313,3 +314,8 @@ def fused_spline(
     """
     out, ladj, dlog, _ = _FusedSpline.apply(x, params, layout, inverse, derivative, native)
     return out, ladj, dlog
+
+
+# `Function.apply` binds the arguments to `forward`'s signature at every call (a node with `setup_context`):
+# the signature computed once, not per call.
+_FusedSpline.forward.__signature__ = inspect.signature(_FusedSpline.forward)  # type: ignore[attr-defined]

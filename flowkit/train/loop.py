@@ -517,6 +517,7 @@ def _prepare(args: _Arguments) -> tuple[_Run, TrainState, CallbackList, Progress
     state = TrainState(data_seed=data_seed if saved is None else saved["data_seed"])
     run = _make_run(args, ctx, state.data_seed)
     hooks, bar, checkpoint = _make_callbacks(run)
+    state.record_epoch_rng = any(isinstance(hook, Checkpoint) for hook in hooks.callbacks)
     if saved is not None:
         checkpoint.restore(saved, state, run.source.steps_per_epoch)
     state.start_clock()

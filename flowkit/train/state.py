@@ -205,7 +205,9 @@ class TrainState:
         elapsed: seconds of training before this call of `fit` (resumed runs).
         last: the last step's [`StepOutcome`][flowkit.train.state.StepOutcome] (None before the first).
         val_loss: the validation loss computed at this step, None when there was no validation.
-        epoch_rng: RNG states at the start of the current epoch.
+        epoch_rng: RNG states at the start of the current epoch (recorded only when `record_epoch_rng`).
+        record_epoch_rng: record `epoch_rng` at each epoch's start: a run that writes checkpoints does
+            (a resumed epoch replays it), others skip the copy of every generator's state.
         resumed_rng: RNG states to continue from once the resumed epoch is replayed.
     """
 
@@ -218,6 +220,7 @@ class TrainState:
     last: StepOutcome | None = None
     val_loss: float | None = None
     epoch_rng: dict[str, Any] | None = None
+    record_epoch_rng: bool = True
     resumed_rng: dict[str, Any] | None = None
     _start: float = field(default=0.0, repr=False)
 
@@ -246,7 +249,8 @@ class TrainState:
     def open_epoch(self, source: Any) -> Iterator[Batch]:
         """The batches of the current epoch; a resumed epoch replays its starting RNG state to draw the same order."""
         if self.resumed_rng is None:
-            self.epoch_rng = rng_state()
+            if self.record_epoch_rng:
+                self.epoch_rng = rng_state()
             return source.epoch(self.epoch, 0)
         set_rng_state(self.epoch_rng)
         batches = source.epoch(self.epoch, self.batch_in_epoch)
