@@ -19,6 +19,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from .utils import broadcast_shapes
+
 __all__ = [
     "set_validation",
     "validation_enabled",
@@ -187,7 +189,7 @@ def check_context(
     assert isinstance(context, Tensor)
     if batch_shape is not None:
         try:
-            torch.broadcast_shapes(tuple(context.shape[:-1]), tuple(batch_shape))
+            broadcast_shapes(tuple(context.shape[:-1]), tuple(batch_shape))
         except RuntimeError:
             raise ValueError(
                 f"{prefix}context batch shape {_shape_str(context.shape[:-1])} does not match "

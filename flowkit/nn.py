@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._config import Configurable
+from .utils import broadcast_shapes
 
 __all__ = [
     "Conditioner",
@@ -58,7 +59,7 @@ def broadcast_context(h: Tensor, context: Tensor | None) -> Tensor:
     """Concatenate `context` to the conditioner input `h`, broadcasting batch dimensions."""
     if context is None:
         return h
-    batch = torch.broadcast_shapes(h.shape[:-1], context.shape[:-1])
+    batch = broadcast_shapes(h.shape[:-1], context.shape[:-1])
     return torch.cat([h.expand(*batch, h.shape[-1]), context.expand(*batch, context.shape[-1])], dim=-1)
 
 
@@ -301,7 +302,7 @@ class ConvNet(Conditioner):
         if x.dim() < 3 or x.shape[-3] != self.in_channels:
             raise ValueError(f"ConvNet expects (..., {self.in_channels}, H, W) inputs, got shape {tuple(x.shape)}")
         if context is not None:
-            batch = torch.broadcast_shapes(x.shape[:-3], context.shape[:-1])
+            batch = broadcast_shapes(x.shape[:-3], context.shape[:-1])
             x = x.expand(*batch, *x.shape[-3:])
             planes = context.expand(*batch, context.shape[-1])[..., None, None].expand(*batch, -1, *x.shape[-2:])
             x = torch.cat([x, planes], dim=-3)
@@ -491,7 +492,7 @@ class MADE(Conditioner):
         w_x = w_first[:, :d]
         pre = broadcast_context(z.new_zeros(z.shape[:-1] + (0,)), context)
         pre = F.linear(pre, w_first[:, d:], b_first)
-        batch = torch.broadcast_shapes(z.shape[:-1], pre.shape[:-1])
+        batch = broadcast_shapes(z.shape[:-1], pre.shape[:-1])
         pre = pre.expand(*batch, pre.shape[-1])
         w_last, b_last = weights[-1]
         residual = self.residual_blocks is not None
@@ -651,7 +652,7 @@ class VectorField(Conditioner):
         for layer in self.net[1:]:
             h = layer(h)
         if h.shape[:-1] != x.shape[:-1]:  # a time or context without the points' batch shape
-            h = h.expand(*torch.broadcast_shapes(h.shape[:-1], x.shape[:-1]), h.shape[-1])
+            h = h.expand(*broadcast_shapes(h.shape[:-1], x.shape[:-1]), h.shape[-1])
         return h
 
     def _propagate(

@@ -32,6 +32,7 @@ from ..nn import MADE, _check_conditioner
 from ..transformers.affine import Affine
 from ..transformers.base import Transformer
 from ..transformers.spline import RationalQuadraticSpline
+from ..utils import broadcast_shapes
 from .base import Bijector
 
 __all__ = ["MaskedAutoregressive", "MaskedAffineAutoregressive", "MaskedSplineAutoregressive"]
@@ -107,7 +108,7 @@ class MaskedAutoregressive(Bijector):
 
     def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         if context is not None:
-            z = z.expand(*torch.broadcast_shapes(z.shape[:-1], context.shape[:-1]), z.shape[-1])
+            z = z.expand(*broadcast_shapes(z.shape[:-1], context.shape[:-1]), z.shape[-1])
         z_columns = z.unbind(-1)
         ladjs: list[Tensor] = []
 

@@ -54,6 +54,7 @@ from torch import Tensor, nn
 
 from .._validation import check_number
 from ..root_finding import expand_bracket, monotone_inverse
+from ..utils import broadcast_shapes
 from .base import Bijector
 
 __all__ = ["BlockNeuralAutoregressive"]
@@ -169,13 +170,13 @@ class BlockNeuralAutoregressive(Bijector):
 
     def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         if context is not None:
-            x = x.expand(*torch.broadcast_shapes(x.shape[:-1], context.shape[:-1]), x.shape[-1])
+            x = x.expand(*broadcast_shapes(x.shape[:-1], context.shape[:-1]), x.shape[-1])
         z, log_diag = self._network(x, context)
         return z, log_diag.sum(-1)
 
     def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         if context is not None:
-            z = z.expand(*torch.broadcast_shapes(z.shape[:-1], context.shape[:-1]), z.shape[-1])
+            z = z.expand(*broadcast_shapes(z.shape[:-1], context.shape[:-1]), z.shape[-1])
         d = self.event_shape[0]
         columns: list[Tensor] = []
         for i in range(d):

@@ -12,6 +12,7 @@ from ..nn import MLP, _check_conditioner, broadcast_context
 from ..transformers.affine import Affine
 from ..transformers.base import Transformer
 from ..transformers.spline import CircularSpline, RationalQuadraticSpline
+from ..utils import broadcast_shapes
 from .base import Bijector
 
 __all__ = ["Coupling", "AffineCoupling", "broadcast_context"]
@@ -129,7 +130,7 @@ class Coupling(Bijector):
         return x[..., self.identity_idx], x[..., self.transformed_idx]
 
     def _merge(self, a: Tensor, b: Tensor) -> Tensor:
-        batch = torch.broadcast_shapes(a.shape[:-1], b.shape[:-1])
+        batch = broadcast_shapes(a.shape[:-1], b.shape[:-1])
         a = a.expand(*batch, a.shape[-1])
         if self._alternating:
             return torch.stack([a, b] if self._identity_first else [b, a], dim=-1).flatten(-2)

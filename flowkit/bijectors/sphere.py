@@ -103,6 +103,7 @@ from ..domains import Circle, Sphere
 from ..nn import MLP, _check_conditioner
 from ..root_finding import implicit_newton_step, solve_monotone
 from ..transformers import Affine
+from ..utils import broadcast_shapes
 from .base import Bijector
 
 __all__ = [
@@ -967,7 +968,7 @@ class RigidCoupling(Bijector):
     def _run(self, x: Tensor, context: Tensor | None, inverse: bool) -> tuple[Tensor, Tensor]:
         params = self._params(x, context)
         out = list(x.unbind(-1))
-        batch = torch.broadcast_shapes(x.shape[:-1], params[0].shape[:-1]) if params else x.shape[:-1]
+        batch = broadcast_shapes(x.shape[:-1], params[0].shape[:-1]) if params else x.shape[:-1]
         total = x.new_zeros(batch)
         for i, theta, segment_map in zip(self.transformed, params, self._maps, strict=True):
             sl = self.slices[i]

@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor as _Tensor
 
+from ..utils import broadcast_shapes as _broadcast_shapes
 from .fused import _fused_forward, _native_forward
 from .fused import fused_spline as _fused_spline
 from .native import spline_ops as _spline_ops
@@ -67,7 +68,7 @@ def rational_quadratic(
     native = kernel == "native"
     batch = x.shape
     if batch != params.shape[:-1]:
-        batch = torch.broadcast_shapes(batch, params.shape[:-1])
+        batch = _broadcast_shapes(batch, params.shape[:-1])
         x, params = x.expand(batch), params.expand(*batch, params.shape[-1])
     if torch.is_grad_enabled():
         # Through the node even where nothing requires a gradient yet: under `torch.func.grad` of a `vmap` a

@@ -48,6 +48,7 @@ from .._validation import check_point, check_tensor, outermost
 from ..bijectors import Chain, Coupling, Invert, Linear, LULinear, MaskedCoupling, Permutation, Reshape
 from ..bijectors.base import Bijector, context_for
 from ..transformers import Affine, CircularSpline, RationalQuadraticSpline, Transformer
+from ..utils import broadcast_shapes
 
 __all__ = [
     "forward_with_score",
@@ -126,7 +127,7 @@ def _checked(bijector: Bijector, y: Tensor, score: Tensor, context: Tensor | Non
     event = bijector.event_shape if direction == "forward" else bijector.latent_shape
     batch = y.shape[: y.dim() - len(event)]
     if context is not None:
-        batch = torch.broadcast_shapes(batch, context.shape[:-1])
+        batch = broadcast_shapes(batch, context.shape[:-1])
     if score.shape != (*batch, *event):
         raise ValueError(
             f"{where}: score has shape {tuple(score.shape)} but the point (broadcast with its "
@@ -276,7 +277,7 @@ def _coupling_rule(derivative: Callable) -> ScoreRule:
 
     def rule(b: Coupling, y: Tensor, score: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
         # The conditioning half must carry the full batch, so that its score is per element.
-        batch = torch.broadcast_shapes(y.shape[:-1], score.shape[:-1], () if context is None else context.shape[:-1])
+        batch = broadcast_shapes(y.shape[:-1], score.shape[:-1], () if context is None else context.shape[:-1])
         y_id, y_tr = b._split(y.expand(*batch, y.shape[-1]))
         s_id, s_tr = b._split(score.detach().expand(*batch, score.shape[-1]))
         with torch.enable_grad():
@@ -359,7 +360,7 @@ def _masked_coupling_rule(derivative: Callable) -> ScoreRule:
     def rule(b: MaskedCoupling, y: Tensor, score: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
         event = len(b.event_shape)
         context_batch = () if context is None else context.shape[:-1]
-        batch = torch.broadcast_shapes(y.shape[: y.dim() - event], score.shape[: score.dim() - event], context_batch)
+        batch = broadcast_shapes(y.shape[: y.dim() - event], score.shape[: score.dim() - event], context_batch)
         flat = y.expand(*batch, *b.event_shape).flatten(-event)
         s = score.detach().expand(*batch, *b.event_shape).flatten(-event)
         y_id, y_tr = flat[..., b.identity_idx], flat[..., b.transformed_idx]

@@ -78,6 +78,7 @@ from .._validation import check_number
 from ..domains import Circle, Interval
 from ..root_finding import implicit_newton_step as implicit_newton_step  # the old home of the root finders
 from ..root_finding import solve_monotone
+from ..utils import broadcast_shapes
 from .base import Transformer
 
 # The root finders live in `flowkit.root_finding`; imported here for code that imported them from here.
@@ -407,7 +408,7 @@ class SmoothMixture(Transformer):
             v = start + (shifted - torch.floor(shifted))
         else:
             v = v.clamp(0, 1)
-        batch = torch.broadcast_shapes(v.shape, params.shape[:-1])
+        batch = broadcast_shapes(v.shape, params.shape[:-1])
         params = params.expand(*batch, params.shape[-1])
         u = _Inverse.apply(v.expand(batch), params, self)
         _, log_df = self._unit_map(u, params)

@@ -59,6 +59,7 @@ from .._validation import check_number
 from ..domains import Circle
 from ..kernels import rational_quadratic
 from ..kernels.reference import _knots, _Layout, _layout_knots, _linear_tail_derivatives, _spline, _tails
+from ..utils import broadcast_shapes
 from .base import Transformer
 
 __all__ = [
@@ -134,7 +135,7 @@ def unconstrained_rqs(
             f"and {unnormalized_derivatives.shape[-1]}"
         )
     bound = float(bound)
-    batch = torch.broadcast_shapes(
+    batch = broadcast_shapes(
         x.shape, unnormalized_widths.shape[:-1], unnormalized_heights.shape[:-1], unnormalized_derivatives.shape[:-1]
     )
     bins_wh = torch.stack([unnormalized_widths.expand(*batch, bins), unnormalized_heights.expand(*batch, bins)], dim=-2)
