@@ -59,6 +59,7 @@ __all__ = [
     "generic_inverse_with_score",
     "forward_and_ladj_derivative",
     "inverse_and_ladj_derivative",
+    "params_cotangent",
     "ScoreRule",
 ]
 
@@ -274,6 +275,7 @@ def _coupling_rule(derivative: Callable) -> ScoreRule:
     conditioner, whose forward pass is shared with the map itself, gives
     $s'_{id}$ (Vaitl et al., ICLR 2024, Alg. 1).
     """
+    direction = _DIRECTIONS[derivative]
 
     def rule(b: Coupling, y: Tensor, score: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
         # The conditioning half must carry the full batch, so that its score is per element.
@@ -285,11 +287,55 @@ def _coupling_rule(derivative: Callable) -> ScoreRule:
             params = b._params(cond, context)
             out_tr, ladj, dladj = derivative(b.transformer, y_tr.expand(params.shape[:-1]), params)
             w = (s_tr - dladj) * torch.exp(-ladj.detach())
-            ones = ladj.new_ones(()).expand_as(ladj)
-            (g_cond,) = torch.autograd.grad((out_tr, ladj), cond, (w, ones), retain_graph=True)
+            g_cond = _conditioner_pullback(b.transformer, direction, params, out_tr, ladj, w, cond)
         return b._merge(y_id, out_tr), ladj.sum(-1), b._merge(s_id - g_cond, w)
 
     return rule
+
+
+def _conditioner_pullback(
+    transformer: Transformer, direction: str, params: Tensor, out: Tensor, ladj: Tensor, w: Tensor, cond: Tensor
+) -> Tensor:
+    """The cotangent `(w, 1)` of `(out, ladj)` pulled back to the conditioner's input `cond`.
+
+    Through the transformer's closed-form parameter cotangent where one is registered
+    ([`params_cotangent`][flowkit.train.score_rules.params_cotangent]), then autograd through the
+    conditioner alone; otherwise autograd through both.
+    """
+    g_params = params_cotangent(transformer, direction, params.detach(), out.detach(), ladj.detach(), w)
+    if g_params is None:
+        ones = ladj.new_ones(()).expand_as(ladj)
+        (g_cond,) = torch.autograd.grad((out, ladj), cond, (w, ones), retain_graph=True)
+    else:
+        (g_cond,) = torch.autograd.grad(params, cond, g_params, retain_graph=True)
+    return g_cond
+
+
+@singledispatch
+def params_cotangent(
+    transformer: Transformer, direction: str, params: Tensor, out: Tensor, ladj: Tensor, w: Tensor
+) -> Tensor | None:
+    r"""The cotangent of the parameters from `w` on the map's output and 1 on its log-derivative, or None.
+
+    That is $\bar p = (\partial\,\mathrm{out}/\partial p)^\top w + (\partial \log|\tau'|/\partial p)^\top 1$
+    elementwise, in closed form and without a graph, for the `direction` (`"forward"` or `"inverse"`)
+    map that gave `out` and `ladj` (both without their graphs). None (the default) leaves it to autograd
+    through the transformer; closed forms are registered per transformer type with
+    `params_cotangent.register(cls)` (the affine one is), which spares the score rules autograd's pass
+    through the transformer's elementwise graph.
+    """
+    return None
+
+
+@params_cotangent.register(Affine)
+def _affine_params_cotangent(t: Affine, direction: str, params: Tensor, out: Tensor, ladj: Tensor, w: Tensor) -> Tensor:
+    # s = c tanh(r / c): forward out = x e^s + shift, log|tau'| = s; inverse out = (y - shift) e^-s, -s.
+    if direction == "forward":
+        g_shift, g_log_scale, squashed = w, torch.addcmul(torch.ones_like(w), w, out - params[..., 0]), ladj / t.clamp
+    else:
+        g_shift = -w * torch.exp(ladj)
+        g_log_scale, squashed = torch.addcmul(torch.ones_like(w), w, out).neg_(), ladj / -t.clamp
+    return torch.stack([g_shift, g_log_scale * (1 - squashed * squashed)], -1)
 
 
 # ---- the transformers' log-derivative derivatives, used by the coupling rule
@@ -333,6 +379,10 @@ def inverse_and_ladj_derivative(transformer: Transformer, y: Tensor, params: Ten
     return _with_ladj_derivative(transformer.inverse, y, params)
 
 
+#: The direction of the map each derivative function evaluates.
+_DIRECTIONS = {forward_and_ladj_derivative: "forward", inverse_and_ladj_derivative: "inverse"}
+
+
 def _affine_rule(direction: str) -> Callable:
     def rule(t: Affine, x: Tensor, params: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         y, ladj = getattr(t, direction)(x, params)
@@ -356,6 +406,7 @@ register_score_rule(
 
 def _masked_coupling_rule(derivative: Callable) -> ScoreRule:
     """The coupling rule for [`MaskedCoupling`][flowkit.bijectors.MaskedCoupling]: the same algebra on masked sites."""
+    direction = _DIRECTIONS[derivative]
 
     def rule(b: MaskedCoupling, y: Tensor, score: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
         event = len(b.event_shape)
@@ -370,8 +421,7 @@ def _masked_coupling_rule(derivative: Callable) -> ScoreRule:
             params = b.transformed_params(grid, context)
             out_tr, ladj, dladj = derivative(b.transformer, y_tr.expand(params.shape[:-1]), params)
             w = (s[..., b.transformed_idx] - dladj) * torch.exp(-ladj.detach())
-            ones = ladj.new_ones(()).expand_as(ladj)
-            (g_cond,) = torch.autograd.grad((out_tr, ladj), cond, (w, ones), retain_graph=True)
+            g_cond = _conditioner_pullback(b.transformer, direction, params, out_tr, ladj, w, cond)
         z = torch.cat([y_id, out_tr], -1)[..., b.unsort_idx].unflatten(-1, b.event_shape)
         new_score = torch.cat([s[..., b.identity_idx] - g_cond, w], -1)[..., b.unsort_idx]
         return z, ladj.sum(-1), new_score.unflatten(-1, b.event_shape)

@@ -231,3 +231,19 @@ def test_bad_configurations_are_errors():
         PathGradientVI(ManyWell(4)).loss(flowkit.flows.RealNVP(2, transforms=1), 8)
     with pytest.raises(ValueError, match="conditional"):
         PathGradientVI(target).loss(flowkit.flows.RealNVP(2, transforms=1, context=1), 8)
+
+
+@pytest.mark.parametrize("direction", ["forward", "inverse"])
+def test_affine_params_cotangent_is_autograds(direction):
+    from flowkit.train.score_rules import params_cotangent
+    from flowkit.transformers import Affine
+
+    g = torch.Generator().manual_seed(3)
+    t = Affine(clamp=2.0)
+    x = torch.randn(7, 3, generator=g, dtype=torch.float64)
+    params = (2 * torch.randn(7, 3, 2, generator=g, dtype=torch.float64)).requires_grad_(True)
+    w = torch.randn(7, 3, generator=g, dtype=torch.float64)
+    out, ladj = getattr(t, direction)(x, params)
+    (expected,) = torch.autograd.grad((out, ladj), params, (w, torch.ones_like(ladj)))
+    got = params_cotangent(t, direction, params.detach(), out.detach(), ladj.detach(), w)
+    torch.testing.assert_close(got, expected)
