@@ -14,7 +14,9 @@ fewer than 20 distinct values are dequantised by uniform noise of one spacing.
 `flowkit-nsf-near` is flowkit's NSF with `near_identity=True` (a start near, not
 at, the identity), `flowkit-nsf-coupling-alternate` its coupling NSF with
 `permutations="alternate"` and `flowkit-nsf-coupling-near` that one with
-`near_identity=True`, to measure what these options change.
+`near_identity=True`, to measure what these options change; `flowkit-nsf-random-start` starts flowkit's
+NSF where zuko's starts (random last weights and bias offsets at `nn.Linear`'s scale) and
+`zuko-nsf-zero-start` starts zuko's NSF at flowkit's exact identity (every conditioner's last layer zero).
 """
 
 from __future__ import annotations
@@ -45,6 +47,43 @@ def _nsf_variant(
     """The NSF of flowkit with other `options` (keyword arguments of `NSF`) at the preset's sizes."""
     flow = NSF(features, transforms=transforms or 5, bins=bins, hidden=tuple(hidden or (128, 128)), **options)
     return flow if standardize_with is None else standardize(flow, standardize_with)
+
+
+def _random_start(flow: torch.nn.Module) -> torch.nn.Module:
+    """Start each conditioner's last layer of `flow` where zuko's start.
+
+    That is `nn.Linear`'s random weights and bias offsets (`U(-1/sqrt(n), 1/sqrt(n))`), the offsets around the
+    layer's own identity bias.
+    """
+    with torch.no_grad():
+        for module in flow.modules():
+            last = getattr(module, "last", None)
+            if isinstance(last, torch.nn.Linear):
+                bound = 1.0 / last.in_features**0.5
+                last.weight.uniform_(-bound, bound)
+                last.bias.add_(torch.empty_like(last.bias).uniform_(-bound, bound))
+    return flow
+
+
+def _random_start_nsf(features: int, **sizes) -> torch.nn.Module:
+    """The autoregressive NSF of flowkit with zuko's random start (`_random_start`), standardised as the others."""
+    standardize_with = sizes.pop("standardize_with", None)
+    flow = _random_start(_nsf_variant({}, features, **sizes))
+    return flow if standardize_with is None else standardize(flow, standardize_with)
+
+
+def _zero_start_zuko(features: int, **sizes) -> torch.nn.Module:
+    """The NSF of zuko (autoregressive), every conditioner's last layer zeroed: flowkit's exact identity start."""
+    from zuko.flows.autoregressive import MaskedAutoregressiveTransform
+
+    flow = peers.build_peer("zuko-nsf", features, **sizes)
+    with torch.no_grad():
+        for transform in flow.modules():
+            if isinstance(transform, MaskedAutoregressiveTransform):
+                last = [m for m in transform.hyper.modules() if isinstance(m, torch.nn.Linear)][-1]
+                last.weight.zero_()
+                last.bias.zero_()
+    return flow
 
 
 def _dequantise(x: np.ndarray, seed: int = 0) -> np.ndarray:
@@ -93,7 +132,9 @@ MODELS = {
     "flowkit-nsf-coupling-near": partial(
         _nsf_variant, {"coupling": True, "permutations": "alternate", "near_identity": True}
     ),
+    "flowkit-nsf-random-start": _random_start_nsf,
     **{name: partial(peers.build_peer, name) for name in peers.PEERS},
+    "zuko-nsf-zero-start": _zero_start_zuko,
 }
 #: Models run by default: flowkit's autoregressive NSF and its two peers.
 DEFAULT_MODELS = ("flowkit-nsf", "zuko-nsf", "nflows-nsf")
