@@ -208,9 +208,10 @@ class _FusedSpline(torch.autograd.Function):
     reference on the batched points: the spline acts point by point), and `grad`, `vjp` and `jacrev`
     differentiate with a graph, which takes the reference backward above. Forward-mode AD (dual inputs,
     `jvp`, `jacfwd`) is routed to the reference before the node, by
-    [`spline_kernel`][flowkit.kernels.spline_kernel]. The forward's fourth output holds what the backward
-    pass needs (the kernel and the intermediate tensors); [`fused_spline`][flowkit.kernels.fused.fused_spline]
-    drops it.
+    [`spline_kernel`][flowkit.kernels.spline_kernel]; where a transform wraps the node first (`hessian`,
+    `jacfwd` of `jacrev`), the `jvp` rule gives the reference's tangents. The forward's fourth output holds
+    what the backward pass needs (the kernel and the intermediate tensors);
+    [`fused_spline`][flowkit.kernels.fused.fused_spline] drops it.
     """
 
     @staticmethod
