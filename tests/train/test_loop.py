@@ -198,6 +198,20 @@ def test_gradient_clipping_bounds_the_update():
     assert float(delta) == pytest.approx(1e-3, rel=1e-4)
 
 
+@pytest.mark.parametrize("concatenated", [True, False])
+def test_global_gradient_norm_is_torchs_on_both_paths(monkeypatch, concatenated):
+    from flowkit.train import loop
+
+    monkeypatch.setattr(loop, "_CONCATENATED_NORM_NUMBERS", 1 << 20 if concatenated else 0)
+    torch.manual_seed(0)
+    grads = [torch.randn(shape, dtype=torch.float64) for shape in ((7, 3), (5,), ())]
+    expected = torch.nn.utils.get_total_norm(grads)
+    torch.testing.assert_close(loop._global_norm(grads), expected, rtol=1e-14, atol=0)
+    for bad in (math.nan, math.inf):
+        grads[1][2] = bad
+        assert not math.isfinite(float(loop._global_norm(grads)))
+
+
 # ---------------------------------------------------------------- non-finite guard
 
 
