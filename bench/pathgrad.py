@@ -112,6 +112,9 @@ def time_steps(kind: str, dim: int, args: argparse.Namespace) -> dict[str, float
 def matmul_work(kind: str, dim: int, args: argparse.Namespace) -> dict[str, dict[str, float]]:
     """Matrix products of one training step of each estimator: their number and GFLOP (torch's profiler).
 
+    Also the step's number of aten operator calls (nested ones included), whose ratios the time ratios
+    approach where dispatch, not arithmetic, dominates (small layers, fast cores).
+
     The products dominate a step's arithmetic, so their FLOP ratios are the floor of the time ratios that
     no implementation of an estimator's algorithm goes below (elementwise work and the Adam step, alike or
     similar for all, only dilute them). The fast estimator adds, to the reparameterised step, one
@@ -138,8 +141,13 @@ def matmul_work(kind: str, dim: int, args: argparse.Namespace) -> dict[str, dict
         step()
         with profile(with_flops=True) as prof:
             step()
-        products = [e for e in prof.events() if e.name in ("aten::mm", "aten::addmm", "aten::bmm")]
-        work[name] = {"matmuls": len(products), "gflop": sum(e.flops or 0 for e in products) / 1e9}
+        events = prof.events()
+        products = [e for e in events if e.name in ("aten::mm", "aten::addmm", "aten::bmm")]
+        work[name] = {
+            "matmuls": len(products),
+            "gflop": sum(e.flops or 0 for e in products) / 1e9,
+            "aten_calls": sum(e.name.startswith("aten::") for e in events),  # nested calls included
+        }
     return work
 
 
