@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import flowkit
-from flowkit.train import Callback, History, MaximumLikelihood, Objective, fit, split_batch
+from flowkit.train import Callback, History, MaximumLikelihood, Objective, fit, loop, split_batch
 from flowkit.train.checkpoint import load_state, save_state
 from flowkit.train.loop import CHECKPOINT_FILE, train_step
 from flowkit.train.objective import as_objective
@@ -179,6 +179,25 @@ def test_optimizer_forms():
         fit(small_flow(), MaximumLikelihood(), x, steps=1, optimizer="adamax", progress=False)
 
 
+@pytest.mark.parametrize("name", ["adam", "adamw", "sgd", "rmsprop"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_named_optimizers_take_the_multi_tensor_update_with_the_per_tensor_numbers(name, dtype):
+    x = torch.randn(96, 2, dtype=dtype)
+    per_tensor = loop._OPTIMIZERS[name]
+    flows = [small_flow().to(dtype) for _ in range(2)]
+    runs = [
+        (flows[0], name),
+        (flows[1], lambda params, lr, cls=per_tensor: cls(params, lr=lr, foreach=False)),
+    ]
+    for flow, optimizer in runs:
+        fit(flow, MaximumLikelihood(), x, steps=12, batch_size=32, lr=0.01, optimizer=optimizer, seed=3, progress=False)
+    assert_same_params(flows[0], flows[1])  # one process: the same kernels, so bit for bit
+    params = list(small_flow().parameters())
+    assert loop._make_optimizer(name, params, 0.01).defaults["foreach"] is True
+    large = [torch.nn.Parameter(torch.zeros(loop._SMALL_MODEL_NUMBERS + 1))]
+    assert loop._make_optimizer(name, large, 0.01).defaults["foreach"] is None  # torch's default
+
+
 def test_gradient_clipping_bounds_the_update():
     flow = small_flow()
     before = params_of(flow)
@@ -200,9 +219,7 @@ def test_gradient_clipping_bounds_the_update():
 
 @pytest.mark.parametrize("concatenated", [True, False])
 def test_global_gradient_norm_is_torchs_on_both_paths(monkeypatch, concatenated):
-    from flowkit.train import loop
-
-    monkeypatch.setattr(loop, "_CONCATENATED_NORM_NUMBERS", 1 << 20 if concatenated else 0)
+    monkeypatch.setattr(loop, "_SMALL_MODEL_NUMBERS", 1 << 20 if concatenated else 0)
     torch.manual_seed(0)
     grads = [torch.randn(shape, dtype=torch.float64) for shape in ((7, 3), (5,), ())]
     expected = torch.nn.utils.get_total_norm(grads)
