@@ -88,13 +88,18 @@ def build(kind: str, dim: int, transforms: int, hidden: tuple[int, ...]) -> flow
     return flowkit.flows.NSF(dim, transforms=transforms, hidden=hidden, coupling=True)
 
 
-def time_steps(kind: str, dim: int, args: argparse.Namespace) -> dict[str, float]:
+def training_setup(kind: str, dim: int, args: argparse.Namespace) -> tuple[flowkit.Flow, dict, torch.optim.Optimizer]:
+    """The seeded flow, every timed estimator against the many-well target of dimension `dim`, and Adam."""
     torch.manual_seed(0)
     flow = build(kind, dim, args.transforms, tuple(args.hidden))
     target = ManyWell(dim)
     objectives = {name: PathGradientVI(target, name) for name in ESTIMATORS}
     objectives["dropin"] = DropInPathGradient(target)
-    optimizer = torch.optim.Adam(flow.parameters(), lr=1e-4)
+    return flow, objectives, torch.optim.Adam(flow.parameters(), lr=1e-4)
+
+
+def time_steps(kind: str, dim: int, args: argparse.Namespace) -> dict[str, float]:
+    flow, objectives, optimizer = training_setup(kind, dim, args)
     times: dict[str, list[float]] = {name: [] for name in TIMED}
     for repeat in range(args.warmup + args.repeats):
         z = flow.base.sample((args.batch_size,))
@@ -123,12 +128,7 @@ def matmul_work(kind: str, dim: int, args: argparse.Namespace) -> dict[str, dict
     """
     from torch.profiler import profile
 
-    torch.manual_seed(0)
-    flow = build(kind, dim, args.transforms, tuple(args.hidden))
-    target = ManyWell(dim)
-    objectives = {name: PathGradientVI(target, name) for name in ESTIMATORS}
-    objectives["dropin"] = DropInPathGradient(target)
-    optimizer = torch.optim.Adam(flow.parameters(), lr=1e-4)
+    flow, objectives, optimizer = training_setup(kind, dim, args)
     z = flow.base.sample((args.batch_size,))
     work = {}
     for name in TIMED:
