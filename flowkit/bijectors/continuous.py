@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -25,10 +26,12 @@ import torch
 import torchdiffeq
 from torch import Tensor, nn
 from torchdiffeq._impl.odeint import SOLVERS  # torchdiffeq's table of solver names (pinned <0.3 in setup.cfg)
+from torchdiffeq._impl.solvers import AdaptiveStepsizeODESolver
 
 from .._validation import check_number
 from ..utils import as_shape
 from .base import Bijector
+from .linear import _loaded
 
 __all__ = ["ContinuousFlow", "TRACES", "PROBES", "trajectory_integrals", "function_evaluations", "continuous_layers"]
 
@@ -40,6 +43,13 @@ PROBES = ("rademacher", "gaussian")
 INTEGRALS = ("kinetic", "jacobian", "hjb")
 #: Up to this many dimensions the exact trace's vector-Jacobian products run in a loop rather than under vmap.
 _LOOP_BELOW = 8
+#: Activations with a kink (a discontinuous first derivative): an adaptive solver's error control assumes a smooth
+#: field and takes tens to thousands of times more steps on one.
+NON_SMOOTH_ACTIVATIONS = ("relu", "leaky_relu")
+#: `solver_options` that are step sizes: positive and finite when given.
+_STEP_OPTIONS = ("step_size", "first_step")
+#: The adaptive (error-controlled) solvers among torchdiffeq's.
+_ADAPTIVE = tuple(name for name, cls in SOLVERS.items() if issubclass(cls, AdaptiveStepsizeODESolver))
 
 
 def continuous_layers(module: nn.Module) -> list[ContinuousFlow]:
@@ -271,10 +281,28 @@ class ContinuousFlow(Bijector):
             raise ValueError(f"{where}: unknown solver {solver!r}; choose one of {sorted(SOLVERS)}")
         if solver_options is not None and not isinstance(solver_options, dict):
             raise ValueError(f"{where}: solver_options must be a dict, got {type(solver_options).__name__}")
+        solver_options = dict(solver_options or {})
+        for name in _STEP_OPTIONS:
+            if name in solver_options:
+                solver_options[name] = check_number(
+                    solver_options[name], f"solver_options[{name!r}]", where=where, positive=True
+                )
         self.vector_field = vector_field
         self.event_shape = as_shape(event_shape)
         if any(n < 1 for n in self.event_shape):
             raise ValueError(f"{where}: event_shape must have positive sizes, got {tuple(self.event_shape)}")
+        width = getattr(vector_field, "in_features", None)
+        if len(self.event_shape) == 1 and isinstance(width, int) and width != self.event_shape[0]:
+            raise ValueError(
+                f"{where}: the vector field takes {width} features but the event has {self.event_shape[0]}"
+            )
+        kink = getattr(vector_field, "activation_name", None)
+        if kink in NON_SMOOTH_ACTIVATIONS and solver in _ADAPTIVE:
+            warnings.warn(
+                f"{where}: the vector field's activation {kink!r} has a kink; the adaptive solver {solver!r} "
+                "assumes a smooth field and may take many times more steps (use softplus, silu, tanh or elu)",
+                stacklevel=2,
+            )
         declared = getattr(vector_field, "context_features", 0)
         self.context_features = int(declared if context is None else context)
         if context is not None and declared and declared != context:
@@ -284,7 +312,7 @@ class ContinuousFlow(Bijector):
         self.t1 = nn.Parameter(torch.tensor(t1, dtype=torch.get_default_dtype()), requires_grad=False)
         self.trace, self.probe, self.solver = trace, probe, solver
         self.atol, self.rtol, self.adjoint = atol, rtol, bool(adjoint)
-        self.solver_options = dict(solver_options or {})
+        self.solver_options = solver_options
         self.nfe = 0
         self._integrals: tuple[str, ...] = ()
         self._records: list[dict[str, Tensor]] | None = None
@@ -296,8 +324,17 @@ class ContinuousFlow(Bijector):
 
     def _field(self, x: Tensor, context: Tensor | None, t: Tensor) -> Tensor:
         """The field at flat points `x` `(N, D)`, as `(N, D)`; its shape is checked at the first call."""
-        v = self.vector_field(x.reshape(x.shape[0], *self.event_shape), context, t=t)
-        if not self._field_checked:
+        points = x.reshape(x.shape[0], *self.event_shape)
+        if self._field_checked:
+            v = self.vector_field(points, context, t=t)
+        else:
+            try:
+                v = self.vector_field(points, context, t=t)
+            except RuntimeError as error:
+                raise ValueError(
+                    f"ContinuousFlow: the vector field fails on points of shape {tuple(points.shape)} "
+                    f"(event shape {tuple(self.event_shape)}): {error}"
+                ) from error
             if not isinstance(v, Tensor) or v.shape != (x.shape[0], *self.event_shape):
                 shape = tuple(v.shape) if isinstance(v, Tensor) else type(v).__name__
                 raise ValueError(
@@ -326,14 +363,25 @@ class ContinuousFlow(Bijector):
         n = x.shape[0]
         return (self.t1 * self._field(x.reshape(n, -1), context, self.t1 * s)).view(x.shape)
 
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
+        t1 = _loaded(self, state_dict, prefix, ("t1",)).get("t1")
+        if t1 is not None and not float(t1) > 0:
+            raise ValueError(f"ContinuousFlow: the loaded end time t1 must be positive, got {float(t1):g}")
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
     def _tolerances(self, dtype: torch.dtype) -> tuple[float, float]:
         floor = torch.finfo(dtype).eps
         return max(self.atol, floor), max(self.rtol, floor)
 
     def _solve(self, x: Tensor, context: Tensor | None, reverse: bool) -> tuple[Tensor, Tensor]:
         batch = x.shape[: x.dim() - self.event_dims]
-        flat = x.reshape(-1, self.features)
-        n = flat.shape[0]
+        n = math.prod(batch)
+        flat = x.reshape(n, self.features)
+        integrals = self._integrals if self._records is not None else ()
+        if n == 0:  # nothing to solve
+            if integrals:
+                self._records.append({name: flat.new_zeros(batch) for name in integrals})
+            return x, flat.new_zeros(batch)
         if context is not None:
             context = context.expand(*batch, context.shape[-1]).reshape(n, context.shape[-1])
         probe = None
@@ -342,7 +390,6 @@ class ContinuousFlow(Bijector):
                 probe = torch.randint(0, 2, flat.shape, device=flat.device).to(flat.dtype) * 2 - 1
             else:
                 probe = torch.randn_like(flat)
-        integrals = self._integrals if self._records is not None else ()
         if "hjb" in integrals and not callable(getattr(self.vector_field, "hjb_residual", None)):
             raise ValueError(
                 "ContinuousFlow: the 'hjb' integral needs a potential field with hjb_residual "
@@ -354,15 +401,22 @@ class ContinuousFlow(Bijector):
         times = torch.tensor([1.0, 0.0] if reverse else [0.0, 1.0], dtype=flat.dtype, device=flat.device)
         atol, rtol = self._tolerances(flat.dtype)
         options = dict(method=self.solver, atol=atol, rtol=rtol, options=dict(self.solver_options) or None)
-        if self.adjoint:
-            params = tuple(p for p in self.parameters() if p.requires_grad)
-            if context is not None and context.requires_grad:
-                params = (*params, context)
-            solution = torchdiffeq.odeint_adjoint(
-                dynamics, state, times, adjoint_params=params, adjoint_options=dict(norm="seminorm"), **options
-            )
-        else:
-            solution = torchdiffeq.odeint(dynamics, state, times, **options)
+        try:
+            if self.adjoint:
+                params = tuple(p for p in self.parameters() if p.requires_grad)
+                if context is not None and context.requires_grad:
+                    params = (*params, context)
+                solution = torchdiffeq.odeint_adjoint(
+                    dynamics, state, times, adjoint_params=params, adjoint_options=dict(norm="seminorm"), **options
+                )
+            else:
+                solution = torchdiffeq.odeint(dynamics, state, times, **options)
+        except AssertionError as error:  # torchdiffeq's "underflow in dt": the step size fell below what resolves t
+            raise RuntimeError(
+                f"ContinuousFlow: the adaptive solver {self.solver!r} did not converge ({error}) after "
+                f"{dynamics.evaluations} field evaluations at t1={float(self.t1):g}, atol={atol:g}, rtol={rtol:g}: "
+                "the field is too stiff or too fast for these tolerances"
+            ) from error
         self.nfe = dynamics.evaluations
         final = [part[-1] for part in solution]
         if self._records is not None and integrals:

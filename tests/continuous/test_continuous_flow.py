@@ -11,7 +11,7 @@ from flowkit.bijectors import Chain, ContinuousFlow, LULinear
 from flowkit.bijectors.continuous import function_evaluations
 from flowkit.data.toy import toy
 from flowkit.distributions import StandardNormal
-from flowkit.flows import Flow
+from flowkit.flows import CNF, Flow
 from flowkit.nn import VectorField
 from flowkit.testing import check_bijector
 from flowkit.train import MaximumLikelihood, fit
@@ -160,6 +160,9 @@ def test_trained_two_dimensional_cnf_density_integrates_to_one():
         ({"solver": "magic"}, "solver"),
         ({"trace": "approx"}, "trace"),
         ({"probe": "uniform"}, "probe"),
+        ({"solver": "rk4", "solver_options": {"step_size": 0}}, "step_size"),
+        ({"solver": "euler", "solver_options": {"step_size": -0.1}}, "step_size"),
+        ({"solver_options": {"first_step": math.nan}}, "first_step"),
     ],
 )
 def test_bad_arguments_are_value_errors_naming_them(kwargs, name):
@@ -176,6 +179,51 @@ def test_a_field_of_the_wrong_shape_or_not_a_module_is_refused():
         ContinuousFlow(Wrong(), 2)(torch.randn(3, 2))
     with pytest.raises(ValueError, match="vector_field"):
         ContinuousFlow(lambda x, c, t: x, 2)
+
+
+def test_a_field_of_the_wrong_input_width_is_a_value_error_not_a_deep_matmul_error():
+    with pytest.raises(ValueError, match="takes 3 features but the event has 2"):
+        ContinuousFlow(VectorField(3, hidden=(8,)), 2)
+
+    class Wide(nn.Module):  # declares nothing: found at the first call
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(3, 2)
+
+        def forward(self, x, context=None, *, t):
+            return self.linear(x)
+
+    with pytest.raises(ValueError, match=r"vector field fails on points of shape \(4, 2\)"):
+        ContinuousFlow(Wide(), 2)(torch.randn(4, 2))
+
+
+def test_empty_batches_give_empty_results():
+    flow = CNF(2, hidden=(8,))
+    assert flow.log_prob(torch.randn(0, 2)).shape == (0,)
+    assert flow.sample((0,)).shape == (0, 2)
+    x, log_q = flow.rsample_and_log_prob((0,))
+    assert x.shape == (0, 2) and log_q.shape == (0,)
+
+
+@pytest.mark.parametrize("t1", [0.0, -1.0, math.nan])
+def test_a_loaded_end_time_is_checked_like_the_constructors(t1):
+    state = CNF(2, hidden=(8,)).state_dict()
+    state["bijector.t1"] = torch.tensor(t1)
+    with pytest.raises(ValueError, match="t1"):
+        CNF(2, hidden=(8,)).load_state_dict(state)
+
+
+def test_a_solver_that_does_not_converge_raises_naming_the_end_time_and_tolerances():
+    torch.manual_seed(0)
+    flow = CNF(2, hidden=(8,), t1=1e6)  # a field a million times too fast for the tolerances
+    with pytest.raises(RuntimeError, match=r"did not converge.*t1=1e\+06"):
+        flow.log_prob(torch.randn(3, 2))
+
+
+@pytest.mark.parametrize("activation", ["relu", "leaky_relu"])
+def test_a_field_with_a_kink_is_warned_about(activation):
+    with pytest.warns(UserWarning, match="kink"):
+        CNF(2, hidden=(8,), activation=activation)
 
 
 @pytest.mark.parametrize("activation", ["softplus", "tanh", "elu", "silu"])
