@@ -86,7 +86,7 @@ def _data(name: str, n_train: int, n_test: int, seed: int) -> tuple[torch.Tensor
 
 
 def _flowkit(d: int, args: argparse.Namespace, trace: str) -> CNF:
-    return CNF(d, hidden=args.hidden, activation="elu", trace=trace, atol=args.atol, rtol=args.rtol)
+    return CNF(d, hidden=args.hidden, activation=args.activation, trace=trace, atol=args.atol, rtol=args.rtol)
 
 
 def _zuko(d: int, args: argparse.Namespace, exact: bool) -> zuko.flows.CNF:
@@ -242,6 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--hidden", type=lambda s: tuple(int(h) for h in s.split(",")), default=(64, 64))
     parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument(
+        "--activation", default="tanh", help="flowkit's field activation (default: the CNF's own, tanh; elu is zuko's)"
+    )
     parser.add_argument("--atol", type=float, default=1e-5)
     parser.add_argument("--rtol", type=float, default=1e-5)
     parser.add_argument("--rnode", type=float, default=0.01, help="weight of both RNODE regularisers")

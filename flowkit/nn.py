@@ -571,11 +571,11 @@ class VectorField(Conditioner):
     broadcasts to the batch shape). The network sees
     $[x, \tau(t), c]$, where $\tau(t) = (t, \cos \pi k t, \sin \pi k t)_{k=1}^{F}$
     is a Fourier time embedding ([`time_embedding`][flowkit.nn.time_embedding]) and $c$
-    the context. The default activation is smooth (`silu`): an ODE solver's
+    the context. The default activation is smooth (`tanh`): an ODE solver's
     error control assumes a smooth field, and a kink (ReLU) costs function evaluations.
-    It also bends: at PyTorch's initialisation the pre-activations are of order one, where
-    softplus is nearly linear ($\sigma''(0) = 1/4$ against SiLU's $1/2$) and a likelihood-trained
-    field stayed at the best Gaussian for hundreds of steps.
+    It also has to bend where the data are: with softplus (the default until 2026-12) a
+    likelihood-trained field stayed at the best Gaussian for hundreds of steps (measured on the
+    docs' continuous flows page).
 
     With a smooth activation (`softplus`, `tanh`, `elu`, `silu`),
     [`velocity_and_jacobian`][flowkit.nn.VectorField.velocity_and_jacobian] also returns
@@ -611,7 +611,7 @@ class VectorField(Conditioner):
         self,
         features: int,
         hidden: Sequence[int] = (64, 64),
-        activation: str = "silu",
+        activation: str = "tanh",
         *,
         context: int = 0,
         frequencies: int = 3,

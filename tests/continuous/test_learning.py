@@ -33,7 +33,7 @@ def _gaussian_nll(train: torch.Tensor, test: torch.Tensor) -> float:
 
 @pytest.mark.parametrize(
     "objective, steps, lr",
-    [(MaximumLikelihood(), 120, 1e-2), (FlowMatching("ot"), 600, 3e-3)],
+    [(MaximumLikelihood(), 120, 1e-2), (FlowMatching("ot"), 1200, 3e-3)],
     ids=["likelihood", "flow-matching"],
 )
 def test_cnf_beats_the_best_gaussian(objective, steps, lr):
