@@ -214,10 +214,15 @@ def test_a_loaded_end_time_is_checked_like_the_constructors(t1):
 
 
 def test_a_solver_that_does_not_converge_raises_naming_the_end_time_and_tolerances():
-    torch.manual_seed(0)
-    flow = CNF(2, hidden=(8,), t1=1e6)  # a field a million times too fast for the tolerances
-    with pytest.raises(RuntimeError, match=r"did not converge.*t1=1e\+06"):
-        flow.log_prob(torch.randn(3, 2))
+    class Explosive(nn.Module):  # dx/dt = x^2 leaves every bound at t = 1 / x(0)
+        def forward(self, x, context=None, *, t):
+            return x.square()
+
+    flow = ContinuousFlow(Explosive(), 2, t1=1.0)
+    with pytest.raises(RuntimeError, match=r"did not converge.*t1=1, atol=1e-05"):
+        flow(torch.full((3, 2), 2.0))
+    before = ContinuousFlow(Explosive(), 2, t1=0.25)  # before the blow-up: solved
+    assert torch.isfinite(before(torch.full((3, 2), 2.0))[0]).all()
 
 
 @pytest.mark.parametrize("activation", ["relu", "leaky_relu"])
