@@ -188,12 +188,11 @@ class BlockNeuralAutoregressive(Bijector):
                 return out[..., i], log_diag[..., i]
 
             target = z[..., i]
-            low, high = expand_bracket(lambda t: network(t)[0], target, target - 1, target + 1, self.expansions)
-            columns.append(
-                monotone_inverse(
-                    lambda t: network(t)[0], lambda t: network(t)[1].exp(), target, low, high, self.iterations
-                )
-            )
+            where = f"BlockNeuralAutoregressive.inverse (feature {i})"
+            value = lambda t: network(t)[0]  # noqa: E731
+            low, high = expand_bracket(value, target, target - 1, target + 1, self.expansions, where)
+            slope = lambda t: network(t)[1].exp()  # noqa: E731
+            columns.append(monotone_inverse(value, slope, target, low, high, self.iterations, where=where))
         x = torch.stack(columns, dim=-1)
         return x, -self._network(x, context)[1].sum(-1)
 

@@ -167,7 +167,7 @@ class MonotonicMLP(Transformer):
             def slope(x: Tensor, unit: tuple[Tensor, Tensor, Tensor, Tensor] = unit) -> Tensor:
                 return self._layer(x, unit)[1].exp()
 
-            y = monotone_inverse(value, slope, y, low, high, self.iterations)
+            y = monotone_inverse(value, slope, y, low, high, self.iterations, where="MonotonicMLP.inverse")
             ladj = ladj - self._layer(y, unit)[1]
         return y, ladj
 
