@@ -14,7 +14,6 @@ References:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NoReturn
 
 import torch
 from torch import Tensor, nn
@@ -22,6 +21,7 @@ from torch.nn import functional as F
 
 from .._validation import check_number
 from ..root_finding import ConvergenceError
+from ..root_finding import tolerance as root_tolerance
 from .base import Bijector
 
 __all__ = ["Residual", "LipSwish", "SpectralLinear"]
@@ -159,13 +159,22 @@ class SpectralLinear(nn.Module):
         return f"in_features={inp}, out_features={out}, coefficient={self.coefficient}"
 
 
-def _not_converged(where: str, what: str, steps: Tensor, start: Tensor, tolerance: float) -> NoReturn:
-    """Raise `ConvergenceError` for a fixed-point iteration whose last steps (its residuals) exceed `tolerance`."""
+def _check_fixed_point(where: str, what: str, steps: Tensor, start: Tensor, tolerance: float) -> None:
+    r"""Raise `ConvergenceError` for a fixed-point iteration that ran out of steps with its residuals still large.
+
+    Large: above `tolerance` and above the root finders' rounding allowance $2^{10}\varepsilon \max(1, |v|)$
+    ([`tolerance`][flowkit.root_finding.tolerance], `v` the iteration's input), so that an iteration stalled
+    at rounding level (a tolerance below what the dtype resolves) is accepted.
+    """
+    floor = root_tolerance(start.dtype) * max(1.0, float(start.abs().max()))
+    bound = max(tolerance, floor)
+    if float(steps.max()) <= bound:
+        return
     i = int(steps.reshape(-1).argmax())
     index = tuple(int(k) for k in torch.unravel_index(torch.tensor(i), steps.shape))
     raise ConvergenceError(
-        f"{where}: {what} did not converge: {int((steps > tolerance).sum())} of {steps.numel()} elements still move "
-        f"more than the tolerance {tolerance:.3g} per step; the worst, element {index} (of the input "
+        f"{where}: {what} did not converge: {int((steps > bound).sum())} of {steps.numel()} elements still move "
+        f"more than the tolerance {bound:.3g} per step; the worst, element {index} (of the input "
         f"{float(start.reshape(-1)[i]):.10g}), has residual {float(steps.reshape(-1)[i]):.3g} "
         "(a block that is not contractive, e.g. in training mode before the power iterations have converged, "
         "or too few max_iterations)"
@@ -429,7 +438,8 @@ class Residual(Bijector):
                 x = x_next
                 if not z.numel() or float(steps.max()) <= tolerance:
                     return x
-        _not_converged("Residual.inverse", "the fixed-point iteration x = z - g(x)", steps, z, tolerance)
+        _check_fixed_point("Residual.inverse", "the fixed-point iteration x = z - g(x)", steps, z, tolerance)
+        return x
 
     def _implicit(self, z: Tensor, root: Tensor) -> Tensor:
         """`root` with the implicit gradients of $x = z - g(x)$ (a fixed-point solve of the adjoint in backward)."""
@@ -450,7 +460,9 @@ class Residual(Bijector):
                     u = u_next
                     if not u.numel() or float(steps.max()) <= bound:
                         return u
-                _not_converged("Residual.inverse (backward)", "the adjoint iteration u = v - J^T u", steps, grad, bound)
+                what = "the adjoint iteration u = v - J^T u"
+                _check_fixed_point("Residual.inverse (backward)", what, steps, grad, bound)
+                return u
 
             x.register_hook(adjoint)
         return x
