@@ -113,8 +113,10 @@ class MonotonicMLP(Transformer):
     `[-1, 1]` (a map close to the identity) so that the units start apart.
 
     The inverse is numerical: safeguarded Newton on an exact bracket, `iterations` steps per layer,
-    to the dtype's rounding (round trip within `1e-10` in float64, relative to `max(1, |x|)`),
-    with implicit gradients.
+    checked to its residual tolerance (else [`ConvergenceError`][flowkit.root_finding.ConvergenceError]),
+    with implicit gradients. The round trip is limited by conditioning: about
+    $\varepsilon \max(1, |y|) / y'(x)$ (within `1e-10` of `max(1, |x|)` in float64 for parameters of unit
+    scale; in float32 within `1e-5` only where $y' \gtrsim 0.1$).
 
     Arguments:
         hidden: sigmoidal units `H` per layer (at least 1).
