@@ -8,12 +8,27 @@ Two solvers and the step that gives both their derivatives:
 - [`monotone_inverse`][flowkit.root_finding.monotone_inverse]: safeguarded Newton (`rtsafe`) on a given
   bracket, for elementwise activations;
 - [`expand_bracket`][flowkit.root_finding.expand_bracket]: a bracket for a map of unknown range, found
-  by doubling a starting interval;
+  by doubling a starting interval's width;
 - [`implicit_newton_step`][flowkit.root_finding.implicit_newton_step]: one Newton step taken with the graph
   from a root found without one, whose derivatives are those of the implicit-function theorem,
   $\partial x / \partial \theta = -(\partial f / \partial \theta) / f'$.
 
 Every loop runs a fixed number of steps on the whole tensor (no host synchronisation), so the solvers compile.
+
+*Convergence.* A solve that ran out of steps, or a bracket that does not hold the root, must not
+return a wrong answer silently: at the end each solver checks its result (one host synchronisation;
+skipped while `torch.compile` traces) and raises [`ConvergenceError`][flowkit.root_finding.ConvergenceError],
+naming the worst point and its residual. A root $x$ of $f(x) = y$ is accepted when its residual is
+within the rounding of evaluating $f$ near the root,
+
+$$
+|f(x) - y| \le \tau \big(\max(1, |y|) + f'(x) \max(1, |x|)\big), \qquad \tau = 2^{10} \varepsilon
+$$
+
+(`tolerance(dtype)`: $2.3 \cdot 10^{-13}$ in float64, $1.2 \cdot 10^{-4}$ in float32), that is, when $x$ is
+the exact root of a $y$ perturbed by $\tau \max(1, |y|)$, or within $\tau \max(1, |x|)$ of the exact root
+(a backward-error test). The *forward* error of the root is then about $\tau \max(1, |y|) / f'(x)$: a
+flat map ($f'$ small) is ill conditioned, and no solver can recover $x$ better than its conditioning allows.
 
 References:
     Press, Teukolsky, Vetterling & Flannery, *Numerical Recipes*, 3rd ed., section 9.4 (`rtsafe`);
@@ -22,13 +37,75 @@ References:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
-__all__ = ["solve_monotone", "monotone_inverse", "implicit_newton_step", "expand_bracket"]
+__all__ = [
+    "ConvergenceError",
+    "check_converged",
+    "expand_bracket",
+    "implicit_newton_step",
+    "monotone_inverse",
+    "solve_monotone",
+    "tolerance",
+]
+
+#: The backward-error tolerance of the solvers, in units of the dtype's machine epsilon.
+_TOLERANCE_EPS = 2.0**10
+
+
+class ConvergenceError(RuntimeError):
+    """A numerical inverse did not converge: its bracket did not hold the root, or it ran out of steps."""
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    r"""The solvers' relative tolerance $\tau = 2^{10} \varepsilon$ of `dtype` (see the module docstring)."""
+    return _TOLERANCE_EPS * torch.finfo(dtype).eps
+
+
+def _worst(excess: Tensor) -> int:
+    """The flat index of the largest entry of `excess` (a NaN first)."""
+    flat = excess.detach().reshape(-1)
+    return int(torch.where(torch.isnan(flat), torch.full_like(flat, math.inf), flat).argmax())
+
+
+def check_converged(root: Tensor, target: Tensor, residual: Tensor, slope: Tensor, where: str) -> None:
+    r"""Raise [`ConvergenceError`][flowkit.root_finding.ConvergenceError] unless every root passes the residual test.
+
+    The test (module docstring) is $|r| \le \tau\,(\max(1, |y|) + f'(x) \max(1, |x|))$ with $\tau$ =
+    `tolerance(dtype)`; a NaN residual fails it. Skipped while `torch.compile` traces (it synchronises).
+
+    Arguments:
+        root: the roots $x$.
+        target: the targets $y$ (broadcastable to `root`).
+        residual: $r = f(x) - y$.
+        slope: $f'(x)$ (non-negative; broadcastable to `root`).
+        where: the solver's caller, for the message (`"BlockNeuralAutoregressive.inverse"`).
+
+    Raises:
+        ConvergenceError: naming how many points failed, the worst one's target, root, residual and bound.
+    """
+    if torch.compiler.is_compiling() or residual.numel() == 0:
+        return
+    with torch.no_grad():
+        x, y, r = torch.broadcast_tensors(root.detach(), target.detach(), residual.detach())
+        slope = torch.broadcast_to(slope.detach(), x.shape)
+        bound = tolerance(x.dtype) * (y.abs().clamp_min(1) + slope.abs() * x.abs().clamp_min(1))
+        excess = r.abs() / bound
+        failed = ~(excess <= 1)
+        if bool(failed.any()):
+            i = _worst(excess)
+            index = tuple(int(k) for k in torch.unravel_index(torch.tensor(i), x.shape))
+            x, y, r, b = (float(t.reshape(-1)[i]) for t in (x, y, r, bound))
+            raise ConvergenceError(
+                f"{where}: the numerical inverse did not converge at {int(failed.sum())} of {failed.numel()} "
+                f"elements; the worst, element {index}, target y = {y:.10g}: root x = {x:.10g} has residual "
+                f"f(x) - y = {r:.3g}, above the tolerance {b:.3g} (2^10 eps (max(1, |y|) + f'(x) max(1, |x|)))"
+            )
 
 
 def solve_monotone(
@@ -37,6 +114,7 @@ def solve_monotone(
     grid: int,
     bisection_steps: int,
     newton_steps: int,
+    where: str = "solve_monotone",
 ) -> Tensor:
     r"""The root $u \in [0, 1]$ of $f(u) = $ `target` for increasing `fn`, with a fixed number of steps.
 
@@ -46,7 +124,8 @@ def solve_monotone(
     The root must lie in `[0, 1]` (`f(0) <= target <= f(1)`). The bracket comes
     from counting the grid values below the target, `bisection_steps` halve it,
     and `newton_steps` safeguarded Newton steps finish (a step that leaves the
-    bracket becomes the bracket's midpoint). Runs without gradients.
+    bracket becomes the bracket's midpoint). Runs without gradients. The root is then checked
+    ([`check_converged`][flowkit.root_finding.check_converged], one more evaluation of `fn`).
 
     Arguments:
         fn: the map and its derivative, see above.
@@ -54,9 +133,13 @@ def solve_monotone(
         grid: number of bracketing cells `M` (the bracket starts `1/M` wide).
         bisection_steps: number of halvings.
         newton_steps: number of Newton steps.
+        where: the caller, named in the error.
 
     Returns:
         The roots, with the shape of `target`.
+
+    Raises:
+        ConvergenceError: where a root fails the residual test (a target outside `[f(0), f(1)]`, too few steps).
     """
     with torch.no_grad():
         if grid > 1:
@@ -82,6 +165,8 @@ def solve_monotone(
             width = hi - lo
             near = (step >= lo - width) & (step <= hi + width)
             u = torch.where(near, torch.minimum(torch.maximum(step, lo), hi), 0.5 * (lo + hi))
+        value, slope = fn(u, 0, True)
+        check_converged(u, target, value - target, slope, where)
         return u
 
 
@@ -117,6 +202,9 @@ def monotone_inverse(
     high: Tensor,
     iterations: int,
     start: Tensor | None = None,
+    *,
+    where: str = "monotone_inverse",
+    check: bool = True,
 ) -> Tensor:
     """Solve `f(x) = y` elementwise for a strictly increasing `f` with `low < x < high`.
 
@@ -131,7 +219,8 @@ def monotone_inverse(
     autograd on, which at the root gives the exact implicit derivative
     `dx/dy = 1 / f'(x)` (and the right derivatives for the parameters of `f`). Where that step
     would leave the bracket (too few iterations, or `f'` vanishing at the iterate) the value stays the
-    bracketed iterate, with the same derivative.
+    bracketed iterate, with the same derivative. The root is then checked
+    ([`check_converged`][flowkit.root_finding.check_converged]).
 
     Arguments:
         f: the increasing map, elementwise.
@@ -141,9 +230,14 @@ def monotone_inverse(
         high: upper bounds of the roots.
         iterations: number of safeguarded Newton steps.
         start: first guess (default: the middle of the bracket).
+        where: the caller, named in the error.
+        check: check the roots (turn off only to inspect an unfinished solve).
 
     Returns:
         `x` with `f(x) = y` to the precision of the dtype after enough steps.
+
+    Raises:
+        ConvergenceError: where a root fails the residual test (the bracket did not hold it, too few steps).
     """
     with torch.no_grad():
         yd = y.detach()
@@ -161,20 +255,28 @@ def monotone_inverse(
             use_newton = (x - newton > low) & (x - newton < high) & (2 * newton.abs() < dx_old.abs())
             dx_old, dx = dx, torch.where(use_newton, newton, x - 0.5 * (low + high))
             x = x - dx
-    return implicit_newton_step(x, f(x) - y, df(x), low, high)
+    residual, slope = f(x) - y, df(x)
+    if check:
+        check_converged(x, y, residual, slope, where)
+    return implicit_newton_step(x, residual, slope, low, high)
 
 
 def expand_bracket(
-    f: Callable[[Tensor], Tensor], y: Tensor, low: Tensor, high: Tensor, steps: int
+    f: Callable[[Tensor], Tensor],
+    y: Tensor,
+    low: Tensor,
+    high: Tensor,
+    steps: int,
+    where: str = "expand_bracket",
 ) -> tuple[Tensor, Tensor]:
-    """A bracket `[low, high]` with `f(low) <= y <= f(high)` for an increasing `f`, by doubling.
+    r"""A bracket `[low, high]` with `f(low) <= y <= f(high)` for an increasing `f`, by doubling its width.
 
-    Each step evaluates `f` at both ends; where `f(low) > y` the root lies below: the old `low`
-    becomes the upper end and the lower end moves down by the bracket's width (and alike above),
-    so the width doubles per step on the side that needs it and a root at distance `r` is
-    bracketed after about `log2(r / width)` steps. A fixed number of steps on the whole tensor,
-    without gradients; where `steps` do not suffice the returned interval does not contain the
-    root (a solve on it then ends at its nearer end).
+    Each step evaluates `f` at both ends; where `f(low) > y` the root lies below: the old `low` becomes
+    the upper end and the lower end moves down by twice the width, $[\ell - 2w, \ell]$ (and alike
+    above, $[h, h + 2w]$), so the width doubles per step and after `k` steps the bracket reaches
+    about $2^{k+1} w_0$ from the start: a root at distance $r$ is bracketed after about
+    $\log_2(r / w_0)$ steps. A fixed number of steps on the whole tensor, without gradients; the
+    bracket is then checked.
 
     Arguments:
         f: the increasing map, elementwise.
@@ -182,9 +284,15 @@ def expand_bracket(
         low: lower ends of the starting intervals (broadcastable to `y`).
         high: upper ends (greater than `low`).
         steps: number of doubling steps.
+        where: the caller, named in the error.
 
     Returns:
         `(low, high)`, of the shape of `y`.
+
+    Raises:
+        ConvergenceError: where `steps` doublings found no bracket (a target beyond the map's range, or
+            beyond $2^{\text{steps}+1} w_0$ from the start), naming the element, its target and the
+            values at the last interval's ends.
     """
     with torch.no_grad():
         yd = y.detach()
@@ -194,7 +302,19 @@ def expand_bracket(
             width = high - low
             too_high, too_low = f(low) > yd, f(high) < yd
             low, high = (
-                torch.where(too_high, low - width, torch.where(too_low, high, low)),
-                torch.where(too_low, high + width, torch.where(too_high, low, high)),
+                torch.where(too_high, low - 2 * width, torch.where(too_low, high, low)),
+                torch.where(too_low, high + 2 * width, torch.where(too_high, low, high)),
             )
+        if not torch.compiler.is_compiling() and yd.numel():
+            f_low, f_high = f(low), f(high)
+            failed = ~((f_low <= yd) & (yd <= f_high))
+            if bool(failed.any()):
+                i = int(failed.reshape(-1).to(torch.uint8).argmax())
+                index = tuple(int(k) for k in torch.unravel_index(torch.tensor(i), yd.shape))
+                lo, hi, fl, fh, target = (float(t.reshape(-1)[i]) for t in (low, high, f_low, f_high, yd))
+                raise ConvergenceError(
+                    f"{where}: no bracket of the root at {int(failed.sum())} of {failed.numel()} elements after "
+                    f"{steps} doublings; element {index}, target y = {target:.10g}: the last interval "
+                    f"[{lo:.6g}, {hi:.6g}] maps to [{fl:.6g}, {fh:.6g}] (the map may not reach y)"
+                )
     return low, high

@@ -73,7 +73,10 @@ class Elementwise(Bijector):
     def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         low, high = self._bracket(z)
         df = lambda t: self._log_df(t).exp()  # noqa: E731
-        x = monotone_inverse(self._f, df, z, low, high, self.newton_iterations, self._start(z, low, high))
+        start = self._start(z, low, high)
+        x = monotone_inverse(
+            self._f, df, z, low, high, self.newton_iterations, start, where=f"{type(self).__name__}.inverse"
+        )
         return x, -sum_event(self._log_df(x), self.event_dims)
 
 

@@ -30,13 +30,14 @@ own input and the layer is a bijection of $\mathbb R^D$ (FlowJAX's BNAF uses a l
 reason). $\log \sigma'$ is evaluated as $\mathrm{logaddexp}(2\log 2 - 2|u| - 2\log(1 + e^{-2|u|}), \log\alpha)$.
 
 *Inverse.* No closed form: the features are solved in order, $x_d$ from $z_d$ given $x_{<d}$, by a
-bracket found by doubling ([`expand_bracket`][flowkit.root_finding.expand_bracket], from
+bracket found by doubling its width ([`expand_bracket`][flowkit.root_finding.expand_bracket], from
 $[z_d - 1, z_d + 1]$, `expansions` steps) and `iterations` safeguarded Newton steps
 ([`monotone_inverse`][flowkit.root_finding.monotone_inverse]) with implicit gradients. Each step runs
 the whole network, so sampling costs about `D (2 expansions + 2 iterations)` passes. Tolerance: the
 solves reach the dtype's rounding, the round trip within $10^{-8}$ (relative to $\max(1, |x|)$) in
-float64 (tested in `tests/bijectors/test_block_autoregressive.py`); a root beyond
-$2^\text{expansions}$ of $z_d$ is not reached.
+float64 (tested in `tests/bijectors/test_block_autoregressive.py`). A root beyond $2^\text{expansions}$
+of $z_d$, or a solve that fails its residual test, raises
+[`ConvergenceError`][flowkit.root_finding.ConvergenceError] naming the feature and element.
 
 References:
     De Cao, Aziz & Titov, *Block Neural Autoregressive Flow*, UAI 2019 (arXiv:1904.04676);
@@ -188,12 +189,11 @@ class BlockNeuralAutoregressive(Bijector):
                 return out[..., i], log_diag[..., i]
 
             target = z[..., i]
-            low, high = expand_bracket(lambda t: network(t)[0], target, target - 1, target + 1, self.expansions)
-            columns.append(
-                monotone_inverse(
-                    lambda t: network(t)[0], lambda t: network(t)[1].exp(), target, low, high, self.iterations
-                )
-            )
+            where = f"BlockNeuralAutoregressive.inverse (feature {i})"
+            value = lambda t: network(t)[0]  # noqa: E731
+            low, high = expand_bracket(value, target, target - 1, target + 1, self.expansions, where)
+            slope = lambda t: network(t)[1].exp()  # noqa: E731
+            columns.append(monotone_inverse(value, slope, target, low, high, self.iterations, where=where))
         x = torch.stack(columns, dim=-1)
         return x, -self._network(x, context)[1].sum(-1)
 

@@ -92,7 +92,9 @@ class Planar(Bijector):
         def df(alpha: Tensor) -> Tensor:
             return 1 + wu * (1 - torch.tanh(alpha + self.b) ** 2)
 
-        alpha = monotone_inverse(f, df, target, target - width, target + width, self.iterations, start=target)
+        alpha = monotone_inverse(
+            f, df, target, target - width, target + width, self.iterations, start=target, where="Planar.inverse"
+        )
         a = alpha + self.b
         return z - u * torch.tanh(a).unsqueeze(-1), a
 

@@ -20,6 +20,8 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from .._validation import check_number
+from ..root_finding import ConvergenceError
+from ..root_finding import tolerance as root_tolerance
 from .base import Bijector
 
 __all__ = ["Residual", "LipSwish", "SpectralLinear"]
@@ -157,6 +159,28 @@ class SpectralLinear(nn.Module):
         return f"in_features={inp}, out_features={out}, coefficient={self.coefficient}"
 
 
+def _check_fixed_point(where: str, what: str, steps: Tensor, start: Tensor, tolerance: float) -> None:
+    r"""Raise `ConvergenceError` for a fixed-point iteration that ran out of steps with its residuals still large.
+
+    Large: above `tolerance` and above the root finders' rounding allowance $2^{10}\varepsilon \max(1, |v|)$
+    ([`tolerance`][flowkit.root_finding.tolerance], `v` the iteration's input), so that an iteration stalled
+    at rounding level (a tolerance below what the dtype resolves) is accepted.
+    """
+    floor = root_tolerance(start.dtype) * max(1.0, float(start.abs().max()))
+    bound = max(tolerance, floor)
+    if float(steps.max()) <= bound:
+        return
+    i = int(steps.reshape(-1).argmax())
+    index = tuple(int(k) for k in torch.unravel_index(torch.tensor(i), steps.shape))
+    raise ConvergenceError(
+        f"{where}: {what} did not converge: {int((steps > bound).sum())} of {steps.numel()} elements still move "
+        f"more than the tolerance {bound:.3g} per step; the worst, element {index} (of the input "
+        f"{float(start.reshape(-1)[i]):.10g}), has residual {float(steps.reshape(-1)[i]):.3g} "
+        "(a block that is not contractive, e.g. in training mode before the power iterations have converged, "
+        "or too few max_iterations)"
+    )
+
+
 def _roulette_tail(estimator: str, parameter: float, m: int) -> float:
     """`P(N >= m)` for the number `N` of extra terms: geometric `P(N = n) = p (1 - p)^n` or Poisson."""
     if m <= 0:
@@ -201,7 +225,11 @@ class Residual(Bijector):
     **Inverse.** The fixed-point iteration $x_{k+1} = z - g(x_k)$ from $x_0 = z$, a contraction with rate
     $\mathrm{Lip}(g) \le c$, runs until $\max |x_{k+1} - x_k| \le$ `tolerance` (or, below that, the dtype's
     rounding floor $8 \varepsilon \max(1, |z|)$), at most `max_iterations` times; the result is then within
-    $c / (1 - c) \cdot$ `tolerance` of the exact inverse in every coordinate. Gradients of the inverse are
+    $c / (1 - c) \cdot$ `tolerance` of the exact inverse in every coordinate; an iteration that has not
+    reached its tolerance after `max_iterations` steps (a block that is not contractive, in training mode
+    with unconverged power iterations, or far too few steps) raises
+    [`ConvergenceError`][flowkit.root_finding.ConvergenceError] naming the point and its residual
+    $|x + g(x) - z|$, as does the adjoint solve of the backward pass. Gradients of the inverse are
     the implicit ones, $\partial x / \partial z = (I + J_g)^{-1}$ and
     $\partial x / \partial \theta = -(I + J_g)^{-1} \partial g / \partial \theta$, applied by the same
     fixed-point iteration on the incoming gradient.
@@ -406,10 +434,11 @@ class Residual(Bijector):
             x = z
             for _ in range(self.max_iterations):
                 x_next = z - self._network(x, weights)
-                step = float((x_next - x).abs().max()) if z.numel() else 0.0
+                steps = (x_next - x).abs()
                 x = x_next
-                if step <= tolerance:
-                    break
+                if not z.numel() or float(steps.max()) <= tolerance:
+                    return x
+        _check_fixed_point("Residual.inverse", "the fixed-point iteration x = z - g(x)", steps, z, tolerance)
         return x
 
     def _implicit(self, z: Tensor, root: Tensor) -> Tensor:
@@ -424,13 +453,15 @@ class Residual(Bijector):
 
             def adjoint(grad: Tensor) -> Tensor:
                 # u = grad - J_g^T u, i.e. u = (I + J_g)^{-T} grad, by the same contraction.
-                u = grad
+                u, bound = grad, tolerance * max(1.0, float(grad.abs().max())) if grad.numel() else 0.0
                 for _ in range(iterations):
                     u_next = grad - torch.autograd.grad(g, x0, u, retain_graph=True)[0]
-                    step = float((u_next - u).abs().max()) if u.numel() else 0.0
+                    steps = (u_next - u).abs()
                     u = u_next
-                    if step <= tolerance * max(1.0, float(grad.abs().max())):
-                        break
+                    if not u.numel() or float(steps.max()) <= bound:
+                        return u
+                what = "the adjoint iteration u = v - J^T u"
+                _check_fixed_point("Residual.inverse (backward)", what, steps, grad, bound)
                 return u
 
             x.register_hook(adjoint)

@@ -304,7 +304,7 @@ def _convex_double_moebius_inverse(y: Tensor, axis: Tensor, beta: Tensor, log_we
         r, d = _half_angle_residual(v, lead(w0), beta_, lw_)
         return r, (d * lead(width) if slope else None)
 
-    v = low + width * solve_monotone(residual, torch.zeros_like(w0), *SOLVER)
+    v = low + width * solve_monotone(residual, torch.zeros_like(w0), *SOLVER, "convex double Moebius inverse")
     v = implicit_newton_step(v, *_half_angle_residual(v, v0, beta, log_weights), low, low + width)
     log_sin = -0.5 * nn.functional.softplus(2 * v)
     sin_phi, cos_phi = torch.exp(log_sin), torch.sign(c) * torch.exp(v + log_sin)
@@ -387,7 +387,8 @@ def _convex_circle_inverse(
         value, log_d = _convex_circle(x, a_, b_, lw_, None)
         return value - lead(y), (2 * lead(width) * torch.exp(log_d) if slope else None)
 
-    x = 2 * (low + width * solve_monotone(residual, torch.zeros_like(y), *CIRCLE_SOLVER))
+    u = solve_monotone(residual, torch.zeros_like(y), *CIRCLE_SOLVER, "convex circle Moebius inverse")
+    x = 2 * (low + width * u)
     value, log_d = _convex_circle(x, log_scale, offset, log_weights, None)
     x = implicit_newton_step(x, value - target, torch.exp(log_d), 2 * low, 2 * (low + width))
     return x, -_convex_circle(x, log_scale, offset, log_weights, None)[1]

@@ -73,7 +73,7 @@ class UNAF(Flow):
         hidden: hidden sizes of each MADE.
         units: hidden units of each integrand network
             ([`UnconstrainedMonotonic`][flowkit.transformers.UnconstrainedMonotonic]).
-        nodes: Gauss-Legendre nodes of the integrals.
+        nodes: grid cells on each side of 0 of each integral (the integrand is resolved at `bound / nodes`).
         bound: half-width of the window outside which each map is linear.
         context: number of context features (0 for an unconditional flow).
         residual: residual MADE blocks.

@@ -380,7 +380,7 @@ class SmoothMixture(Transformer):
             f, log_df = self._mixture(u, gridded if cells else p, density=slope)
             return f, None if log_df is None else torch.exp(log_df)
 
-        return solve_monotone(fn, v, self.grid, self.bisection_steps, self.newton_steps)
+        return solve_monotone(fn, v, self.grid, self.bisection_steps, self.newton_steps, "SmoothMixture.inverse")
 
     # ---- the transformer interface
 
