@@ -61,7 +61,7 @@ def _conditioning_bound(b, x, z, context):
 def test_round_trip_with_unit_perturbations(name):
     # Issue 38: with every weight perturbed by N(0, 1), no inverse may return a wrong point silently: it meets
     # the tolerance (or the rounding its conditioning allows), or raises ConvergenceError naming the point.
-    # ContinuousFlow is left out here: its ODE solve has its own tolerances (tests/continuous).
+    # ContinuousFlow has its own stated tolerance: test_ode_round_trip_with_unit_perturbations.
     bijector, x = BIJECTORS[name]()
     b = randomize(bijector, scale=1.0, seed=1).double().eval()
     x = x.double()
@@ -78,3 +78,22 @@ def test_round_trip_with_unit_perturbations(name):
     if bad.any():
         bound = _conditioning_bound(b, x, z, context)
         assert bool((err[bad] <= SLACK * bound[bad]).all()), (err, bound)
+
+
+@pytest.mark.parametrize("name", [n for n in BIJECTORS if n.startswith("ContinuousFlow")])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_ode_round_trip_with_unit_perturbations(name, seed):
+    # The ODE inverse's stated accuracy: the local tolerance atol + rtol |x| times the number of steps (at most
+    # the field evaluations); a solve that cannot keep it raises (tests/continuous).
+    bijector, x = BIJECTORS[name]()
+    b = randomize(bijector, scale=1.0, seed=seed).double().eval()
+    x = x.double()
+    context = torch.randn(x.shape[0], b.context_features, dtype=torch.float64) if b.context_features else None
+    with torch.no_grad():
+        z, ladj = b(x, context)
+        steps = b.nfe
+        back, ladj_inverse = b.inverse(z, context)
+    scale = max(1.0, float(x.abs().max()), float(z.abs().max()))
+    bound = (b.atol + b.rtol * scale) * max(steps, b.nfe)
+    assert float((back - x).abs().max()) <= bound
+    assert float((ladj + ladj_inverse).abs().max()) <= bound
