@@ -29,6 +29,7 @@ from torchdiffeq._impl.odeint import SOLVERS  # torchdiffeq's table of solver na
 from torchdiffeq._impl.solvers import AdaptiveStepsizeODESolver
 
 from .._validation import check_number
+from ..root_finding import ConvergenceError
 from ..utils import as_shape
 from .base import Bijector
 from .linear import _loaded
@@ -228,9 +229,12 @@ class ContinuousFlow(Bijector):
         context: number of context features (default: the field's `context_features`, else 0).
 
     Raises:
-        ValueError: for a non-finite or non-positive `t1`, `atol` or `rtol`, an unknown `trace`, `probe`
-            or `solver`, a `vector_field` that is not a module, and (at the first call) a field whose
-            output shape is not its input's.
+        ValueError: for a non-finite or non-positive `t1`, `atol`, `rtol` or step size in `solver_options`,
+            an unknown `trace`, `probe` or `solver`, a `vector_field` that is not a module or whose
+            `in_features` is not the event size, and (at the first call) a field that fails on the points
+            or whose output shape is not its input's; when loading weights, a non-positive `t1`.
+        flowkit.root_finding.ConvergenceError: (a `RuntimeError`) when the adaptive solver's step
+            underflows (a field too stiff or too fast for the tolerances).
 
     Examples:
         >>> import torch
@@ -412,7 +416,7 @@ class ContinuousFlow(Bijector):
             else:
                 solution = torchdiffeq.odeint(dynamics, state, times, **options)
         except AssertionError as error:  # torchdiffeq's "underflow in dt": the step size fell below what resolves t
-            raise RuntimeError(
+            raise ConvergenceError(
                 f"ContinuousFlow: the adaptive solver {self.solver!r} did not converge ({error}) after "
                 f"{dynamics.evaluations} field evaluations at t1={float(self.t1):g}, atol={atol:g}, rtol={rtol:g}: "
                 "the field is too stiff or too fast for these tolerances"
