@@ -67,8 +67,10 @@ def jacobian(function: Callable[[Tensor], Tensor], x: Tensor) -> tuple[Tensor, T
     eye = torch.eye(n, dtype=x.dtype, device=x.device)
     for part in x.split(chunk):
         b = part.shape[0]
-        points = part.unsqueeze(0).expand(n, b, n).reshape(n * b, n)
-        directions = eye.unsqueeze(1).expand(n, b, n).reshape(n * b, n)
+        # Row k * b + i is point i along direction k. Both are fresh copies: a reshaped expand of one row
+        # (b = 1) is a view whose rows share memory, which forward-mode AD refuses to write tangents into.
+        points = part.repeat(n, 1)
+        directions = eye.repeat_interleave(b, dim=0)
         with fwad.dual_level():
             out = function(fwad.make_dual(points, directions))
             value, tangent = fwad.unpack_dual(out)

@@ -154,6 +154,38 @@ def test_injective_log_prob_is_the_manifold_density_at_the_projection():
     assert torch.allclose(model.distance_to_manifold(x), (x - torch.outer(z, decoder.weight[:, 0])).norm(dim=-1))
 
 
+def test_log_prob_of_one_point_and_of_a_last_chunk_of_one_row():
+    # Issue 38 (6): one point (a batch of 1, unbatched, or the last Jacobian chunk of 16385 points in 2-D)
+    # made forward-mode AD write tangents into rows that shared memory. Each point gets its batched value.
+    torch.manual_seed(0)
+    x = torch.randn(5, 3, dtype=F64)
+    models = (
+        FreeFormFlow(MLP(3, 3, (8,), "tanh"), MLP(3, 3, (8,), "tanh"), 3).to(F64),
+        InjectiveFlow(MLP(3, 2, (8,), "tanh"), MLP(2, 3, (8,), "tanh"), 3, 2).to(F64),
+    )
+    for model in models:
+        batched = model.log_prob(x)
+        torch.testing.assert_close(model.log_prob(x[:1]), batched[:1], rtol=0, atol=1e-12)
+        torch.testing.assert_close(model.log_prob(x[2]), batched[2], rtol=0, atol=1e-12)
+    plane = FreeFormFlow(MLP(2, 2, (8,), "tanh"), MLP(2, 2, (8,), "tanh"), 2)
+    many = torch.randn(2**14 + 1, 2)  # 2**15 rows per pass over 2 directions: a last chunk of one point
+    with torch.no_grad():
+        values = plane.log_prob(many)
+    assert values.shape == (2**14 + 1,) and torch.isfinite(values).all()
+    torch.testing.assert_close(values[-1:], plane.log_prob(many[-1:]).detach())
+
+
+def test_fit_validates_a_last_batch_of_one_row():
+    # Issue 38 (6): fit(..., batch_size=256, val_data=x[:257]) validated a last batch of one point.
+    torch.manual_seed(0)
+    x = torch.randn(300, 2)
+    model = FreeFormFlow(MLP(2, 2, (8,)), MLP(2, 2, (8,)), 2)
+    history = fit(
+        model, FreeFormLikelihood(), x, steps=2, batch_size=256, val_data=x[:257], val_every=1, progress=False, seed=0
+    )
+    assert len(history.val_loss) >= 1 and all(math.isfinite(v) for v in history.val_loss)
+
+
 def test_residual_networks_start_as_the_identity_and_as_exact_inverses():
     torch.manual_seed(0)
     model = FreeFormFlow(ResidualMLP(3, (8,), blocks=2), ResidualMLP(3, (8,), blocks=3), 3)
