@@ -48,6 +48,22 @@ def test_ais_log_Z_unbiased_on_a_gaussian(steps: int, transition: str) -> None:
     assert result.samples.shape == (4000, D) and result.log_w.dtype == torch.float64
 
 
+@pytest.mark.parametrize("transition", ["hmc", "metropolis"])
+def test_ais_with_an_energy_that_does_not_depend_on_x(transition: str) -> None:
+    # Issue 38 (9): a constant energy u = c is a valid target (force 0); HMC raised autograd's "does not
+    # require grad". Towards p^a q^(1-a) with q = N(0, s^2 I) the end point is N(0, s^2/(1 - a) I), and
+    # log Z = -a c + a D/2 log(2 pi s^2) - D/2 log(1 - a).
+    torch.manual_seed(0)
+    alpha, c, s = 0.5, 1.5, 1.6
+    target = Energy(lambda x: x.new_full(x.shape[:-1], c), D)
+    assert torch.equal(target.force(torch.randn(3, D)), torch.zeros(3, D))
+    exact = -alpha * c + alpha * D / 2 * math.log(2 * math.pi * s**2) - D / 2 * math.log(1 - alpha)
+    moves = torch.Generator().manual_seed(1)
+    result = ais(_gaussian_flow(0.0, s), target, 10, 4000, alpha=alpha, transition=transition, generator=moves)
+    assert 0 < result.log_Z_error < 0.02
+    assert abs(result.log_Z - exact) < 3 * result.log_Z_error
+
+
 def test_ais_with_more_steps_has_a_smaller_error() -> None:
     torch.manual_seed(0)
     target, flow = _gaussian_target().double(), _gaussian_flow(0.0, 1.6)

@@ -189,3 +189,10 @@ def test_ess_and_log_Z_at_huge_log_weights(values):
         estimate, error = log_Z(log_w)
     assert estimate == pytest.approx(max(values)) and math.isfinite(error)
     assert 0 < ess(log_w) <= 1
+
+
+def test_potential_of_an_energy_that_does_not_depend_on_x():
+    # Issue 38 (9): a constant energy has gradient 0 (autograd raised "does not require grad").
+    x = torch.randn(4, 3)
+    u, grad = flowkit.sampling.potential(lambda y: y.new_full(y.shape[:-1], 2.0))(x)
+    assert torch.equal(u, torch.full((4,), 2.0)) and torch.equal(grad, torch.zeros(4, 3))

@@ -53,6 +53,7 @@ from ..bijectors.continuous import continuous_layers
 from ..domains import Real
 from ..flows.base import FlowModel
 from ..targets import Target
+from ..utils import value_and_gradient
 from .importance import _check_target, ess, log_Z
 from .mcmc import hmc_transition, metropolis_transition
 
@@ -255,12 +256,9 @@ def ais(
             evaluations += x.shape[0]
             if not with_grad:
                 return _State(target.energy(x), flow.log_prob(x), None, None)
-            with torch.enable_grad():
-                leaf = x.detach().requires_grad_(True)
-                log_q = flow.log_prob(leaf)
-                (grad_log_q,) = torch.autograd.grad(log_q.sum(), leaf)
+            log_q, grad_log_q = value_and_gradient(flow.log_prob, x)
             u, force = target.energy_and_force(x)
-            return _State(u.detach(), log_q.detach(), -force, grad_log_q)
+            return _State(u.detach(), log_q, -force, grad_log_q)
 
         state = evaluate(x)
         if bool(torch.isnan(state.u).all()):

@@ -53,6 +53,7 @@ from .._validation import check_number
 from ..domains import Real
 from ..flows import Flow, FlowModel
 from ..targets import Target
+from ..utils import value_and_gradient
 from .importance import _check_target, importance_sample
 
 __all__ = [
@@ -112,11 +113,7 @@ def potential(energy: Target | Callable[[Tensor], Tensor]) -> Potential:
         raise ValueError(f"potential: energy must be a Target or a callable, got {type(energy).__name__}")
 
     def autograd_potential(x: Tensor) -> tuple[Tensor, Tensor]:
-        with torch.enable_grad():
-            leaf = x.detach().requires_grad_(True)
-            u = energy(leaf)
-            (grad,) = torch.autograd.grad(u.sum(), leaf)
-        return u.detach(), grad
+        return value_and_gradient(energy, x)
 
     return autograd_potential
 

@@ -41,6 +41,7 @@ from ..flows import Flow
 from ..flows.base import FlowModel
 from ..sampling.importance import _check_target, ess, log_Z
 from ..targets import Target
+from ..utils import value_and_gradient
 from .objective import Objective
 from .score_rules import forward_with_score, inverse_with_score
 
@@ -76,13 +77,7 @@ def _base_log_prob_and_score(base: Any, z: Tensor) -> tuple[Tensor, Tensor]:
 
     A base whose density does not depend on `z` (a uniform one, whose `log_prob` is a constant) has score 0.
     """
-    with torch.enable_grad():
-        leaf = z.detach().requires_grad_(True)
-        log_q0 = base.log_prob(leaf)
-        if not log_q0.requires_grad:
-            return log_q0.detach(), torch.zeros_like(leaf)
-        (score,) = torch.autograd.grad(log_q0.sum(), leaf, allow_unused=True)
-    return log_q0.detach(), torch.zeros_like(leaf) if score is None else score
+    return value_and_gradient(base.log_prob, z)
 
 
 def _latent(flow: FlowModel, z: Tensor | int, where: str) -> Tensor:
