@@ -6,11 +6,13 @@ import math
 
 import pytest
 import torch
+from cases import MISMATCH, mismatched_free_form
 
 from flowkit.bijectors import Reverse
 from flowkit.distributions import DiagNormal, rigid_domain
 from flowkit.flows import Flow, RigidBodyFlow
 from flowkit.sampling import ais
+from flowkit.sampling.ais import TRANSITIONS
 from flowkit.targets import Energy, MatrixFisher
 
 D = 2
@@ -167,3 +169,12 @@ def test_ais_runs_the_flow_in_eval_mode_and_refuses_a_random_density() -> None:
     cnf = Flow(ContinuousFlow(field, (D,), trace="hutchinson"), DiagNormal(D))
     with pytest.raises(ValueError, match="hutchinson"):
         ais(cnf, target.float(), 2, 16)
+
+
+def test_ais_refuses_a_flow_whose_samples_do_not_follow_its_density() -> None:
+    # Issue 38 (3): a FreeFormFlow inherited exact_log_prob, and AIS from its decoder's samples weighted by its
+    # encoder's density returned log Z = 15.8 +- 0.8 for a target with log Z = 3.224.
+    model, target = mismatched_free_form()
+    for transition in TRANSITIONS:
+        with pytest.raises(ValueError, match=f"ais: {MISMATCH}"):
+            ais(model, target, 5, 100, transition=transition)

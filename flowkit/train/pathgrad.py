@@ -38,7 +38,7 @@ from torch import Tensor
 
 from .._validation import check_tensor, outermost
 from ..flows import Flow
-from ..flows.base import FlowModel
+from ..flows.base import FlowModel, require_exact_weights
 from ..sampling.importance import _check_target, ess, log_Z
 from ..targets import Target
 from ..utils import value_and_gradient
@@ -58,7 +58,13 @@ ESTIMATORS = ("fast", "standard", "reparam")
 
 
 def _check_flow(flow: FlowModel, target: Target, where: str, exact: bool = True) -> None:
-    """Check a flow against a target; `exact`: the estimator needs a [`Flow`][flowkit.flows.Flow]'s exact density."""
+    """Check a flow against a target; `exact`: the estimator needs a [`Flow`][flowkit.flows.Flow]'s exact density.
+
+    With `exact`, the flow must also pass [`require_exact_weights`][flowkit.flows.base.require_exact_weights]:
+    the reverse KL weights the flow's own samples by its density.
+    """
+    if exact:
+        require_exact_weights(flow, where)
     if exact and not isinstance(flow, Flow):
         raise ValueError(
             f"{where}: needs a flowkit Flow with an exact density, got {type(flow).__name__}; stochastic flows "

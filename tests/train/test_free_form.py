@@ -214,6 +214,37 @@ def test_models_follow_the_flow_contract():
             model.log_prob(torch.randn(4, 2))
 
 
+def test_samples_with_their_density_and_as_a_torch_distribution():
+    # Issue 38 (13): rsample_and_log_prob gives the decoder's samples and the model's (encoder's) density at them,
+    # differentiable in both networks; a FreeFormFlow is a torch Distribution, an InjectiveFlow (no density on
+    # R^D) says why it is not; neither gives importance weights (its samples do not follow its density).
+    torch.manual_seed(0)
+    free = FreeFormFlow(MLP(2, 2, (8,), "tanh"), MLP(2, 2, (8,), "tanh"), 2).to(F64)
+    injective = InjectiveFlow(MLP(3, 2, (8,), "tanh"), MLP(2, 3, (8,), "tanh"), 3, 2).to(F64)
+    for model in (free, injective):
+        assert not model.samples_match_density
+        torch.manual_seed(1)
+        x, log_p = model.rsample_and_log_prob((4, 5))
+        torch.manual_seed(1)
+        assert torch.equal(x, model.sample((4, 5))) and x.shape == (4, 5, model.features)
+        torch.testing.assert_close(log_p, model.log_prob(x), rtol=0, atol=1e-12)
+        log_p.sum().backward()
+        assert all(p.grad is not None for p in (*model.encoder.parameters(), *model.decoder.parameters()))
+        x, log_p = model.sample_and_log_prob(3)
+        assert x.shape == (3, model.features) and log_p.shape == (3,) and not log_p.requires_grad
+        with pytest.raises(ValueError, match=r"sample_with_log_weights: .*samples do not come from the density"):
+            model.sample_with_log_weights(4, flowkit.targets.Energy(lambda y: y.square().sum(-1), model.features))
+    distribution = free.to_distribution()
+    assert isinstance(distribution, torch.distributions.Distribution) and distribution.has_rsample
+    y = torch.randn(6, 2, dtype=F64)
+    torch.testing.assert_close(distribution.log_prob(y), free.log_prob(y))
+    assert distribution.rsample((2, 3)).shape == (2, 3, 2) and distribution.event_shape == (2,)
+    with pytest.raises(ValueError, match="unconditional"):
+        free.to_distribution(torch.randn(1, 2))
+    with pytest.raises(ValueError, match="InjectiveFlow.to_distribution: .*no density on R\\^D"):
+        injective.to_distribution()
+
+
 def test_save_and_load_round_trip(tmp_path):
     torch.manual_seed(0)
     data = torch.randn(50, 3) * 2
