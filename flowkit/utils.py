@@ -17,6 +17,7 @@ __all__ = [
     "auxiliary_loss_modules",
     "aggregates_auxiliary_loss",
     "into_open_unit_interval",
+    "value_and_gradient",
 ]
 
 
@@ -73,6 +74,25 @@ def into_open_unit_interval(x: Tensor) -> Tensor:
     """
     info = torch.finfo(x.dtype)
     return x.clamp(info.tiny, 1 - info.eps / 2)  # 1 - eps / 2: the largest float below 1
+
+
+def value_and_gradient(function: Callable[[Tensor], Tensor], x: Tensor) -> tuple[Tensor, Tensor]:
+    r"""Values $f(x)$ and their gradient $\nabla_x \sum_b f(x_b)$ (per point), both without a graph.
+
+    `function` maps points `(..., *event_shape)` to one value per point (an energy, a log density). A value
+    that does not depend on `x` (a constant energy, a uniform density) has gradient 0, where autograd would
+    raise "does not require grad".
+
+    Returns:
+        `(value, gradient)`: the detached values and a gradient of the shape of `x`.
+    """
+    with torch.enable_grad():
+        leaf = x.detach().requires_grad_(True)
+        value = function(leaf)
+        grad = None
+        if value.requires_grad:
+            (grad,) = torch.autograd.grad(value.sum(), leaf, allow_unused=True)
+    return value.detach(), torch.zeros_like(leaf) if grad is None else grad
 
 
 def sum_event(t: Tensor, event_dims: int) -> Tensor:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import math
 import pkgutil
 from collections.abc import Callable
 
@@ -450,3 +451,21 @@ def missing_cases(base: type, builders: dict[str, Callable[[], object]]) -> list
             obj = build()
         built.add(type(obj[0] if isinstance(obj, tuple) else obj))
     return sorted(f"{cls.__module__}.{cls.__qualname__}" for cls in public_subclasses(base) - built)
+
+
+#: The start of the error that refuses `mismatched_free_form`'s flow for importance weighting (a regex).
+MISMATCH = r"FreeFormFlow's samples do not come from the density it reports \(its samples are decoder outputs"
+
+
+def mismatched_free_form() -> tuple[flowkit.flows.FreeFormFlow, flowkit.targets.Energy]:
+    """A free-form flow whose samples do not follow its density, and a target with a known log Z (issue 38, 3).
+
+    Encoder `I`, decoder `3 I` (float64): `log_prob` is N(0, I), the samples are N(0, 9 I). The target is
+    N(0, 4 I) in 2-D, `log Z = log(8 pi) = 3.224`; AIS with this flow returned 15.8 +- 0.8.
+    """
+    encoder, decoder = (torch.nn.Linear(2, 2, bias=False).double() for _ in range(2))
+    with torch.no_grad():
+        encoder.weight.copy_(torch.eye(2))
+        decoder.weight.copy_(3 * torch.eye(2))
+    target = flowkit.targets.Energy(lambda x: x.square().sum(-1) / 8, 2, log_Z=math.log(8 * math.pi))
+    return flowkit.flows.FreeFormFlow(encoder, decoder, 2), target

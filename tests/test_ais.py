@@ -6,11 +6,13 @@ import math
 
 import pytest
 import torch
+from cases import MISMATCH, mismatched_free_form
 
 from flowkit.bijectors import Reverse
 from flowkit.distributions import DiagNormal, rigid_domain
 from flowkit.flows import Flow, RigidBodyFlow
 from flowkit.sampling import ais
+from flowkit.sampling.ais import TRANSITIONS
 from flowkit.targets import Energy, MatrixFisher
 
 D = 2
@@ -46,6 +48,22 @@ def test_ais_log_Z_unbiased_on_a_gaussian(steps: int, transition: str) -> None:
     assert result.log_Z_error > 0
     assert abs(result.log_Z - target.log_Z) < 3 * result.log_Z_error
     assert result.samples.shape == (4000, D) and result.log_w.dtype == torch.float64
+
+
+@pytest.mark.parametrize("transition", ["hmc", "metropolis"])
+def test_ais_with_an_energy_that_does_not_depend_on_x(transition: str) -> None:
+    # Issue 38 (9): a constant energy u = c is a valid target (force 0); HMC raised autograd's "does not
+    # require grad". Towards p^a q^(1-a) with q = N(0, s^2 I) the end point is N(0, s^2/(1 - a) I), and
+    # log Z = -a c + a D/2 log(2 pi s^2) - D/2 log(1 - a).
+    torch.manual_seed(0)
+    alpha, c, s = 0.5, 1.5, 1.6
+    target = Energy(lambda x: x.new_full(x.shape[:-1], c), D)
+    assert torch.equal(target.force(torch.randn(3, D)), torch.zeros(3, D))
+    exact = -alpha * c + alpha * D / 2 * math.log(2 * math.pi * s**2) - D / 2 * math.log(1 - alpha)
+    moves = torch.Generator().manual_seed(1)
+    result = ais(_gaussian_flow(0.0, s), target, 10, 4000, alpha=alpha, transition=transition, generator=moves)
+    assert 0 < result.log_Z_error < 0.02
+    assert abs(result.log_Z - exact) < 3 * result.log_Z_error
 
 
 def test_ais_with_more_steps_has_a_smaller_error() -> None:
@@ -151,3 +169,12 @@ def test_ais_runs_the_flow_in_eval_mode_and_refuses_a_random_density() -> None:
     cnf = Flow(ContinuousFlow(field, (D,), trace="hutchinson"), DiagNormal(D))
     with pytest.raises(ValueError, match="hutchinson"):
         ais(cnf, target.float(), 2, 16)
+
+
+def test_ais_refuses_a_flow_whose_samples_do_not_follow_its_density() -> None:
+    # Issue 38 (3): a FreeFormFlow inherited exact_log_prob, and AIS from its decoder's samples weighted by its
+    # encoder's density returned log Z = 15.8 +- 0.8 for a target with log Z = 3.224.
+    model, target = mismatched_free_form()
+    for transition in TRANSITIONS:
+        with pytest.raises(ValueError, match=f"ais: {MISMATCH}"):
+            ais(model, target, 5, 100, transition=transition)

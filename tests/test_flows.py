@@ -149,7 +149,7 @@ def test_a_chain_gives_the_context_only_to_its_conditional_layers():
 
 def test_every_model_implements_the_flow_contract():
     import flowkit.flows.images as images
-    from flowkit.flows import FlowModel
+    from flowkit.flows import FlowModel, require_exact_weights
     from flowkit.stochastic import MetropolisBlock, StochasticFlow
 
     flow = flowkit.flows.RealNVP(2, transforms=2, hidden=(4,))
@@ -159,8 +159,9 @@ def test_every_model_implements_the_flow_contract():
     glow = flowkit.flows.Glow((1, 4, 4), levels=1, steps=1, hidden=(4,))
     dequantized = images.Dequantized(glow, levels=4)
     x = torch.randn(3, 2)
-    for model, exact in ((flow, True), (stochastic, False), (dequantized, False)):
+    for model, exact, matched in ((flow, True, True), (stochastic, False, True), (dequantized, False, False)):
         assert isinstance(model, FlowModel) and model.exact_log_prob is exact
+        assert model.samples_match_density is matched
         assert model.context_features == 0
         assert model.sample((2,)).shape == (2, *model.event_shape)
         assert model.auxiliary_loss() is None or torch.isfinite(model.auxiliary_loss())
@@ -169,3 +170,12 @@ def test_every_model_implements_the_flow_contract():
         stochastic.log_prob(x)
     with pytest.raises(TypeError, match="abstract"):
         FlowModel()
+    # one question for every importance-weighting path: samples from the density (and, for AIS, an exact one)
+    require_exact_weights(flow, "here", density=True)
+    require_exact_weights(stochastic, "here")  # path weights
+    with pytest.raises(ValueError, match="here: needs a flow with an exact density.*StochasticFlow.log_prob"):
+        require_exact_weights(stochastic, "here", density=True)
+    with pytest.raises(ValueError, match="here: Dequantized's samples do not come from the density.*lower bound"):
+        require_exact_weights(dequantized, "here")
+    with pytest.raises(ValueError, match="here: object's samples .*does not declare samples_match_density"):
+        require_exact_weights(object(), "here")

@@ -6,6 +6,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from cases import MISMATCH, mismatched_free_form
 
 import flowkit
 from flowkit.sampling import ess, imh, importance_sample, log_weights, log_Z, reweight
@@ -97,6 +98,7 @@ class _StochasticStub(torch.nn.Module):
 
     event_shape = torch.Size([2])
     context_features = 0
+    samples_match_density = True  # the flow contract: its weights are those of its own samples
 
     def sample_with_log_weights(self, n, target):
         return torch.zeros(n, 2), torch.full((n,), 3.0)
@@ -189,3 +191,33 @@ def test_ess_and_log_Z_at_huge_log_weights(values):
         estimate, error = log_Z(log_w)
     assert estimate == pytest.approx(max(values)) and math.isfinite(error)
     assert 0 < ess(log_w) <= 1
+
+
+def test_potential_of_an_energy_that_does_not_depend_on_x():
+    # Issue 38 (9): a constant energy has gradient 0 (autograd raised "does not require grad").
+    x = torch.randn(4, 3)
+    u, grad = flowkit.sampling.potential(lambda y: y.new_full(y.shape[:-1], 2.0))(x)
+    assert torch.equal(u, torch.full((4,), 2.0)) and torch.equal(grad, torch.zeros(4, 3))
+
+
+def test_importance_weighting_refuses_a_flow_whose_samples_do_not_follow_its_density():
+    # Issue 38 (3): importance_sample crashed with AttributeError on a FreeFormFlow; IMH and NeuTra with it too.
+    model, target = mismatched_free_form()
+    sampling = flowkit.sampling
+    calls = [
+        ("importance_sample", lambda: importance_sample(model, target, 10)),
+        ("importance_sample", lambda: log_weights(model, target, 10)),
+        ("independent_metropolis", lambda: sampling.independent_metropolis(model, target, 10, chains=2)),
+        ("independent_metropolis", lambda: imh(model, target, 10)),
+        ("flow_hmc", lambda: sampling.flow_hmc(model, target, 2)),
+        ("neutra_mala", lambda: sampling.neutra_mala(model, target, 2)),
+        ("latent_energy", lambda: sampling.latent_energy(model, target)),
+    ]
+    for where, call in calls:
+        with pytest.raises(ValueError, match=f"{where}: {MISMATCH}"):
+            call()
+    injective = flowkit.flows.InjectiveFlow(
+        flowkit.nn.MLP(3, 2, (4,)), flowkit.nn.MLP(2, 3, (4,)), features=3, latent_features=2
+    )
+    with pytest.raises(ValueError, match="InjectiveFlow's samples do not come from the density.*manifold"):
+        importance_sample(injective, Energy(lambda x: x.square().sum(-1), 3), 10)

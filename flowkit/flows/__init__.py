@@ -4,7 +4,7 @@
 `log p(x) = log p_Z(f(x)) + log|det J_f(x)|`.
 """
 
-from .base import FlowModel
+from .base import FlowModel, require_exact_weights
 from .continuous import CNF
 from .flow import Flow, FlowDistribution
 from .free_form import FreeFormFlow, InjectiveFlow, ResidualMLP
@@ -20,6 +20,7 @@ from .tails import COMET, TailAdaptive
 
 __all__ = [
     "FlowModel",
+    "require_exact_weights",
     "Flow",
     "FlowDistribution",
     "FreeFormFlow",

@@ -173,8 +173,10 @@ class Flow(FlowModel):
 class FlowDistribution(torch.distributions.Distribution):
     """A [`Flow`][flowkit.flows.Flow] seen as a `torch.distributions.Distribution` (for Pyro or torch code).
 
+    Built by a model's `to_distribution` (a `Flow`'s, or a [`FreeFormFlow`][flowkit.flows.FreeFormFlow]'s).
+
     Arguments:
-        flow: the flow.
+        flow: the flow (any model with `log_prob`, `rsample`, `sample` and `event_shape`).
         context: the context the distribution is conditioned on (batch shape = its leading shape).
     """
 
@@ -182,7 +184,7 @@ class FlowDistribution(torch.distributions.Distribution):
     has_rsample = True
     support = constraints.real
 
-    def __init__(self, flow: Flow, context: Tensor | None = None) -> None:
+    def __init__(self, flow: FlowModel, context: Tensor | None = None) -> None:
         self.flow = flow
         self.context = context
         batch = context.shape[:-1] if context is not None else torch.Size()

@@ -27,11 +27,20 @@ loss and trains the change of variables with a cheap surrogate of its log-determ
 Both Jacobians are computed exactly, by forward-mode differentiation in every input direction
 ($D$ passes for the encoder, $d$ for the decoder, batched into one), so evaluation costs $O(D)$
 network passes per point and an $O(D^3)$ determinant; training never forms them.
+
+The samples come from the decoder and the density from the encoder, which agree only as far as training
+made $g = f^{-1}$: both models set `samples_match_density = False` (see the
+[flow contract][flowkit.flows.FlowModel]). `rsample_and_log_prob` gives samples with the model's density at them,
+a fair estimate of the density of the samples for a well-trained pair, but every importance-weighting path
+(`sample_with_log_weights`, [`importance_sample`][flowkit.sampling.importance_sample],
+[`ais`][flowkit.sampling.ais], FAB, IMH, reverse-KL training) refuses these models: their weights would be
+biased without any sign of it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.autograd.forward_ad as fwad
@@ -43,7 +52,8 @@ from ..bijectors import Bijector
 from ..distributions import Distribution, StandardNormal
 from ..nn import MLP
 from ..utils import as_shape
-from .base import FlowModel
+from .base import FlowModel, require_exact_weights
+from .flow import FlowDistribution
 
 __all__ = ["FreeFormFlow", "InjectiveFlow", "ResidualMLP", "jacobian"]
 
@@ -67,8 +77,10 @@ def jacobian(function: Callable[[Tensor], Tensor], x: Tensor) -> tuple[Tensor, T
     eye = torch.eye(n, dtype=x.dtype, device=x.device)
     for part in x.split(chunk):
         b = part.shape[0]
-        points = part.unsqueeze(0).expand(n, b, n).reshape(n * b, n)
-        directions = eye.unsqueeze(1).expand(n, b, n).reshape(n * b, n)
+        # Row k * b + i is point i along direction k. Both are fresh copies: a reshaped expand of one row
+        # (b = 1) is a view whose rows share memory, which forward-mode AD refuses to write tangents into.
+        points = part.repeat(n, 1)
+        directions = eye.repeat_interleave(b, dim=0)
         with fwad.dual_level():
             out = function(fwad.make_dual(points, directions))
             value, tangent = fwad.unpack_dual(out)
@@ -118,6 +130,7 @@ class _EncoderDecoderFlow(FlowModel):
     """What both free-form models share: the two networks, the base, sampling and the input checks."""
 
     _flowkit_register = False
+    samples_match_density = False  # samples from the decoder, the density through the encoder
 
     def __init__(
         self,
@@ -222,6 +235,43 @@ class _EncoderDecoderFlow(FlowModel):
         """Samples `g(z)`, `z ~ base`, of shape `(*shape, D)`, without gradients."""
         return self.rsample(shape, context)
 
+    def rsample_and_log_prob(
+        self, shape: int | Sequence[int] = (), context: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        r"""Samples $x = g(z)$, $z \sim p_Z$ (reparameterised), and the model's log density `log_prob(x)` at them.
+
+        The density is the encoder's (see the class), evaluated at the decoder's samples: differentiable in
+        both networks, at the cost of `log_prob` ($O(D)$ passes per point). It equals the log density of the
+        samples' law only where $g = f^{-1}$ (`samples_match_density` is False), so it is not an importance
+        weight; the paths that need one refuse this model.
+
+        Returns:
+            `(x, log_prob(x))` of shapes `(*shape, D)` and `shape`.
+        """
+        x = self.rsample(shape, context)
+        return x, self.log_prob(x)
+
+    @torch.no_grad()
+    def sample_and_log_prob(
+        self, shape: int | Sequence[int] = (), context: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Samples and the model's log density at them, without gradients (see `rsample_and_log_prob`)."""
+        return self.rsample_and_log_prob(shape, context)
+
+    def sample_with_log_weights(
+        self, n: int | Sequence[int], target: Any, context: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Not available: raises a ValueError that says why (the samples do not come from the density).
+
+        Raises:
+            ValueError: always; a free-form model's importance weights would be wrong (see the module).
+        """
+        require_exact_weights(self, f"{type(self).__name__}.sample_with_log_weights")
+        raise NotImplementedError(
+            f"{type(self).__name__}.sample_with_log_weights: a subclass that sets samples_match_density must "
+            "implement it"
+        )
+
     def auxiliary_loss(self) -> Tensor | None:
         return None
 
@@ -264,6 +314,11 @@ class FreeFormFlow(_EncoderDecoderFlow):
         (torch.Size([5]), torch.Size([3, 2]))
     """
 
+    sampler_mismatch = (
+        "its samples are decoder outputs g(z) and its log_prob the change of variables through the encoder f; "
+        "they agree only where training made g the inverse of f"
+    )
+
     def __init__(
         self,
         encoder: nn.Module,
@@ -285,6 +340,14 @@ class FreeFormFlow(_EncoderDecoderFlow):
                 )
         super().__init__(encoder, decoder, features, features, base, where)
         self.preprocessing = preprocessing
+
+    def to_distribution(self, context: Tensor | None = None) -> FlowDistribution:
+        """The model as a `torch.distributions.Distribution`: `log_prob` through the encoder, samples from the decoder.
+
+        Like the model itself, its samples follow the density only as far as the decoder inverts the encoder.
+        """
+        check_context(context, 0, None, where="FreeFormFlow.to_distribution")
+        return FlowDistribution(self)
 
     def preprocess(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """`(h(x), log|det h'(x)|)` for the `preprocessing` bijector $h$ (the identity and 0 without one)."""
@@ -331,6 +394,11 @@ class InjectiveFlow(_EncoderDecoderFlow):
             of another shape, or an encoder or decoder whose output shape is not `(N, d)` or `(N, D)`.
     """
 
+    sampler_mismatch = (
+        "its samples lie on the decoder's d-dimensional manifold and its log_prob is a density on that manifold, "
+        "evaluated at the encoder's projection; it has no density on R^D"
+    )
+
     def __init__(
         self,
         encoder: nn.Module,
@@ -358,6 +426,22 @@ class InjectiveFlow(_EncoderDecoderFlow):
         _, jac = jacobian(self.decoder, z)
         gram = jac.transpose(-1, -2) @ jac
         return self.base.log_prob(z) - 0.5 * torch.linalg.slogdet(gram)[1]
+
+    def to_distribution(self, context: Tensor | None = None) -> FlowDistribution:
+        r"""Not available: raises a ValueError, since the model has no density on $\mathbb{R}^D$.
+
+        A `torch.distributions.Distribution`'s `log_prob` is a density on its support in $\mathbb{R}^D$; the
+        samples of an injective flow lie on a $d$-dimensional manifold, and its `log_prob` is a density on
+        that manifold (use `log_prob` and `sample` directly).
+
+        Raises:
+            ValueError: always.
+        """
+        raise ValueError(
+            "InjectiveFlow.to_distribution: the samples lie on a d-dimensional manifold in R^D, so the model has no "
+            "density on R^D for a torch Distribution's log_prob; its log_prob is a density on the manifold (use "
+            "log_prob and sample directly)"
+        )
 
     def distance_to_manifold(self, x: Tensor) -> Tensor:
         """`|x - g(f(x))|`: the distance of `x` to its projection onto the learned manifold, batch shape."""

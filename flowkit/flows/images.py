@@ -327,6 +327,8 @@ class Dequantized(FlowModel):
     """
 
     exact_log_prob = False  # a one-sample lower bound
+    samples_match_density = False
+    sampler_mismatch = "its log_prob is a one-sample lower bound on the probability of integer images"
 
     def __init__(self, flow: Flow, levels: int, dequantizer: VariationalDequantizer | None = None) -> None:
         super().__init__()

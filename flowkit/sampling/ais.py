@@ -51,8 +51,9 @@ from torch import Tensor
 from .._validation import check_number, check_tensor
 from ..bijectors.continuous import continuous_layers
 from ..domains import Real
-from ..flows.base import FlowModel
+from ..flows.base import FlowModel, require_exact_weights
 from ..targets import Target
+from ..utils import value_and_gradient
 from .importance import _check_target, ess, log_Z
 from .mcmc import hmc_transition, metropolis_transition
 
@@ -188,8 +189,10 @@ def ais(
     r"""Annealed importance sampling from a flow to $p^\alpha q^{1-\alpha}$ (see the module's docstring).
 
     Arguments:
-        flow: a flow with an exact density (`exact_log_prob`) and the target's event shape; it is not trained
-            here (its log density and its gradient in `x` are evaluated without touching parameter gradients).
+        flow: a flow with an exact density whose samples follow it (`exact_log_prob` and `samples_match_density`;
+            see [`require_exact_weights`][flowkit.flows.base.require_exact_weights]) and the target's event
+            shape; it is not trained here (its log density and its gradient in `x` are evaluated without
+            touching parameter gradients).
         target: the [`Target`][flowkit.targets.Target] $p \propto e^{-u}$.
         steps: the number $K \ge 1$ of intermediate distributions (one kernel application or more at each).
         n: the number of chains (samples), drawn from the flow; or give `z`.
@@ -214,13 +217,13 @@ def ais(
 
     Raises:
         ValueError: for bad arguments (no steps, a non-finite or non-positive step size, an unknown transition),
-            a flow without exact density, or a target whose energy is NaN at every starting sample.
+            a flow without an exact density or whose samples do not follow it (a free-form flow), or a target
+            whose energy is NaN at every starting sample.
     """
     with _evaluation_mode(flow):
         where = "ais"
         _check_target(flow, target, where)
-        if not getattr(flow, "exact_log_prob", False):
-            raise ValueError(f"ais: needs a flow with an exact density, got {type(flow).__name__}")
+        require_exact_weights(flow, where, density=True)
         steps = check_number(steps, "steps", where=where, integer=True, low=1)
         if transition not in TRANSITIONS:
             raise ValueError(f"ais: unknown transition {transition!r}; choose one of {TRANSITIONS}")
@@ -255,12 +258,9 @@ def ais(
             evaluations += x.shape[0]
             if not with_grad:
                 return _State(target.energy(x), flow.log_prob(x), None, None)
-            with torch.enable_grad():
-                leaf = x.detach().requires_grad_(True)
-                log_q = flow.log_prob(leaf)
-                (grad_log_q,) = torch.autograd.grad(log_q.sum(), leaf)
+            log_q, grad_log_q = value_and_gradient(flow.log_prob, x)
             u, force = target.energy_and_force(x)
-            return _State(u.detach(), log_q.detach(), -force, grad_log_q)
+            return _State(u.detach(), log_q, -force, grad_log_q)
 
         state = evaluate(x)
         if bool(torch.isnan(state.u).all()):

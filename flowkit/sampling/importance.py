@@ -22,7 +22,7 @@ import warnings
 import torch
 from torch import Tensor
 
-from ..flows.base import FlowModel
+from ..flows.base import FlowModel, require_exact_weights
 from ..targets import Target
 
 __all__ = [
@@ -80,10 +80,21 @@ def importance_sample(flow: FlowModel, target: Target, n: int, batch_size: int =
 
     Returns:
         `(x, log_w)`: samples `(n, *event_shape)` and float64 log weights `(n,)`.
+
+    Raises:
+        ValueError: for a model whose samples do not come from its density (a free-form flow; see
+            [`require_exact_weights`][flowkit.flows.base.require_exact_weights]), a target of another event
+            shape, non-positive sizes, or weights that are NaN or +inf.
     """
-    _check_target(flow, target, "importance_sample")
+    return _weighted_samples(flow, target, n, batch_size, "importance_sample")
+
+
+def _weighted_samples(flow: FlowModel, target: Target, n: int, batch_size: int, where: str) -> tuple[Tensor, Tensor]:
+    """[`importance_sample`][flowkit.sampling.importance_sample], with errors that start with `where`."""
+    _check_target(flow, target, where)
+    require_exact_weights(flow, where)
     if n < 1 or batch_size < 1:
-        raise ValueError(f"importance_sample: n and batch_size must be positive, got {n} and {batch_size}")
+        raise ValueError(f"{where}: n and batch_size must be positive, got {n} and {batch_size}")
     xs, lws = [], []
     for start in range(0, n, batch_size):
         m = min(batch_size, n - start)
@@ -94,7 +105,7 @@ def importance_sample(flow: FlowModel, target: Target, n: int, batch_size: int =
     bad = int((torch.isnan(log_w) | torch.isposinf(log_w)).sum())
     if bad:
         raise ValueError(
-            f"importance_sample: {bad} of {n} log weights are NaN or +inf; the target's energy "
+            f"{where}: {bad} of {n} log weights are NaN or +inf; the target's energy "
             f"({type(target).__name__}) or the flow's density is not finite at some samples"
         )
     return torch.cat(xs), log_w

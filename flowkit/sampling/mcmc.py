@@ -52,8 +52,10 @@ from torch import Tensor
 from .._validation import check_number
 from ..domains import Real
 from ..flows import Flow, FlowModel
+from ..flows.base import require_exact_weights
 from ..targets import Target
-from .importance import _check_target, importance_sample
+from ..utils import value_and_gradient
+from .importance import _check_target, _weighted_samples
 
 __all__ = [
     "Chains",
@@ -112,11 +114,7 @@ def potential(energy: Target | Callable[[Tensor], Tensor]) -> Potential:
         raise ValueError(f"potential: energy must be a Target or a callable, got {type(energy).__name__}")
 
     def autograd_potential(x: Tensor) -> tuple[Tensor, Tensor]:
-        with torch.enable_grad():
-            leaf = x.detach().requires_grad_(True)
-            u = energy(leaf)
-            (grad,) = torch.autograd.grad(u.sum(), leaf)
-        return u.detach(), grad
+        return value_and_gradient(energy, x)
 
     return autograd_potential
 
@@ -135,8 +133,17 @@ def latent_energy(flow: Flow, target: Target) -> Callable[[Tensor], Tensor]:
 
     Returns:
         A differentiable function `z -> u~(z)` of latent points `(..., *event_shape)`.
+
+    Raises:
+        ValueError: for a model that is not one exact bijection over a base (a free-form flow, whose decoder
+            has no tractable log-determinant; a stochastic flow), or a target of another event shape.
     """
     _check_target(flow, target, "latent_energy")
+    require_exact_weights(flow, "latent_energy", density=True)
+    if getattr(flow, "bijector", None) is None:
+        raise ValueError(
+            f"latent_energy: needs a Flow (a bijector over a base) to pull the target back, got {type(flow).__name__}"
+        )
 
     dims = len(flow.event_shape)
 
@@ -402,6 +409,7 @@ def _in_latent_space(
     sampler: Callable[[Potential, Tensor], Chains],
 ) -> Chains:
     """Run `sampler(potential, z0)` on the flow's latent energy; the states are mapped back to the data space."""
+    require_exact_weights(flow, where, density=True)  # before latent_energy asks, to name the caller
     energy = latent_energy(flow, target)
     if z0 is not None:
         z = _check_start(z0, where)
@@ -512,12 +520,13 @@ def independent_metropolis(
         [`Chains`][flowkit.sampling.Chains]; the acceptance counts the proposals after each chain's starting one.
 
     Raises:
-        ValueError: when every proposal of some chain has zero weight under the target.
+        ValueError: when every proposal of some chain has zero weight under the target, or for a flow whose
+            samples do not come from its density (a free-form flow, whose acceptance ratios would be wrong).
     """
     n_steps = check_number(n_steps, "n_steps", where="independent_metropolis", integer=True, low=2)
     chains = check_number(chains, "chains", where="independent_metropolis", integer=True, low=1)
     start = time.perf_counter()
-    proposals, log_w = importance_sample(flow, target, n_steps * chains, batch_size)
+    proposals, log_w = _weighted_samples(flow, target, n_steps * chains, batch_size, "independent_metropolis")
     proposals = proposals.unflatten(0, (n_steps, chains))
     lw = log_w.reshape(n_steps, chains).cpu().numpy()
     log_u = torch.rand(n_steps, chains, generator=generator, dtype=torch.float64).log().numpy()

@@ -9,7 +9,7 @@ from torch import Tensor
 
 from .._config import Configurable
 from .._validation import check_tensor, outermost
-from ..utils import TensorAnchor, as_shape
+from ..utils import TensorAnchor, as_shape, value_and_gradient
 
 __all__ = ["Target", "Energy"]
 
@@ -76,10 +76,7 @@ class Target(Configurable, TensorAnchor):
         raise NotImplementedError
 
     def _force(self, x: Tensor) -> Tensor:
-        with torch.enable_grad():
-            leaf = x.detach().requires_grad_(True)
-            (grad,) = torch.autograd.grad(self._energy(leaf).sum(), leaf)
-        return -grad
+        return -value_and_gradient(self._energy, x)[1]  # 0 for an energy that does not depend on x
 
     def _sample(self, n: int, generator: torch.Generator | None) -> Tensor:
         raise NotImplementedError

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from .._validation import check_tensor
 from ..flows import Flow
-from ..flows.base import FlowModel
+from ..flows.base import FlowModel, require_exact_weights
 from ..targets import Target
 from .force_matching import force_matching_terms
 from .objective import Objective
@@ -134,6 +134,8 @@ class BoltzmannGenerator(Objective):
 
     def loss(self, flow: FlowModel, batch: Tensor | int) -> Tensor:
         _check_flow(flow, self.target, "BoltzmannGenerator", exact=False)
+        if self.w_kl > 0:  # the reverse-KL term weights the flow's own samples
+            require_exact_weights(flow, "BoltzmannGenerator")
         z = _latent(flow, batch, "BoltzmannGenerator")
         total = z.new_zeros(())
         self._last = {}

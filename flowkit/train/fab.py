@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 
 from .._validation import check_number
-from ..flows.base import FlowModel
+from ..flows.base import FlowModel, require_exact_weights
 from ..sampling.ais import TRANSITIONS, AISResult, _step_sizes, ais
 from ..sampling.importance import _check_target
 from ..targets import Target
@@ -250,8 +250,9 @@ class FAB(Objective):
 
     def loss(self, flow: FlowModel, batch: Tensor | int) -> Tensor:
         _check_target(flow, self.target, "FAB")
-        if not getattr(flow, "exact_log_prob", False) or getattr(flow, "bijector", None) is None:
-            raise ValueError(f"FAB: needs a Flow with an exact density, got {type(flow).__name__}")
+        require_exact_weights(flow, "FAB", density=True)
+        if getattr(flow, "bijector", None) is None:
+            raise ValueError(f"FAB: needs a Flow (a bijector over a base) for its latent z, got {type(flow).__name__}")
         z = _latent(flow, batch, "FAB")
         if self.buffer is None:
             result = self._ais(flow, z)

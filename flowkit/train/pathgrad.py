@@ -38,9 +38,10 @@ from torch import Tensor
 
 from .._validation import check_tensor, outermost
 from ..flows import Flow
-from ..flows.base import FlowModel
+from ..flows.base import FlowModel, require_exact_weights
 from ..sampling.importance import _check_target, ess, log_Z
 from ..targets import Target
+from ..utils import value_and_gradient
 from .objective import Objective
 from .score_rules import forward_with_score, inverse_with_score
 
@@ -57,7 +58,13 @@ ESTIMATORS = ("fast", "standard", "reparam")
 
 
 def _check_flow(flow: FlowModel, target: Target, where: str, exact: bool = True) -> None:
-    """Check a flow against a target; `exact`: the estimator needs a [`Flow`][flowkit.flows.Flow]'s exact density."""
+    """Check a flow against a target; `exact`: the estimator needs a [`Flow`][flowkit.flows.Flow]'s exact density.
+
+    With `exact`, the flow must also pass [`require_exact_weights`][flowkit.flows.base.require_exact_weights]:
+    the reverse KL weights the flow's own samples by its density.
+    """
+    if exact:
+        require_exact_weights(flow, where)
     if exact and not isinstance(flow, Flow):
         raise ValueError(
             f"{where}: needs a flowkit Flow with an exact density, got {type(flow).__name__}; stochastic flows "
@@ -76,13 +83,7 @@ def _base_log_prob_and_score(base: Any, z: Tensor) -> tuple[Tensor, Tensor]:
 
     A base whose density does not depend on `z` (a uniform one, whose `log_prob` is a constant) has score 0.
     """
-    with torch.enable_grad():
-        leaf = z.detach().requires_grad_(True)
-        log_q0 = base.log_prob(leaf)
-        if not log_q0.requires_grad:
-            return log_q0.detach(), torch.zeros_like(leaf)
-        (score,) = torch.autograd.grad(log_q0.sum(), leaf, allow_unused=True)
-    return log_q0.detach(), torch.zeros_like(leaf) if score is None else score
+    return value_and_gradient(base.log_prob, z)
 
 
 def _latent(flow: FlowModel, z: Tensor | int, where: str) -> Tensor:

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from cases import MISMATCH, mismatched_free_form
 
 import flowkit
 from flowkit.bijectors import Chain, Standardization
@@ -117,3 +118,14 @@ def test_fit_clips_energy_based_objectives_by_default(monkeypatch, objective, cl
     fit(flow, objective(), data, steps=2, batch_size=32, clip=clip, progress=False)
     assert seen == [expected, expected]
     assert BoltzmannGenerator.default_clip == flowkit.train.PathGradientVI.default_clip == 10.0
+
+
+def test_reverse_kl_refuses_a_flow_whose_samples_do_not_follow_its_density():
+    # Issue 38 (3): BoltzmannGenerator's reverse KL crashed with AttributeError on a FreeFormFlow; its weights would
+    # be wrong. The maximum-likelihood term alone weights nothing and still trains it.
+    model, target = mismatched_free_form()
+    with pytest.raises(ValueError, match=f"BoltzmannGenerator: {MISMATCH}"):
+        BoltzmannGenerator(target).loss(model, 16)
+    samples = torch.randn(32, 2, dtype=torch.float64) * 2
+    ml_only = BoltzmannGenerator(target, samples=samples, w_kl=0.0).loss(model, 16)
+    assert torch.isfinite(ml_only)

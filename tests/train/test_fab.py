@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+from cases import MISMATCH, mismatched_free_form
 
 from flowkit.bijectors import Reverse
 from flowkit.distributions import DiagNormal, rigid_domain
@@ -166,3 +167,10 @@ def test_fab_refuses_bad_input() -> None:
     nan_energy = Energy(lambda x: x.sum(-1) * math.nan, 2)
     with pytest.raises(ValueError, match="NaN at every one of the 32 flow samples"):
         FAB(nan_energy).loss(flow, flow.base.sample((32,)))
+
+
+def test_fab_refuses_a_flow_whose_samples_do_not_follow_its_density() -> None:
+    # Issue 38 (3): FAB asks the flow contract as AIS does (it refused a FreeFormFlow only for lacking a bijector).
+    model, target = mismatched_free_form()
+    with pytest.raises(ValueError, match=f"FAB: {MISMATCH}"):
+        FAB(target).loss(model, 16)

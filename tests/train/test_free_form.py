@@ -154,6 +154,38 @@ def test_injective_log_prob_is_the_manifold_density_at_the_projection():
     assert torch.allclose(model.distance_to_manifold(x), (x - torch.outer(z, decoder.weight[:, 0])).norm(dim=-1))
 
 
+def test_log_prob_of_one_point_and_of_a_last_chunk_of_one_row():
+    # Issue 38 (6): one point (a batch of 1, unbatched, or the last Jacobian chunk of 16385 points in 2-D)
+    # made forward-mode AD write tangents into rows that shared memory. Each point gets its batched value.
+    torch.manual_seed(0)
+    x = torch.randn(5, 3, dtype=F64)
+    models = (
+        FreeFormFlow(MLP(3, 3, (8,), "tanh"), MLP(3, 3, (8,), "tanh"), 3).to(F64),
+        InjectiveFlow(MLP(3, 2, (8,), "tanh"), MLP(2, 3, (8,), "tanh"), 3, 2).to(F64),
+    )
+    for model in models:
+        batched = model.log_prob(x)
+        torch.testing.assert_close(model.log_prob(x[:1]), batched[:1], rtol=0, atol=1e-12)
+        torch.testing.assert_close(model.log_prob(x[2]), batched[2], rtol=0, atol=1e-12)
+    plane = FreeFormFlow(MLP(2, 2, (8,), "tanh"), MLP(2, 2, (8,), "tanh"), 2)
+    many = torch.randn(2**14 + 1, 2)  # 2**15 rows per pass over 2 directions: a last chunk of one point
+    with torch.no_grad():
+        values = plane.log_prob(many)
+    assert values.shape == (2**14 + 1,) and torch.isfinite(values).all()
+    torch.testing.assert_close(values[-1:], plane.log_prob(many[-1:]).detach())
+
+
+def test_fit_validates_a_last_batch_of_one_row():
+    # Issue 38 (6): fit(..., batch_size=256, val_data=x[:257]) validated a last batch of one point.
+    torch.manual_seed(0)
+    x = torch.randn(300, 2)
+    model = FreeFormFlow(MLP(2, 2, (8,)), MLP(2, 2, (8,)), 2)
+    history = fit(
+        model, FreeFormLikelihood(), x, steps=2, batch_size=256, val_data=x[:257], val_every=1, progress=False, seed=0
+    )
+    assert len(history.val_loss) >= 1 and all(math.isfinite(v) for v in history.val_loss)
+
+
 def test_residual_networks_start_as_the_identity_and_as_exact_inverses():
     torch.manual_seed(0)
     model = FreeFormFlow(ResidualMLP(3, (8,), blocks=2), ResidualMLP(3, (8,), blocks=3), 3)
@@ -180,6 +212,37 @@ def test_models_follow_the_flow_contract():
             model.log_prob(x, torch.randn(4, 1))
         with pytest.raises(ValueError, match="shape"):
             model.log_prob(torch.randn(4, 2))
+
+
+def test_samples_with_their_density_and_as_a_torch_distribution():
+    # Issue 38 (13): rsample_and_log_prob gives the decoder's samples and the model's (encoder's) density at them,
+    # differentiable in both networks; a FreeFormFlow is a torch Distribution, an InjectiveFlow (no density on
+    # R^D) says why it is not; neither gives importance weights (its samples do not follow its density).
+    torch.manual_seed(0)
+    free = FreeFormFlow(MLP(2, 2, (8,), "tanh"), MLP(2, 2, (8,), "tanh"), 2).to(F64)
+    injective = InjectiveFlow(MLP(3, 2, (8,), "tanh"), MLP(2, 3, (8,), "tanh"), 3, 2).to(F64)
+    for model in (free, injective):
+        assert not model.samples_match_density
+        torch.manual_seed(1)
+        x, log_p = model.rsample_and_log_prob((4, 5))
+        torch.manual_seed(1)
+        assert torch.equal(x, model.sample((4, 5))) and x.shape == (4, 5, model.features)
+        torch.testing.assert_close(log_p, model.log_prob(x), rtol=0, atol=1e-12)
+        log_p.sum().backward()
+        assert all(p.grad is not None for p in (*model.encoder.parameters(), *model.decoder.parameters()))
+        x, log_p = model.sample_and_log_prob(3)
+        assert x.shape == (3, model.features) and log_p.shape == (3,) and not log_p.requires_grad
+        with pytest.raises(ValueError, match=r"sample_with_log_weights: .*samples do not come from the density"):
+            model.sample_with_log_weights(4, flowkit.targets.Energy(lambda y: y.square().sum(-1), model.features))
+    distribution = free.to_distribution()
+    assert isinstance(distribution, torch.distributions.Distribution) and distribution.has_rsample
+    y = torch.randn(6, 2, dtype=F64)
+    torch.testing.assert_close(distribution.log_prob(y), free.log_prob(y))
+    assert distribution.rsample((2, 3)).shape == (2, 3, 2) and distribution.event_shape == (2,)
+    with pytest.raises(ValueError, match="unconditional"):
+        free.to_distribution(torch.randn(1, 2))
+    with pytest.raises(ValueError, match="InjectiveFlow.to_distribution: .*no density on R\\^D"):
+        injective.to_distribution()
 
 
 def test_save_and_load_round_trip(tmp_path):

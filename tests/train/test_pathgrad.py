@@ -4,7 +4,7 @@ import copy
 
 import pytest
 import torch
-from cases import BIJECTORS
+from cases import BIJECTORS, MISMATCH, mismatched_free_form
 
 import flowkit
 from flowkit.bijectors import ActNorm, Chain, LULinear, Permutation, Reshape
@@ -247,3 +247,11 @@ def test_affine_params_cotangent_is_autograds(direction):
     (expected,) = torch.autograd.grad((out, ladj), params, (w, torch.ones_like(ladj)))
     got = params_cotangent(t, direction, params.detach(), out.detach(), ladj.detach(), w)
     torch.testing.assert_close(got, expected)
+
+
+def test_path_gradient_vi_refuses_a_flow_whose_samples_do_not_follow_its_density():
+    # Issue 38 (3): the reverse KL weights the flow's own samples; a FreeFormFlow's are its decoder's.
+    model, target = mismatched_free_form()
+    for estimator in ("fast", "standard", "reparam"):
+        with pytest.raises(ValueError, match=f"PathGradientVI: {MISMATCH}"):
+            PathGradientVI(target, estimator).loss(model, 16)
