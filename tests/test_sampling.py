@@ -221,3 +221,16 @@ def test_importance_weighting_refuses_a_flow_whose_samples_do_not_follow_its_den
     )
     with pytest.raises(ValueError, match="InjectiveFlow's samples do not come from the density.*manifold"):
         importance_sample(injective, Energy(lambda x: x.square().sum(-1), 3), 10)
+
+
+def test_importance_weighting_refuses_a_random_log_density():
+    # A CNF with Hutchinson's trace has an unbiased log-density estimate: fine for training, but exp of it is not
+    # an exact importance weight, so log Z would be biased without a sign. AIS refused it; the rest now does too.
+    flow = flowkit.flows.CNF(2, hidden=(8,), trace="hutchinson")
+    target = Energy(lambda x: x.square().sum(-1) / 2, 2)
+    assert not flow.exact_log_prob and not flow.samples_match_density
+    with pytest.raises(ValueError, match="random estimate.*hutchinson"):
+        importance_sample(flow, target, 10)
+    with pytest.raises(ValueError, match="random estimate.*hutchinson"):
+        flowkit.sampling.ais(flow, target, steps=2, n=8)
+    assert flowkit.flows.CNF(2, hidden=(8,)).samples_match_density

@@ -70,6 +70,8 @@ class Bijector(Configurable, nn.Module):
             unless the bijector acts on an interval, circle or sphere).
         ladj_is_constant: `True` when `log|det J|` does not depend on the input
             (linear layers, permutations, ActNorm); score matching drops these terms.
+        ladj_is_exact: `False` when `log|det J|` is a random estimate (a continuous flow with
+            Hutchinson's trace): unbiased for training, but not an importance weight's exact density.
     """
 
     _flowkit_register = False
@@ -77,6 +79,7 @@ class Bijector(Configurable, nn.Module):
     context_features: int = 0
     domain: Domain = Real()
     ladj_is_constant: bool = False
+    ladj_is_exact: bool = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

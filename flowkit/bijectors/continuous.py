@@ -326,6 +326,11 @@ class ContinuousFlow(Bijector):
     def features(self) -> int:
         return math.prod(self.event_shape)
 
+    @property
+    def ladj_is_exact(self) -> bool:  # type: ignore[override]
+        """Whether the log-determinant is exact (the exact trace), not Hutchinson's random estimate."""
+        return self.trace == "exact"
+
     def _field(self, x: Tensor, context: Tensor | None, t: Tensor) -> Tensor:
         """The field at flat points `x` `(N, D)`, as `(N, D)`; its shape is checked at the first call."""
         points = x.reshape(x.shape[0], *self.event_shape)

@@ -19,8 +19,12 @@ it and ask `exact_log_prob` and `samples_match_density` instead of testing for a
 | `to_distribution()` | yes | no | no | yes | raises (no density on $\mathbb{R}^D$) |
 | `sample_with_log_weights(n, target)` | $-u(x) - \log q(x)$ | path weights | no | raises | raises |
 | `auxiliary_loss()` | the layers' regularisers | the layers' | the flow's | none | none |
-| `exact_log_prob` | True | False | False | True | True |
-| `samples_match_density` | True | True | False | False | False |
+| `exact_log_prob` | True[^random] | False | False | True | True |
+| `samples_match_density` | True[^random] | True | False | False | False |
+
+[^random]: False when a layer's log-determinant is a random estimate (`ladj_is_exact` False: a
+    [`ContinuousFlow`][flowkit.bijectors.ContinuousFlow] with Hutchinson's trace), unbiased for training
+    but no exact density for an importance weight.
 
 `path_log_likelihood` is what maximum likelihood maximises on any of them: the exact log density of a
 flow, the path-space likelihood of a stochastic flow, the dequantisation bound of an integer model.

@@ -59,6 +59,30 @@ class Flow(FlowModel):
     def event_shape(self) -> torch.Size:
         return self.bijector.event_shape
 
+    def _random_layers(self) -> list[str]:
+        """The layers whose log-determinant is a random estimate (`ladj_is_exact` False)."""
+        return [type(m).__name__ for m in self.bijector.modules() if not getattr(m, "ladj_is_exact", True)]
+
+    @property
+    def exact_log_prob(self) -> bool:  # type: ignore[override]
+        """True unless a layer's log-determinant is a random estimate (Hutchinson's trace)."""
+        return not self._random_layers()
+
+    @property
+    def samples_match_density(self) -> bool:  # type: ignore[override]
+        """True unless a layer's log-determinant is a random estimate, which no importance weight may use."""
+        return not self._random_layers()
+
+    @property
+    def sampler_mismatch(self) -> str:  # type: ignore[override]
+        layers = self._random_layers()
+        return (
+            f"the log-determinant of {', '.join(sorted(set(layers)))} is a random estimate (trace='hutchinson'), "
+            "unbiased for training but not the exact density of the samples; use trace='exact'"
+            if layers
+            else ""
+        )
+
     @property
     def context_features(self) -> int:
         return self.bijector.context_features

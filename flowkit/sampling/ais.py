@@ -49,7 +49,6 @@ import torch
 from torch import Tensor
 
 from .._validation import check_number, check_tensor
-from ..bijectors.continuous import continuous_layers
 from ..domains import Real
 from ..flows.base import FlowModel, require_exact_weights
 from ..targets import Target
@@ -147,16 +146,7 @@ def _step_sizes(step_size: float | Tensor, steps: int) -> Tensor:
 @torch.no_grad()
 @contextlib.contextmanager
 def _evaluation_mode(flow: FlowModel) -> Iterator[None]:
-    """The flow in eval mode for one AIS run (its density deterministic: exact log-dets, no power-iteration steps).
-
-    Raises:
-        ValueError: for a continuous flow with Hutchinson's trace, whose density is a random estimate.
-    """
-    if any(layer.trace == "hutchinson" for layer in continuous_layers(flow)):
-        raise ValueError(
-            "ais: a ContinuousFlow with trace='hutchinson' has a random log-density estimate; AIS weights need the "
-            "exact density (trace='exact')"
-        )
+    """The flow in eval mode for one AIS run (its density deterministic: exact log-dets, no power-iteration steps)."""
     training = bool(getattr(flow, "training", False))
     if training:
         flow.eval()
