@@ -9,7 +9,8 @@ stopping, restoring the best weights), [`Progress`][flowkit.train.callbacks.Prog
 and [`SaveModel`][flowkit.train.callbacks.SaveModel] (the final model); without
 `standardize=True`, a first one warns when most data points lie outside the
 splines' bound. `fit` builds them from its arguments and runs the user's
-`callbacks=` after them.
+`callbacks=` after them, except the checkpoint and the saved model, which come
+last so that they hold what every callback did.
 
 Hooks are called in list order, with the [`TrainState`][flowkit.train.state.TrainState]:
 
@@ -39,7 +40,7 @@ from tqdm import tqdm
 from .batches import split_batch
 from .checkpoint import save_state
 from .distributed import DistributedContext
-from .objective import Objective
+from .objective import Objective, objective_name
 from .state import TrainState, rng_state, warn
 
 __all__ = ["Callback", "EMA", "Validation", "Progress", "Checkpoint", "SaveModel", "CallbackList", "CHECKPOINT_FILE"]
@@ -377,9 +378,11 @@ class Checkpoint(Callback):
 
     The checkpoint holds the flow, optimizer and schedule states, the
     [`TrainState`][flowkit.train.state.TrainState] with every rank's RNG states,
+    every rank's [objective state][flowkit.train.objective.Objective.state_dict],
     the validation's and the EMA's state; rank 0 writes it (a pickle-free
     safetensors file, see [`save_state`][flowkit.train.checkpoint.save_state]) with the history as
-    `history.csv` and `history.json` beside it.
+    `history.csv` and `history.json` beside it. [`fit`][flowkit.train.fit] runs it after the other
+    callbacks, so that the checkpoint of a step holds what each of them did at that step.
     """
 
     def __init__(
@@ -392,14 +395,20 @@ class Checkpoint(Callback):
         scheduler: Any = None,
         validation: Validation | None = None,
         ema: EMA | None = None,
+        objective: Objective | None = None,
     ) -> None:
         self.path = Path(directory) / CHECKPOINT_FILE
         self.every, self.ctx, self.flow, self.optimizer, self.scheduler = every, ctx, flow, optimizer, scheduler
-        self.validation, self.ema = validation, ema
+        self.validation, self.ema, self.objective = validation, ema, objective
 
     def write(self, state: TrainState) -> None:
-        """Write the checkpoint now (every rank must call this: the RNG states are gathered)."""
-        rng = self.ctx.gather_objects({"current": rng_state(), "epoch_start": state.epoch_rng})
+        """Write the checkpoint now (every rank must call this: the RNG and objective states are gathered)."""
+        objective = {} if self.objective is None else self.objective.state_dict()
+        if self.ctx.active:  # each rank's tensors reach rank 0 through the CPU, whatever its device
+            objective = _to_cpu(objective)
+        gathered = self.ctx.gather_objects(
+            {"rng": {"current": rng_state(), "epoch_start": state.epoch_rng}, "objective": objective}
+        )
         if not self.ctx.is_main:
             return
         contents = {
@@ -407,7 +416,8 @@ class Checkpoint(Callback):
             "optimizer": self.optimizer.state_dict(),
             "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
             **state.state_dict(),
-            "rng": rng,
+            "rng": [rank["rng"] for rank in gathered],
+            "objective": [rank["objective"] for rank in gathered],
             **(self.validation.state_dict() if self.validation else {"bad_validations": 0, "best_state": None}),
             "ema": None if self.ema is None else self.ema.state_dict(),
         }
@@ -418,8 +428,11 @@ class Checkpoint(Callback):
     def restore(self, saved: dict[str, Any], state: TrainState, steps_per_epoch: int | None) -> None:
         """Continue from the contents of a checkpoint (read with [`load_state`][flowkit.train.checkpoint.load_state]).
 
+        The objective's state is that of this process's rank. A checkpoint written before objectives' state
+        was saved leaves the objective as it is, with a warning when the objective has state.
+
         Raises:
-            ValueError: when the checkpoint does not fit this flow, optimizer, schedule or EMA.
+            ValueError: when the checkpoint does not fit this flow, optimizer, schedule, EMA or objective.
         """
         if self.scheduler is not None and saved["scheduler"] is None:
             raise ValueError("fit: the checkpoint was written without a schedule; resume with the same schedule")
@@ -434,13 +447,27 @@ class Checkpoint(Callback):
                 self.scheduler.load_state_dict(saved["scheduler"])
             if self.ema is not None:
                 self.ema.load_state_dict(saved["ema"])
+            if self.objective is not None:
+                self._restore_objective(saved.get("objective"))
         except (RuntimeError, ValueError, KeyError, TypeError, AttributeError, IndexError) as error:
             raise ValueError(
-                f"fit: the checkpoint {self.path} does not fit this flow, optimizer, schedule or EMA: {error!r}"
+                f"fit: the checkpoint {self.path} does not fit this flow, optimizer, schedule, EMA or objective: "
+                f"{error!r}"
             ) from None
         state.load_state_dict(saved, self.ctx.rank, self.ctx.world_size, steps_per_epoch)
         if self.validation is not None:
             self.validation.load_state_dict(saved)
+
+    def _restore_objective(self, saved: list[dict[str, Any]] | None) -> None:
+        assert self.objective is not None
+        if saved is not None:
+            self.objective.load_state_dict(saved[self.ctx.rank % len(saved)])
+        elif self.objective.state_dict():
+            warn(
+                f"fit: the checkpoint {self.path} holds no objective state (it was written by an earlier version); "
+                f"{objective_name(self.objective)} continues from its state as it is now, so the resumed run will "
+                "not repeat the uninterrupted one exactly"
+            )
 
     def on_step_end(self, state: TrainState) -> None:
         if state.step % self.every == 0:
@@ -448,6 +475,17 @@ class Checkpoint(Callback):
 
     def on_train_end(self, state: TrainState) -> None:
         self.write(state)
+
+
+def _to_cpu(obj: Any) -> Any:
+    """`obj` (nested dicts, lists and tuples) with its tensors copied to the CPU."""
+    if isinstance(obj, Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_cpu(v) for v in obj)
+    return obj
 
 
 class SaveModel(Callback):

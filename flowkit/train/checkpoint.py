@@ -2,7 +2,8 @@
 
 A checkpoint is a nested structure of dicts, lists, tuples, numbers, strings,
 None and tensors (the flow's and optimizer's state dicts, the schedule, RNG
-states, the history). [`save_state`][flowkit.train.checkpoint.save_state] stores every tensor in a
+states, the objective's state, the history).
+[`save_state`][flowkit.train.checkpoint.save_state] stores every tensor in a
 safetensors file and the rest as JSON in the file's metadata; [`load_state`][flowkit.train.checkpoint.load_state]
 rebuilds it. Nothing is unpickled, so a checkpoint from an untrusted source
 cannot run code. The file is written to a temporary name and renamed, so an
@@ -231,8 +232,21 @@ _FIT_CHECKPOINT: dict[str, tuple[_Check, str]] = {
 }
 
 
+#: Fields that checkpoints of earlier versions lack: checked when present.
+_FIT_CHECKPOINT_OPTIONAL: dict[str, tuple[_Check, str]] = {
+    "objective": (
+        lambda v: isinstance(v, list) and len(v) > 0 and _list_of(_dict)(v),
+        "one objective state dict (string keys) per process",
+    ),
+}
+
+
 def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     """Read a checkpoint written by [`fit`][flowkit.train.fit] and check every field before it is used.
+
+    The objective's state (`"objective"`, one dict per process) is absent from checkpoints written before
+    objectives' state was saved; such checkpoints still load. Its contents are checked by the objective's
+    [`load_state_dict`][flowkit.train.objective.Objective.load_state_dict] when a run resumes.
 
     Raises:
         ValueError: if the file is not a flowkit checkpoint, its header is corrupt, or a field is
@@ -242,8 +256,10 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     saved = load_state(path)
     if not isinstance(saved, dict):
         raise ValueError(f"{path} is not a fit checkpoint (it holds a {type(saved).__name__}, not a dict)")
-    for key, (check, expected) in _FIT_CHECKPOINT.items():
+    for key, (check, expected) in (*_FIT_CHECKPOINT.items(), *_FIT_CHECKPOINT_OPTIONAL.items()):
         if key not in saved:
+            if key in _FIT_CHECKPOINT_OPTIONAL:
+                continue
             raise ValueError(f"{path} is not a complete fit checkpoint: {key!r} is missing")
         if not check(saved[key]):
             raise ValueError(f"{path} has a corrupt fit checkpoint: {key!r} must be {expected}")

@@ -53,7 +53,7 @@ from ..flows.base import FlowModel
 from .batches import split_batch, split_indexed_batch
 from .callbacks import Callback
 from .likelihood import MaximumLikelihood
-from .objective import Objective
+from .objective import Objective, check_state
 from .state import TrainState
 
 __all__ = ["DependentMaximumLikelihood", "DependenceUpdate", "Kinship", "EquicorrelatedGroups"]
@@ -364,15 +364,19 @@ class DependentMaximumLikelihood(Objective):
     The flow must be a [`Flow`][flowkit.flows.Flow] with the
     [`DependentNormal`][flowkit.distributions.DependentNormal] base that
     [`base`][flowkit.train.dependent.DependentMaximumLikelihood.base] builds, which holds $\lambda$ or the
-    $\rho$'s so that the model saves them and a resumed run restores them (a plain
+    $\rho$'s so that the model saves them (a plain
     [`StandardNormal`][flowkit.distributions.StandardNormal] base still works, with a DeprecationWarning:
-    the values then live in the objective only). Each $z_i$ is then marginally $\mathcal N(0, I)$,
-    and `flow.log_prob` is the model's marginal density,
+    the values then live in the objective only, and the saved model lacks them). Each $z_i$ is then
+    marginally $\mathcal N(0, I)$, and `flow.log_prob` is the model's marginal density,
     the validation loss (the mean marginal NLL, of points with or without indices). That is the
     exact likelihood of independent held-out points (the synthetic sets' validation and test
     points; the paper selects its checkpoints by it); for related held-out points,
     [`held_out`][flowkit.train.dependent.DependentMaximumLikelihood.held_out] gives their joint
     likelihood.
+
+    Its [state][flowkit.train.dependent.DependentMaximumLikelihood.state_dict] (the parameters' logits and,
+    with `control_variate`, the cached latents) is saved in the checkpoints of [`fit`][flowkit.train.fit],
+    whatever the base, so that a resumed run repeats the uninterrupted one bit for bit.
 
     Arguments:
         kinship: an $n \times n$ kinship (correlation) matrix of the training points.
@@ -432,6 +436,7 @@ class DependentMaximumLikelihood(Objective):
             raise ValueError(f"{where}: control_variate must be True or False, got {control_variate!r}")
         self.control_variate = control_variate
         self._warned = False
+        self._loaded = False  # whether load_state_dict gave the state (a resumed run: no refit needed)
         self._binds = True  # False for held_out's objectives: their parameters are not the model's
         #: With `control_variate`: the cached latents of all points, `(logits, z~, m~, tr(Z~^T A Z~))`.
         self.cache: tuple[Tensor, Tensor, Tensor, float] | None = None
@@ -454,7 +459,7 @@ class DependentMaximumLikelihood(Objective):
         With it as the flow's base, $\lambda$ (or the $\rho$'s) live in the model: saved by
         [`flowkit.io.save`][flowkit.io.save] and in checkpoints, restored by a resumed [`fit`][flowkit.train.fit]
         (which then does not refit them first). The objective's own copy serves flows with a plain
-        `StandardNormal` base (deprecated: their values are lost when the run stops).
+        `StandardNormal` base (deprecated: the saved model then lacks the values; checkpoints carry them).
 
         Examples:
             >>> import torch, flowkit
@@ -491,7 +496,7 @@ class DependentMaximumLikelihood(Objective):
             if not self._warned:
                 warnings.warn(
                     f"{type(self).__name__}: the flow's base is a plain StandardNormal, so lambda/rho live in the "
-                    "objective and are neither saved with the model nor in checkpoints; build the flow with "
+                    "objective and are not saved with the model (checkpoints carry them); build the flow with "
                     "base=objective.base(features) (a DependentNormal)",
                     DeprecationWarning,
                     stacklevel=3,
@@ -730,6 +735,42 @@ class DependentMaximumLikelihood(Objective):
             self.cache_latents(z)
         return self.value
 
+    def state_dict(self) -> dict[str, Any]:
+        r"""The logits of $\lambda$ or the $\rho$'s (`"logits"`) and the control variate's cache (`"cache"`, or None).
+
+        The logits are the model's when its base holds them (then also in the flow's state dict), else the
+        objective's own. The cache holds the logits it was computed with, the latents $\tilde z$ of all points,
+        the products $\tilde m$ and $\operatorname{tr}(\tilde Z^\top A \tilde Z)$.
+        """
+        cache = None if self.cache is None else dict(zip(_CACHE_KEYS, self.cache, strict=True))
+        return {"logits": self.logits, "cache": cache}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a [`state_dict`][flowkit.train.dependent.DependentMaximumLikelihood.state_dict] (copied).
+
+        Raises:
+            ValueError: if `state` is not one of an objective with the same number of parameters and points.
+        """
+        where = type(self).__name__
+        logits, cache = check_state(state, ("logits", "cache"), where)
+        size = (self.structure.parameters,)
+        if not _float64(logits, size):
+            raise ValueError(f"{where}: the state's logits must be float64 of shape {size}")
+        if cache is not None:
+            cache_logits, z, products, quadratic = check_state(cache, _CACHE_KEYS, f"{where} (cache)")
+            if not (
+                _float64(cache_logits, size)
+                and _float64(z, (self.n, z.shape[-1]) if isinstance(z, Tensor) and z.dim() == 2 else None)
+                and _float64(products, z.shape)
+                and isinstance(quadratic, float)
+            ):
+                raise ValueError(f"{where}: the state's cache must hold float64 logits {size}, latents and products "
+                                 f"({self.n}, p) and a number")  # fmt: skip
+            cache = (cache_logits.clone(), z.clone(), products.clone(), quadratic)
+        self.logits = logits.clone()
+        self.cache = cache
+        self._loaded = True
+
     def validation_loss(self, flow: FlowModel, batch: Any) -> Tensor:
         """The mean marginal NLL `-flow.log_prob(x)` of the batch's points (indices, if any, ignored)."""
         x, context = _points(batch, type(self).__name__)
@@ -747,6 +788,15 @@ class DependentMaximumLikelihood(Objective):
         rho, m = structure._rho(values), structure.sizes
         weight = torch.where(m > 1, m, torch.zeros_like(m))
         return {"rho_mean": float((rho * weight).sum() / weight.sum()) if weight.sum() > 0 else float("nan")}
+
+
+#: The names of the control variate's cache entries in a state dict.
+_CACHE_KEYS = ("logits", "latents", "products", "quadratic")
+
+
+def _float64(t: Any, shape: tuple[int, ...] | None) -> bool:
+    """Whether `t` is a finite float64 tensor of `shape`."""
+    return isinstance(t, Tensor) and t.dtype == torch.float64 and t.shape == shape and bool(torch.isfinite(t).all())
 
 
 def _points(data: Any, where: str) -> tuple[Tensor, Tensor | None]:
@@ -781,8 +831,10 @@ class DependenceUpdate(Callback):
             kinship one $n \times n$ product the next step; with groups, every 10 to 20 steps is cheap).
         at_start: also update before the first step, on the latents of the untrained flow
             (otherwise the flow's first `every` steps use the objective's initial value, as in the
-            paper's code). A run resumed from a checkpoint updates first when the value is not
-            part of it (a flow without a [`DependentNormal`][flowkit.distributions.DependentNormal] base).
+            paper's code). A resumed run continues with the value of its checkpoint; it updates
+            first only when the checkpoint lacks the value (one of an earlier version, which did not
+            save the objective's state, for a flow without a
+            [`DependentNormal`][flowkit.distributions.DependentNormal] base).
     """
 
     def __init__(
@@ -813,9 +865,11 @@ class DependenceUpdate(Callback):
         self._fitted_to = self._weights()
 
     def on_start(self, state: TrainState) -> None:
-        # A resumed run refits the value unless the flow's base holds it (then the checkpoint restored it).
-        if self.at_start or (state.step > 0 and not self.objective.holds_state_in(self.flow)):
-            self._update(state)
+        if state.step == 0:
+            if self.at_start:
+                self._update(state)
+        elif not (self.objective._loaded or self.objective.holds_state_in(self.flow)):
+            self._update(state)  # resumed from a checkpoint without the value: refit it
 
     def on_step_end(self, state: TrainState) -> None:
         if state.step % self.every == 0:

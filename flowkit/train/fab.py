@@ -47,7 +47,7 @@ from ..flows.base import FlowModel, require_exact_weights
 from ..sampling.ais import TRANSITIONS, AISResult, _step_sizes, ais
 from ..sampling.importance import _check_target
 from ..targets import Target
-from .objective import Objective
+from .objective import Objective, check_state
 from .pathgrad import _latent
 
 __all__ = ["FAB", "PrioritisedReplayBuffer"]
@@ -65,6 +65,9 @@ class PrioritisedReplayBuffer:
     Attributes:
         x: the points `(size, *event_shape)`.
         log_w: their current log weights (float64, `(size,)`).
+
+    Its contents go through [`state_dict`][flowkit.train.fab.PrioritisedReplayBuffer.state_dict] into
+    [`FAB`][flowkit.train.FAB]'s state, and so into the checkpoints of [`fit`][flowkit.train.fit].
     """
 
     def __init__(self, capacity: int, updates_per_ais: int = 4, min_fill: int | None = None) -> None:
@@ -110,6 +113,32 @@ class PrioritisedReplayBuffer:
             self.x[slots.to(self.x.device)] = x[chunk]
             self.log_w[slots] = log_w[chunk].to(self.log_w.device)
             self._next = int(slots[-1] + 1) % self.capacity
+
+    def state_dict(self) -> dict[str, Any]:
+        """The points (None before the first), their log weights and the slot the next point goes to."""
+        return {"x": self.x, "log_w": self.log_w, "next": self._next}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a [`state_dict`][flowkit.train.fab.PrioritisedReplayBuffer.state_dict] (copied).
+
+        Raises:
+            ValueError: if `state` is not a buffer's state of at most `capacity` points.
+        """
+        where = "PrioritisedReplayBuffer"
+        x, log_w, slot = check_state(state, ("x", "log_w", "next"), where)
+        if not (isinstance(log_w, Tensor) and log_w.dtype == torch.float64 and log_w.dim() == 1):
+            raise ValueError(f"{where}: log_w must be a float64 tensor of shape (size,)")
+        if log_w.numel() > self.capacity:
+            raise ValueError(f"{where}: the state holds {log_w.numel()} points, more than the capacity {self.capacity}")
+        if x is None:
+            valid = log_w.numel() == 0
+        else:
+            valid = isinstance(x, Tensor) and x.is_floating_point() and x.dim() >= 1 and x.shape[0] == log_w.numel()
+        if not valid:
+            raise ValueError(f"{where}: x must be a floating tensor with one point per log weight")
+        self._next = check_number(slot, "next", where=where, integer=True, low=0, below=self.capacity)
+        self.x = None if x is None else x.clone()
+        self.log_w = log_w.clone().cpu()
 
     def sample(self, batch: int, generator: torch.Generator | None = None) -> Tensor:
         """Indices of `batch` points drawn with replacement, with probability proportional to their weights."""
@@ -165,6 +194,11 @@ class FAB(Objective):
         target_evaluations: configurations at which the target's energy (and force) has been evaluated so far.
         step_sizes: the current step sizes, float64 `(ais_steps,)`.
         default_clip: 10, the gradient-norm clip [`fit`][flowkit.train.fit] uses unless given another.
+
+    Its [state][flowkit.train.fab.FAB.state_dict] (the step sizes, the evaluation count, the number of
+    steps taken, the last AIS run's metrics, the replay buffer and the points drawn from it at the last step)
+    is saved in the checkpoints of [`fit`][flowkit.train.fit]: a resumed run repeats the uninterrupted one
+    bit for bit.
 
     After each call, `metrics` gives the last AIS run's ESS (of its weights towards $p^\alpha q^{1-\alpha}$), its
     mean acceptance, the mean step size, the target evaluations so far and, with a buffer, its size.
@@ -227,7 +261,7 @@ class FAB(Objective):
         self.target_evaluations = 0
         self._calls = 0
         self._pending: tuple[Tensor, Tensor] | None = None
-        self._last: AISResult | None = None
+        self._ais_metrics: dict[str, float] = {}  # of the last AIS run
 
     def _ais(self, flow: FlowModel, z: Tensor) -> AISResult:
         result = ais(
@@ -245,7 +279,12 @@ class FAB(Objective):
         )
         self.step_sizes = result.step_sizes
         self.target_evaluations += result.target_evaluations
-        self._last = result
+        enough = int(torch.isfinite(result.log_w).sum()) >= 2
+        self._ais_metrics = {
+            "ais_ess": result.ess if enough else 0.0,
+            "ais_acceptance": float(result.acceptance.mean()),
+            "step_size": float(self.step_sizes.mean()),
+        }
         return result
 
     def loss(self, flow: FlowModel, batch: Tensor | int) -> Tensor:
@@ -266,6 +305,10 @@ class FAB(Objective):
         assert buffer is not None
         batch = z.shape[0]
         wanted = buffer.check_batch(batch)
+        if buffer.x is not None and buffer.x.device != z.device:  # restored from a checkpoint, on the CPU
+            buffer.x = buffer.x.to(z.device)
+            if self._pending is not None:
+                self._pending = (self._pending[0], self._pending[1].to(z.device))
         if self._pending is not None:  # the flow has been updated since these points were drawn
             index, log_q_old = self._pending
             assert buffer.x is not None
@@ -302,12 +345,62 @@ class FAB(Objective):
             return -flow.log_prob(x).mean()
 
     def metrics(self) -> dict[str, float]:
-        out: dict[str, float] = {"target_evaluations": float(self.target_evaluations)}
-        if self._last is not None:
-            finite = torch.isfinite(self._last.log_w)
-            out["ais_ess"] = self._last.ess if int(finite.sum()) >= 2 else 0.0
-            out["ais_acceptance"] = float(self._last.acceptance.mean())
-            out["step_size"] = float(self.step_sizes.mean())
+        out: dict[str, float] = {"target_evaluations": float(self.target_evaluations), **self._ais_metrics}
         if self.buffer is not None:
             out["buffer_size"] = float(len(self.buffer))
         return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """The step sizes, the target evaluations, the steps taken, the last AIS run's metrics and the buffer.
+
+        With a buffer, `"pending"` holds the points drawn at the last step and their log-densities then, whose
+        weights the next step moves to the updated flow (None before the first step).
+        """
+        pending = None if self._pending is None else {"index": self._pending[0], "log_q": self._pending[1]}
+        return {
+            "step_sizes": self.step_sizes,
+            "target_evaluations": self.target_evaluations,
+            "calls": self._calls,
+            "ais_metrics": dict(self._ais_metrics),
+            "buffer": None if self.buffer is None else self.buffer.state_dict(),
+            "pending": pending,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a [`state_dict`][flowkit.train.fab.FAB.state_dict] (copied).
+
+        Raises:
+            ValueError: if `state` is not the state of a FAB like this one (its number of AIS steps, with or
+                without a buffer of at most its capacity).
+        """
+        where = "FAB"
+        keys = ("step_sizes", "target_evaluations", "calls", "ais_metrics", "buffer", "pending")
+        step_sizes, evaluations, calls, metrics, buffer, pending = check_state(state, keys, where)
+        if (buffer is None) != (self.buffer is None):
+            raise ValueError(f"{where}: the state was written {'without' if self.buffer else 'with'} a replay buffer")
+        try:
+            step_sizes = _step_sizes(step_sizes, self.ais_steps).clone()
+        except (TypeError, ValueError, RuntimeError) as error:
+            raise ValueError(f"{where}: {error}".replace("ais: ", "")) from None
+        evaluations = check_number(evaluations, "target_evaluations", where=where, integer=True, low=0)
+        calls = check_number(calls, "calls", where=where, integer=True, low=0)
+        if not (isinstance(metrics, dict) and all(isinstance(v, float) for v in metrics.values())):
+            raise ValueError(f"{where}: ais_metrics must map names to numbers")
+        if self.buffer is not None:
+            self.buffer.load_state_dict(buffer)
+        if pending is not None:
+            index, log_q = check_state(pending, ("index", "log_q"), f"{where} (pending)")
+            if not (
+                self.buffer is not None
+                and isinstance(index, Tensor)
+                and isinstance(log_q, Tensor)
+                and index.dtype == torch.int64
+                and index.dim() == 1
+                and index.shape == log_q.shape
+                and log_q.is_floating_point()
+                and (index.numel() == 0 or 0 <= int(index.min()) <= int(index.max()) < len(self.buffer))
+            ):
+                raise ValueError(f"{where}: pending must hold buffer indices and one log-density per index")
+            pending = (index.clone(), log_q.clone())
+        self.step_sizes, self.target_evaluations, self._calls = step_sizes, evaluations, calls
+        self._ais_metrics, self._pending = dict(metrics), pending

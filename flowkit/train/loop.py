@@ -460,7 +460,12 @@ def _make_run(args: _Arguments, ctx: DistributedContext, data_seed: int) -> _Run
 
 
 def _make_callbacks(run: _Run) -> tuple[CallbackList, Progress, Checkpoint | None]:
-    """The built-in callbacks, in the order their hooks must run, then the user's."""
+    """The built-in callbacks, in the order their hooks must run, with the user's before the checkpoint.
+
+    The checkpoint and the saved model come last, so that they hold what every callback did at a step
+    (a [`DependenceUpdate`][flowkit.train.DependenceUpdate]'s refit, an end time learnt by a callback)
+    and at the end.
+    """
     args, ctx, flow = run.args, run.ctx, run.args.flow
     bound = None if args.standardize else _BoundWarning(flow, _data_tensor(args.data))
     ema = EMA(flow, args.ema) if args.ema is not None else None
@@ -474,9 +479,9 @@ def _make_callbacks(run: _Run) -> tuple[CallbackList, Progress, Checkpoint | Non
     checkpoint = save = None
     if args.checkpoint_dir is not None:
         checkpoint = Checkpoint(args.checkpoint_dir, args.checkpoint_every, ctx, flow, run.optimizer, run.scheduler,
-                                validation, ema)  # fmt: skip
+                                validation, ema, args.objective)  # fmt: skip
         save = SaveModel(flow, args.checkpoint_dir, ctx)
-    hooks = CallbackList([bound, ema, validation, progress, checkpoint, save, *args.callbacks])
+    hooks = CallbackList([bound, ema, validation, progress, *args.callbacks, checkpoint, save])
     return hooks, progress, checkpoint
 
 
@@ -625,7 +630,8 @@ def fit(
             ([`EMA`][flowkit.train.EMA]), updated after each step: validation uses the averaged
             weights, the checkpoint holds them, and they are copied into the flow at the end
             (before `restore_best`, whose best weights are then averaged ones).
-        callbacks: [`Callback`][flowkit.train.Callback]s run after the built-in ones.
+        callbacks: [`Callback`][flowkit.train.Callback]s run after the built-in ones (before the checkpoint and
+            the saved model, which then hold what they did).
         threads: torch CPU threads during the run, restored on exit (default:
             [`default_threads`][flowkit.train.default_threads] of the flow's event size, one thread
             for events of at most 16 numbers, unless `torch.set_num_threads` has changed the count

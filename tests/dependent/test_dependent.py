@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -19,6 +20,8 @@ from flowkit.train import (
     split_indexed_batch,
     with_indices,
 )
+from flowkit.train.checkpoint import load_state, save_state
+from flowkit.train.loop import CHECKPOINT_FILE
 
 F64 = torch.float64
 
@@ -280,22 +283,29 @@ def test_fit_passes_contexts_and_indices_to_the_objective():
     assert torch.isfinite(expected)
 
 
-def test_a_resumed_run_refits_the_value(tmp_path):
+def test_a_resumed_run_continues_with_the_checkpoints_value_and_refits_one_without_it(tmp_path):
     n = 64
     x = torch.randn(n, 2)
     groups = torch.arange(n) // 8
 
     def run(steps, resume):
         torch.manual_seed(0)
-        flow = flowkit.flows.RealNVP(2, transforms=1, hidden=(8,))
+        flow = flowkit.flows.RealNVP(2, transforms=1, hidden=(8,))  # a plain base: rho lives in the objective
         objective = DependentMaximumLikelihood(groups=groups)
         update = DependenceUpdate(objective, flow, x, every=100)
         options = dict(steps=steps, batch_size=16, progress=False, seed=0, checkpoint_dir=tmp_path, resume=resume)
-        return fit(flow, objective, with_indices(x), callbacks=[update], **options)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return fit(flow, objective, with_indices(x), callbacks=[update], **options)
 
     assert run(3, False).metrics["rho"] == [0.5] * 3  # no update before the first step by default
-    resumed = run(5, True)
-    assert len(resumed.metrics["rho"]) == 5 and resumed.metrics["rho"][3] != 0.5
+    assert run(5, True).metrics["rho"] == [0.5] * 5  # the objective's state came back: no refit
+    saved = load_state(tmp_path / CHECKPOINT_FILE)
+    del saved["objective"]  # a checkpoint of an earlier version, without the objective's state
+    save_state(saved, tmp_path / CHECKPOINT_FILE)
+    with pytest.warns(RuntimeWarning, match="holds no objective state"):
+        resumed = run(7, True)
+    assert len(resumed.metrics["rho"]) == 7 and resumed.metrics["rho"][5] != 0.5  # refitted first
 
 
 # ---- a rho per group or per group size (the paper's equicorrelated model), held-out relatives
@@ -608,6 +618,61 @@ def test_a_dependent_normal_base_carries_rho_through_save_load_and_an_exact_resu
     loaded = flowkit.io.load(tmp_path / "model")
     assert isinstance(loaded.base, flowkit.distributions.DependentNormal)
     assert torch.equal(loaded.base.values, straight.base.values)
+
+
+@pytest.mark.parametrize("base", ["dependent-normal", "standard-normal"])
+@pytest.mark.parametrize("every", [2, 3])  # the checkpoint it resumes from (step 4's) at an update, or between two
+def test_a_killed_dependent_run_with_a_control_variate_resumes_bit_for_bit(tmp_path, base, every):
+    n = 48
+    x = torch.randn(n, 2, generator=torch.Generator().manual_seed(3))
+    groups = torch.arange(n) // 6
+
+    class Killed(Exception):
+        pass
+
+    class KillAt(Callback):  # runs after DependenceUpdate and before the checkpoint, which is then step 4's
+        def on_step_end(self, state):
+            if state.step == 5:
+                raise Killed
+
+    def run(directory, resume=False, kill=False):
+        torch.manual_seed(0)
+        objective = DependentMaximumLikelihood(groups=groups, rho="group", control_variate=True)
+        plain = base == "standard-normal"
+        flow = flowkit.flows.RealNVP(2, transforms=1, hidden=(8,), base=None if plain else objective.base(2))
+        callbacks = [DependenceUpdate(objective, flow, x, every=every), *([KillAt()] if kill else [])]
+        options = dict(steps=8, batch_size=12, progress=False, seed=0, checkpoint_every=2, resume=resume)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            history = fit(flow, objective, with_indices(x), callbacks=callbacks, checkpoint_dir=directory, **options)
+        return flow, objective, history
+
+    straight = run(None)
+    with pytest.raises(Killed):  # the checkpoint of step 4 holds the last update (of step 4 or 3), its cached latents
+        run(tmp_path, kill=True)
+    resumed = run(tmp_path, resume=True)
+    (flow_a, objective_a, history_a), (flow_b, objective_b, history_b) = straight, resumed
+    for (name, a), b in zip(flow_a.state_dict().items(), flow_b.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    assert not torch.equal(objective_a.logits, torch.zeros(8, dtype=F64))  # rho moved from 0.5
+    assert torch.equal(objective_a.logits, objective_b.logits)
+    for a, b in zip(objective_a.cache, objective_b.cache, strict=True):
+        assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+    assert history_a.loss == history_b.loss and history_a.metrics == history_b.metrics
+
+
+def test_dependent_state_round_trips_and_refuses_another_objectives():
+    groups = torch.arange(12) // 3
+    objective = DependentMaximumLikelihood(groups=groups, rho="group", control_variate=True)
+    with pytest.warns(DeprecationWarning, match="plain StandardNormal"):
+        objective.update(_identity_flow(), torch.randn(12, 2, dtype=F64))
+    other = DependentMaximumLikelihood(groups=groups, rho="group", control_variate=True)
+    other.load_state_dict(objective.state_dict())
+    assert torch.equal(other.values, objective.values) and torch.equal(other.cache[1], objective.cache[1])
+    with pytest.raises(ValueError, match=r"logits must be float64 of shape \(1,\)"):
+        DependentMaximumLikelihood(groups=groups).load_state_dict(objective.state_dict())
+    with pytest.raises(ValueError, match="cache must hold"):
+        DependentMaximumLikelihood(groups=torch.arange(8) // 2, rho="group").load_state_dict(objective.state_dict())
 
 
 def test_a_plain_standard_normal_base_warns_that_rho_is_not_saved():

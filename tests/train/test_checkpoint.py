@@ -1,6 +1,8 @@
 """`load_checkpoint` reads a fit checkpoint and refuses, with a ValueError naming the field, anything malformed."""
 
+import json
 import re
+import warnings
 
 import pytest
 import torch
@@ -11,6 +13,7 @@ import flowkit
 from flowkit.train import MaximumLikelihood, fit
 from flowkit.train.checkpoint import load_checkpoint, load_state, save_state
 from flowkit.train.loop import CHECKPOINT_FILE
+from flowkit.train.objective import check_state
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +48,9 @@ def test_a_written_checkpoint_passes(written):
         (lambda s: s["history"].update(loss=None), "'history'"),
         (lambda s: s["history"].update(step=["x"]), "'history'"),
         (lambda s: s.update(ema={"decay": 2.0, "updates": 1, "shadow": {}}), "'ema'"),
+        (lambda s: s.update(objective=[]), "'objective' must be one objective state dict"),
+        (lambda s: s.update(objective=[{1: 2}]), "'objective'"),
+        (lambda s: s.update(objective={}), "'objective'"),
     ],
 )
 def test_a_malformed_field_is_named(written, tmp_path, edit, match):
@@ -98,3 +104,58 @@ def test_a_schedule_state_that_does_not_fit_is_a_value_error(written, tmp_path):
             resume=True,
             progress=False,
         )
+
+
+class _Counted:
+    """A duck-typed objective (no Objective subclass) with state: its steps and the sum of its losses."""
+
+    def __init__(self) -> None:
+        self.calls, self.total = 0, torch.zeros((), dtype=torch.float64)
+
+    def loss(self, flow, batch):
+        loss = MaximumLikelihood().loss(flow, batch)
+        self.calls, self.total = self.calls + 1, self.total + loss.detach().double()
+        return loss
+
+    def state_dict(self):
+        return {"calls": self.calls, "total": self.total}
+
+    def load_state_dict(self, state):
+        self.calls, total = check_state(state, ("calls", "total"), "_Counted")
+        self.total = total.clone()
+
+
+def test_the_objectives_state_is_in_the_checkpoint_and_comes_back(tmp_path):
+    x = torch.randn(64, 2, generator=torch.Generator().manual_seed(0))
+
+    def run(objective, steps, resume):
+        torch.manual_seed(0)
+        flow = flowkit.flows.RealNVP(2, transforms=1, hidden=(4,))
+        options = dict(batch_size=32, seed=0, schedule=None, progress=False)
+        fit(flow, objective, x, steps=steps, checkpoint_dir=tmp_path, resume=resume, **options)
+        return objective
+
+    first = run(_Counted(), 3, False)
+    with safe_open(str(tmp_path / CHECKPOINT_FILE), framework="pt") as f:
+        header = json.loads(f.metadata()["state"])
+    entries = dict((k, v) for k, v in header["__dict__"])
+    assert entries["objective"][0]["__dict__"][0] == ["calls", 3]  # numbers in the JSON header
+    assert set(entries["objective"][0]["__dict__"][1][1]) == {"__tensor__"}  # tensors in the safetensors file
+    resumed = run(_Counted(), 5, True)
+    straight = _Counted()
+    run(straight, 5, False)
+    assert first.calls == 3 and resumed.calls == straight.calls == 5
+    assert torch.equal(resumed.total, straight.total)
+
+
+def test_a_checkpoint_without_objective_state_resumes_an_objective_without_state_silently(written, tmp_path):
+    saved = load_state(written)
+    assert saved["objective"] == [{}]
+    del saved["objective"]
+    save_state(saved, tmp_path / CHECKPOINT_FILE)
+    flow = flowkit.flows.RealNVP(2, transforms=1, hidden=(4,))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        history = fit(flow, MaximumLikelihood(), torch.randn(64, 2), steps=3, batch_size=32, checkpoint_dir=tmp_path,
+                      resume=True, progress=False)  # fmt: skip
+    assert history.step == [1, 2, 3]

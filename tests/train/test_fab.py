@@ -1,22 +1,31 @@
 """FAB: its gradient against the alpha-2 divergence's by quadrature, and the rest.
 
 Convergence to an exact answer, the replay buffer's weight adjustment, several targets and flows, evaluation
-counts and bad input.
+counts, bad input, and its state through a checkpoint: a killed run resumes bit for bit.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 import torch
 from cases import MISMATCH, mismatched_free_form
 
+import flowkit
 from flowkit.bijectors import Reverse
 from flowkit.distributions import DiagNormal, rigid_domain
 from flowkit.flows import Flow, LatticeFlow, RealNVP, RigidBodyFlow
 from flowkit.targets import DoubleWell, Energy, GaussianMixture, ManyWell, MatrixFisher, Phi4
-from flowkit.train import FAB, PrioritisedReplayBuffer, fit
+from flowkit.train import FAB, Callback, PrioritisedReplayBuffer, fit
+from flowkit.train.checkpoint import load_state, save_state
+from flowkit.train.loop import CHECKPOINT_FILE
 
 
 def _gaussian_flow(dim: int, loc: float, scale: float) -> Flow:
@@ -174,3 +183,112 @@ def test_fab_refuses_a_flow_whose_samples_do_not_follow_its_density() -> None:
     model, target = mismatched_free_form()
     with pytest.raises(ValueError, match=f"FAB: {MISMATCH}"):
         FAB(target).loss(model, 16)
+
+
+# ---- the state goes through the checkpoint: a killed and resumed run repeats the uninterrupted one bit for bit
+
+
+class _Killed(Exception):
+    pass
+
+
+class _KillAt(Callback):
+    """Raise at the end of step `step` (a kill between two checkpoints; the checkpoint comes after this hook)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, state) -> None:
+        if state.step == self.step:
+            raise _Killed
+
+
+def _fab_run(directory: Path | None, buffer: bool, resume: bool = False, kill: int | None = None):
+    """10 steps of FAB on a double well, checkpoints every 2 steps; a fresh flow and objective, as a new process."""
+    torch.manual_seed(123)  # the fresh flow's initial weights (a resumed run gets the checkpoint's)
+    flow = RealNVP(2, transforms=1, hidden=(8,))
+    # 48 points after the first step, full (64) at step 4, then first-in-first-out from step 7 (write position 16)
+    replay = PrioritisedReplayBuffer(64, updates_per_ais=3, min_fill=48) if buffer else None
+    objective = FAB(DoubleWell(), ais_steps=2, n_leapfrog=2, replay_buffer=replay)
+    history = fit(flow, objective, steps=10, batch_size=16, lr=1e-2, progress=False, seed=0, checkpoint_every=2,
+                  checkpoint_dir=directory, resume=resume, callbacks=[_KillAt(kill)] if kill else [])  # fmt: skip
+    return flow, objective, history
+
+
+def _assert_same_fab_run(a, b) -> None:
+    (flow_a, fab_a, history_a), (flow_b, fab_b, history_b) = a, b
+    for (name, x), y in zip(flow_a.state_dict().items(), flow_b.state_dict().values(), strict=True):
+        assert torch.equal(x, y), name
+    assert torch.equal(fab_a.step_sizes, fab_b.step_sizes)
+    assert fab_a.target_evaluations == fab_b.target_evaluations
+    if fab_a.buffer is not None:
+        assert torch.equal(fab_a.buffer.x, fab_b.buffer.x) and torch.equal(fab_a.buffer.log_w, fab_b.buffer.log_w)
+        assert fab_a.buffer.state_dict()["next"] == fab_b.buffer.state_dict()["next"]
+    assert history_a.step == history_b.step == list(range(1, 11))
+    assert history_a.loss == history_b.loss and history_a.grad_norm == history_b.grad_norm
+    assert history_a.metrics == history_b.metrics
+
+
+@pytest.mark.parametrize("buffer", [True, False], ids=["buffer", "no-buffer"])
+def test_a_killed_fab_run_resumes_bit_for_bit(tmp_path: Path, buffer: bool) -> None:
+    straight = _fab_run(None, buffer)
+    with pytest.raises(_Killed):  # killed at step 9: the last checkpoint is step 8's, mid-way between AIS runs
+        _fab_run(tmp_path, buffer, kill=9)
+    saved = load_state(tmp_path / CHECKPOINT_FILE)
+    resumed = _fab_run(tmp_path, buffer, resume=True)
+    _assert_same_fab_run(straight, resumed)
+    assert saved["step"] == 8 and len(saved["objective"]) == 1  # one process's state
+    if buffer:
+        assert saved["objective"][0]["buffer"]["next"] == 16 and saved["objective"][0]["pending"] is not None
+
+
+_KILLED_SCRIPT = """
+import os, signal, sys, torch
+sys.path.insert(0, {tests!r})
+import test_fab
+torch.set_num_threads(1)
+test_fab._KillAt.on_step_end = lambda self, state: state.step == self.step and os.kill(os.getpid(), signal.SIGKILL)
+test_fab._fab_run({directory!r}, True, kill=9)
+"""
+
+
+def test_a_fab_run_killed_by_sigkill_resumes_bit_for_bit(tmp_path: Path) -> None:
+    script = _KILLED_SCRIPT.format(tests=str(Path(__file__).parent), directory=str(tmp_path))
+    root = str(Path(flowkit.__file__).parent.parent)  # the flowkit under test, in the child process too
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    killed = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], env=env, capture_output=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()[-2000:]
+    assert load_state(tmp_path / CHECKPOINT_FILE)["step"] == 8
+    _assert_same_fab_run(_fab_run(None, True), _fab_run(tmp_path, True, resume=True))
+
+
+def test_fab_state_round_trips_and_refuses_another_fabs(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    flow = RealNVP(2, transforms=1, hidden=(8,))
+    objective = FAB(DoubleWell(), ais_steps=2, replay_buffer=PrioritisedReplayBuffer(64, min_fill=32))
+    objective.loss(flow, flow.base.sample((16,)))
+    save_state(objective.state_dict(), tmp_path / "s.safetensors")  # pickle-free, as in a checkpoint
+    other = FAB(DoubleWell(), ais_steps=2, replay_buffer=PrioritisedReplayBuffer(64, min_fill=32))
+    other.load_state_dict(load_state(tmp_path / "s.safetensors"))
+    assert other.metrics() == objective.metrics() and torch.equal(other.buffer.x, objective.buffer.x)
+    state = objective.state_dict()
+    with pytest.raises(ValueError, match="written with a replay buffer"):
+        FAB(DoubleWell(), ais_steps=2).load_state_dict(state)
+    with pytest.raises(ValueError, match="3 numbers"):
+        FAB(DoubleWell(), ais_steps=3, replay_buffer=64).load_state_dict(state)
+    with pytest.raises(ValueError, match="more than the capacity 16"):
+        FAB(DoubleWell(), ais_steps=2, replay_buffer=16).load_state_dict(state)
+    del state["calls"]
+    with pytest.raises(ValueError, match="missing \\['calls'\\]"):
+        FAB(DoubleWell(), ais_steps=2, replay_buffer=64).load_state_dict(state)
+
+
+def test_a_checkpoint_without_objective_state_still_resumes_with_a_warning(tmp_path: Path) -> None:
+    with pytest.raises(_Killed):
+        _fab_run(tmp_path, True, kill=9)
+    saved = load_state(tmp_path / CHECKPOINT_FILE)
+    del saved["objective"]  # as written before objectives' state was saved
+    save_state(saved, tmp_path / CHECKPOINT_FILE)
+    with pytest.warns(RuntimeWarning, match="holds no objective state.*FAB continues from its state as it is"):
+        flow, objective, history = _fab_run(tmp_path, True, resume=True)
+    assert history.step == list(range(1, 11)) and len(objective.buffer) > 0
