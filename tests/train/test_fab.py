@@ -245,6 +245,7 @@ def test_a_killed_fab_run_resumes_bit_for_bit(tmp_path: Path, buffer: bool) -> N
 _KILLED_SCRIPT = """
 import os, signal, sys, torch
 sys.path.insert(0, {tests!r})
+sys.path.insert(0, {cases!r})
 import test_fab
 torch.set_num_threads(1)
 test_fab._KillAt.on_step_end = lambda self, state: state.step == self.step and os.kill(os.getpid(), signal.SIGKILL)
@@ -253,7 +254,8 @@ test_fab._fab_run({directory!r}, True, kill=9)
 
 
 def test_a_fab_run_killed_by_sigkill_resumes_bit_for_bit(tmp_path: Path) -> None:
-    script = _KILLED_SCRIPT.format(tests=str(Path(__file__).parent), directory=str(tmp_path))
+    here = Path(__file__).parent
+    script = _KILLED_SCRIPT.format(tests=str(here), cases=str(here.parent), directory=str(tmp_path))
     root = str(Path(flowkit.__file__).parent.parent)  # the flowkit under test, in the child process too
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
     killed = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], env=env, capture_output=True, timeout=300)
