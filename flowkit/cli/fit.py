@@ -1,6 +1,6 @@
 """`flowkit fit DATA`: fit a flow to a dataset by maximum likelihood and write the model, metrics and plots.
 
-DATA is a built-in name (`moons`, `digits`, `power`, ...) or a CSV/NPY
+DATA is a built-in name (`moons`, `digits`, `power`, ...) or a CSV/TSV/NPY
 file. The output directory receives `model/` ([`flowkit.io.save`][flowkit.io.save]),
 `metrics.json` (train/val/test NLL in nats with two standard errors, and
 bits/dim for dequantised image data), `history.csv`/`history.json`,
@@ -31,6 +31,7 @@ OUTPUTS = (
     "density.png",
     "samples.png",
     "pairwise.png",
+    "marginal.png",
 )
 
 #: The trainings `--train` chooses from.
@@ -45,7 +46,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register the `flowkit fit` subcommand."""
     parser = subparsers.add_parser(
         "fit",
-        help="fit a flow to data (built-in name or CSV/NPY file)",
+        help="fit a flow to data (built-in name or CSV/TSV/NPY file)",
         description="Fit a flow to a dataset by maximum likelihood; write the model, metrics.json, history and plots.",
     )
     parser.add_argument(
@@ -53,7 +54,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="DATA",
         help="built-in dataset (moons, circles, checkerboard, 8gaussians, "
         "pinwheel, spirals, rings, digits, power, gas, hepmass, miniboone, bsds300; images for --model: "
-        "digits-images, fashion-mnist, fashion-mnist-28) or a .csv/.npy file",
+        "digits-images, fashion-mnist, fashion-mnist-28) or a .csv/.tsv/.npy file",
     )
     parser.add_argument(
         "--flow",
@@ -408,8 +409,9 @@ def _plots(flow: Any, history: Any, data: Any, out: Path) -> None:
     elif data.train.dim() == 4 and data.levels:
         figures["samples"] = plot.image_grid(flow.sample((64,)), title=f"{data.name}: samples")
         figures["bits_per_dim"] = plot.bits_per_dim_curve(history, data.features, data.levels, title=data.name)
-    else:
-        figures["pairwise"] = plot.pairwise(data.test, flow, n=1000, labels=labels)
+    else:  # one dimension: its marginal (a histogram against the flow's); more: the pairwise marginals
+        name = "marginal" if data.features == 1 else "pairwise"
+        figures[name] = plot.pairwise(data.test, flow, n=1000, labels=labels)
     for name, fig in figures.items():
         fig.savefig(out / f"{name}.png", dpi=100)
 

@@ -2,6 +2,8 @@
 
 import json
 import math
+import os
+import stat
 import subprocess
 import sys
 
@@ -53,6 +55,21 @@ def test_bad_option_values_are_refused_before_torch_is_imported(argv, words):
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert words in result.stderr.strip().splitlines()[-1]
+
+
+def test_a_one_dimensional_fit_writes_marginal_png_and_files_anyone_can_read(tmp_path):
+    """Issue 38: the 1-D plot was named pairwise.png; weights and checkpoints were 0600, the other outputs 0644."""
+    csv, out = tmp_path / "x.csv", tmp_path / "run"
+    csv.write_text("x\n" + "\n".join(f"{v:.6f}" for v in np.random.default_rng(0).standard_normal(200)) + "\n")
+    umask = os.umask(0o022)
+    try:
+        assert main(["fit", str(csv), "--steps", "2", "--out", str(out), *SMALL]) == 0
+    finally:
+        os.umask(umask)
+    assert (out / "marginal.png").stat().st_size > 0 and not (out / "pairwise.png").exists()
+    written = ["model/weights.safetensors", "model/config.json", "checkpoint.safetensors", "metrics.json"]
+    modes = {name: oct(stat.S_IMODE((out / name).stat().st_mode)) for name in [*written, "marginal.png"]}
+    assert set(modes.values()) == {"0o644"}, modes
 
 
 def test_fit_writes_model_metrics_history_and_plots(moons_run, capsys):
