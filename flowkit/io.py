@@ -30,7 +30,8 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+from safetensors.torch import save as _safetensors_bytes
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
@@ -344,8 +345,19 @@ def save(model: nn.Module, path: str | os.PathLike) -> Path:
         "model": to_config(model),
     }
     (directory / CONFIG_FILE).write_text(json.dumps(header, indent=2))
-    save_file(state, str(directory / WEIGHTS_FILE), metadata={"format": FORMAT})
+    write_safetensors(state, directory / WEIGHTS_FILE, metadata={"format": FORMAT})
     return directory
+
+
+def write_safetensors(tensors: dict[str, torch.Tensor], path: str | os.PathLike, metadata: dict[str, str]) -> None:
+    """Write `tensors` as a safetensors file with the permissions of any other file (0644 under umask 022).
+
+    `safetensors.torch.save_file` creates its files 0600, so that a model's weights and a run's checkpoint
+    could not be read by the group that reads its metrics and plots; the bytes are written here with `open`,
+    which honours the umask like every other output.
+    """
+    with open(path, "wb") as file:
+        file.write(_safetensors_bytes(tensors, metadata=metadata))
 
 
 def load(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> nn.Module:

@@ -208,3 +208,11 @@ def test_the_package_lists_every_subpackage():
     missing = packages - set(flowkit._SUBPACKAGES) - {"cli"}
     assert not missing, f"subpackages missing from flowkit._SUBPACKAGES: {sorted(missing)}"
     assert set(flowkit._SUBPACKAGES) <= set(flowkit.__all__)
+
+
+def test_no_flowkit_module_scripts_with_torch_jit():
+    """`torch.jit.script` is deprecated (a DeprecationWarning on every use); pyproject.toml filters only torch's own."""
+    users = [
+        p.relative_to(ROOT) for p in ROOT.rglob("*.py") if "jit.script" in p.read_text() or "jit.trace" in p.read_text()
+    ]
+    assert not users, users

@@ -129,3 +129,26 @@ def test_the_rule_names_the_kernel_each_call_takes():
 def test_an_unknown_kernel_is_refused_by_name():
     with pytest.raises(ValueError, match="unknown kernel 'fast'"), use_spline_kernel("fast"):
         pass
+
+
+def test_a_first_build_says_what_it_is_doing_and_how_long_it_took(monkeypatch, capsys, caplog):
+    """Issue 38: the first fit stalled silently for about 15 s while the kernel compiled."""
+    from torch.utils import cpp_extension
+
+    calls = []
+    monkeypatch.setattr(native, "_built", lambda name: False)  # as on a fresh clone
+    monkeypatch.setattr(cpp_extension, "load", lambda **kw: calls.append(kw["name"]))
+    native._compile("flowkit_native_test")
+    assert calls == ["flowkit_native_test"]
+    err = capsys.readouterr().err  # no logging configured: the terminal is told
+    assert "compiling the native spline kernel flowkit_native_test (first use, about 15 s; cached afterwards" in err
+    assert "compiled the native spline kernel in" in err
+    with caplog.at_level("INFO", logger="flowkit"):  # and the logs are, with the time it took
+        native._compile("flowkit_native_test")
+    assert [r.getMessage().split(" (")[0] for r in caplog.records][:1] == [
+        "flowkit: compiling the native spline kernel flowkit_native_test"
+    ]
+    assert caplog.records[-1].getMessage().startswith("flowkit: compiled the native spline kernel in ")
+    monkeypatch.setattr(native, "_built", lambda name: True)  # cached: loading is quick and quiet
+    native._compile("flowkit_native_test")
+    assert capsys.readouterr().err == ""

@@ -1,5 +1,6 @@
 """Every notebook in notebooks/ runs top to bottom (with a small budget, FLOWKIT_SMALL=1)."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -31,3 +32,9 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
         if "plt.show()" in cell.source or "display(" in cell.source:
             images = [o for o in cell.get("outputs", []) if "image/png" in o.get("data", {})]
             assert images, f"no figure shown by the cell:\n{cell.source}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_cells_have_ids(path):
+    """Issue 38: a cell without an id made nbformat warn (MissingIDFieldWarning) on every run of the suite."""
+    assert all("id" in cell for cell in json.loads(path.read_text())["cells"])

@@ -26,7 +26,7 @@ COMMANDS = ["fit", "sample", "check", "bench", "boltzmann"]
 
 #: One-line summaries for `flowkit --help`, which lists the subcommands without importing them (nor torch).
 _SUMMARIES = {
-    "fit": "fit a flow to data (built-in name or CSV/NPY file)",
+    "fit": "fit a flow to data (built-in name or CSV/TSV/NPY file)",
     "sample": "draw samples from a saved model",
     "check": "run the correctness checks on a saved model",
     "bench": "run a benchmark",

@@ -33,6 +33,7 @@ from ..data.toy import TOY_DATASETS, toy_splits
 from ..flows import Flow
 from ..flows.registry import PRESET_NAMES, build_flow, count_parameters, parse_hidden
 from ..train import MaximumLikelihood, fit
+from .arguments import positive_float, positive_int
 
 __all__ = [
     "MODELS",
@@ -105,19 +106,24 @@ def add_arguments(
         default=",".join(default),
         help=f"comma-separated: {', '.join(models)} (default: {','.join(default)})",
     )
-    parser.add_argument("--steps", type=int, default=500, help="optimisation steps per run (default 500)")
-    parser.add_argument("--batch-size", type=int, default=256, help="batch size (default 256)")
-    parser.add_argument("--lr", type=float, default=1e-3, help="initial learning rate (default 1e-3)")
+    parser.add_argument("--steps", type=positive_int, default=500, help="optimisation steps per run (default 500)")
+    parser.add_argument("--batch-size", type=positive_int, default=256, help="batch size (default 256)")
+    parser.add_argument("--lr", type=positive_float, default=1e-3, help="initial learning rate (default 1e-3)")
     parser.add_argument("--transforms", type=int, default=None, help="layers (default: the preset's)")
     parser.add_argument("--hidden", default=None, help="hidden sizes, e.g. 128,128 (default: the preset's)")
     parser.add_argument("--bins", type=int, default=8, help="spline bins (default 8)")
-    parser.add_argument("--seeds", type=int, default=2, help="number of seeds (0, 1, ...; default 2)")
-    parser.add_argument("--n-train", type=int, default=20000, help="training points of the 2-D sets (default 20000)")
+    parser.add_argument("--seeds", type=positive_int, default=2, help="number of seeds (0, 1, ...; default 2)")
+    parser.add_argument(
+        "--n-train", type=positive_int, default=20000, help="training points of the 2-D sets (default 20000)"
+    )
     parser.add_argument(
         "--root", default=None, help="data directory of the tabular sets (default $FLOWKIT_DATA or ./data)"
     )
     parser.add_argument(
-        "--threads", type=int, default=None, help="torch CPU threads (default: 1 for data of at most 16 features)"
+        "--threads",
+        type=positive_int,
+        default=None,
+        help="torch CPU threads (default: 1 for data of at most 16 features)",
     )
     parser.add_argument("--out", default="bench/results/likelihood.json", help="JSON output file")
     return parser
@@ -317,17 +323,12 @@ def run(
     Raises:
         ValueError: on a bad option, an unknown model or dataset, checked before the first run.
     """
-    for name in ("steps", "batch_size", "seeds", "n_train"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
     chosen = [m.strip().lower() for m in args.models.split(",") if m.strip()]
     for m in chosen:
         if m not in models:
             peer = m.split("-")[0] in ("zuko", "nflows", "normflows")
             hint = " (flows of other libraries: python bench/likelihood.py)" if peer else ""
             raise ValueError(f"unknown model {m!r}; choose from {', '.join(models)}{hint}")
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads must be a positive integer, got {args.threads}")
     datasets = _dataset_names(args.datasets, args.root, groups)
     if not datasets:
         raise ValueError("no datasets to run (the tabular sets are absent under the data directory)")

@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .arguments import int_at_least, non_negative_float, non_negative_int, positive_float, positive_int
 from .fit import prepare_output
 from .targets import FLOWS, TARGET_SPECS, Evaluation
 
@@ -86,13 +87,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="reverse-KL gradient estimator (default fast)",
     )
     parser.add_argument(
-        "--steps", type=int, default=None, help="optimisation steps (default 2000; alanine-dipeptide 3000)"
+        "--steps", type=positive_int, default=None, help="optimisation steps (default 2000; alanine-dipeptide 3000)"
     )
-    parser.add_argument("--batch-size", type=int, default=256, help="batch size (default 256)")
-    parser.add_argument("--lr", type=float, default=1e-3, help="initial learning rate, cosine-decayed (default 1e-3)")
+    parser.add_argument("--batch-size", type=positive_int, default=256, help="batch size (default 256)")
+    parser.add_argument(
+        "--lr", type=positive_float, default=1e-3, help="initial learning rate, cosine-decayed (default 1e-3)"
+    )
     parser.add_argument(
         "--clip",
-        type=float,
+        type=non_negative_float,
         default=None,
         help="gradient norm clip (default: the objective's, 10 for BoltzmannGenerator; 0 for none)",
     )
@@ -102,11 +105,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         choices=list(FLOWS),
         help="realnvp, nsf (coupling) or lattice (phi4: checkerboard conv couplings); default realnvp",
     )
-    parser.add_argument("--transforms", type=int, default=6, help="coupling layers (default 6)")
+    parser.add_argument("--transforms", type=positive_int, default=6, help="coupling layers (default 6)")
     parser.add_argument("--hidden", default="64,64", help="hidden sizes (default 64,64)")
     parser.add_argument(
         "--samples",
-        type=int,
+        type=non_negative_int,
         default=0,
         help="exact target samples for the maximum-likelihood term (default 0: energy only)",
     )
@@ -117,7 +120,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="kl: BoltzmannGenerator (reverse KL, plus ML on --samples / MD frames); fab: FAB (alpha-2 divergence by "
         "AIS towards p^2/q, from the energy alone: no samples or MD frames are used). Default kl",
     )
-    parser.add_argument("--ais-steps", type=int, default=8, help="fab: AIS intermediate distributions (default 8)")
+    parser.add_argument(
+        "--ais-steps", type=positive_int, default=8, help="fab: AIS intermediate distributions (default 8)"
+    )
     parser.add_argument(
         "--transition",
         default=None,
@@ -128,7 +133,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--ais-step-size", type=float, default=None, help="fab: initial AIS step size, adapted (default: the target's)"
     )
     parser.add_argument(
-        "--replay-buffer", type=int, default=0, help="fab: prioritised replay buffer capacity (default 0: none)"
+        "--replay-buffer",
+        type=non_negative_int,
+        default=0,
+        help="fab: prioritised replay buffer capacity (default 0: none)",
     )
     parser.add_argument("--w-ml", type=float, default=1.0, help="weight of the ML term (default 1)")
     parser.add_argument(
@@ -149,16 +157,19 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--bodies", type=int, default=3, help="dipoles: number of rigid dipoles (default 3)")
     parser.add_argument(
         "--aux",
-        type=int,
+        type=non_negative_int,
         default=4,
         help="matrix-fisher, octupole: auxiliary coordinates of the body (default 4; 0: maps of S^3 alone)",
     )
     parser.add_argument(
-        "--heads", type=int, default=2, help="rigid targets: Moebius maps applied in turn per layer (default 2)"
+        "--heads",
+        type=positive_int,
+        default=2,
+        help="rigid targets: Moebius maps applied in turn per layer (default 2)",
     )
     parser.add_argument(
         "--components",
-        type=int,
+        type=positive_int,
         default=None,
         help="rigid targets: convex combinations of this many Moebius maps in every layer (default: single maps)",
     )
@@ -177,21 +188,23 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--trajectory-frames",
-        type=int,
+        type=positive_int,
         default=1000,
         help="alanine-dipeptide: reweighted configurations resampled into samples.dcd (default 1000)",
     )
     parser.add_argument(
         "--eval-samples",
-        type=int,
+        type=positive_int,
         default=None,
         help="flow samples for ESS, log Z and the target's metrics (default 20000; alanine-dipeptide 100000)",
     )
-    parser.add_argument("--imh-steps", type=int, default=10_000, help="length of the IMH chain (default 10000)")
+    parser.add_argument(
+        "--imh-steps", type=int_at_least(2), default=10_000, help="length of the IMH chain (default 10000)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed (default 0; also the GMM means)")
     parser.add_argument(
         "--threads",
-        type=int,
+        type=positive_int,
         default=1,
         help="torch CPU threads (default 1: these flows are small, and more threads make them many times slower "
         "on a busy machine)",
@@ -212,10 +225,6 @@ def _objective(args: argparse.Namespace, spec: Any, target: Any, samples: Any) -
 
     if args.objective == "kl":
         return BoltzmannGenerator(target, samples=samples, w_ml=args.w_ml, w_kl=args.w_kl, estimator=args.estimator)
-    if args.ais_steps < 1:
-        raise ValueError(f"--ais-steps must be a positive integer, got {args.ais_steps}")
-    if args.replay_buffer < 0:
-        raise ValueError(f"--replay-buffer must be non-negative, got {args.replay_buffer}")
     segments = getattr(target, "segments", None)  # rigid bodies: random walks on their manifold
     domain = None
     if segments:
@@ -253,25 +262,6 @@ def train_boltzmann(args: argparse.Namespace) -> dict[str, Any]:
     for name, value in {**DEFAULTS, **spec.defaults}.items():  # the options the user left out
         if getattr(args, name) is None:
             setattr(args, name, value)
-    for name in ("steps", "batch_size", "transforms", "eval_samples", "trajectory_frames"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
-    if args.imh_steps < 2:
-        raise ValueError(f"--imh-steps must be at least 2, got {args.imh_steps}")
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads must be a positive integer, got {args.threads}")
-    if args.samples < 0:
-        raise ValueError(f"--samples must be non-negative, got {args.samples}")
-    if args.aux < 0:
-        raise ValueError(f"--aux must be non-negative, got {args.aux}")
-    if args.heads < 1:
-        raise ValueError(f"--heads must be a positive integer, got {args.heads}")
-    if args.components is not None and args.components < 1:
-        raise ValueError(f"--components must be a positive integer, got {args.components}")
-    if not args.lr > 0:
-        raise ValueError(f"--lr must be positive, got {args.lr}")
-    if args.clip is not None and not args.clip >= 0:
-        raise ValueError(f"--clip must be a non-negative number (0 for no clipping), got {args.clip}")
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)

@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TextIO
 
+from .arguments import positive_float, positive_int
+
 __all__ = ["add_parser", "run", "progress"]
 
 
@@ -32,15 +34,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="MODEL",
         help="model directory or the run directory holding it (runs/moons/model or runs/moons)",
     )
-    parser.add_argument("-n", type=int, default=2000, help="samples for the flow checks (default 2000)")
+    parser.add_argument("-n", type=positive_int, default=2000, help="samples for the flow checks (default 2000)")
     parser.add_argument(
-        "--atol", type=float, default=1e-6, help="tolerance of the pointwise comparisons (default 1e-6)"
+        "--atol", type=positive_float, default=1e-6, help="tolerance of the pointwise comparisons (default 1e-6)"
     )
     parser.add_argument(
-        "--mass-tol", type=float, default=1e-2, help="tolerance on the total mass in 1-D/2-D (default 0.01)"
+        "--mass-tol", type=positive_float, default=1e-2, help="tolerance on the total mass in 1-D/2-D (default 0.01)"
     )
     parser.add_argument(
-        "--threads", type=int, default=None, help="torch CPU threads (default: 1 for events of at most 16 numbers)"
+        "--threads",
+        type=positive_int,
+        default=None,
+        help="torch CPU threads (default: 1 for events of at most 16 numbers)",
     )
     parser.set_defaults(func=run)
     return parser
@@ -91,14 +96,6 @@ def run(args: argparse.Namespace) -> int:
     from ..train import default_threads
     from .sample import model_directory
 
-    if args.n < 1:
-        raise ValueError(f"-n must be a positive integer, got {args.n}")
-    for name in ("atol", "mass_tol"):
-        value = getattr(args, name)
-        if not (math.isfinite(value) and value > 0):
-            raise ValueError(f"--{name.replace('_', '-')} must be a positive number, got {value}")
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads must be a positive integer, got {args.threads}")
     model = io.load(model_directory(args.model))
     if not isinstance(model, (Flow, Bijector)):
         raise ValueError(f"{args.model} holds a {type(model).__name__}, neither a flow nor a bijector")

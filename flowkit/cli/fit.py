@@ -1,6 +1,6 @@
 """`flowkit fit DATA`: fit a flow to a dataset by maximum likelihood and write the model, metrics and plots.
 
-DATA is a built-in name (`moons`, `digits`, `power`, ...) or a CSV/NPY
+DATA is a built-in name (`moons`, `digits`, `power`, ...) or a CSV/TSV/NPY
 file. The output directory receives `model/` ([`flowkit.io.save`][flowkit.io.save]),
 `metrics.json` (train/val/test NLL in nats with two standard errors, and
 bits/dim for dequantised image data), `history.csv`/`history.json`,
@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .arguments import non_negative_float, positive_float, positive_int
+
 __all__ = ["add_parser", "run", "fit_dataset", "prepare_output", "OUTPUTS"]
 
 #: What `flowkit fit` writes in its output directory (removed by `--force` before a new run).
@@ -29,6 +31,7 @@ OUTPUTS = (
     "density.png",
     "samples.png",
     "pairwise.png",
+    "marginal.png",
 )
 
 #: The trainings `--train` chooses from.
@@ -43,7 +46,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register the `flowkit fit` subcommand."""
     parser = subparsers.add_parser(
         "fit",
-        help="fit a flow to data (built-in name or CSV/NPY file)",
+        help="fit a flow to data (built-in name or CSV/TSV/NPY file)",
         description="Fit a flow to a dataset by maximum likelihood; write the model, metrics.json, history and plots.",
     )
     parser.add_argument(
@@ -51,7 +54,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="DATA",
         help="built-in dataset (moons, circles, checkerboard, 8gaussians, "
         "pinwheel, spirals, rings, digits, power, gas, hepmass, miniboone, bsds300; images for --model: "
-        "digits-images, fashion-mnist, fashion-mnist-28) or a .csv/.npy file",
+        "digits-images, fashion-mnist, fashion-mnist-28) or a .csv/.tsv/.npy file",
     )
     parser.add_argument(
         "--flow",
@@ -73,14 +76,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         default="normal",
         help="latent distribution of a --flow preset: standard normal, or Student-t with trained df (see --df)",
     )
-    parser.add_argument("--df", type=float, default=5.0, help="starting df of --base student-t (default 5)")
-    parser.add_argument("--levels", type=int, default=None, help="levels of the --model image flow (default 2)")
+    parser.add_argument("--df", type=positive_float, default=5.0, help="starting df of --base student-t (default 5)")
+    parser.add_argument(
+        "--levels", type=positive_int, default=None, help="levels of the --model image flow (default 2)"
+    )
     parser.add_argument(
         "--coupling", action="store_true", help="NSF with coupling layers instead of autoregressive ones"
     )
-    parser.add_argument("--transforms", type=int, default=None, help="number of layers (default 5; 8 for realnvp)")
+    parser.add_argument(
+        "--transforms", type=positive_int, default=None, help="number of layers (default 5; 8 for realnvp)"
+    )
     parser.add_argument("--hidden", default=None, help="hidden sizes, e.g. 128,128 (default 128,128; 64,64 for maf)")
-    parser.add_argument("--bins", type=int, default=8, help="spline bins (nsf; default 8)")
+    parser.add_argument("--bins", type=positive_int, default=8, help="spline bins (nsf; default 8)")
     parser.add_argument(
         "--beta",
         type=float,
@@ -88,13 +95,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="weight of the reconstruction error of --model free-form, which trains by free-form maximum "
         "likelihood (flowkit.train.FreeFormLikelihood; default 10)",
     )
-    parser.add_argument("--steps", type=int, default=2000, help="optimisation steps (default 2000)")
-    parser.add_argument("--batch-size", type=int, default=256, help="batch size (default 256)")
-    parser.add_argument("--lr", type=float, default=1e-3, help="initial learning rate, cosine-decayed (default 1e-3)")
-    parser.add_argument("--clip", type=float, default=5.0, help="gradient norm clip (default 5; 0 for none)")
+    parser.add_argument("--steps", type=positive_int, default=2000, help="optimisation steps (default 2000)")
+    parser.add_argument("--batch-size", type=positive_int, default=256, help="batch size (default 256)")
+    parser.add_argument(
+        "--lr", type=positive_float, default=1e-3, help="initial learning rate, cosine-decayed (default 1e-3)"
+    )
+    parser.add_argument(
+        "--clip", type=non_negative_float, default=5.0, help="gradient norm clip (default 5; 0 for none)"
+    )
     parser.add_argument(
         "--patience",
-        type=int,
+        type=positive_int,
         default=None,
         help="stop after this many validations without improvement; validations are every max(1, steps // 20) "
         "steps (at most an epoch apart), so that is patience x that many steps (the progress bar shows both)",
@@ -124,7 +135,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="seed of initialisation, data order and splits (default 0)")
     parser.add_argument(
         "--threads",
-        type=int,
+        type=positive_int,
         default=None,
         help="torch CPU threads (default: 1 for data with at most 16 features, else torch's choice; "
         "more threads make small flows many times slower on a busy machine)",
@@ -192,11 +203,6 @@ def _objective(args: argparse.Namespace, flow: Any) -> Any:
     return RegularizedLikelihood(**_regularizers(regularize)) if continuous else MaximumLikelihood()
 
 
-def _positive(value: int | None, name: str) -> None:
-    if value is not None and value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value}")
-
-
 def _preset_name(flow: str, coupling: bool) -> str:
     """The preset of `--flow FLOW` with or without `--coupling` (`nsf` with `--coupling` is `nsf-coupling`)."""
     from ..flows.registry import PRESETS
@@ -221,10 +227,6 @@ def fit_dataset(args: argparse.Namespace) -> dict[str, Any]:
     from ..flows.registry import build_flow, count_parameters, parse_hidden
     from ..train import default_threads, fit
 
-    for name in ("steps", "batch_size", "transforms", "bins", "patience", "threads"):
-        _positive(getattr(args, name), "--" + name.replace("_", "-"))
-    if not args.lr > 0:
-        raise ValueError(f"--lr must be positive, got {args.lr}")
     if args.no_standardize and args.robust_standardize:
         raise ValueError("--robust-standardize and --no-standardize exclude each other")
     hidden = parse_hidden(args.hidden) if args.hidden else None
@@ -388,7 +390,6 @@ def _image_flow(args: argparse.Namespace, data: Any, hidden: Any) -> Any:
 
     if data.train.dim() != 4:
         raise ValueError(f"--model {args.model} needs image data (digits-images, fashion-mnist, fashion-mnist-28)")
-    _positive(args.levels, "--levels")
     shape = tuple(data.train.shape[1:])
     return build_image_flow(args.model, shape, levels=args.levels, steps=args.transforms, hidden=hidden)
 
@@ -408,8 +409,9 @@ def _plots(flow: Any, history: Any, data: Any, out: Path) -> None:
     elif data.train.dim() == 4 and data.levels:
         figures["samples"] = plot.image_grid(flow.sample((64,)), title=f"{data.name}: samples")
         figures["bits_per_dim"] = plot.bits_per_dim_curve(history, data.features, data.levels, title=data.name)
-    else:
-        figures["pairwise"] = plot.pairwise(data.test, flow, n=1000, labels=labels)
+    else:  # one dimension: its marginal (a histogram against the flow's); more: the pairwise marginals
+        name = "marginal" if data.features == 1 else "pairwise"
+        figures[name] = plot.pairwise(data.test, flow, n=1000, labels=labels)
     for name, fig in figures.items():
         fig.savefig(out / f"{name}.png", dpi=100)
 

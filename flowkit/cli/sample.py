@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .arguments import positive_int
+
 __all__ = ["add_parser", "run", "model_directory", "column_names"]
 
 _SUFFIXES = (".npy", ".csv", ".tsv")
@@ -32,11 +34,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="MODEL",
         help="model directory, or the run directory holding it (runs/moons/model or runs/moons)",
     )
-    parser.add_argument("-n", type=int, default=1000, help="number of samples (default 1000)")
+    parser.add_argument("-n", type=positive_int, default=1000, help="number of samples (default 1000)")
     parser.add_argument("--out", default="-", help="output file, .npy, .csv or .tsv (default -: CSV on stdout)")
     parser.add_argument("--seed", type=int, default=None, help="seed of the draw")
     parser.add_argument(
-        "--threads", type=int, default=None, help="torch CPU threads (default: 1 for events of at most 16 numbers)"
+        "--threads",
+        type=positive_int,
+        default=None,
+        help="torch CPU threads (default: 1 for events of at most 16 numbers)",
     )
     parser.set_defaults(func=run)
     return parser
@@ -74,10 +79,6 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if not to_stdout and out.suffix.lower() not in _SUFFIXES:
         raise ValueError(f"--out must end in .npy or .csv (or .tsv; - for stdout), got {out.name!r}")
-    if args.n < 1:
-        raise ValueError(f"-n must be a positive integer, got {args.n}")
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads must be a positive integer, got {args.threads}")
     directory = model_directory(args.model)
     model = io.load(directory)
     if not hasattr(model, "sample"):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import sys
 import threading
 import time
 import warnings
@@ -87,11 +88,37 @@ def _register_fakes() -> None:
         return (*batched, exps.view(size, n, -1)), (0, 0, 0 if derivative else None, 0)
 
 
-def _build() -> object | None:
+def _built(name: str) -> bool:
+    """Whether torch's cache already holds the compiled library `name` (then loading it takes a moment)."""
     from torch.utils import cpp_extension
 
-    name = _extension_name()
-    _log.info("flowkit: building the native spline kernel %s (once; cached by torch)", name)
+    directory = Path(cpp_extension._get_build_directory(name, verbose=False))
+    return any(directory.glob(f"{name}*.so")) or any(directory.glob(f"{name}*.pyd"))
+
+
+def _announce(message: str) -> None:
+    """Log `message` to the `flowkit` logger; where no handler would show it, also print it on stderr.
+
+    Printed through `tqdm.write`, so that it lands above a running progress bar instead of through it.
+    """
+    _log.info(message)
+    if not (_log.isEnabledFor(logging.INFO) and _log.hasHandlers()):
+        from tqdm import tqdm
+
+        tqdm.write(message, file=sys.stderr)
+
+
+def _compile(name: str) -> None:
+    """Build (or load from torch's cache) the extension `name`, saying so when it compiles (10-30 s)."""
+    from torch.utils import cpp_extension
+
+    fresh = not _built(name)
+    if fresh:
+        _announce(
+            f"flowkit: compiling the native spline kernel {name} (first use, about 15 s; cached afterwards under "
+            f"{Path(cpp_extension._get_build_directory(name, verbose=False)).parent})"
+        )
+    start = time.perf_counter()
     _remove_stale_lock(name)
     cpp_extension.load(
         name=name,
@@ -102,6 +129,12 @@ def _build() -> object | None:
         is_python_module=False,
         verbose=False,
     )
+    if fresh:
+        _announce(f"flowkit: compiled the native spline kernel in {time.perf_counter() - start:.1f} s")
+
+
+def _build() -> object | None:
+    _compile(_extension_name())
     _register_fakes()
     return torch.ops.flowkit_native
 

@@ -51,13 +51,13 @@ References:
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
 from .._validation import check_number
+from ..root_finding import ConvergenceError
 from .observables import jackknife
 
 __all__ = [
@@ -106,8 +106,9 @@ class StaggeredDirac:
         mass: the bare fermion mass $m$ (0: massless, as in Albergo et al. 2021).
         boundary: `"antiperiodic-time"` (fermions antiperiodic in $x_0$, periodic in $x_1$) or `"periodic"`.
 
-    Fields are `(..., L, L)` tensors; `apply(phi, psi)` broadcasts `phi` against `psi`, so one field acts on
-    several vectors (`phi[:, None]` against `psi` of shape `(batch, flavours, L, L)`).
+    Fields are real floating `(..., L, L)` tensors (a complex or integer field is refused with a
+    `ValueError`: $D$ is real by construction); `apply(phi, psi)` broadcasts `phi` against `psi`, so one
+    field acts on several vectors (`phi[:, None]` against `psi` of shape `(batch, flavours, L, L)`).
     """
 
     def __init__(self, L: int, g: float, mass: float = 0.0, boundary: str = "antiperiodic-time") -> None:
@@ -146,8 +147,25 @@ class StaggeredDirac:
             out = term if out is None else out + term
         return out
 
+    def check_field(self, phi: object, where: str = "StaggeredDirac") -> None:
+        """Raise `ValueError` unless `phi` is a real floating tensor `(..., L, L)` (no host synchronisation).
+
+        Every method that takes a field checks it here (through
+        [`diagonal`][flowkit.lattice.StaggeredDirac.diagonal]).
+        """
+        if not isinstance(phi, Tensor):
+            raise ValueError(f"{where}: the field phi must be a torch.Tensor, got {type(phi).__name__}")
+        if not phi.is_floating_point():
+            raise ValueError(
+                f"{where}: the field phi must be real floating point (float32 or float64), got {phi.dtype}; "
+                "the Yukawa field is real, so D[phi] is a real matrix"
+            )
+        if phi.dim() < 2 or tuple(phi.shape[-2:]) != (self.L, self.L):
+            raise ValueError(f"{where}: the field phi must be (..., {self.L}, {self.L}), got {tuple(phi.shape)}")
+
     def diagonal(self, phi: Tensor) -> Tensor:
-        r"""The Yukawa part $M_x = m + g\phi_x$, shape of `phi`."""
+        r"""The Yukawa part $M_x = m + g\phi_x$, shape of `phi` (checked by `check_field`)."""
+        self.check_field(phi)
         return self.mass + self.g * phi
 
     def apply(self, phi: Tensor, psi: Tensor) -> Tensor:
@@ -173,13 +191,60 @@ class StaggeredDirac:
         r"""$\log|\det D[\phi]|$ by dense LU (differentiable, exact), batch shape of `phi`."""
         return torch.linalg.slogdet(self.dense(phi))[1]
 
+    def inverse(self, phi: Tensor, where: str = "StaggeredDirac.inverse") -> Tensor:
+        r"""The dense inverses $D^{-1}[\phi]$, `(..., V, V)`.
+
+        $D$ is taken as singular when its LU factorisation meets a pivot no larger than $V \varepsilon$ times
+        the largest one (a zero mode to working precision: at $m + g\phi = 0$ with periodic boundaries the
+        pivot is $10^{-16}$ of the largest in float64), where an inverse would be rounding noise.
+
+        Raises:
+            ValueError: where $D[\phi]$ is singular (there $\log|\det D| = -\infty$: the Yukawa energy is
+                $+\infty$ and its force undefined), naming how many configurations and the first one.
+        """
+        matrix = self.dense(phi)
+        lu, pivots, info = torch.linalg.lu_factor_ex(matrix)
+        u = lu.diagonal(dim1=-2, dim2=-1).abs()
+        singular = (info != 0) | (u.amin(-1) <= u.shape[-1] * torch.finfo(u.dtype).eps * u.amax(-1))
+        if bool(singular.any()):
+            first = tuple(int(k) for k in singular.nonzero()[0]) if singular.dim() else ()
+            zero_modes = (
+                "; with boundary='periodic', g = 0 and mass = 0 every D[phi] is singular (zero modes of the hopping)"
+                if self.boundary == "periodic" and self.g == 0 and self.mass == 0
+                else ""
+            )
+            raise ValueError(
+                f"{where}: D[phi] is singular for {int(singular.sum())} of {max(1, singular.numel())} configuration(s) "
+                f"(the first at batch index {first}): log|det D| = -inf there, so the energy is +inf and D^-1 "
+                f"(the force, the propagator) does not exist{zero_modes}"
+            )
+        identity = torch.eye(matrix.shape[-1], dtype=matrix.dtype, device=matrix.device).expand_as(matrix)
+        return torch.linalg.lu_solve(lu, pivots, identity)
+
     def propagator(self, phi: Tensor) -> Tensor:
-        r"""The exact propagator $D^{-1}[\phi]$, `(..., L, L, L, L)` indexed `[x0, x1, y0, y1]`."""
+        r"""The exact propagator $D^{-1}[\phi]$, `(..., L, L, L, L)` indexed `[x0, x1, y0, y1]`.
+
+        Raises:
+            ValueError: where $D[\phi]$ is singular (see [`inverse`][flowkit.lattice.StaggeredDirac.inverse]).
+        """
         L = self.L
-        return torch.linalg.inv(self.dense(phi)).unflatten(-1, (L, L)).unflatten(-3, (L, L))
+        return self.inverse(phi, "StaggeredDirac.propagator").unflatten(-1, (L, L)).unflatten(-3, (L, L))
 
     def __repr__(self) -> str:
         return f"StaggeredDirac(L={self.L}, g={self.g}, mass={self.mass}, boundary={self.boundary!r})"
+
+
+def check_cg_tolerance(tol: object, name: str, where: str) -> float:
+    r"""Check a relative CG residual tolerance: a finite number in `(0, 1)`; returns it as a float.
+
+    A tolerance of 1 or more is met by the starting point $x = 0$ itself ($\|b - A 0\| = \|b\|$), so CG
+    would return zero without an iteration.
+
+    Raises:
+        ValueError: naming `where`, `name` and the value.
+    """
+    rule = "a number in (0, 1) (x = 0 already meets a relative residual of 1)"
+    return check_number(tol, name, where=where, positive=True, below=1, rule=rule)
 
 
 def conjugate_gradient(
@@ -194,22 +259,27 @@ def conjugate_gradient(
     Every system (each index of the leading `b.dim() - event_dims` dimensions) is solved independently,
     starting from $x = 0$ (so that the solution is a deterministic function of $b$ and $A$, as a reversible
     molecular-dynamics force needs), and stops once its residual satisfies
-    $\|b - A x\| \le \text{tol}\,\|b\|$; a system that has converged is frozen.
+    $\|b - A x\| \le \text{tol}\,\|b\|$; a system that has converged is frozen. A solve that does not reach
+    that residual within `max_iter` iterations (or meets a NaN) raises: CG never returns an unconverged $x$.
 
     Arguments:
         operator: `v -> A v` on tensors shaped like `b`.
         b: right-hand sides `(..., *event)`.
-        tol: the relative residual tolerance, positive.
+        tol: the relative residual tolerance, in `(0, 1)` (`tol >= 1` would accept $x = 0$ without a single
+            iteration).
         max_iter: the most iterations (default: 10 times the event size, at least 100).
         event_dims: the trailing dimensions of one vector (2 for a lattice field).
 
     Returns:
-        `(x, iterations)`. A `RuntimeWarning` says when some system has not converged within `max_iter`.
+        `(x, iterations)`.
 
     Raises:
-        ValueError: when `tol` is not positive or `max_iter` not a positive integer.
+        ValueError: when `tol` is not in `(0, 1)` or `max_iter` not a positive integer.
+        ConvergenceError: ([`flowkit.root_finding.ConvergenceError`][flowkit.root_finding.ConvergenceError])
+            when some system has not reached the relative residual `tol` within `max_iter` iterations, naming
+            how many and the worst one's index and relative residual.
     """
-    tol = check_number(tol, "tol", where="conjugate_gradient", positive=True)
+    tol = check_cg_tolerance(tol, "tol", "conjugate_gradient")
     size = math.prod(b.shape[b.dim() - event_dims :])
     if max_iter is None:
         max_iter = max(100, 10 * size)
@@ -238,12 +308,15 @@ def conjugate_gradient(
         rr = torch.where(active, rr_new, rr)
         active = active & (rr > threshold)
         iterations += 1
-    if bool(active.any()):
-        warnings.warn(
-            f"conjugate_gradient: {int(active.sum())} system(s) did not reach the relative residual {tol:g} "
-            f"in {max_iter} iterations",
-            RuntimeWarning,
-            stacklevel=2,
+    failed = ~(rr <= threshold)  # NaN residuals fail too
+    if bool(failed.any()):
+        relative = (rr / dot(b, b)).sqrt().reshape(-1)
+        worst = int(torch.where(torch.isnan(relative), torch.full_like(relative, math.inf), relative).argmax())
+        index = tuple(int(k) for k in torch.unravel_index(torch.tensor(worst), failed.shape[: b.dim() - event_dims]))
+        raise ConvergenceError(
+            f"conjugate_gradient: {int(failed.sum())} of {failed.numel()} system(s) did not reach the relative "
+            f"residual {tol:g} in {iterations} iterations (max_iter = {max_iter}); the worst, system {index}, "
+            f"stopped at {float(relative[worst]):.3g} (a singular or indefinite operator, or too few iterations)"
         )
     return x, iterations
 
@@ -252,9 +325,8 @@ def _propagators(phi: Tensor, dirac: StaggeredDirac) -> Tensor:
     """Dense propagators `(..., V, V)` (float64) of fields `(..., L, L)`."""
     if not isinstance(dirac, StaggeredDirac):
         raise ValueError(f"expected a flowkit.lattice.StaggeredDirac, got {type(dirac).__name__}")
-    if not isinstance(phi, Tensor) or phi.dim() < 2 or tuple(phi.shape[-2:]) != (dirac.L, dirac.L):
-        raise ValueError(f"expected fields (..., {dirac.L}, {dirac.L}) for this operator")
-    return torch.linalg.inv(dirac.dense(phi.detach().double()))
+    dirac.check_field(phi, "fermion observables")
+    return dirac.inverse(phi.detach().double(), "fermion observables")
 
 
 def _separations(dirac: StaggeredDirac, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:

@@ -3,7 +3,8 @@
 Flowkit's molecular configurations are flattened Cartesian positions in nm, `(n, 3 n_atoms)`
 (`(x_0, y_0, z_0, x_1, ...)`, the convention of [`OpenMMEnergy`][flowkit.targets.OpenMMEnergy]).
 [`write_pdb`][flowkit.targets.trajectory.write_pdb] writes a topology with one frame
-(`openmm.app.PDBFile`, coordinates in angstrom to 3 decimals), and
+(`openmm.app.PDBFile`, coordinates in angstrom to 3 decimals; a coordinate outside the `%8.3f` columns,
+-999.999 to 9999.999 angstrom, is refused with an error naming the atom), and
 [`write_dcd`][flowkit.targets.trajectory.write_dcd] a trajectory of frames (`openmm.app.DCDFile`, CHARMM
 format, little-endian float32 angstrom). The positions go to OpenMM as quantities in nm, and OpenMM
 converts them to angstrom, so both files read back in VMD, PyMOL, MDTraj (`mdtraj.load("x.dcd",
@@ -47,6 +48,29 @@ def _frames(positions: Any, topology: Any, where: str) -> np.ndarray:
     return x
 
 
+#: The range of a PDB coordinate field (`%8.3f`, angstrom): wider values run into the next column.
+PDB_RANGE_ANGSTROM = (-999.999, 9999.999)
+
+
+def _check_pdb_columns(frame: np.ndarray, topology: Any) -> None:
+    """Raise `ValueError` naming the first atom whose coordinates, in angstrom to 3 decimals, do not fit `%8.3f`."""
+    low, high = PDB_RANGE_ANGSTROM
+    angstrom = np.round(frame * 10.0, 3)
+    outside = (angstrom < low) | (angstrom > high)
+    if not outside.any():
+        return
+    i, axis = (int(k) for k in np.argwhere(outside)[0])
+    atom = list(topology.atoms())[i]
+    residue = atom.residue
+    raise ValueError(
+        f"write_pdb: atom {i + 1} ({atom.name} of {residue.name} {residue.id}) has {'xyz'[axis]} = "
+        f"{frame[i, axis]:.6g} nm = {frame[i, axis] * 10:.6g} angstrom, outside the PDB coordinate columns "
+        f"(%8.3f angstrom: {low} to {high}, i.e. {low / 10:.4f} to {high / 10:.4f} nm); {int(outside.any(1).sum())} "
+        "atom(s) are out of range. Positions are in nm (angstrom given as nm are 10 times too large); "
+        "write such frames with write_dcd or as PDBx/mmCIF (openmm.app.PDBxFile)"
+    )
+
+
 def write_pdb(path: str | os.PathLike, topology: Any, positions: Any) -> None:
     """Write a PDB file of the topology with one frame, with `openmm.app.PDBFile`.
 
@@ -58,10 +82,13 @@ def write_pdb(path: str | os.PathLike, topology: Any, positions: Any) -> None:
             the first.
 
     Raises:
-        ValueError: when OpenMM is missing, or the positions do not fit the topology or are not finite.
+        ValueError: when OpenMM is missing, the positions do not fit the topology or are not finite, or a
+            coordinate does not fit the PDB's `%8.3f` angstrom columns (`PDB_RANGE_ANGSTROM`: -999.999 to
+            9999.999 angstrom), naming the atom; nothing is written then.
     """
     mm = require_openmm()
     frame = _frames(positions, topology, "write_pdb")[0]
+    _check_pdb_columns(frame, topology)
     with open(path, "w") as file:
         mm.app.PDBFile.writeFile(topology, mm.unit.Quantity(frame, mm.unit.nanometer), file)
 

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from .._validation import check_number
-from ..lattice.fermions import StaggeredDirac, conjugate_gradient
+from ..lattice.fermions import StaggeredDirac, check_cg_tolerance, conjugate_gradient
 from .base import Target
 from .lattice import Phi4
 
@@ -106,7 +106,8 @@ class YukawaStaggered(Target):
         g: Yukawa coupling (finite; `g = 0` is the free fermion, independent of $\phi$).
         boundary: fermion boundary conditions, `"antiperiodic-time"` (default) or `"periodic"`.
         mass: bare fermion mass $m_f$ (default 0: massless, as in the paper).
-        cg_tol: relative residual of the conjugate-gradient solves of the pseudofermion forms (positive).
+        cg_tol: relative residual of the conjugate-gradient solves of the pseudofermion forms, in `(0, 1)`;
+            a solve that does not reach it raises [`ConvergenceError`][flowkit.root_finding.ConvergenceError].
 
     References:
         Albergo et al., PRD 104, 114507 (2021) (arXiv:2106.05934), Sec. V (the Yukawa model);
@@ -131,9 +132,15 @@ class YukawaStaggered(Target):
         g = check_number(g, "g", where=where)
         check_number(m2, "m2", where=where)
         check_number(lam, "lam", where=where, low=0)
-        self.cg_tol = check_number(cg_tol, "cg_tol", where=where, positive=True)
+        self.cg_tol = check_cg_tolerance(cg_tol, "cg_tol", where)
         self.scalar = Phi4(L, m2, lam)  # checks m2 and lam
         self.dirac = StaggeredDirac(L, g, mass, boundary)
+        if boundary == "periodic" and g == 0 and self.dirac.mass == 0:
+            raise ValueError(
+                f"{where}: with boundary='periodic', g = 0 and mass = 0 the Dirac operator has zero modes for every "
+                "field (det D = 0), so the density vanishes everywhere; use boundary='antiperiodic-time', a mass or "
+                "g != 0"
+            )
         self.event_shape = torch.Size([L, L])
         self.L, self.m2, self.lam, self.g = int(L), float(m2), float(lam), float(g)
         self.mass, self.boundary = float(mass), boundary
@@ -166,7 +173,7 @@ class YukawaStaggered(Target):
         self._check_exact("force")
         y = x.detach().to(torch.promote_types(x.dtype, torch.float64))
         inverse_diagonal = (
-            torch.linalg.inv(self.dirac.dense(y)).diagonal(dim1=-2, dim2=-1).unflatten(-1, (self.L, self.L))
+            self.dirac.inverse(y, "YukawaStaggered.force").diagonal(dim1=-2, dim2=-1).unflatten(-1, (self.L, self.L))
         )
         return (self.scalar._force(y) + 2 * self.g * inverse_diagonal).to(x.dtype)
 

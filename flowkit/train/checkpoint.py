@@ -21,10 +21,10 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 from torch import Tensor
 
 from .._config import read_json
+from ..io import write_safetensors
 
 __all__ = ["save_state", "load_state", "load_checkpoint"]
 
@@ -81,7 +81,7 @@ def save_state(state: Any, path: str | os.PathLike) -> Path:
     header = _encode(state, tensors, "state")
     metadata = {"format": _FORMAT, "version": str(_VERSION), "state": _json.dumps(header)}
     tmp = path.with_name(path.name + ".tmp")
-    save_file(tensors, str(tmp), metadata=metadata)
+    write_safetensors(tensors, tmp, metadata=metadata)
     os.replace(tmp, path)
     return path
 

@@ -36,10 +36,9 @@ def test_boltzmann_fab_with_a_replay_buffer_on_a_rigid_body(tmp_path):
     assert json.loads((kl / "metrics.json").read_text())["train_target_evaluations"] == 3 * 16
 
 
-def test_boltzmann_fab_refuses_bad_settings(tmp_path, capsys):
+def test_boltzmann_fab_refuses_bad_settings(tmp_path, capsys, usage_error):
     base = ["boltzmann", "double-well", "--objective", "fab", "--steps", "1", "--out", str(tmp_path)]
-    assert main([*base, "--ais-steps", "0"]) == 2
-    assert "--ais-steps must be a positive integer" in capsys.readouterr().err
+    assert "argument --ais-steps: must be a positive integer" in usage_error([*base, "--ais-steps", "0"])
     assert main([*base, "--ais-step-size", "nan"]) == 2
     assert "step sizes must be finite and positive" in capsys.readouterr().err
     assert main([*base, "--replay-buffer", "8", "--batch-size", "32"]) == 2

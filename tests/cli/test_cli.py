@@ -2,6 +2,8 @@
 
 import json
 import math
+import os
+import stat
 import subprocess
 import sys
 
@@ -28,6 +30,46 @@ def test_python_m_flowkit_help():
     assert result.returncode == 0
     for command in ("fit", "sample", "check", "bench"):
         assert command in result.stdout
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["fit", "moons", "--steps", "-5"], "argument --steps: must be a positive integer, got '-5'"),
+        (["fit", "moons", "--lr", "0"], "argument --lr: must be a positive number, got '0'"),
+        (["sample", "runs/x", "-n", "0"], "argument -n: must be a positive integer"),
+        (["boltzmann", "phi4", "--imh-steps", "1"], "argument --imh-steps: must be an integer of at least 2"),
+    ],
+)
+def test_bad_option_values_are_refused_before_torch_is_imported(argv, words):
+    """Issue 38: `flowkit fit moons --steps -5` imported torch first and took 5-20 s to say so."""
+    code = (
+        "import sys\n"
+        "from flowkit.cli import main\n"
+        "try:\n"
+        f"    main({argv!r})\n"
+        "except SystemExit as exit:\n"
+        "    assert exit.code == 2, exit.code\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert words in result.stderr.strip().splitlines()[-1]
+
+
+def test_a_one_dimensional_fit_writes_marginal_png_and_files_anyone_can_read(tmp_path):
+    """Issue 38: the 1-D plot was named pairwise.png; weights and checkpoints were 0600, the other outputs 0644."""
+    csv, out = tmp_path / "x.csv", tmp_path / "run"
+    csv.write_text("x\n" + "\n".join(f"{v:.6f}" for v in np.random.default_rng(0).standard_normal(200)) + "\n")
+    umask = os.umask(0o022)
+    try:
+        assert main(["fit", str(csv), "--steps", "2", "--out", str(out), *SMALL]) == 0
+    finally:
+        os.umask(umask)
+    assert (out / "marginal.png").stat().st_size > 0 and not (out / "pairwise.png").exists()
+    written = ["model/weights.safetensors", "model/config.json", "checkpoint.safetensors", "metrics.json"]
+    modes = {name: oct(stat.S_IMODE((out / name).stat().st_mode)) for name in [*written, "marginal.png"]}
+    assert set(modes.values()) == {"0o644"}, modes
 
 
 def test_fit_writes_model_metrics_history_and_plots(moons_run, capsys):
@@ -108,7 +150,7 @@ def _error(capsys, argv):
     return err
 
 
-def test_bad_input_gives_one_line_errors_and_exit_code_2(tmp_path, capsys, moons_run):
+def test_bad_input_gives_one_line_errors_and_exit_code_2(tmp_path, capsys, moons_run, usage_error):
     out = ["--out", str(tmp_path / "o"), "--steps", "1", "--no-plots", "--no-progress"]
     assert "no such data file" in _error(capsys, ["fit", str(tmp_path / "missing.csv"), *out])
     (tmp_path / "ragged.csv").write_text("1,2\n3\n")
@@ -122,14 +164,14 @@ def test_bad_input_gives_one_line_errors_and_exit_code_2(tmp_path, capsys, moons
     assert "--coupling applies to nsf only" in _error(capsys, ["fit", "moons", "--flow", "maf", "--coupling", *out])
     assert "hidden sizes must be integers" in _error(capsys, ["fit", "moons", "--hidden", "a,b", *out])
     assert "hidden sizes must be integers" in _error(capsys, ["fit", "moons", "--hidden", "12,x", *out])
-    assert "--steps must be a positive integer" in _error(capsys, ["fit", "moons", *out, "--steps", "0"])
+    assert "argument --steps: must be a positive integer" in usage_error(["fit", "moons", *out, "--steps", "0"])
     assert "missing power/data.npy" in _error(capsys, ["fit", "power", "--root", str(tmp_path), *out]).replace(
         str(tmp_path) + "/", ""
     )
     model = str(moons_run / "model")
     assert "--out must end in .npy or .csv" in _error(capsys, ["sample", model, "--out", str(tmp_path / "s.txt")])
-    assert "-n must be a positive integer" in _error(
-        capsys, ["sample", model, "-n", "0", "--out", str(tmp_path / "s.npy")]
+    assert "argument -n: must be a positive integer" in usage_error(
+        ["sample", model, "-n", "0", "--out", str(tmp_path / "s.npy")]
     )
     assert "no such model directory" in _error(
         capsys, ["sample", str(tmp_path / "nomodel"), "--out", str(tmp_path / "s.npy")]
@@ -142,9 +184,9 @@ def test_bad_input_gives_one_line_errors_and_exit_code_2(tmp_path, capsys, moons
     assert "unknown dataset 'nosuch'" in _error(
         capsys, ["bench", "likelihood", "--datasets", "moons,nosuch", "--steps", "1"]
     )
-    assert "--threads must be a positive integer" in _error(capsys, ["bench", "likelihood", "--threads", "-1"])
-    assert "--atol must be a positive number" in _error(capsys, ["check", model, "--atol", "-1"])
-    assert "--mass-tol must be a positive number" in _error(capsys, ["check", model, "--mass-tol", "nan"])
+    assert "argument --threads: must be a positive integer" in usage_error(["bench", "likelihood", "--threads", "-1"])
+    assert "argument --atol: must be a positive number" in usage_error(["check", model, "--atol", "-1"])
+    assert "argument --mass-tol: must be a positive number" in usage_error(["check", model, "--mass-tol", "nan"])
     (tmp_path / "a_file").write_text("")
     assert "a_file" in _error(
         capsys,

@@ -20,6 +20,7 @@ from flowkit.lattice import (
     measure_fermions,
     parity_sign,
 )
+from flowkit.root_finding import ConvergenceError
 from flowkit.sampling import hmc, pseudofermion_hmc
 from flowkit.targets import Phi4, YukawaJoint, YukawaStaggered
 
@@ -274,6 +275,18 @@ def test_fermion_observables():
         (lambda: YukawaStaggered(4, -1.0, 0.5, 0.3, cg_tol=-1e-8), "cg_tol"),
         (lambda: YukawaStaggered(4, -1.0, 0.5, 0.3, boundary="open"), "boundary"),
         (lambda: conjugate_gradient(lambda v: v, torch.ones(2, 2), tol=0), "tol"),
+        # issue 38, defect 4: a tolerance of 1 or more is met by x = 0, which turned the fermions off
+        (lambda: YukawaStaggered(4, g=0.6, cg_tol=10.0), "cg_tol must be a number in \\(0, 1\\)"),
+        (lambda: YukawaStaggered(4, g=0.6, cg_tol=1.0), "cg_tol"),
+        (lambda: YukawaStaggered(4, g=0.6, cg_tol=math.inf), "cg_tol"),
+        (lambda: YukawaJoint(4, g=0.6, cg_tol=2.0), "cg_tol"),
+        (lambda: conjugate_gradient(lambda v: v, torch.ones(2, 2), tol=1.0), "tol must be a number in"),
+        (lambda: conjugate_gradient(lambda v: v, torch.ones(2, 2), tol=math.nan), "tol"),
+        # issue 38, defect 12: the field of D[phi] is real
+        (lambda: StaggeredDirac(4, 0.5).log_abs_det(torch.randn(4, 4, dtype=torch.complex128)), "real floating"),
+        (lambda: StaggeredDirac(4, 0.5).dense(torch.ones(4, 4, dtype=torch.int64)), "real floating"),
+        (lambda: StaggeredDirac(4, 0.5).apply(torch.zeros(2, 3, 3), torch.zeros(2, 4, 4)), r"\(\.\.\., 4, 4\)"),
+        (lambda: YukawaStaggered(4, g=0.0, boundary="periodic"), "zero modes for every field"),
         (lambda: YukawaStaggered(18, -1.0, 0.5, 0.3).energy(torch.zeros(1, 18, 18)), "L <= 16"),
         (lambda: pseudofermion_hmc(Phi4(4), torch.zeros(2, 4, 4), 2), "pseudofermions"),
         (lambda: YukawaStaggered(4).pseudofermion_action(torch.zeros(2, 4, 4), torch.zeros(2, 4, 4)), "chi"),
@@ -290,3 +303,44 @@ def test_large_lattice_runs_with_pseudofermions():
         target, torch.zeros(2, 18, 18, dtype=torch.float64), 2, 0.1, 2, generator=torch.Generator().manual_seed(0)
     )
     assert run.samples.shape == (2, 2, 18, 18) and run.mean_acceptance > 0
+
+
+def test_conjugate_gradient_raises_when_it_does_not_converge():
+    """Issue 38, defect 4: CG reports non-convergence (it used to warn and return the unconverged x)."""
+    dirac = StaggeredDirac(4, g=0.5)
+    phi = _fields(3, 4)
+    b = torch.randn(3, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    with pytest.raises(ConvergenceError, match=r"3 of 3 system\(s\) did not reach the relative residual 1e-10 in 2"):
+        conjugate_gradient(lambda v: dirac.apply_normal(phi, v), b, max_iter=2)
+    nan = b.clone()
+    nan[1, 0, 0] = math.nan
+    with pytest.raises(ConvergenceError, match=r"1 of 3 .* system \(1,\)"):
+        conjugate_gradient(lambda v: dirac.apply_normal(phi, v), nan)
+    # a singular operator (periodic, g = 0, m = 0: zero modes) cannot be solved for a generic b
+    free = StaggeredDirac(4, g=0.0, boundary="periodic")
+    with pytest.raises(ConvergenceError, match="singular or indefinite"):
+        conjugate_gradient(lambda v: free.apply_normal(phi, v), b)
+
+
+def test_pseudofermions_are_on_at_any_accepted_tolerance():
+    """Issue 38, defect 4: the loosest accepted tolerance still iterates, so S_pf is not 0."""
+    target = YukawaStaggered(4, -1.0, 0.5, g=0.6, cg_tol=0.999).double()
+    x = _fields(4, 4)
+    chi = target.sample_pseudofermions(x, torch.Generator().manual_seed(0))
+    assert bool((target.pseudofermion_action(x, chi) > 0).all())
+
+
+def test_force_at_a_singular_dirac_operator_is_a_clear_error():
+    """Issue 38, defect 12: at a singular D the energy is +inf and the force names the problem (not _LinAlgError)."""
+    target = YukawaStaggered(4, -1.0, 0.5, g=0.5, boundary="periodic").double()
+    zero = torch.zeros(3, 4, 4, dtype=torch.float64)  # m + g phi = 0: D = K, which has zero modes when periodic
+    D = target.dirac.dense(zero)
+    singular = torch.linalg.matrix_rank(D) < 16
+    assert bool(singular.all())
+    with pytest.raises(ValueError, match=r"YukawaStaggered.force: D\[phi\] is singular for 3 of 3"):
+        target.force(zero)
+    two = StaggeredDirac(2, g=0.0, boundary="periodic")  # K = 0 exactly: LU meets a zero pivot
+    with pytest.raises(ValueError, match="zero modes of the hopping"):
+        two.propagator(torch.zeros(2, 2, dtype=torch.float64))
+    with pytest.raises(ValueError, match="fermion observables: D\\[phi\\] is singular"):
+        chiral_condensate(torch.zeros(1, 2, 2), two)

@@ -92,3 +92,20 @@ def test_writers_bad_input(molecule, tmp_path):
         write_dcd(tmp_path / "x.dcd", target.topology, bad)
     with pytest.raises(ValueError, match="interval"):
         write_dcd(tmp_path / "x.dcd", target.topology, frames, interval=0.0)
+
+
+def test_pdb_refuses_coordinates_wider_than_its_columns(molecule, tmp_path):
+    """Issue 38, defect 5: coordinates beyond %8.3f angstrom ran into the next field; now an error names the atom."""
+    target, frames = molecule
+    with pytest.raises(ValueError, match=r"atom 1 \(H1 of ACE 1\) .* -999.999 to 9999.999"):
+        write_pdb(tmp_path / "wide.pdb", target.topology, frames[0] * 1e5)
+    assert not (tmp_path / "wide.pdb").exists()
+    edge = frames[0].reshape(22, 3).clone()
+    edge[5, 2] = -100.0  # -1000 angstrom: one column too wide
+    with pytest.raises(ValueError, match=r"atom 6 \(.*\) has z = -100 nm"):
+        write_pdb(tmp_path / "edge.pdb", target.topology, edge)
+    edge[5, 2] = 999.9999  # 9999.999 angstrom: the widest that fits
+    write_pdb(tmp_path / "edge.pdb", target.topology, edge)
+    atoms = [line for line in (tmp_path / "edge.pdb").read_text().splitlines() if line.startswith(("ATOM", "HETATM"))]
+    assert atoms[5][46:54] == "9999.999"
+    assert [float(line[30:38]) for line in atoms][5] == pytest.approx(10 * float(edge[5, 0]), abs=1e-3)
