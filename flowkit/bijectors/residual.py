@@ -13,6 +13,7 @@ References:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -30,6 +31,8 @@ __all__ = ["Residual", "LipSwish", "SpectralLinear"]
 LOGDET = ("exact", "series")
 #: Distributions of the number of extra power-series terms (Russian roulette).
 ESTIMATORS = ("geometric", "poisson")
+#: The initial LipSwish slope parameter beta of `Residual` blocks (see `Residual`, "Initialisation").
+_LIPSWISH_BETA = 32.0
 
 
 class LipSwish(nn.Module):
@@ -37,11 +40,21 @@ class LipSwish(nn.Module):
 
     $\max_x \frac{d}{dx}[x \sigma(\beta x)] \approx 1.0998$ for every $\beta$, so the division by 1.1
     makes $\phi$ 1-Lipschitz (Chen et al. 2019, section 4).
+
+    $\phi_\beta(x) = \phi_1(\beta x) / \beta$: $\beta$ sets the width, about $4 / \beta$, of the bend between
+    the flat part and the slope $1 / 1.1$, and $\phi_\beta$ is close to linear on inputs much smaller than that.
+    Behind spectrally normalised layers the inputs are no larger than the data (unit scale after ActNorm), so
+    a small $\beta$ leaves the network nearly linear there; see [`Residual`][flowkit.bijectors.Residual].
+
+    Arguments:
+        beta: the initial $\beta$ (positive); Chen et al. start from $\mathrm{softplus}(0.5) \approx 0.97$.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, beta: float = _LIPSWISH_BETA) -> None:
         super().__init__()
-        self.raw_beta = nn.Parameter(torch.tensor(0.5))
+        check_number(beta, "beta", where="LipSwish", positive=True)
+        raw = float(beta) + math.log(-math.expm1(-float(beta)))  # softplus^{-1}(beta), stable for large beta
+        self.raw_beta = nn.Parameter(torch.tensor(raw))
 
     def forward(self, x: Tensor) -> Tensor:
         return x * torch.sigmoid(F.softplus(self.raw_beta) * x) / 1.1
@@ -248,6 +261,7 @@ class Residual(Bijector):
         power_iterations: power iterations per training-mode call of each linear layer.
         tolerance: stopping tolerance of the fixed-point inverse (positive).
         max_iterations: the most fixed-point iterations.
+        beta: the initial $\beta$ of the LipSwish activations (positive; only for `activation="lipswish"`).
 
     References:
         Behrmann et al., *Invertible Residual Networks*, ICML 2019 (arXiv:1811.00995);
@@ -269,6 +283,7 @@ class Residual(Bijector):
         power_iterations: int = 1,
         tolerance: float = 1e-10,
         max_iterations: int = 2000,
+        beta: float = _LIPSWISH_BETA,
     ) -> None:
         super().__init__()
         where = "Residual"
@@ -299,7 +314,9 @@ class Residual(Bijector):
         self.linears = nn.ModuleList(
             SpectralLinear(a, b, coefficient, power_iterations) for a, b in zip(sizes[:-1], sizes[1:], strict=False)
         )
-        self.activations = nn.ModuleList(ACTIVATIONS[activation]() for _ in hidden)
+        check_number(beta, "beta", where=where, positive=True)
+        make = (lambda: LipSwish(beta)) if activation == "lipswish" else ACTIVATIONS[activation]
+        self.activations = nn.ModuleList(make() for _ in hidden)
         with torch.no_grad():  # start near the identity
             self.linears[-1].weight.mul_(0.1)
             self.linears[-1].bias.zero_()
