@@ -78,9 +78,12 @@ def _standardised(name: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 @pytest.mark.parametrize("logdet", ["exact", "series"])
 def test_residual_flow_leaves_the_gaussian_and_keeps_its_lipschitz_bound(logdet):
-    """Issue 38: the preset stayed on the identity plateau (LipSwish started at beta = 0.97, nearly linear on data
-    of unit scale): after these 300 steps at lr 1e-3 it was 0.02 nats better than N(0, I) on checkerboard
-    (2.814 against 2.833); it is now about 0.25 better. Every block must stay a contraction while it learns."""
+    """The residual preset learns a non-Gaussian set in 300 steps at lr 1e-3 and stays within its bound.
+
+    Issue 38: it stayed on the identity plateau (LipSwish started at beta = 0.97, nearly linear on data of unit
+    scale): after these steps it was 0.02 nats better than N(0, I) on checkerboard (2.824 against 2.844); it is
+    now about 0.25 better. Every block must stay a contraction while it learns.
+    """
     train, test = _standardised("checkerboard")
     flow = ResidualFlow(2, transforms=3, hidden=(32, 32), logdet=logdet)
     fit(flow, MaximumLikelihood(), train, steps=300, batch_size=256, lr=1e-3, progress=False, seed=0)
