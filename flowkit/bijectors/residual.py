@@ -235,6 +235,20 @@ class Residual(Bijector):
     `log_prob` is deterministic whatever `logdet` says; with many features that costs one $D \times D$
     determinant per point.
 
+    **Initialisation.** The last linear layer starts at a tenth of its default scale, so the block starts
+    near the identity, and every LipSwish starts at $\beta$ = `beta` = 32 (learned from there). The
+    spectral normalisation bounds each pre-activation by the scale of the block's input (unit scale after
+    ActNorm), and $\phi_\beta(x) = \phi_1(\beta x) / \beta \approx x / 2.2 + \beta x^2 / 8.8$ for
+    $|\beta x| \lesssim 1$: at Chen et al.'s start $\beta \approx 0.97$ the network is nearly linear on the
+    data, a linear $g$ cannot improve on a Gaussian fit of standardised data, and the gradient towards a
+    non-linear $g$ is of second order. At Adam's learning rate $10^{-3}$ the `ResidualFlow` preset then
+    stayed on that plateau (standardised checkerboard: test NLL 2.814 after 1000 steps against 2.84 for
+    N(0, I), the largest $\|J_g\|_2$ over the test points 0.03 against the bound 0.91; flowkit issue 38).
+    With $\beta = 32$ the bend of LipSwish, about $4 / \beta$ wide, is well inside the data's range, the
+    same run reaches 2.22 with $\|J_g\|_2$ up to 0.54; starts of 16 to 64 did about as well, 4 worse
+    (2.49), 0.97 not at all. $\beta$ does not change the Lipschitz bound: $\phi_\beta$ is 1-Lipschitz
+    for every $\beta$.
+
     **Inverse.** The fixed-point iteration $x_{k+1} = z - g(x_k)$ from $x_0 = z$, a contraction with rate
     $\mathrm{Lip}(g) \le c$, runs until $\max |x_{k+1} - x_k| \le$ `tolerance` (or, below that, the dtype's
     rounding floor $8 \varepsilon \max(1, |z|)$), at most `max_iterations` times; the result is then within
