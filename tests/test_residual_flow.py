@@ -1,5 +1,8 @@
 """ResidualFlow and PlanarFlow presets: densities that integrate to one, training, sampling, saving, bad sizes."""
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -45,6 +48,19 @@ def test_residual_flow_trains_samples_and_saves(logdet, tmp_path):
     flowkit.io.save(flow, tmp_path / "model")
     loaded = flowkit.io.load(tmp_path / "model").eval()
     torch.testing.assert_close(loaded.log_prob(data[:100]), flow.log_prob(data[:100]))
+
+
+#: ResidualFlow(2, transforms=2, hidden=(16, 16)) with each log-det, 30 Adam steps on moons, saved by commit
+#: f59ba5a (before LipSwish started at beta = 32), with its log-densities at 16 points; never rewritten.
+OLD_RESIDUAL = Path(__file__).parent / "fixtures" / "residual_f59ba5a"
+
+
+@pytest.mark.parametrize("logdet", ["exact", "series"])
+def test_residual_flow_saved_before_the_new_start_loads_with_identical_log_prob(logdet):
+    record = json.loads((OLD_RESIDUAL / "expected.json").read_text())[logdet]
+    model = flowkit.io.load(OLD_RESIDUAL / logdet).eval()
+    log_prob = model.log_prob(torch.tensor(record["x"])).detach()
+    torch.testing.assert_close(log_prob, torch.tensor(record["log_prob"]), rtol=1e-6, atol=1e-6)  # float32 rounding
 
 
 def test_registry_builds_residual_and_planar():
