@@ -104,8 +104,8 @@ def test_residual_flow_leaves_the_gaussian_and_keeps_its_lipschitz_bound(logdet)
     flow = ResidualFlow(2, transforms=3, hidden=(32, 32), logdet=logdet)
     fit(flow, MaximumLikelihood(), train, steps=300, batch_size=256, lr=1e-3, progress=False, seed=0)
     blocks = [layer for layer in flow.bijector if isinstance(layer, Residual)]
-    for block in blocks:  # training mode: the weights it trains with (power-iteration estimate), a contraction
-        assert float(block.spectral_norms().prod()) < 1
+    for block in blocks:  # training mode: the weights it trains with, within the bound at every step
+        assert (block.spectral_norms() <= block.coefficient * (1 + 1e-6)).all()
     flow.eval()
     gaussian = -StandardNormal(2).log_prob(test).mean().item()
     nll = -flow.log_prob(test).mean().item()
