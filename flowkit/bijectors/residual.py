@@ -290,7 +290,7 @@ class Residual(Bijector):
         power_iterations: None (the default) to normalise every linear layer by its exact largest singular
             value in training as in eval mode, so that the bound holds at every step; or the power iterations
             per training-mode call of each layer (cheaper for wide layers, but the estimate lags below the
-            norm; see [`SpectralLinear`][flowkit.bijectors.SpectralLinear]).
+            norm; see `flowkit.bijectors.residual.SpectralLinear`).
         tolerance: stopping tolerance of the fixed-point inverse (positive).
         max_iterations: the most fixed-point iterations.
         beta: the initial $\beta$ of the LipSwish activations (positive; only for `activation="lipswish"`).
