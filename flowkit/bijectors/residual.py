@@ -113,7 +113,8 @@ class SpectralLinear(nn.Module):
     With `iterations=None` (the default) $\sigma(W)$ is the exact largest singular value in every mode, so
     $\|\tilde W\|_2 \le c$ holds to rounding at every training step; the gradient flows through it
     ($\partial \sigma / \partial W = u_1 v_1^\top$). It costs a singular-value decomposition of $W$ per call,
-    cheap for the widths of a 2-D or tabular flow (64 x 64: about a millisecond with its backward pass).
+    cheap at the widths of a 2-D or tabular flow: in `ResidualFlow(2)` (15 layers, hidden width 64) a training
+    step takes 15.9 ms against 13.6 ms with one power iteration (one thread, batch 256).
 
     With an integer `iterations`, in training mode $\sigma(W)$ is the power-iteration estimate
     $u^\top W v$ instead, with `iterations` steps per call warm-started from the previous call's vectors (the
