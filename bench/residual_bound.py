@@ -19,6 +19,8 @@ over seeds), and the targets of issue 38: flowkit no worse than normflows within
 dataset, every flowkit layer within its bound, and at least 0.3 nats better than N(0, I) on checkerboard.
 
     python bench/residual_bound.py --datasets moons,checkerboard,8gaussians --seeds 3 --steps 1000 --threads 1
+
+(the defaults; about 11 minutes at one thread: 18 runs of 1000 steps, flowkit about 16 ms a step, normflows 23).
 """
 
 from __future__ import annotations
