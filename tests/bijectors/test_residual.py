@@ -85,10 +85,11 @@ def test_eval_log_det_is_exact_and_deterministic():
     assert not torch.equal(layer(x)[1], layer(x)[1])  # the series estimate is random
 
 
-def test_spectral_norm_of_every_block_stays_below_its_bound_after_training():
+@pytest.mark.parametrize("power_iterations", [None, 1])
+def test_spectral_norm_of_every_block_stays_below_its_bound_after_training(power_iterations):
     torch.manual_seed(1)
     c = 0.9
-    layers = [Residual(2, hidden=(32, 32), coefficient=c) for _ in range(3)]
+    layers = [Residual(2, hidden=(32, 32), coefficient=c, power_iterations=power_iterations) for _ in range(3)]
     params = [p for layer in layers for p in layer.parameters()]
     optimizer = torch.optim.Adam(params, lr=1e-2)
     x = torch.randn(256, 2) * torch.tensor([3.0, 0.3])
@@ -104,9 +105,12 @@ def test_spectral_norm_of_every_block_stays_below_its_bound_after_training():
     for layer in layers:
         raw = torch.stack([torch.linalg.matrix_norm(lin.weight.detach(), ord=2) for lin in layer.linears])
         assert (raw > c).any()  # training pushed weights past the bound: the normalisation is at work
-        layer(x)  # training mode: the weights of this call (power-iteration estimates)
+        layer(x)  # training mode: the weights of this call (exact norms, or power-iteration estimates)
         trained = layer.spectral_norms()
-        assert (trained < 1).all() and trained.prod() < c, trained  # every block contractive, Lip(g) < c
+        if power_iterations is None:  # the default: the bound itself at every training step
+            assert (trained <= c * (1 + 1e-6)).all(), trained
+        else:  # the estimate lags below the norm: every block contractive, Lip(g) < c
+            assert (trained < 1).all() and trained.prod() < c, trained
         layer.eval()
         assert (layer.spectral_norms() <= c * (1 + 1e-6)).all()  # exact norms: the bound itself
         jac = torch.func.vmap(torch.func.jacrev(lambda v, m=layer: m.residual(v)))(x[:64])
