@@ -65,10 +65,10 @@ def _random_start(flow: torch.nn.Module) -> torch.nn.Module:
     return flow
 
 
-def _random_start_nsf(features: int, **sizes) -> torch.nn.Module:
-    """The autoregressive NSF of flowkit with zuko's random start (`_random_start`), standardised as the others."""
+def _random_start_nsf(features: int, options: dict | None = None, **sizes) -> torch.nn.Module:
+    """The NSF of flowkit (with `options`) at zuko's random start (`_random_start`), standardised as the others."""
     standardize_with = sizes.pop("standardize_with", None)
-    flow = _random_start(_nsf_variant({}, features, **sizes))
+    flow = _random_start(_nsf_variant(options or {}, features, **sizes))
     return flow if standardize_with is None else standardize(flow, standardize_with)
 
 
@@ -133,6 +133,11 @@ MODELS = {
         _nsf_variant, {"coupling": True, "permutations": "alternate", "near_identity": True}
     ),
     "flowkit-nsf-random-start": _random_start_nsf,
+    "flowkit-nsf-coupling-random-start": partial(_random_start_nsf, options={"coupling": True}),
+    "flowkit-nsf-coupling-alternate-random-start": partial(
+        _random_start_nsf, options={"coupling": True, "permutations": "alternate"}
+    ),
+    "flowkit-nsf-coupling-random-near": partial(_nsf_variant, {"coupling": True, "near_identity": True}),
     **{name: partial(peers.build_peer, name) for name in peers.PEERS},
     "zuko-nsf-zero-start": _zero_start_zuko,
 }
