@@ -128,6 +128,10 @@ SMALL_SETS = ("diabetes", "wine", "breast_cancer", "star98", "macrodata")
 MODELS = {
     **bench.MODELS,
     "flowkit-nsf-near": partial(_nsf_variant, {"near_identity": True}),
+    "flowkit-nsf-exact": partial(_nsf_variant, {"near_identity": False}),
+    "flowkit-nsf-coupling-random": partial(
+        _nsf_variant, {"coupling": True, "permutations": "random", "near_identity": False}
+    ),
     "flowkit-nsf-coupling-alternate": partial(_nsf_variant, {"coupling": True, "permutations": "alternate"}),
     "flowkit-nsf-coupling-near": partial(
         _nsf_variant, {"coupling": True, "permutations": "alternate", "near_identity": True}
@@ -149,8 +153,15 @@ def main(argv: list[str] | None = None) -> int:
     """Parse `argv` (default: the command line) and run the benchmark with the peers."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     bench.add_arguments(parser, MODELS, DEFAULT_MODELS)
+    parser.add_argument(
+        "--first-seed", type=int, default=0, help="the first seed: runs seeds first, ..., first + seeds - 1 (default 0)"
+    )
+    args = parser.parse_args(argv)
     loaders = {name: partial(small_set, name) for name in SMALL_SETS}
-    return bench.run(parser.parse_args(argv), MODELS, loaders, {"small": SMALL_SETS})
+    if args.first_seed:  # more seeds on top of an earlier run: its seeds are not trained again
+        train = bench.train_and_evaluate
+        bench.train_and_evaluate = lambda model, data, a, seed, *rest: train(model, data, a, seed + a.first_seed, *rest)
+    return bench.run(args, MODELS, loaders, {"small": SMALL_SETS})
 
 
 if __name__ == "__main__":
