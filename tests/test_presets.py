@@ -180,16 +180,55 @@ def test_coupling_nsf_random_permutations_are_the_earlier_seeded_ones():
 
 
 @pytest.mark.parametrize("coupling", [False, True])
-def test_nsf_starts_at_the_identity_and_near_it_with_near_identity(coupling):
+def test_nsf_starts_near_the_identity_by_default_and_at_it_without_near_identity(coupling):
     x = torch.randn(7, 3, generator=torch.Generator().manual_seed(0))
-    exact = NSF(3, transforms=2, hidden=(16,), coupling=coupling)
+    exact = NSF(3, transforms=2, hidden=(16,), coupling=coupling, near_identity=False)
     torch.testing.assert_close(exact.log_prob(x), exact.base.log_prob(x))
+    for near_identity in (None, True):  # None, the default: near the identity for both kinds of layer
+        torch.manual_seed(0)
+        flow = NSF(3, transforms=2, hidden=(16,), coupling=coupling, near_identity=near_identity)
+        assert not torch.allclose(flow.log_prob(x), flow.base.log_prob(x))
+        for new, old in zip(flow.bijector, exact.bijector, strict=True):
+            if hasattr(new, "conditioner"):
+                last, reference = new.conditioner.last, old.conditioner.last
+                assert torch.equal(last.weight, torch.zeros_like(last.weight))
+                offset = last.bias - reference.bias  # the offsets of a fresh nn.Linear bias, U(-1/4, 1/4)
+                assert offset.abs().max() <= 0.25 and offset.abs().max() > 0
     torch.manual_seed(0)
-    flow = NSF(3, transforms=2, hidden=(16,), coupling=coupling, near_identity=True)
-    assert not torch.allclose(flow.log_prob(x), flow.base.log_prob(x))
-    for new, old in zip(flow.bijector, exact.bijector, strict=True):
-        if hasattr(new, "conditioner"):
-            last, reference = new.conditioner.last, old.conditioner.last
-            assert torch.equal(last.weight, torch.zeros_like(last.weight))
-            offset = last.bias - reference.bias  # the offsets of a fresh nn.Linear bias, U(-1/sqrt(16), 1/sqrt(16))
-            assert offset.abs().max() <= 0.25 and offset.abs().max() > 0
+    default = NSF(3, transforms=2, hidden=(16,), coupling=coupling)
+    torch.manual_seed(0)
+    explicit = NSF(3, transforms=2, hidden=(16,), coupling=coupling, near_identity=True)
+    assert torch.equal(default.log_prob(x), explicit.log_prob(x))
+
+
+@pytest.mark.parametrize("features", [2, 3, 4, 5])
+def test_coupling_nsf_default_permutations_alternate_at_two_features_and_are_random_above(features):
+    flow = NSF(features, transforms=4, hidden=(8,), coupling=True)
+    perms = [b.perm for b in flow.bijector if isinstance(b, flowkit.bijectors.Permutation)]
+    if features == 2:  # a random permutation of two features is the identity or the swap, which cancels
+        assert all(torch.equal(perm, torch.arange(2)) for perm in perms)
+        assert _transformed_features(flow) == [{1}, {0}, {1}, {0}]
+    else:  # the earlier default, unchanged
+        for i, perm in enumerate(perms, start=1):
+            assert torch.equal(perm, flowkit.bijectors.Permutation(features, seed=i).perm)
+
+
+@pytest.mark.parametrize("coupling", [False, True])
+@pytest.mark.parametrize("features", [2, 4])
+def test_nsf_saved_before_the_new_defaults_loads_bit_for_bit(coupling, features, tmp_path):
+    # A config written before `permutations` and `near_identity` existed names neither: the new defaults
+    # build the same modules, and the saved permutations (buffers) and weights replace what they drew.
+    import json
+
+    torch.manual_seed(1)
+    flow = randomize(NSF(features, transforms=4, hidden=(8,), coupling=coupling, permutations="random",
+                         near_identity=False), 0.3)
+    path = flowkit.io.save(flow, tmp_path / "old")
+    config = json.loads((path / "config.json").read_text())
+    del config["model"]["args"]["permutations"], config["model"]["args"]["near_identity"]
+    (path / "config.json").write_text(json.dumps(config))
+    loaded = flowkit.io.load(path)
+    x = torch.randn(9, features, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(loaded.log_prob(x), flow.log_prob(x))
+    for a, b in zip(loaded.state_dict().values(), flow.state_dict().values(), strict=True):
+        assert torch.equal(a, b)

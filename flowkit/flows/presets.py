@@ -55,8 +55,12 @@ __all__ = ["RealNVP", "MAF", "NSF"]
 ConditionerFactory = Callable[..., nn.Module]
 
 
-#: How `NSF(coupling=True)` permutes the features between layers.
-PERMUTATIONS = ("alternate", "random")
+#: How `NSF(coupling=True)` permutes the features between layers (`"auto"`, the default: `"alternate"` at
+#: `D = 2`, `"random"` above).
+PERMUTATIONS = ("auto", "alternate", "random")
+
+#: Whether `NSF` starts its layers near the identity (`near_identity=None`, the default), by kind of layer.
+NEAR_IDENTITY = {"autoregressive": True, "coupling": True}
 
 
 def _half_mask(features: int, parity: int) -> list[int]:
@@ -328,11 +332,15 @@ class NSF(Flow):
         transformer: Transformer | None = None,
         conditioner: ConditionerFactory | None = None,
         base: Distribution | None = None,
-        permutations: str = "random",
-        near_identity: bool = False,
+        permutations: str = "auto",
+        near_identity: bool | None = None,
     ) -> None:
         if permutations not in PERMUTATIONS:
             raise ValueError(f"NSF: permutations must be one of {', '.join(PERMUTATIONS)}; got {permutations!r}")
+        if permutations == "auto":  # at D = 2 a random permutation is the identity or the swap, which cancels
+            permutations = "alternate" if features == 2 else "random"
+        if near_identity is None:
+            near_identity = NEAR_IDENTITY["coupling" if coupling else "autoregressive"]
         if coupling and residual:
             raise ValueError("NSF: residual applies to autoregressive layers only (coupling=False)")
         sizes = {"features": (features, 2 if coupling else 1), "transforms": (transforms, 1), "context": (context, 0)}
