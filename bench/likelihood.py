@@ -132,16 +132,22 @@ MODELS = {
     "flowkit-nsf-coupling-random": partial(
         _nsf_variant, {"coupling": True, "permutations": "random", "near_identity": False}
     ),
-    "flowkit-nsf-coupling-alternate": partial(_nsf_variant, {"coupling": True, "permutations": "alternate"}),
+    "flowkit-nsf-coupling-alternate": partial(
+        _nsf_variant, {"coupling": True, "permutations": "alternate", "near_identity": False}
+    ),
     "flowkit-nsf-coupling-near": partial(
         _nsf_variant, {"coupling": True, "permutations": "alternate", "near_identity": True}
     ),
-    "flowkit-nsf-random-start": _random_start_nsf,
-    "flowkit-nsf-coupling-random-start": partial(_random_start_nsf, options={"coupling": True}),
-    "flowkit-nsf-coupling-alternate-random-start": partial(
-        _random_start_nsf, options={"coupling": True, "permutations": "alternate"}
+    "flowkit-nsf-random-start": partial(_random_start_nsf, options={"near_identity": False}),
+    "flowkit-nsf-coupling-random-start": partial(
+        _random_start_nsf, options={"coupling": True, "permutations": "random", "near_identity": False}
     ),
-    "flowkit-nsf-coupling-random-near": partial(_nsf_variant, {"coupling": True, "near_identity": True}),
+    "flowkit-nsf-coupling-alternate-random-start": partial(
+        _random_start_nsf, options={"coupling": True, "permutations": "alternate", "near_identity": False}
+    ),
+    "flowkit-nsf-coupling-random-near": partial(
+        _nsf_variant, {"coupling": True, "permutations": "random", "near_identity": True}
+    ),
     **{name: partial(peers.build_peer, name) for name in peers.PEERS},
     "zuko-nsf-zero-start": _zero_start_zuko,
 }
