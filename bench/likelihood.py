@@ -11,12 +11,22 @@ models; by default it runs flowkit's autoregressive NSF and its two peers:
 statsmodels (`diabetes`, `wine`, `breast_cancer`, `star98`, `macrodata`): a few
 hundred points of 10 to 30 features, split 60/20/20 by a fixed seed; columns with
 fewer than 20 distinct values are dequantised by uniform noise of one spacing.
-`flowkit-nsf-near` is flowkit's NSF with `near_identity=True` (a start near, not
-at, the identity), `flowkit-nsf-coupling-alternate` its coupling NSF with
-`permutations="alternate"` and `flowkit-nsf-coupling-near` that one with
-`near_identity=True`, to measure what these options change; `flowkit-nsf-random-start` starts flowkit's
-NSF where zuko's starts (random last weights and bias offsets at `nn.Linear`'s scale) and
-`zuko-nsf-zero-start` starts zuko's NSF at flowkit's exact identity (every conditioner's last layer zero).
+`flowkit-nsf` and `flowkit-nsf-coupling` are the presets at their defaults. The variants name
+their start and permutations explicitly, so that they keep their meaning when the defaults
+change: `flowkit-nsf-near` is the autoregressive NSF started near the identity
+(`near_identity=True`, the default since issue 38) and `flowkit-nsf-exact` at it
+(`near_identity=False`, the default before); `flowkit-nsf-coupling-random` is the coupling NSF
+with seeded random permutations and the exact start (the default before issue 38),
+`flowkit-nsf-coupling-random-near` the same started near the identity (the default above
+`D = 2` since issue 38), `flowkit-nsf-coupling-alternate` the coupling NSF with
+`permutations="alternate"` and the exact start and `flowkit-nsf-coupling-near` that one started
+near the identity (the default at `D = 2` since issue 38). `flowkit-nsf-random-start` starts
+flowkit's autoregressive NSF where zuko's starts (random last weights and bias offsets at
+`nn.Linear`'s scale, from the exact start), `flowkit-nsf-coupling-random-start` and
+`flowkit-nsf-coupling-alternate-random-start` do the same for the coupling NSF with each kind of
+permutation, and `zuko-nsf-zero-start` starts zuko's NSF at flowkit's exact identity (every
+conditioner's last layer zero). `--first-seed N` runs seeds `N, N + 1, ...`, to add seeds to an
+earlier run.
 """
 
 from __future__ import annotations

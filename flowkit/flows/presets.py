@@ -269,13 +269,16 @@ class NSF(Flow):
     from layer to layer, as in zuko's and RealNVP's couplings) are fast both ways.
     Each spline has `bins` bins on `[-bound, bound]` and is the identity outside.
 
-    Each layer starts as the identity (its conditioner's last layer zero, the bias at the
-    spline's identity parameters). With `near_identity=True` (default conditioners and
-    splines) the biases get the small offsets of a fresh `nn.Linear` bias,
-    $U(-1/\sqrt{n}, 1/\sqrt{n})$ for `n` inputs, which breaks the symmetry of the start
-    where every bin is equal: on a 5 x 5 grid of Gaussians it lowered the test NLL by
-    0.14 nats after 800 steps, on the `circles` and `moons` sets it raised it by 0.002-0.007
-    (see the benchmarks page of the docs), so it is not the default.
+    Each layer starts near the identity (`near_identity=None`, the default, means `True` for
+    both kinds of layer; default conditioners and splines): its conditioner's last weights are
+    zero and its last biases are the spline's identity parameters plus the small offsets of a
+    fresh `nn.Linear` bias, $U(-1/\sqrt{n}, 1/\sqrt{n})$ for `n` inputs. That breaks the symmetry
+    of the exact identity start (`near_identity=False`, the default before issue 38), where
+    every bin is equal and from which training escapes slowly on sets of separated modes.
+    Measured at equal size and steps against zuko's NSF (`docs/benchmarks.md`, issue 38), the
+    start near the identity is within 2 standard errors of zuko or better on every built-in 2-D
+    set, where the exact start was behind on `8gaussians` and `spirals`; on the small tabular
+    sets and digits it is within 1 standard error of the exact start.
 
     Arguments:
         features: number of features `D`.
@@ -295,17 +298,20 @@ class NSF(Flow):
             ones, where it must build an autoregressive conditioner (`hidden`, `residual`
             and `activation` are then unused).
         base: the latent distribution (a standard normal by default).
-        permutations: between coupling layers, `"random"` (the default: seeded random permutations;
-            with the alternating masks they can cancel, and at `D = 2` with 4 layers one feature is
-            transformed three times and the other once) or `"alternate"` (each layer transforms the
-            features the layer before conditioned on, as in zuko and RealNVP). Measured on the seven
-            built-in 2-D sets (`docs/benchmarks.md`), `"alternate"` was better on five and worse on
-            `spirals` by 0.18 nats, so the default stays.
-            Either is a [`Permutation`][flowkit.bijectors.Permutation] module whose `perm` is saved
-            with the weights, so a saved model loads with the permutations it was trained with.
-            Unused by autoregressive layers (reversals in between).
-        near_identity: start every layer near the identity instead of exactly at it (the default
-            conditioners' biases offset by `U(-1/sqrt(n), 1/sqrt(n))`).
+        permutations: between coupling layers, `"auto"` (the default: `"alternate"` at `D = 2`,
+            `"random"` above), `"random"` (seeded random permutations, which mix the features across
+            the halves; at `D = 2` a permutation can only be the identity or the swap, and the swaps
+            cancel the alternating masks, so that with 4 layers one feature is transformed three
+            times and the other once) or `"alternate"` (the identity between layers: each layer
+            transforms the features the layer before conditioned on, as in zuko and RealNVP). At
+            `D = 2` the random ones were behind zuko's coupling NSF on `pinwheel` (by 3 standard
+            errors), the alternating ones are not (`docs/benchmarks.md`). Each is a
+            [`Permutation`][flowkit.bijectors.Permutation] module whose `perm` is saved with the
+            weights, so a saved model loads with the permutations it was trained with, whatever
+            the default. Unused by autoregressive layers (reversals in between).
+        near_identity: start every layer near the identity (`True`) or exactly at it (`False`);
+            `None`, the default, is `True` (see above). Only the default conditioners and
+            rational-quadratic splines are moved; the offsets come from torch's global generator.
 
     Examples:
         >>> import torch, flowkit
