@@ -59,8 +59,19 @@ ConditionerFactory = Callable[..., nn.Module]
 #: `D = 2`, `"random"` above).
 PERMUTATIONS = ("auto", "alternate", "random")
 
-#: Whether `NSF` starts its layers near the identity (`near_identity=None`, the default), by kind of layer.
-NEAR_IDENTITY = {"autoregressive": True, "coupling": True}
+#: Where `NSF` starts its layers (`start=`): exactly at the identity, near it, or at a random point around it.
+STARTS = ("identity", "near", "random")
+
+
+def _default_start(coupling: bool, features: int) -> str:
+    """The start of `NSF(start=None, near_identity=None)`, as measured in issue 38 (`docs/benchmarks.md`).
+
+    Autoregressive layers start near the identity; coupling layers at a random point at `D = 2`
+    (where they alternate as zuko's do, and start where zuko's start), exactly at the identity above.
+    """
+    if not coupling:
+        return "near"
+    return "random" if features == 2 else "identity"
 
 
 def _half_mask(features: int, parity: int) -> list[int]:
@@ -153,6 +164,22 @@ def _with_permutations(layers: list[Bijector], features: int, random: bool, iden
             chain.append(permutation)
         chain.append(layer)
     return Chain(*chain)
+
+
+def _random_start(layers: Sequence[Bijector]) -> None:
+    """Start each default conditioner's last layer where a fresh `nn.Linear` starts, around the identity.
+
+    The last weights get `U(-1/sqrt(n), 1/sqrt(n))` for `n` inputs (as `nn.Linear`'s) and the last biases
+    the same offsets over the transformer's identity parameters, both drawn from torch's global generator
+    (weights, then biases, layer by layer): the start of zuko's layers.
+    """
+    with torch.no_grad():
+        for layer in layers:
+            last = getattr(getattr(layer, "conditioner", None), "last", None)
+            if isinstance(last, nn.Linear) and last.bias is not None:
+                bound = 1.0 / math.sqrt(max(1, last.in_features))
+                last.weight.uniform_(-bound, bound)
+                last.bias.add_(torch.empty_like(last.bias).uniform_(-bound, bound))
 
 
 def _break_symmetry(layers: Sequence[Bijector], generator: torch.Generator | None = None) -> None:
@@ -340,13 +367,21 @@ class NSF(Flow):
         base: Distribution | None = None,
         permutations: str = "auto",
         near_identity: bool | None = None,
+        start: str | None = None,
     ) -> None:
         if permutations not in PERMUTATIONS:
             raise ValueError(f"NSF: permutations must be one of {', '.join(PERMUTATIONS)}; got {permutations!r}")
         if permutations == "auto":  # at D = 2 a random permutation is the identity or the swap, which cancels
             permutations = "alternate" if features == 2 else "random"
-        if near_identity is None:
-            near_identity = NEAR_IDENTITY["coupling" if coupling else "autoregressive"]
+        if start is not None and start not in STARTS:
+            raise ValueError(f"NSF: start must be one of {', '.join(STARTS)} or None; got {start!r}")
+        if near_identity is not None:
+            implied = "near" if near_identity else "identity"
+            if start is not None and start != implied:
+                raise ValueError(f"NSF: near_identity={near_identity} and start={start!r} disagree; give one of them")
+            start = implied
+        if start is None:
+            start = _default_start(coupling, features)
         if coupling and residual:
             raise ValueError("NSF: residual applies to autoregressive layers only (coupling=False)")
         sizes = {"features": (features, 2 if coupling else 1), "transforms": (transforms, 1), "context": (context, 0)}
@@ -365,7 +400,9 @@ class NSF(Flow):
                 _autoregressive(transformer, features, hidden, context, residual, activation, conditioner)
                 for _ in range(transforms)
             ]
-        if spline and conditioner is None and near_identity:
+        if spline and conditioner is None and start == "near":
             _break_symmetry(layers)
+        elif spline and conditioner is None and start == "random":
+            _random_start(layers)
         chain = _with_permutations(layers, features, random=coupling, identity=permutations == "alternate")
         super().__init__(chain, _base(base, features))
