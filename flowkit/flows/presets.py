@@ -296,16 +296,26 @@ class NSF(Flow):
     from layer to layer, as in zuko's and RealNVP's couplings) are fast both ways.
     Each spline has `bins` bins on `[-bound, bound]` and is the identity outside.
 
-    Each layer starts near the identity (`near_identity=None`, the default, means `True` for
-    both kinds of layer; default conditioners and splines): its conditioner's last weights are
-    zero and its last biases are the spline's identity parameters plus the small offsets of a
-    fresh `nn.Linear` bias, $U(-1/\sqrt{n}, 1/\sqrt{n})$ for `n` inputs. That breaks the symmetry
-    of the exact identity start (`near_identity=False`, the default before issue 38), where
-    every bin is equal and from which training escapes slowly on sets of separated modes.
-    Measured at equal size and steps against zuko's NSF (`docs/benchmarks.md`, issue 38), the
-    start near the identity is within 2 standard errors of zuko or better on every built-in 2-D
-    set, where the exact start was behind on `8gaussians` and `spirals`; on the small tabular
-    sets and digits it is within 1 standard error of the exact start.
+    Where each layer starts is measured (issue 38, `docs/benchmarks.md`: at equal size and steps
+    against zuko's NSF on the built-in 2-D sets, and against the earlier default on small tabular
+    sets and digits). With `start=None` and `near_identity=None`, the defaults:
+
+    - autoregressive layers start near the identity (`"near"`): the conditioner's last weights
+      are zero and its last biases are the spline's identity parameters plus the offsets of a
+      fresh `nn.Linear` bias, $U(-1/\sqrt{n}, 1/\sqrt{n})$ for `n` inputs. This breaks the symmetry
+      of the exact identity start, where every bin is equal and from which training escapes
+      slowly on sets of separated modes: against zuko the exact start was behind on `8gaussians`
+      and `spirals`, this one is not; on the tabular sets and digits it is within 1 standard
+      error of the exact start;
+    - coupling layers at `D = 2` start where zuko's start (`"random"`: the last weights and the
+      bias offsets at `nn.Linear`'s scale), with the masks alternating as zuko's do: the other
+      starts were behind zuko on `spirals`, random permutations on `pinwheel`;
+    - coupling layers above `D = 2` start exactly at the identity (`"identity"`), as before:
+      started near it they were worse on `macrodata` and digits.
+
+    All but `"identity"` draw from torch's global generator, and only the default conditioners
+    and rational-quadratic splines are moved (a `conditioner=` factory's networks start as they
+    are built).
 
     Arguments:
         features: number of features `D`.
@@ -336,9 +346,12 @@ class NSF(Flow):
             [`Permutation`][flowkit.bijectors.Permutation] module whose `perm` is saved with the
             weights, so a saved model loads with the permutations it was trained with, whatever
             the default. Unused by autoregressive layers (reversals in between).
-        near_identity: start every layer near the identity (`True`) or exactly at it (`False`);
-            `None`, the default, is `True` (see above). Only the default conditioners and
-            rational-quadratic splines are moved; the offsets come from torch's global generator.
+        near_identity: `True` for `start="near"`, `False` for `start="identity"`; `None` (the
+            default) leaves the choice to `start`.
+        start: where every layer starts: `"identity"` (exactly at it), `"near"` (biases off it by
+            `U(-1/sqrt(n), 1/sqrt(n))`), `"random"` (last weights and bias offsets as a fresh
+            `nn.Linear`'s, zuko's start) or `None` (the default: `"near"` for autoregressive layers,
+            `"random"` for coupling layers at `D = 2` and `"identity"` above; see above).
 
     Examples:
         >>> import torch, flowkit
