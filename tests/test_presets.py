@@ -208,9 +208,16 @@ def test_nsf_starts_exactly_near_or_randomly_around_the_identity(coupling):
         NSF(3, coupling=coupling, start="zero")
 
 
-@pytest.mark.parametrize(("coupling", "features", "start"), [
-    (False, 2, "near"), (False, 5, "near"), (True, 2, "random"), (True, 3, "identity"), (True, 6, "identity"),
-])
+@pytest.mark.parametrize(
+    ("coupling", "features", "start"),
+    [
+        (False, 2, "near"),
+        (False, 5, "near"),
+        (True, 2, "random"),
+        (True, 3, "identity"),
+        (True, 6, "identity"),
+    ],
+)
 def test_nsf_default_start_is_the_measured_one(coupling, features, start):
     # Issue 38 (docs/benchmarks.md): autoregressive layers near the identity; coupling layers where zuko's
     # start at D = 2, where they alternate as zuko's do, and exactly at the identity above.
@@ -242,8 +249,9 @@ def test_nsf_saved_before_the_new_defaults_loads_bit_for_bit(coupling, features,
     import json
 
     torch.manual_seed(1)
-    flow = randomize(NSF(features, transforms=4, hidden=(8,), coupling=coupling, permutations="random",
-                         near_identity=False), 0.3)
+    flow = randomize(
+        NSF(features, transforms=4, hidden=(8,), coupling=coupling, permutations="random", near_identity=False), 0.3
+    )
     path = flowkit.io.save(flow, tmp_path / "old")
     config = json.loads((path / "config.json").read_text())
     for key in ("permutations", "near_identity", "start"):
