@@ -11,12 +11,22 @@ models; by default it runs flowkit's autoregressive NSF and its two peers:
 statsmodels (`diabetes`, `wine`, `breast_cancer`, `star98`, `macrodata`): a few
 hundred points of 10 to 30 features, split 60/20/20 by a fixed seed; columns with
 fewer than 20 distinct values are dequantised by uniform noise of one spacing.
-`flowkit-nsf-near` is flowkit's NSF with `near_identity=True` (a start near, not
-at, the identity), `flowkit-nsf-coupling-alternate` its coupling NSF with
-`permutations="alternate"` and `flowkit-nsf-coupling-near` that one with
-`near_identity=True`, to measure what these options change; `flowkit-nsf-random-start` starts flowkit's
-NSF where zuko's starts (random last weights and bias offsets at `nn.Linear`'s scale) and
-`zuko-nsf-zero-start` starts zuko's NSF at flowkit's exact identity (every conditioner's last layer zero).
+`flowkit-nsf` and `flowkit-nsf-coupling` are the presets at their defaults. The variants name
+their start and permutations explicitly, so that they keep their meaning when the defaults
+change: `flowkit-nsf-near` is the autoregressive NSF started near the identity
+(`near_identity=True`, the default since issue 38) and `flowkit-nsf-exact` at it
+(`near_identity=False`, the default before); `flowkit-nsf-coupling-random` is the coupling NSF
+with seeded random permutations and the exact start (the default before issue 38),
+`flowkit-nsf-coupling-random-near` the same started near the identity (the default above
+`D = 2` since issue 38), `flowkit-nsf-coupling-alternate` the coupling NSF with
+`permutations="alternate"` and the exact start and `flowkit-nsf-coupling-near` that one started
+near the identity (the default at `D = 2` since issue 38). `flowkit-nsf-random-start` starts
+flowkit's autoregressive NSF where zuko's starts (random last weights and bias offsets at
+`nn.Linear`'s scale, from the exact start), `flowkit-nsf-coupling-random-start` and
+`flowkit-nsf-coupling-alternate-random-start` do the same for the coupling NSF with each kind of
+permutation, and `zuko-nsf-zero-start` starts zuko's NSF at flowkit's exact identity (every
+conditioner's last layer zero). `--first-seed N` runs seeds `N, N + 1, ...`, to add seeds to an
+earlier run.
 """
 
 from __future__ import annotations
@@ -65,10 +75,10 @@ def _random_start(flow: torch.nn.Module) -> torch.nn.Module:
     return flow
 
 
-def _random_start_nsf(features: int, **sizes) -> torch.nn.Module:
-    """The autoregressive NSF of flowkit with zuko's random start (`_random_start`), standardised as the others."""
+def _random_start_nsf(features: int, options: dict | None = None, **sizes) -> torch.nn.Module:
+    """The NSF of flowkit (with `options`) at zuko's random start (`_random_start`), standardised as the others."""
     standardize_with = sizes.pop("standardize_with", None)
-    flow = _random_start(_nsf_variant({}, features, **sizes))
+    flow = _random_start(_nsf_variant(options or {}, features, **sizes))
     return flow if standardize_with is None else standardize(flow, standardize_with)
 
 
@@ -128,11 +138,26 @@ SMALL_SETS = ("diabetes", "wine", "breast_cancer", "star98", "macrodata")
 MODELS = {
     **bench.MODELS,
     "flowkit-nsf-near": partial(_nsf_variant, {"near_identity": True}),
-    "flowkit-nsf-coupling-alternate": partial(_nsf_variant, {"coupling": True, "permutations": "alternate"}),
+    "flowkit-nsf-exact": partial(_nsf_variant, {"near_identity": False}),
+    "flowkit-nsf-coupling-random": partial(
+        _nsf_variant, {"coupling": True, "permutations": "random", "near_identity": False}
+    ),
+    "flowkit-nsf-coupling-alternate": partial(
+        _nsf_variant, {"coupling": True, "permutations": "alternate", "near_identity": False}
+    ),
     "flowkit-nsf-coupling-near": partial(
         _nsf_variant, {"coupling": True, "permutations": "alternate", "near_identity": True}
     ),
-    "flowkit-nsf-random-start": _random_start_nsf,
+    "flowkit-nsf-random-start": partial(_random_start_nsf, options={"near_identity": False}),
+    "flowkit-nsf-coupling-random-start": partial(
+        _random_start_nsf, options={"coupling": True, "permutations": "random", "near_identity": False}
+    ),
+    "flowkit-nsf-coupling-alternate-random-start": partial(
+        _random_start_nsf, options={"coupling": True, "permutations": "alternate", "near_identity": False}
+    ),
+    "flowkit-nsf-coupling-random-near": partial(
+        _nsf_variant, {"coupling": True, "permutations": "random", "near_identity": True}
+    ),
     **{name: partial(peers.build_peer, name) for name in peers.PEERS},
     "zuko-nsf-zero-start": _zero_start_zuko,
 }
@@ -144,8 +169,15 @@ def main(argv: list[str] | None = None) -> int:
     """Parse `argv` (default: the command line) and run the benchmark with the peers."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     bench.add_arguments(parser, MODELS, DEFAULT_MODELS)
+    parser.add_argument(
+        "--first-seed", type=int, default=0, help="the first seed: runs seeds first, ..., first + seeds - 1 (default 0)"
+    )
+    args = parser.parse_args(argv)
     loaders = {name: partial(small_set, name) for name in SMALL_SETS}
-    return bench.run(parser.parse_args(argv), MODELS, loaders, {"small": SMALL_SETS})
+    if args.first_seed:  # more seeds on top of an earlier run: its seeds are not trained again
+        train = bench.train_and_evaluate
+        bench.train_and_evaluate = lambda model, data, a, seed, *rest: train(model, data, a, seed + a.first_seed, *rest)
+    return bench.run(args, MODELS, loaders, {"small": SMALL_SETS})
 
 
 if __name__ == "__main__":

@@ -179,17 +179,86 @@ def test_coupling_nsf_random_permutations_are_the_earlier_seeded_ones():
         NSF(2, coupling=True, permutations="reverse")
 
 
+def _last_layers(flow):
+    return [b.conditioner.last for b in flow.bijector if hasattr(b, "conditioner")]
+
+
 @pytest.mark.parametrize("coupling", [False, True])
-def test_nsf_starts_at_the_identity_and_near_it_with_near_identity(coupling):
+def test_nsf_starts_exactly_near_or_randomly_around_the_identity(coupling):
     x = torch.randn(7, 3, generator=torch.Generator().manual_seed(0))
-    exact = NSF(3, transforms=2, hidden=(16,), coupling=coupling)
+    exact = NSF(3, transforms=2, hidden=(16,), coupling=coupling, near_identity=False)
     torch.testing.assert_close(exact.log_prob(x), exact.base.log_prob(x))
-    torch.manual_seed(0)
-    flow = NSF(3, transforms=2, hidden=(16,), coupling=coupling, near_identity=True)
-    assert not torch.allclose(flow.log_prob(x), flow.base.log_prob(x))
-    for new, old in zip(flow.bijector, exact.bijector, strict=True):
-        if hasattr(new, "conditioner"):
-            last, reference = new.conditioner.last, old.conditioner.last
+    for options in ({"near_identity": True}, {"start": "near"}, {"near_identity": True, "start": "near"}):
+        torch.manual_seed(0)
+        flow = NSF(3, transforms=2, hidden=(16,), coupling=coupling, **options)
+        assert not torch.allclose(flow.log_prob(x), flow.base.log_prob(x))
+        for last, reference in zip(_last_layers(flow), _last_layers(exact), strict=True):
             assert torch.equal(last.weight, torch.zeros_like(last.weight))
-            offset = last.bias - reference.bias  # the offsets of a fresh nn.Linear bias, U(-1/sqrt(16), 1/sqrt(16))
+            offset = last.bias - reference.bias  # the offsets of a fresh nn.Linear bias, U(-1/4, 1/4)
             assert offset.abs().max() <= 0.25 and offset.abs().max() > 0
+    torch.manual_seed(0)
+    flow = NSF(3, transforms=2, hidden=(16,), coupling=coupling, start="random")
+    for last, reference in zip(_last_layers(flow), _last_layers(exact), strict=True):
+        assert 0 < last.weight.abs().max() <= 0.25  # nn.Linear's U(-1/sqrt(16), 1/sqrt(16))
+        assert 0 < (last.bias - reference.bias).abs().max() <= 0.25
+    assert torch.equal(NSF(3, 2, hidden=(16,), coupling=coupling, start="identity").log_prob(x), exact.log_prob(x))
+    with pytest.raises(ValueError, match="disagree"):
+        NSF(3, coupling=coupling, near_identity=False, start="near")
+    with pytest.raises(ValueError, match="start must be one of"):
+        NSF(3, coupling=coupling, start="zero")
+
+
+@pytest.mark.parametrize(
+    ("coupling", "features", "start"),
+    [
+        (False, 2, "near"),
+        (False, 5, "near"),
+        (True, 2, "random"),
+        (True, 3, "identity"),
+        (True, 6, "identity"),
+    ],
+)
+def test_nsf_default_start_is_the_measured_one(coupling, features, start):
+    # Issue 38 (docs/benchmarks.md): autoregressive layers near the identity; coupling layers where zuko's
+    # start at D = 2, where they alternate as zuko's do, and exactly at the identity above.
+    torch.manual_seed(3)
+    default = NSF(features, transforms=3, hidden=(8,), coupling=coupling)
+    torch.manual_seed(3)
+    explicit = NSF(features, transforms=3, hidden=(8,), coupling=coupling, start=start)
+    for a, b in zip(default.state_dict().values(), explicit.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("features", [2, 3, 4, 5])
+def test_coupling_nsf_default_permutations_alternate_at_two_features_and_are_random_above(features):
+    flow = NSF(features, transforms=4, hidden=(8,), coupling=True)
+    perms = [b.perm for b in flow.bijector if isinstance(b, flowkit.bijectors.Permutation)]
+    if features == 2:  # a random permutation of two features is the identity or the swap, which cancels
+        assert all(torch.equal(perm, torch.arange(2)) for perm in perms)
+        assert _transformed_features(flow) == [{1}, {0}, {1}, {0}]
+    else:  # the earlier default, unchanged
+        for i, perm in enumerate(perms, start=1):
+            assert torch.equal(perm, flowkit.bijectors.Permutation(features, seed=i).perm)
+
+
+@pytest.mark.parametrize("coupling", [False, True])
+@pytest.mark.parametrize("features", [2, 4])
+def test_nsf_saved_before_the_new_defaults_loads_bit_for_bit(coupling, features, tmp_path):
+    # A config written before `permutations`, `near_identity` and `start` existed names none: the new defaults
+    # build the same modules, and the saved permutations (buffers) and weights replace what they drew.
+    import json
+
+    torch.manual_seed(1)
+    flow = randomize(
+        NSF(features, transforms=4, hidden=(8,), coupling=coupling, permutations="random", near_identity=False), 0.3
+    )
+    path = flowkit.io.save(flow, tmp_path / "old")
+    config = json.loads((path / "config.json").read_text())
+    for key in ("permutations", "near_identity", "start"):
+        del config["model"]["args"][key]
+    (path / "config.json").write_text(json.dumps(config))
+    loaded = flowkit.io.load(path)
+    x = torch.randn(9, features, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(loaded.log_prob(x), flow.log_prob(x))
+    for a, b in zip(loaded.state_dict().values(), flow.state_dict().values(), strict=True):
+        assert torch.equal(a, b)

@@ -55,8 +55,23 @@ __all__ = ["RealNVP", "MAF", "NSF"]
 ConditionerFactory = Callable[..., nn.Module]
 
 
-#: How `NSF(coupling=True)` permutes the features between layers.
-PERMUTATIONS = ("alternate", "random")
+#: How `NSF(coupling=True)` permutes the features between layers (`"auto"`, the default: `"alternate"` at
+#: `D = 2`, `"random"` above).
+PERMUTATIONS = ("auto", "alternate", "random")
+
+#: Where `NSF` starts its layers (`start=`): exactly at the identity, near it, or at a random point around it.
+STARTS = ("identity", "near", "random")
+
+
+def _default_start(coupling: bool, features: int) -> str:
+    """The start of `NSF(start=None, near_identity=None)`, as measured in issue 38 (`docs/benchmarks.md`).
+
+    Autoregressive layers start near the identity; coupling layers at a random point at `D = 2`
+    (where they alternate as zuko's do, and start where zuko's start), exactly at the identity above.
+    """
+    if not coupling:
+        return "near"
+    return "random" if features == 2 else "identity"
 
 
 def _half_mask(features: int, parity: int) -> list[int]:
@@ -149,6 +164,22 @@ def _with_permutations(layers: list[Bijector], features: int, random: bool, iden
             chain.append(permutation)
         chain.append(layer)
     return Chain(*chain)
+
+
+def _random_start(layers: Sequence[Bijector]) -> None:
+    """Start each default conditioner's last layer where a fresh `nn.Linear` starts, around the identity.
+
+    The last weights get `U(-1/sqrt(n), 1/sqrt(n))` for `n` inputs (as `nn.Linear`'s) and the last biases
+    the same offsets over the transformer's identity parameters, both drawn from torch's global generator
+    (weights, then biases, layer by layer): the start of zuko's layers.
+    """
+    with torch.no_grad():
+        for layer in layers:
+            last = getattr(getattr(layer, "conditioner", None), "last", None)
+            if isinstance(last, nn.Linear) and last.bias is not None:
+                bound = 1.0 / math.sqrt(max(1, last.in_features))
+                last.weight.uniform_(-bound, bound)
+                last.bias.add_(torch.empty_like(last.bias).uniform_(-bound, bound))
 
 
 def _break_symmetry(layers: Sequence[Bijector], generator: torch.Generator | None = None) -> None:
@@ -265,13 +296,26 @@ class NSF(Flow):
     from layer to layer, as in zuko's and RealNVP's couplings) are fast both ways.
     Each spline has `bins` bins on `[-bound, bound]` and is the identity outside.
 
-    Each layer starts as the identity (its conditioner's last layer zero, the bias at the
-    spline's identity parameters). With `near_identity=True` (default conditioners and
-    splines) the biases get the small offsets of a fresh `nn.Linear` bias,
-    $U(-1/\sqrt{n}, 1/\sqrt{n})$ for `n` inputs, which breaks the symmetry of the start
-    where every bin is equal: on a 5 x 5 grid of Gaussians it lowered the test NLL by
-    0.14 nats after 800 steps, on the `circles` and `moons` sets it raised it by 0.002-0.007
-    (see the benchmarks page of the docs), so it is not the default.
+    Where each layer starts is measured (issue 38, `docs/benchmarks.md`: at equal size and steps
+    against zuko's NSF on the built-in 2-D sets, and against the earlier default on small tabular
+    sets and digits). With `start=None` and `near_identity=None`, the defaults:
+
+    - autoregressive layers start near the identity (`"near"`): the conditioner's last weights
+      are zero and its last biases are the spline's identity parameters plus the offsets of a
+      fresh `nn.Linear` bias, $U(-1/\sqrt{n}, 1/\sqrt{n})$ for `n` inputs. This breaks the symmetry
+      of the exact identity start, where every bin is equal and from which training escapes
+      slowly on sets of separated modes: against zuko the exact start was behind on `8gaussians`
+      and `spirals`, this one is not; on the tabular sets and digits it is within 1 standard
+      error of the exact start;
+    - coupling layers at `D = 2` start where zuko's start (`"random"`: the last weights and the
+      bias offsets at `nn.Linear`'s scale), with the masks alternating as zuko's do: the other
+      starts were behind zuko on `spirals`, random permutations on `pinwheel`;
+    - coupling layers above `D = 2` start exactly at the identity (`"identity"`), as before:
+      started near it they were worse on `macrodata` and digits.
+
+    All but `"identity"` draw from torch's global generator, and only the default conditioners
+    and rational-quadratic splines are moved (a `conditioner=` factory's networks start as they
+    are built).
 
     Arguments:
         features: number of features `D`.
@@ -291,17 +335,23 @@ class NSF(Flow):
             ones, where it must build an autoregressive conditioner (`hidden`, `residual`
             and `activation` are then unused).
         base: the latent distribution (a standard normal by default).
-        permutations: between coupling layers, `"random"` (the default: seeded random permutations;
-            with the alternating masks they can cancel, and at `D = 2` with 4 layers one feature is
-            transformed three times and the other once) or `"alternate"` (each layer transforms the
-            features the layer before conditioned on, as in zuko and RealNVP). Measured on the seven
-            built-in 2-D sets (`docs/benchmarks.md`), `"alternate"` was better on five and worse on
-            `spirals` by 0.18 nats, so the default stays.
-            Either is a [`Permutation`][flowkit.bijectors.Permutation] module whose `perm` is saved
-            with the weights, so a saved model loads with the permutations it was trained with.
-            Unused by autoregressive layers (reversals in between).
-        near_identity: start every layer near the identity instead of exactly at it (the default
-            conditioners' biases offset by `U(-1/sqrt(n), 1/sqrt(n))`).
+        permutations: between coupling layers, `"auto"` (the default: `"alternate"` at `D = 2`,
+            `"random"` above), `"random"` (seeded random permutations, which mix the features across
+            the halves; at `D = 2` a permutation can only be the identity or the swap, and the swaps
+            cancel the alternating masks, so that with 4 layers one feature is transformed three
+            times and the other once) or `"alternate"` (the identity between layers: each layer
+            transforms the features the layer before conditioned on, as in zuko and RealNVP). At
+            `D = 2` the random ones were behind zuko's coupling NSF on `pinwheel` (by 3 standard
+            errors), the alternating ones are not (`docs/benchmarks.md`). Each is a
+            [`Permutation`][flowkit.bijectors.Permutation] module whose `perm` is saved with the
+            weights, so a saved model loads with the permutations it was trained with, whatever
+            the default. Unused by autoregressive layers (reversals in between).
+        near_identity: `True` for `start="near"`, `False` for `start="identity"`; `None` (the
+            default) leaves the choice to `start`.
+        start: where every layer starts: `"identity"` (exactly at it), `"near"` (biases off it by
+            `U(-1/sqrt(n), 1/sqrt(n))`), `"random"` (last weights and bias offsets as a fresh
+            `nn.Linear`'s, zuko's start) or `None` (the default: `"near"` for autoregressive layers,
+            `"random"` for coupling layers at `D = 2` and `"identity"` above; see above).
 
     Examples:
         >>> import torch, flowkit
@@ -328,11 +378,23 @@ class NSF(Flow):
         transformer: Transformer | None = None,
         conditioner: ConditionerFactory | None = None,
         base: Distribution | None = None,
-        permutations: str = "random",
-        near_identity: bool = False,
+        permutations: str = "auto",
+        near_identity: bool | None = None,
+        start: str | None = None,
     ) -> None:
         if permutations not in PERMUTATIONS:
             raise ValueError(f"NSF: permutations must be one of {', '.join(PERMUTATIONS)}; got {permutations!r}")
+        if permutations == "auto":  # at D = 2 a random permutation is the identity or the swap, which cancels
+            permutations = "alternate" if features == 2 else "random"
+        if start is not None and start not in STARTS:
+            raise ValueError(f"NSF: start must be one of {', '.join(STARTS)} or None; got {start!r}")
+        if near_identity is not None:
+            implied = "near" if near_identity else "identity"
+            if start is not None and start != implied:
+                raise ValueError(f"NSF: near_identity={near_identity} and start={start!r} disagree; give one of them")
+            start = implied
+        if start is None:
+            start = _default_start(coupling, features)
         if coupling and residual:
             raise ValueError("NSF: residual applies to autoregressive layers only (coupling=False)")
         sizes = {"features": (features, 2 if coupling else 1), "transforms": (transforms, 1), "context": (context, 0)}
@@ -351,7 +413,9 @@ class NSF(Flow):
                 _autoregressive(transformer, features, hidden, context, residual, activation, conditioner)
                 for _ in range(transforms)
             ]
-        if spline and conditioner is None and near_identity:
+        if spline and conditioner is None and start == "near":
             _break_symmetry(layers)
+        elif spline and conditioner is None and start == "random":
+            _random_start(layers)
         chain = _with_permutations(layers, features, random=coupling, identity=permutations == "alternate")
         super().__init__(chain, _base(base, features))

@@ -352,6 +352,8 @@ class COMET(Flow):
             activation=activation,
             transformer=transformer,
             conditioner=conditioner,
+            permutations="random",  # COMET's copula as it was measured (the NSF defaults changed in issue 38)
+            near_identity=False,
         )
         super().__init__(Chain(marginals, *copula.bijector), _base(base, features))
 
