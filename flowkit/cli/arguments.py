@@ -10,40 +10,37 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 __all__ = ["positive_int", "non_negative_int", "int_at_least", "positive_float", "non_negative_float"]
 
 
-def _integer(low: int, rule: str) -> Callable[[str], int]:
-    """An argparse `type=` for integers `>= low`; `rule` says so in the error."""
+def _checked(convert: Callable[[str], T], allowed: Callable[[T], bool], rule: str) -> Callable[[str], T]:
+    """An argparse `type=`: `convert` the text, refuse it unless `allowed`; `rule` says what it must be."""
 
-    def parse(text: str) -> int:
+    def parse(text: str) -> T:
         try:
-            value = int(text)
+            value = convert(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"must be {rule}, got {text!r}") from None
-        if value < low:
+            value = None
+        if value is None or not allowed(value):
             raise argparse.ArgumentTypeError(f"must be {rule}, got {text!r}")
         return value
 
     parse.__name__ = rule.replace(" ", "_")
     return parse
+
+
+def _integer(low: int, rule: str) -> Callable[[str], int]:
+    """An argparse `type=` for integers `>= low`."""
+    return _checked(int, lambda value: value >= low, rule)
 
 
 def _real(strict: bool, rule: str) -> Callable[[str], float]:
-    """An argparse `type=` for finite numbers `> 0` (`strict`) or `>= 0`; `rule` says so in the error."""
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be {rule}, got {text!r}") from None
-        if not math.isfinite(value) or value < 0 or (strict and value == 0):
-            raise argparse.ArgumentTypeError(f"must be {rule}, got {text!r}")
-        return value
-
-    parse.__name__ = rule.replace(" ", "_")
-    return parse
+    """An argparse `type=` for finite numbers `> 0` (`strict`) or `>= 0`."""
+    return _checked(float, lambda value: math.isfinite(value) and (value > 0 if strict else value >= 0), rule)
 
 
 def int_at_least(low: int) -> Callable[[str], int]:
