@@ -6,8 +6,8 @@ builds its cases afresh under the suite's seed (see ``conftest.py``).
 
 A new public bijector, stochastic block, transformer or base distribution
 needs one entry here: the completeness tests (``tests/bijectors/test_sweep.py``,
-``tests/test_stochastic.py``, ``tests/transformers/test_base.py``,
-``tests/test_distributions.py``) fail for a concrete public class that no case builds.
+``tests/flows/test_stochastic.py``, ``tests/transformers/test_base.py``,
+``tests/distributions/test_sweep.py``) fail for a concrete public class that no case builds.
 """
 
 from __future__ import annotations
@@ -374,7 +374,7 @@ def _target() -> DiagNormal:
     return DiagNormal(3, loc=1.0, scale=0.5, trainable=False)
 
 
-#: Stochastic blocks (Markov kernels, no inverse): name -> ``() -> (block, x)``; see tests/test_stochastic.py.
+#: Stochastic blocks (Markov kernels, no inverse): name -> ``() -> (block, x)``; see tests/flows/test_stochastic.py.
 STOCHASTIC_BLOCKS: dict[str, Callable[[], tuple[torch.nn.Module, Tensor]]] = {
     "MetropolisBlock": lambda: (MetropolisBlock(_target(), lam=0.5, n_steps=3), torch.randn(6, 3)),
     "LangevinBlock": lambda: (LangevinBlock(_target(), lam=0.5, n_steps=3, step_size=0.05), torch.randn(6, 3)),
@@ -396,7 +396,7 @@ TRANSFORMERS: dict[str, Callable[[], Transformer]] = {
 }
 
 #: Base distributions: name -> ``() -> distribution``, events of at most two elements (checked by
-#: ``check_flow``, which integrates the density); see tests/test_distributions.py.
+#: ``check_flow``, which integrates the density); see tests/distributions/test_sweep.py.
 DISTRIBUTIONS: dict[str, Callable[[], Distribution]] = {
     "StandardNormal": lambda: StandardNormal(2),
     "DependentNormal": lambda: DependentNormal(2, parameters=3, value=0.3),

@@ -216,3 +216,16 @@ def test_no_flowkit_module_scripts_with_torch_jit():
         p.relative_to(ROOT) for p in ROOT.rglob("*.py") if "jit.script" in p.read_text() or "jit.trace" in p.read_text()
     ]
     assert not users, users
+
+
+#: Test folders that stand for something other than a subpackage of flowkit: the benchmark scripts of bench/.
+TEST_FOLDERS_BEYOND_THE_PACKAGE = {"bench": "the scripts in bench/", "fixtures": "saved models of earlier commits"}
+
+
+def test_the_tests_mirror_the_package_layout():
+    """tests/NAME/ tests flowkit/NAME/ (a subpackage), and every subpackage has its folder; top-level modules' tests sit in tests/."""
+    tests = Path(__file__).parent
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and not p.name.startswith((".", "__"))}
+    subpackages = {p.parent.name for p in ROOT.glob("*/__init__.py")}
+    assert folders - subpackages == set(TEST_FOLDERS_BEYOND_THE_PACKAGE)
+    assert subpackages - folders == set(), f"subpackages without a test folder: {sorted(subpackages - folders)}"

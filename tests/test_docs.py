@@ -32,6 +32,7 @@ def build(tmp_path_factory):
     return result, site
 
 
+@pytest.mark.slow
 def test_docs_build_strict_without_warnings(build):
     result, site = build
     output = result.stdout + result.stderr

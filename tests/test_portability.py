@@ -12,12 +12,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 TESTS = Path(__file__).parent
 
 
+@pytest.mark.slow
 def test_spline_and_saved_model_tests_pass_on_scalar_kernels():
     env = {**os.environ, "ATEN_CPU_CAPABILITY": "default", "OMP_NUM_THREADS": "1"}
-    paths = [TESTS / "transformers" / "test_spline.py", TESTS / "transformers" / "test_spline_fused.py"]
+    paths = [TESTS / "transformers" / "test_spline.py", TESTS / "kernels" / "test_fused.py"]
     paths.append(TESTS / "test_saved_models.py")
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", *map(str, paths)]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)

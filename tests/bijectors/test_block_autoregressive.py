@@ -56,6 +56,7 @@ def test_round_trip_within_1e_8_far_out(context):
     assert float((ladj + ladj_inv).abs().max()) <= 1e-8
 
 
+@pytest.mark.slow
 def test_inverse_gradients_are_the_implicit_ones():
     layer = BlockNeuralAutoregressive(2, hidden=(3,), iterations=80).double()
     z = torch.randn(3, 2, dtype=torch.float64, requires_grad=True)

@@ -34,6 +34,7 @@ def _exact(layer: Residual, x: torch.Tensor) -> torch.Tensor:
         layer.train()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("features,estimator", [(2, "geometric"), (5, "poisson")])
 def test_russian_roulette_log_det_is_unbiased(features, estimator):
     layer = _at_bound(features, estimator=estimator)

@@ -84,7 +84,7 @@ def test_round_trip_with_unit_perturbations(name):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_ode_round_trip_with_unit_perturbations(name, seed):
     # The ODE inverse's stated accuracy: the local tolerance atol + rtol |x| times the number of steps (at most
-    # the field evaluations); a solve that cannot keep it raises (tests/continuous).
+    # the field evaluations); a solve that cannot keep it raises (tests/bijectors/test_continuous.py).
     bijector, x = BIJECTORS[name]()
     b = randomize(bijector, scale=1.0, seed=seed).double().eval()
     x = x.double()

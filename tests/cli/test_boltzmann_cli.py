@@ -42,6 +42,7 @@ def test_boltzmann_double_well_writes_model_metrics_and_plots(tmp_path):
     assert flow.sample((3,)).shape == (3, 2)
 
 
+@pytest.mark.slow
 def test_boltzmann_phi4_lattice_plots(tmp_path):
     out = tmp_path / "phi4"
     code = main(

@@ -3,6 +3,7 @@
 import json
 
 import numpy as np
+import pytest
 import torch
 
 import flowkit
@@ -11,6 +12,7 @@ from flowkit.cli import main
 SMALL = ["--hidden", "16,16", "--batch-size", "128", "--no-progress"]
 
 
+@pytest.mark.slow
 def test_fit_model_free_form(tmp_path):
     out = tmp_path / "ff"
     args = ["fit", "moons", "--model", "free-form", "--steps", "300", "--lr", "3e-3", "--out", str(out), *SMALL]

@@ -183,6 +183,7 @@ def _means(samples, blocks=20):
     return {"phi2": phi2, "abs_M": abs_m}
 
 
+@pytest.mark.slow
 def test_pseudofermion_hmc_agrees_with_exact_determinant_hmc():
     L, m2, lam, g = 4, -1.0, 0.5, 1.0
     target = YukawaStaggered(L, m2, lam, g).double()

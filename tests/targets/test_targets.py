@@ -62,6 +62,7 @@ def test_force_is_minus_the_energy_gradient(target):
     assert energy.shape == (7,)
 
 
+@pytest.mark.slow
 def test_gaussian_mixture_is_normalised_by_grid_quadrature():
     target = GaussianMixture().double()
     t = torch.linspace(-50, 50, 1001, dtype=torch.float64)

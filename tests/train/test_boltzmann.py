@@ -11,6 +11,7 @@ from flowkit.targets import DoubleWell, GaussianMixture
 from flowkit.train import BoltzmannGenerator, fit
 
 
+@pytest.mark.slow
 def test_double_well_log_Z_and_ess_with_exact_samples():
     torch.manual_seed(0)
     target = DoubleWell()
@@ -26,6 +27,7 @@ def test_double_well_log_Z_and_ess_with_exact_samples():
     assert set(metrics) == {"kl", "nll", "ess", "log_Z"}
 
 
+@pytest.mark.slow
 def test_gmm40_all_modes_covered():
     torch.manual_seed(0)
     target = GaussianMixture(n_modes=40, seed=0)

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -87,6 +88,7 @@ WORKER = COMMON + textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_two_processes_match_one_process_on_the_global_batch(tmp_path):
     (tmp_path / "worker.py").write_text(WORKER)
     env = {

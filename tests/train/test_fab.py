@@ -253,6 +253,7 @@ test_fab._fab_run({directory!r}, True, kill=9)
 """
 
 
+@pytest.mark.slow
 def test_a_fab_run_killed_by_sigkill_resumes_bit_for_bit(tmp_path: Path) -> None:
     here = Path(__file__).parent
     script = _KILLED_SCRIPT.format(tests=str(here), cases=str(here.parent), directory=str(tmp_path))

@@ -267,6 +267,7 @@ def _curve(t: torch.Tensor) -> torch.Tensor:
     return torch.stack([t, torch.sin(1.5 * t) + 1], -1)
 
 
+@pytest.mark.slow
 def test_injective_flow_learns_a_curve_in_the_plane():
     # Points on a curve plus noise of standard deviation 0.1; a 1-D latent: 95% of the samples within 0.1 of
     # the curve, spread along it (their nearest curve points close to uniform, as the data's are).
@@ -286,6 +287,7 @@ def test_injective_flow_learns_a_curve_in_the_plane():
     assert torch.isfinite(model.log_prob(x[:100])).all()
 
 
+@pytest.mark.slow
 def test_free_form_flow_fits_a_correlated_gaussian():
     # The exact density after training is close to the true one: the KL estimate on test points is small.
     g = torch.Generator().manual_seed(0)

@@ -204,6 +204,7 @@ def test_forward_kl_path_gradient_vanishes_when_q_equals_p():
     assert float(_grads(flow, ForwardKLPathGradient(target).loss(flow, x)).abs().max()) < 1e-10
 
 
+@pytest.mark.slow
 def test_phi4_free_field_log_Z_after_a_short_run():
     L = 4
     torch.manual_seed(1)

@@ -151,6 +151,7 @@ def test_identity_parameters():
     assert float((y - x).abs().max()) < 0.5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("transformer", [MonotonicMLP(3, iterations=80), UnconstrainedMonotonic(3, nodes=8)], ids=type)
 def test_inverse_gradients_are_the_implicit_ones(transformer):
     x, params = _inputs(transformer, n=4, scale=0.5)
@@ -189,6 +190,7 @@ def test_bad_arguments_are_value_errors(build, message):
         build()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_unconstrained_monotonic_is_monotone_for_any_parameters(dtype):
     # Issue 38: the Gauss-Legendre rule on [0, x] (16 nodes) mapped 6.815 and 31.2 both to 279.8726, and the

@@ -60,6 +60,7 @@ def test_save_and_load_round_trip(tmp_path):
     torch.testing.assert_close(loaded.log_prob(x), flow.log_prob(x))
 
 
+@pytest.mark.slow
 def test_torch_compile_gives_the_same_outputs():
     # aot_eager traces forward and backward through the compiler stack without
     # generating C++ (inductor takes minutes on two cores). fullgraph=True fails

@@ -2,6 +2,7 @@
 
 import math
 
+import pytest
 import torch
 from manifold_checks import assert_antipodally_equivariant, assert_integrates_to_one
 
@@ -193,6 +194,7 @@ def _convex_rigid_flow(seed=0):
     return Flow(Chain(*layers), RigidBase(segments)).double()
 
 
+@pytest.mark.slow
 def test_convex_rigid_flow_is_equivariant_in_each_quaternion_and_integrates_to_one():
     from flowkit.domains import Circle, Product
 

@@ -27,6 +27,7 @@ def test_one_dimensional_flow_integrates_to_one():
     assert check_flow(flow).passed
 
 
+@pytest.mark.slow
 def test_quadrature_by_hand_in_2d():
     # Independent of flowkit.testing: a plain uniform grid on a mildly perturbed flow.
     flow = randomize(RealNVP(2, transforms=4, hidden=(16, 16)), scale=0.1).double()

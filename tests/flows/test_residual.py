@@ -52,7 +52,7 @@ def test_residual_flow_trains_samples_and_saves(logdet, tmp_path):
 
 #: ResidualFlow(2, transforms=2, hidden=(16, 16)) with each log-det, 30 Adam steps on moons, saved by commit
 #: f59ba5a (before LipSwish started at beta = 32), with its log-densities at 16 points; never rewritten.
-OLD_RESIDUAL = Path(__file__).parent / "fixtures" / "residual_f59ba5a"
+OLD_RESIDUAL = Path(__file__).parents[1] / "fixtures" / "residual_f59ba5a"
 
 
 @pytest.mark.parametrize("logdet", ["exact", "series"])

@@ -4,7 +4,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 def test_residual_bound_script_reports_norms_mass_and_nll(monkeypatch, tmp_path):

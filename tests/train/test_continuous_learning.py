@@ -12,6 +12,8 @@ from flowkit.flows import CNF
 from flowkit.train import MaximumLikelihood, fit
 from flowkit.train.continuous import FlowMatching
 
+pytestmark = pytest.mark.slow
+
 #: The margin (nats per point) by which the trained CNF must beat the best full-covariance Gaussian.
 MARGIN = 0.2
 

@@ -1,10 +1,9 @@
 """PDB and DCD files of configurations, written with OpenMM's writers, read back to file precision."""
 
-import struct
-
 import numpy as np
 import pytest
 import torch
+from trajectory_files import read_dcd
 
 pytest.importorskip("openmm")
 
@@ -13,30 +12,6 @@ import openmm.unit  # noqa: E402
 
 from flowkit.targets import AlanineDipeptide  # noqa: E402
 from flowkit.targets.trajectory import write_dcd, write_pdb  # noqa: E402
-
-
-def read_dcd(path):
-    """A minimal reader of the CHARMM DCD files OpenMM writes (little-endian, no box): `(frames, atoms, 3)` in A."""
-    data = path.read_bytes()
-    size, magic, frames = struct.unpack_from("<i4si", data, 0)
-    assert size == 84 and magic == b"CORD"
-    assert struct.unpack_from("<i", data, 88)[0] == 84  # end of the first record
-    offset = 92
-    (title_bytes,) = struct.unpack_from("<i", data, offset)
-    offset += 4 + title_bytes + 4
-    size, atoms, end = struct.unpack_from("<3i", data, offset)
-    assert size == end == 4
-    offset += 12
-    out = np.empty((frames, atoms, 3), dtype=np.float32)
-    for f in range(frames):
-        for axis in range(3):
-            (size,) = struct.unpack_from("<i", data, offset)
-            assert size == 4 * atoms
-            out[f, :, axis] = np.frombuffer(data, "<f4", atoms, offset + 4)
-            assert struct.unpack_from("<i", data, offset + 4 + size)[0] == size
-            offset += size + 8
-    assert offset == len(data)
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -12,14 +12,13 @@ import numpy as np  # noqa: E402
 import openmm.app  # noqa: E402
 import openmm.unit  # noqa: E402
 import torch  # noqa: E402
+from trajectory_files import read_dcd  # noqa: E402
 
 import flowkit  # noqa: E402
 from flowkit.cli import main  # noqa: E402
 from flowkit.cli.targets import TARGET_SPECS, Evaluation  # noqa: E402
 from flowkit.stats import blocked_mean, free_energy_profile  # noqa: E402
 from flowkit.targets.alanine import backbone_dihedrals  # noqa: E402
-
-from .test_trajectory import read_dcd  # noqa: E402
 
 
 def test_boltzmann_alanine_dipeptide(tmp_path, monkeypatch):

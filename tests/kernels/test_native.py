@@ -120,7 +120,7 @@ def test_the_rule_names_the_kernel_each_call_takes():
         assert spline_kernel(fwAD.make_dual(x, torch.ones_like(x)), params, 4) == "reference"
         assert spline_kernel(x, params, 4) == "native"  # no dual input: no tangent to carry
     # torch.func transforms need no rule of their own: the node's vmap and jvp rules and the native op's
-    # batching rule carry them (tests/transformers/test_spline_fused.py::test_nested_torch_func_transforms...).
+    # batching rule carry them (tests/kernels/test_fused.py::test_nested_torch_func_transforms...).
     seen = []
     torch.func.vmap(lambda row: seen.append(spline_kernel(row, params[0], 4)) or row)(x[:, None])
     assert seen == ["native"]

@@ -139,6 +139,7 @@ def test_minibatch_ot_pairing_beats_random_pairings():
     assert sorted(_ot_pairing(x, z).tolist()) == list(range(32))
 
 
+@pytest.mark.slow
 def test_flow_matching_learns_a_gaussian_with_the_exact_likelihood_afterwards():
     torch.manual_seed(0)
     scale, loc = torch.tensor([0.5, 1.5]), torch.tensor([1.0, -1.0])
