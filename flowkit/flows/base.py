@@ -116,11 +116,11 @@ class FlowModel(Configurable, nn.Module, ABC):
 
     def standardized(self, x: Tensor, robust: bool = False) -> FlowModel:
         """This model's layers behind a fixed standardisation of the data `x` (see `flowkit.data.standardize`)."""
-        raise ValueError(f"standardize: a {type(self).__name__} cannot put a standardisation first")
+        raise ValueError(f"standardize: {type(self).__name__} cannot put a standardisation first")
 
     def standardize_(self, x: Tensor, robust: bool = False) -> None:
         """Put `standardized`'s standardisation first, in place, unless the model's data are standardised already."""
-        raise ValueError(f"standardize: a {type(self).__name__} cannot standardise its data in place; use a Flow")
+        raise ValueError(f"standardize: {type(self).__name__} cannot standardise its data in place; use a Flow")
 
     @property
     def spline_bound(self) -> float | None:

@@ -117,7 +117,7 @@ class RegularizedLikelihood(Objective):
         if names and len(records) < len(layers):
             raise ValueError(
                 f"{type(self).__name__}: {type(flow).__name__} returns the integrals of {len(records)} of its "
-                f"{len(layers)} ContinuousFlow layers; it holds one where they are not passed on"
+                f"{len(layers)} ContinuousFlow layers (the others sit in a layer that does not pass them on)"
             )
         nll = -log_likelihood.mean()
         total = nll
