@@ -118,6 +118,25 @@ def test_fit_warns_when_most_points_are_outside_the_spline_bound():
             progress=False)  # fmt: skip
 
 
+def test_the_flow_says_whether_its_data_meet_the_splines_unscaled():
+    x = _wide()
+    nsf = flowkit.flows.NSF(3, transforms=1, hidden=(8,))
+    assert nsf.spline_bound == 5.0 and flowkit.data.standardize(nsf, x).spline_bound is None
+    comet = flowkit.flows.COMET.from_data(x, transforms=1, hidden=(8,))  # its fitted marginals scale the data
+    assert comet.spline_bound is None and comet.bijector.standardizes_data
+    layers = list(comet.bijector)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no bound warning either
+        fit(comet, MaximumLikelihood(), x, steps=1, progress=False, standardize=True)
+    assert list(comet.bijector) == layers  # nothing put before the marginals, which were fitted to the raw data
+    free_form = flowkit.flows.build_flow("free-form", 3, hidden=(8,))
+    assert free_form.spline_bound is None
+    with pytest.raises(ValueError, match="FreeFormFlow cannot standardise its data in place"):
+        fit(free_form, MaximumLikelihood(), x, steps=1, progress=False, standardize=True)
+    with pytest.raises(ValueError, match="standardize=True needs a flowkit Flow, got Linear"):
+        fit(torch.nn.Linear(3, 3), MaximumLikelihood(), x, steps=1, progress=False, standardize=True)
+
+
 class _Weights(Callback):
     def __init__(self, flow) -> None:
         self.flow, self.states = flow, {}

@@ -26,7 +26,13 @@ __all__ = ["Bijector", "Chain", "Invert", "Reshape", "check_composition", "conte
 
 
 #: Entry points whose input is checked at the outermost call, and the side of the bijector it lives on.
-_CHECKED_METHODS = {"forward": "forward", "call": "forward", "inverse": "inverse", "inverse_call": "inverse"}
+_CHECKED_METHODS = {
+    "forward": "forward",
+    "forward_with_integrals": "forward",
+    "call": "forward",
+    "inverse": "inverse",
+    "inverse_call": "inverse",
+}
 
 
 def _checked(method: Callable, name: str) -> Callable:
@@ -72,6 +78,9 @@ class Bijector(Configurable, nn.Module):
             (linear layers, permutations, ActNorm); score matching drops these terms.
         ladj_is_exact: `False` when `log|det J|` is a random estimate (a continuous flow with
             Hutchinson's trace): unbiased for training, but not an importance weight's exact density.
+        standardizes_data: `True` when the layer maps data of any location and scale to a standard range
+            (a [`Standardization`][flowkit.bijectors.Standardization], fitted marginal CDFs), so that
+            the layers after it need no standardisation of the data.
     """
 
     _flowkit_register = False
@@ -80,6 +89,7 @@ class Bijector(Configurable, nn.Module):
     domain: Domain = Real()
     ladj_is_constant: bool = False
     ladj_is_exact: bool = True
+    standardizes_data: bool = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -104,6 +114,12 @@ class Bijector(Configurable, nn.Module):
     def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Map latent to data: return `(x, log|det dx/dz|)`, the latter of batch shape."""
         raise NotImplementedError
+
+    def forward_with_integrals(
+        self, x: Tensor, context: Tensor | None = None, *, names: Sequence[str] = ()
+    ) -> tuple[Tensor, Tensor, list[dict[str, Tensor]]]:
+        """`forward` and the integrals `names` of each solve of its ODE layers (`ContinuousFlow`'s; none here)."""
+        return (*self(x, context), [])
 
     def call(self, x: Tensor, context: Tensor | None = None) -> Tensor:
         """Return `z` alone; layers whose log-determinant is costly override this."""
@@ -177,6 +193,7 @@ class Chain(Bijector):
         self.latent_shape = bijectors[-1].latent_shape
         self.domain = bijectors[0].domain
         self.ladj_is_constant = all(b.ladj_is_constant for b in bijectors)
+        self.standardizes_data = bijectors[0].standardizes_data
 
     def __iter__(self) -> Iterator[Bijector]:
         return iter(self.layers)
@@ -196,6 +213,15 @@ class Chain(Bijector):
             x, ladj = layer(x, context_for(layer, context))
             total = total + ladj
         return x, total
+
+    def forward_with_integrals(
+        self, x: Tensor, context: Tensor | None = None, *, names: Sequence[str] = ()
+    ) -> tuple[Tensor, Tensor, list[dict[str, Tensor]]]:
+        total, integrals = self._ladj_zero(x, self.event_shape), []
+        for layer in self.layers:
+            x, ladj, more = layer.forward_with_integrals(x, context_for(layer, context), names=names)
+            total, integrals = total + ladj, integrals + more
+        return x, total, integrals
 
     def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         total = self._ladj_zero(z, self.latent_shape)

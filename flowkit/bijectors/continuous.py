@@ -8,15 +8,16 @@ $$
 \frac{d}{dt} \log|\det \partial x(t)/\partial x(0)| = \operatorname{tr} \frac{\partial f}{\partial x}(x(t), t, c).
 $$
 
-Training-side extras along the same solve (the RNODE integrals of
-[`flowkit.train.continuous`][flowkit.train.continuous]) are requested with
-[`trajectory_integrals`][flowkit.bijectors.continuous.trajectory_integrals]; the
+Integrals along the same solve (the kinetic energy and Jacobian norm that the RNODE
+regularisers of [`flowkit.train.continuous`][flowkit.train.continuous] weigh) are returned by
+[`forward_with_integrals`][flowkit.bijectors.ContinuousFlow.forward_with_integrals]; the
 bijector itself knows nothing of training.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import warnings
 from collections.abc import Iterator, Sequence
@@ -40,7 +41,7 @@ __all__ = ["ContinuousFlow", "TRACES", "PROBES", "trajectory_integrals", "functi
 TRACES = ("exact", "hutchinson")
 #: Distributions of Hutchinson's probe.
 PROBES = ("rademacher", "gaussian")
-#: Integrals a training objective may ask for along the forward solve (see `trajectory_integrals`).
+#: Integrals along the forward solve (see `ContinuousFlow.forward_with_integrals`).
 INTEGRALS = ("kinetic", "jacobian", "hjb")
 #: Up to this many dimensions the exact trace's vector-Jacobian products run in a loop rather than under vmap.
 _LOOP_BELOW = 8
@@ -67,38 +68,35 @@ def function_evaluations(module: nn.Module) -> int:
 def trajectory_integrals(
     module: nn.Module, names: Sequence[str] = ("kinetic", "jacobian")
 ) -> Iterator[list[dict[str, Tensor]]]:
-    r"""Integrate extra quantities along the solves of the ContinuousFlow layers in `module`.
+    """Deprecated: the integrals `names` of the solves of `module`'s ContinuousFlow layers in the block (not nested).
 
-    Within the block, every solve of such a layer also integrates, per point,
-
-    - `"kinetic"`: $\int_0^T \|f(x(t), t)\|^2 \, dt$,
-    - `"hjb"`: $\int_0^T |\partial_t \Phi - \tfrac12 \|\nabla_x \Phi\|^2| \, dt$ for a potential field
-      $f = -\nabla_x \Phi$ ([`PotentialField`][flowkit.nn.PotentialField]; Onken et al. 2021),
-    - `"jacobian"`: $\int_0^T \|\partial f / \partial x\|_F^2 \, dt$ (exact with the
-      exact trace; with Hutchinson's trace, $\|(\partial f / \partial x)\, \epsilon\|^2$ (a
-      [`VectorField`][flowkit.nn.VectorField]'s forward JVP) or $\|\epsilon^\top \partial f / \partial x\|^2$
-      (a VJP otherwise) with the solve's probe, both unbiased since $E[\epsilon \epsilon^\top] = I$),
-
-    and appends a dict `{name: tensor of the batch shape}` to the yielded list
-    (Finlay et al. 2020). Outside the block, solves integrate the state and the
-    log-determinant only.
-
-    Raises:
-        ValueError: for an unknown name.
+    Use [`ContinuousFlow.forward_with_integrals`][flowkit.bijectors.ContinuousFlow.forward_with_integrals],
+    or a flow's `path_log_likelihood_with_integrals`, which return them.
     """
-    unknown = [n for n in names if n not in INTEGRALS]
-    if unknown:
-        raise ValueError(f"trajectory_integrals: unknown integrals {unknown}; choose from {list(INTEGRALS)}")
+    message = "trajectory_integrals is deprecated; ContinuousFlow.forward_with_integrals returns the integrals"
+    warnings.warn(message, DeprecationWarning, stacklevel=3)
+    _check_integrals(names)
     records: list[dict[str, Tensor]] = []
-    layers = continuous_layers(module)
-    previous = [(layer._integrals, layer._records) for layer in layers]
-    for layer in layers:
-        layer._integrals, layer._records = tuple(names), records
+    layers, names = continuous_layers(module), tuple(names)
+    for layer in layers:  # within the block, each layer's solves record their integrals
+        layer.forward, layer.inverse = (functools.partial(_recorded, layer, r, names, records) for r in (False, True))
     try:
         yield records
     finally:
-        for layer, (integrals, recs) in zip(layers, previous, strict=True):
-            layer._integrals, layer._records = integrals, recs
+        for layer in layers:
+            del layer.forward, layer.inverse
+
+
+def _recorded(layer: ContinuousFlow, reverse: bool, names: tuple, records: list, x: Tensor, context: Any = None) -> Any:
+    z, ladj, integrals = layer._solve(x, context, reverse, names)
+    records.extend([integrals] if names else [])
+    return z, ladj
+
+
+def _check_integrals(names: Sequence[str]) -> None:
+    unknown = [n for n in names if n not in INTEGRALS]
+    if unknown:
+        raise ValueError(f"ContinuousFlow: unknown integrals {unknown}; choose from {list(INTEGRALS)}")
 
 
 class _Dynamics(nn.Module):
@@ -318,8 +316,6 @@ class ContinuousFlow(Bijector):
         self.atol, self.rtol, self.adjoint = atol, rtol, bool(adjoint)
         self.solver_options = solver_options
         self.nfe = 0
-        self._integrals: tuple[str, ...] = ()
-        self._records: list[dict[str, Tensor]] | None = None
         self._field_checked = False
 
     @property
@@ -382,15 +378,15 @@ class ContinuousFlow(Bijector):
         floor = torch.finfo(dtype).eps
         return max(self.atol, floor), max(self.rtol, floor)
 
-    def _solve(self, x: Tensor, context: Tensor | None, reverse: bool) -> tuple[Tensor, Tensor]:
+    def _solve(
+        self, x: Tensor, context: Tensor | None, reverse: bool, integrals: tuple[str, ...] = ()
+    ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        """`(x(1) or x(0), log-determinant, {name: integral of the batch shape})` of one solve."""
         batch = x.shape[: x.dim() - self.event_dims]
         n = math.prod(batch)
         flat = x.reshape(n, self.features)
-        integrals = self._integrals if self._records is not None else ()
         if n == 0:  # nothing to solve
-            if integrals:
-                self._records.append({name: flat.new_zeros(batch) for name in integrals})
-            return x, flat.new_zeros(batch)
+            return x, flat.new_zeros(batch), {name: flat.new_zeros(batch) for name in integrals}
         if context is not None:
             context = context.expand(*batch, context.shape[-1]).reshape(n, context.shape[-1])
         probe = None
@@ -428,15 +424,34 @@ class ContinuousFlow(Bijector):
             ) from error
         self.nfe = dynamics.evaluations
         final = [part[-1] for part in solution]
-        if self._records is not None and integrals:
-            self._records.append({name: final[2 + i].reshape(batch) for i, name in enumerate(integrals)})
-        return final[0].reshape(*batch, *self.event_shape), final[1].reshape(batch)
+        values = {name: final[2 + i].reshape(batch) for i, name in enumerate(integrals)}
+        return final[0].reshape(*batch, *self.event_shape), final[1].reshape(batch), values
 
     def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        return self._solve(x, context, reverse=False)
+        return self._solve(x, context, reverse=False)[:2]
+
+    def forward_with_integrals(
+        self, x: Tensor, context: Tensor | None = None, *, names: Sequence[str] = ()
+    ) -> tuple[Tensor, Tensor, list[dict[str, Tensor]]]:
+        r"""`forward`, and per point the integrals `names` along the trajectory, as extra states of the same solve.
+
+        - `"kinetic"`: $\int_0^T \|f(x(t), t)\|^2 \, dt$,
+        - `"jacobian"`: $\int_0^T \|\partial f / \partial x\|_F^2 \, dt$ (exact with the
+          exact trace; with Hutchinson's trace, $\|(\partial f / \partial x)\, \epsilon\|^2$ (a
+          [`VectorField`][flowkit.nn.VectorField]'s forward JVP) or $\|\epsilon^\top \partial f / \partial x\|^2$
+          (a VJP otherwise) with the solve's probe, both unbiased since $E[\epsilon \epsilon^\top] = I$),
+        - `"hjb"`: $\int_0^T |\partial_t \Phi - \tfrac12 \|\nabla_x \Phi\|^2| \, dt$ for a potential field
+          $f = -\nabla_x \Phi$ ([`PotentialField`][flowkit.nn.PotentialField]; Onken et al. 2021).
+
+        Returns `(z, log|det dz/dx|, [{name: tensor of the batch shape}])`, the list empty without `names`
+        (Finlay et al. 2020). Raises a ValueError for an unknown name, and `"hjb"` without a potential field.
+        """
+        _check_integrals(names)
+        z, ladj, integrals = self._solve(x, context, False, tuple(names))
+        return z, ladj, [integrals] if names else []
 
     def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        return self._solve(z, context, reverse=True)
+        return self._solve(z, context, reverse=True)[:2]
 
     def extra_repr(self) -> str:
         return (

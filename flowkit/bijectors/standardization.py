@@ -57,6 +57,7 @@ class Standardization(Bijector):
     """
 
     ladj_is_constant = True
+    standardizes_data = True
 
     def __init__(self, loc: Sequence[float], scale: Sequence[float]) -> None:
         super().__init__()

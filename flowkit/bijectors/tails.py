@@ -209,6 +209,8 @@ class MarginalTailCDF(Bijector):
         Dependence*, 2022 (arXiv:2205.01224).
     """
 
+    standardizes_data = True  # its fitted CDFs map data of any scale into range
+
     def __init__(
         self,
         features: int,

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from ..bijectors import Chain, Standardization
-from ..flows import Flow, FreeFormFlow
+from ..flows.base import FlowModel
 
 __all__ = ["standardize"]
 
 
-def standardize(flow: Flow | FreeFormFlow, x: Tensor, robust: bool = False) -> Flow | FreeFormFlow:
+def standardize(flow: FlowModel, x: Tensor, robust: bool = False) -> FlowModel:
     r"""A flow `Flow(Chain(Standardization.from_data(x), flow.bijector), flow.base)`.
 
     The returned flow standardises each feature with the mean and standard
@@ -21,6 +20,7 @@ def standardize(flow: Flow | FreeFormFlow, x: Tensor, robust: bool = False) -> F
 
     A [`FreeFormFlow`][flowkit.flows.FreeFormFlow] (no bijector to chain to) gets the standardisation as its
     `preprocessing`: the same networks, trained on standardised data, the density of the original data.
+    Other models say whether they can ([`FlowModel.standardized`][flowkit.flows.base.FlowModel.standardized]).
 
     Arguments:
         flow: an unconditional or conditional flow on vectors `(D,)`.
@@ -29,20 +29,6 @@ def standardize(flow: Flow | FreeFormFlow, x: Tensor, robust: bool = False) -> F
             of heavy-tailed data is dominated by its few largest points; see
             [`Standardization.from_data`][flowkit.bijectors.Standardization.from_data]).
     """
-    if not isinstance(flow, (Flow, FreeFormFlow)):
+    if not hasattr(flow, "standardized"):  # not a flowkit model (FlowModel)
         raise ValueError(f"standardize: flow must be a flowkit Flow or FreeFormFlow, got {type(flow).__name__}")
-    if isinstance(flow, FreeFormFlow) and flow.preprocessing is not None:
-        raise ValueError("standardize: the FreeFormFlow has a preprocessing already")
-    if not isinstance(x, Tensor) or not x.is_floating_point():
-        kind = f"a {x.dtype} tensor" if isinstance(x, Tensor) else type(x).__name__
-        raise ValueError(f"standardize: x must be a floating-point torch.Tensor, got {kind}")
-    if len(flow.event_shape) != 1 or x.dim() != 2 or x.shape[1] != flow.event_shape[0]:
-        raise ValueError(
-            f"standardize: data of shape {tuple(x.shape)} do not fit a flow on events of shape "
-            f"{tuple(flow.event_shape)}"
-        )
-    # The layer takes the flow's dtype and device (the statistics are exact in float64).
-    scaling = Standardization.from_data(x, robust=robust).to(device=flow.base.device, dtype=flow.base.dtype)
-    if isinstance(flow, FreeFormFlow):
-        return FreeFormFlow(flow.encoder, flow.decoder, flow.features, flow.base, preprocessing=scaling)
-    return Flow(Chain(scaling, flow.bijector), flow.base)
+    return flow.standardized(x, robust)

@@ -19,6 +19,9 @@ it and ask `exact_log_prob` and `samples_match_density` instead of testing for a
 | `to_distribution()` | yes | no | no | yes | raises (no density on $\mathbb{R}^D$) |
 | `sample_with_log_weights(n, target)` | $-u(x) - \log q(x)$ | path weights | no | raises | raises |
 | `auxiliary_loss()` | the layers' regularisers | the layers' | the flow's | none | none |
+| `path_log_likelihood_with_integrals` | with its ODE layers' integrals | none | none | none | none |
+| `standardized(x)`, `standardize_(x)` | yes | raises | raises | `standardized` | raises |
+| `spline_bound` | unless its first layer scales the data | its splines' | its splines' | none | none |
 | `exact_log_prob` | True[^random] | False | False | True | True |
 | `samples_match_density` | True[^random] | True | False | False | False |
 
@@ -104,6 +107,26 @@ class FlowModel(Configurable, nn.Module, ABC):
     @abstractmethod
     def auxiliary_loss(self) -> Tensor | None:
         """The sum of the layers' regularisers, added to the objective by the fit loop (None: none)."""
+
+    def path_log_likelihood_with_integrals(
+        self, x: Tensor, context: Tensor | None = None, names: Sequence[str] = ()
+    ) -> tuple[Tensor, list[dict[str, Tensor]]]:
+        """`path_log_likelihood` and the integrals `names` of each solve of its ODE layers (none by default)."""
+        return self.path_log_likelihood(x, context), []
+
+    def standardized(self, x: Tensor, robust: bool = False) -> FlowModel:
+        """This model's layers behind a fixed standardisation of the data `x` (see `flowkit.data.standardize`)."""
+        raise ValueError(f"standardize: {type(self).__name__} cannot put a standardisation first")
+
+    def standardize_(self, x: Tensor, robust: bool = False) -> None:
+        """Put `standardized`'s standardisation first, in place, unless the model's data are standardised already."""
+        raise ValueError(f"standardize: {type(self).__name__} cannot standardise its data in place; use a Flow")
+
+    @property
+    def spline_bound(self) -> float | None:
+        """The largest bound `B` of the splines the data meet unscaled (the identity outside `[-B, B]`), else None."""
+        bounds = [float(m.bound) for m in self.modules() if isinstance(getattr(m, "bound", None), (int, float))]
+        return max(bounds) if bounds else None
 
 
 def require_exact_weights(flow: object, where: str, *, density: bool = False) -> None:

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from torch.distributions import constraints
 
 from .._validation import check_context, check_point, module_dtype, outermost
-from ..bijectors import Bijector
+from ..bijectors import Bijector, Chain, Standardization
 from ..distributions import Distribution
 from ..domains import Domain
 from ..targets.evaluate import energy_of
@@ -112,6 +112,16 @@ class Flow(FlowModel):
         """
         return self._log_density(x, context, "Flow.path_log_likelihood")
 
+    def path_log_likelihood_with_integrals(
+        self, x: Tensor, context: Tensor | None = None, names: Sequence[str] = ()
+    ) -> tuple[Tensor, list[dict[str, Tensor]]]:
+        """`log_prob` and the integrals of its ODE layers' solves (`bijector.forward_with_integrals`)."""
+        with outermost() as check:
+            if check:
+                check_point(self, x, context, "forward", "Flow.path_log_likelihood_with_integrals")
+            z, ladj, integrals = self.bijector.forward_with_integrals(x, context, names=names)
+            return self.base.log_prob(z) + ladj, integrals
+
     def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
         """Same as [`log_prob`][flowkit.flows.Flow.log_prob]."""
         return self.log_prob(x, context)
@@ -189,6 +199,20 @@ class Flow(FlowModel):
         """Regularisers of the bijector's layers (`None` when there are none)."""
         return auxiliary_loss(self.bijector)
 
+    def standardized(self, x: Tensor, robust: bool = False) -> Flow:
+        """`Flow(Chain(Standardization.from_data(x, robust), self.bijector), self.base)`."""
+        return Flow(Chain(data_standardization(self, x, robust), self.bijector), self.base)
+
+    def standardize_(self, x: Tensor, robust: bool = False) -> None:
+        """Put the standardisation first in the bijector unless it starts with one; saved as a `Flow` of the chain."""
+        if not self.bijector.standardizes_data:
+            self.bijector = self.standardized(x, robust).bijector
+            object.__setattr__(self, "_flowkit_config", (Flow, {"bijector": self.bijector, "base": self.base}))
+
+    @property
+    def spline_bound(self) -> float | None:
+        return None if self.bijector.standardizes_data else super().spline_bound
+
     def to_distribution(self, context: Tensor | None = None) -> FlowDistribution:
         """Wrap the flow (at a fixed context) as a `torch.distributions.Distribution`."""
         return FlowDistribution(self, context)
@@ -222,6 +246,20 @@ class FlowDistribution(torch.distributions.Distribution):
 
     def sample(self, sample_shape: torch.Size | Sequence[int] = torch.Size()) -> Tensor:
         return self.flow.sample(sample_shape, self.context)
+
+
+def data_standardization(flow: FlowModel, x: Tensor, robust: bool) -> Standardization:
+    """`Standardization.from_data(x, robust)` in the dtype and device of `flow.base`, for data `(N, D)` that fit it."""
+    if not isinstance(x, Tensor) or not x.is_floating_point():
+        kind = f"a {x.dtype} tensor" if isinstance(x, Tensor) else type(x).__name__
+        raise ValueError(f"standardize: x must be a floating-point torch.Tensor, got {kind}")
+    if len(flow.event_shape) != 1 or x.dim() != 2 or x.shape[1] != flow.event_shape[0]:
+        raise ValueError(
+            f"standardize: data of shape {tuple(x.shape)} do not fit a flow on events of shape "
+            f"{tuple(flow.event_shape)}"
+        )
+    # The layer takes the flow's dtype and device (the statistics are exact in float64).
+    return Standardization.from_data(x, robust=robust).to(device=flow.base.device, dtype=flow.base.dtype)
 
 
 def draw_latent(flow: nn.Module, shape: int | Sequence[int], context: Tensor | None, where: str) -> Tensor:

@@ -53,7 +53,7 @@ from ..distributions import Distribution, StandardNormal
 from ..nn import MLP
 from ..utils import as_shape
 from .base import FlowModel, require_exact_weights
-from .flow import FlowDistribution
+from .flow import FlowDistribution, data_standardization
 
 __all__ = ["FreeFormFlow", "InjectiveFlow", "ResidualMLP", "jacobian"]
 
@@ -348,6 +348,13 @@ class FreeFormFlow(_EncoderDecoderFlow):
         """
         check_context(context, 0, None, where="FreeFormFlow.to_distribution")
         return FlowDistribution(self)
+
+    def standardized(self, x: Tensor, robust: bool = False) -> FreeFormFlow:
+        """The same networks with `Standardization.from_data(x, robust)` as their `preprocessing`."""
+        if self.preprocessing is not None:
+            raise ValueError("standardize: the FreeFormFlow has a preprocessing already")
+        scaling = data_standardization(self, x, robust)
+        return FreeFormFlow(self.encoder, self.decoder, self.features, self.base, preprocessing=scaling)
 
     def preprocess(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """`(h(x), log|det h'(x)|)` for the `preprocessing` bijector $h$ (the identity and 0 without one)."""

@@ -107,9 +107,9 @@ class CallbackList:
 class _BoundWarning(Callback):
     """Warn at the start when most data points lie outside the splines' bound (where the splines are the identity).
 
-    `fit` puts it first without `standardize=True`. Nothing is checked for a flow without
-    splines, for data that is not a tensor, and for a flow whose first bijector scales the
-    data itself (a `Standardization`, or COMET's fitted marginal CDFs, `MarginalTailCDF`).
+    `fit` puts it first without `standardize=True`. Nothing is checked for data that is not a tensor and
+    a flow without a [`spline_bound`][flowkit.flows.base.FlowModel.spline_bound] (no splines, or a first
+    layer that scales the data itself).
 
     Arguments:
         flow: the model.
@@ -120,13 +120,8 @@ class _BoundWarning(Callback):
         self.flow, self.x = flow, x
 
     def on_start(self, state: TrainState) -> None:
-        from ..bijectors import Chain, MarginalTailCDF, Standardization
-
-        bijector = getattr(self.flow, "bijector", None)
-        first = bijector[0] if isinstance(bijector, Chain) else bijector
-        x, bound = self.x, _spline_bound(self.flow)
-        scaled = isinstance(first, (Standardization, MarginalTailCDF))  # COMET's marginal CDFs scale the data too
-        if x is None or bound is None or scaled or x.dim() < 2 or len(x) == 0:
+        x, bound = self.x, getattr(self.flow, "spline_bound", None)  # a flowkit model's; None for another module
+        if x is None or bound is None or x.dim() < 2 or len(x) == 0:
             return
         outside = float((x[:10_000].detach().flatten(1).abs() > bound).any(1).double().mean())  # a sample suffices
         if outside > _OUTSIDE_BOUND_WARNING:
@@ -134,12 +129,6 @@ class _BoundWarning(Callback):
                 f"fit: {100 * outside:.0f}% of the data points lie outside the splines' bound [-{bound:g}, {bound:g}], "
                 "where the splines are the identity; pass standardize=True (or flowkit.data.standardize(flow, x))"
             )
-
-
-def _spline_bound(flow: nn.Module) -> float | None:
-    """The largest `bound` of the flow's spline transformers, None when it has none."""
-    bounds = [float(m.bound) for m in flow.modules() if isinstance(getattr(m, "bound", None), (int, float))]
-    return max(bounds) if bounds else None
 
 
 class EMA(Callback):

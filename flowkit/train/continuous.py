@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from .._validation import check_number
 from ..bijectors import Bijector, Chain
-from ..bijectors.continuous import ContinuousFlow, continuous_layers, function_evaluations, trajectory_integrals
+from ..bijectors.continuous import ContinuousFlow, continuous_layers, function_evaluations
 from ..flows.base import FlowModel
 from .batches import split_batch
 from .callbacks import Callback
@@ -67,7 +67,8 @@ class RegularizedLikelihood(Objective):
     The kinetic term makes the transport close to optimal (straight, constant-speed
     paths); the Jacobian term keeps the field smooth; together they cut the steps an
     adaptive solver takes (Finlay et al. 2020). Both integrals are extra states of the
-    same solve as the log-density ([`trajectory_integrals`][flowkit.bijectors.continuous.trajectory_integrals]);
+    same solve as the log-density
+    ([`forward_with_integrals`][flowkit.bijectors.ContinuousFlow.forward_with_integrals]);
     the Frobenius norm is exact with the exact trace and Hutchinson's estimate
     $\|\partial_x f\, \epsilon\|^2$ (or $\|\epsilon^\top \partial_x f\|^2$) with the solve's probe otherwise.
 
@@ -109,10 +110,16 @@ class RegularizedLikelihood(Objective):
     def loss(self, flow: FlowModel, batch: Any) -> Tensor:
         x, context = split_batch(batch)
         names = self.regularizers
-        if names and not continuous_layers(flow):
+        layers = continuous_layers(flow)
+        if names and not layers:
             raise ValueError(f"{type(self).__name__}: the flow has no ContinuousFlow to regularise")
-        with trajectory_integrals(flow, names) as records:
-            nll = -flow.path_log_likelihood(x, context).mean()
+        log_likelihood, records = flow.path_log_likelihood_with_integrals(x, context, names)
+        if names and len(records) < len(layers):
+            raise ValueError(
+                f"{type(self).__name__}: {type(flow).__name__} returns the integrals of {len(records)} of its "
+                f"{len(layers)} ContinuousFlow layers (the others sit in a layer that does not pass them on)"
+            )
+        nll = -log_likelihood.mean()
         total = nll
         self._last = {"nll": float(nll.detach()), "nfe": float(function_evaluations(flow)), "t1": _end_times(flow)}
         for name in names:

@@ -236,25 +236,16 @@ def _data_tensor(data: Any) -> Tensor | None:
 
 
 def _standardize(flow: nn.Module, data: Any, robust: bool = False) -> None:
-    """Put `Standardization.from_data(x, robust)` first in the flow's chain, in place; the flow is saved as a `Flow`."""
-    from ..bijectors import Chain, Standardization
-    from ..data import standardize
-    from ..flows import Flow
-
+    """Standardise the flow's data in place (`FlowModel.standardize_`) with the points of `data`."""
     x = _data_tensor(data)
-    if not isinstance(flow, Flow) or len(flow.event_shape) != 1:
-        raise ValueError("fit: standardize=True needs a flowkit Flow on vectors (events of shape (D,))")
-    if x is None or x.dim() != 2 or x.shape[1] != flow.event_shape[0]:
+    if not hasattr(flow, "standardize_"):  # not a flowkit model (FlowModel)
+        raise ValueError(f"fit: standardize=True needs a flowkit Flow, got {type(flow).__name__}")
+    if x is None:
         raise ValueError(
             "fit: standardize=True needs data as a floating tensor of shape (N, D) or a pair (x, context); "
             "for a Dataset or DataLoader, standardise first with flowkit.data.standardize(flow, x)"
         )
-    first = flow.bijector[0] if isinstance(flow.bijector, Chain) else flow.bijector
-    if isinstance(first, Standardization):  # already standardised (a second fit, a resumed run)
-        return
-    flow.bijector = standardize(flow, x, robust=robust).bijector  # Chain(Standardization, the old bijector)
-    # The model is saved as what it now is: a Flow of the chain over the same base.
-    object.__setattr__(flow, "_flowkit_config", (Flow, {"bijector": flow.bijector, "base": flow.base}))
+    flow.standardize_(x, robust)
 
 
 def _make_optimizer(optimizer: Any, params: list[nn.Parameter], lr: float) -> torch.optim.Optimizer:

@@ -13,7 +13,8 @@ from flowkit.data.evaluation import NLL, evaluate_nll, log_prob_batched
 from flowkit.data.splits import split_array
 from flowkit.data.standardize import standardize
 from flowkit.distributions import DiagNormal, StandardNormal
-from flowkit.flows import Flow, RealNVP
+from flowkit.flows import Flow, InjectiveFlow, RealNVP
+from flowkit.nn import MLP
 from flowkit.testing import randomize
 
 LOG_2PI = math.log(2 * math.pi)
@@ -358,6 +359,9 @@ def test_standardize_refuses_data_that_are_not_a_float_tensor(x):
 def test_standardize_refuses_a_non_flow():
     with pytest.raises(ValueError, match="Flow"):
         standardize(torch.nn.Linear(2, 2), torch.randn(5, 2))
+    injective = InjectiveFlow(MLP(3, 2, (4,)), MLP(2, 3, (4,)), 3, 2)  # a flow model that has no standardisation
+    with pytest.raises(ValueError, match="InjectiveFlow cannot put a standardisation first"):
+        standardize(injective, torch.randn(5, 3))
 
 
 @pytest.mark.parametrize("batch_size", [0, -1, 2.5])

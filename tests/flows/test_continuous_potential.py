@@ -4,7 +4,6 @@ import pytest
 import torch
 
 from flowkit.bijectors import ContinuousFlow
-from flowkit.bijectors.continuous import trajectory_integrals
 from flowkit.distributions import StandardNormal
 from flowkit.flows import Flow
 from flowkit.nn import PotentialField, VectorField
@@ -57,5 +56,5 @@ def test_hjb_penalty_is_integrated_and_needs_a_potential():
     total.backward()
     assert flow.bijector.vector_field.quadratic.grad.abs().sum() > 0
     plain = ContinuousFlow(VectorField(2, hidden=(4,)), 2)
-    with pytest.raises(ValueError, match="hjb"), trajectory_integrals(plain, ["hjb"]):
-        plain(torch.randn(3, 2))
+    with pytest.raises(ValueError, match="hjb"):
+        plain.forward_with_integrals(torch.randn(3, 2), names=["hjb"])

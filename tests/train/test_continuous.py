@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import flowkit
-from flowkit.bijectors import Chain, ContinuousFlow, Standardization
+from flowkit.bijectors import Chain, ContinuousFlow, Invert, Standardization
 from flowkit.bijectors.continuous import trajectory_integrals
 from flowkit.distributions import StandardNormal
 from flowkit.flows import Flow
@@ -30,14 +30,49 @@ def test_kinetic_and_jacobian_integrals_of_a_scaled_identity_field():
     a, t1, d = 0.6, 0.8, 3
     flow = ContinuousFlow(LinearField(a * torch.eye(d, dtype=torch.float64)), d, t1=t1, atol=1e-10, rtol=1e-10).double()
     x = torch.randn(5, d, dtype=torch.float64)
-    with trajectory_integrals(flow) as records:
-        flow(x)
+    z, ladj, records = flow.forward_with_integrals(x, names=("kinetic", "jacobian"))
     # x(t) = exp(a t) x0: int |a x(t)|^2 dt = a |x0|^2 (exp(2 a T) - 1) / 2, and |A|_F^2 = d a^2 at all times.
     kinetic = a * x.square().sum(-1) * (math.exp(2 * a * t1) - 1) / 2
+    assert len(records) == 1
     torch.testing.assert_close(records[0]["kinetic"], kinetic, atol=1e-7, rtol=1e-7)
     torch.testing.assert_close(records[0]["jacobian"], torch.full((5,), t1 * d * a**2, dtype=torch.float64))
-    flow(x)  # outside the block nothing is recorded
-    assert len(records) == 1
+    torch.testing.assert_close(z, x * math.exp(a * t1), atol=1e-8, rtol=1e-8)  # the state is still the flow's map
+    torch.testing.assert_close(ladj, torch.full((5,), d * a * t1, dtype=torch.float64))
+    assert flow.forward_with_integrals(x)[2] == []  # no names: no integrals
+    with pytest.raises(ValueError, match="unknown integrals"):
+        flow.forward_with_integrals(x, names=["speed"])
+
+
+def test_forward_with_integrals_of_a_chain_is_its_forward_with_each_solve_s_integrals():
+    torch.manual_seed(0)
+    blocks = [ContinuousFlow(VectorField(2, hidden=(8,)), 2, atol=1e-6, rtol=1e-6).double() for _ in range(2)]
+    chain = Chain(Standardization([1.0, -1.0], [2.0, 0.5]), *blocks).double()
+    x = torch.randn(6, 2, dtype=torch.float64)
+    z, ladj, records = chain.forward_with_integrals(x)
+    expected_z, expected_ladj = chain(x)
+    assert torch.equal(z, expected_z) and torch.equal(ladj, expected_ladj) and records == []
+    z, ladj, records = chain.forward_with_integrals(x, names=("kinetic",))
+    y, total = chain[0](x)
+    for block, record in zip(blocks, records, strict=True):  # one dict a solve, in the chain's order
+        y, block_ladj, (expected,) = block.forward_with_integrals(y, names=("kinetic",))
+        total = total + block_ladj
+        assert torch.equal(record["kinetic"], expected["kinetic"])
+    assert torch.equal(z, y) and torch.equal(ladj, total)
+
+
+def test_deprecated_trajectory_integrals_records_the_solves_in_its_block():
+    a, d = 0.6, 2
+    flow = ContinuousFlow(LinearField(a * torch.eye(d, dtype=torch.float64)), d, atol=1e-9, rtol=1e-9).double()
+    x = torch.randn(4, d, dtype=torch.float64)
+    with pytest.warns(DeprecationWarning, match="forward_with_integrals"), trajectory_integrals(flow) as records:
+        z, _ = flow(x)
+        flow.inverse(z)
+    assert [sorted(r) for r in records] == [["jacobian", "kinetic"]] * 2  # the forward and the inverse solve
+    assert torch.equal(
+        records[0]["kinetic"], flow.forward_with_integrals(x, names=("kinetic", "jacobian"))[2][0]["kinetic"]
+    )
+    flow(x)  # outside the block nothing is recorded, and the layer is itself again
+    assert len(records) == 2 and "forward" not in vars(flow)
 
 
 def test_hutchinson_frobenius_estimate_is_unbiased():
@@ -45,8 +80,10 @@ def test_hutchinson_frobenius_estimate_is_unbiased():
     a = torch.randn(3, 3, generator=gen, dtype=torch.float64)
     flow = ContinuousFlow(LinearField(a), 3, t1=0.5, trace="hutchinson", atol=1e-8, rtol=1e-8).double()
     torch.manual_seed(0)
-    with trajectory_integrals(flow, ["jacobian"]) as records, torch.no_grad():
-        flow(torch.randn(1, 3, dtype=torch.float64).expand(10_000, 3))
+    with torch.no_grad():
+        _, _, records = flow.forward_with_integrals(
+            torch.randn(1, 3, dtype=torch.float64).expand(10_000, 3), names=["jacobian"]
+        )
     estimates = records[0]["jacobian"]
     se = estimates.std().item() / math.sqrt(estimates.numel())
     assert abs(estimates.mean().item() - 0.5 * a.square().sum().item()) < 3 * se
@@ -65,6 +102,14 @@ def test_regularized_likelihood_adds_the_weighted_integrals_and_reports_nfe():
     m = objective.metrics()
     torch.testing.assert_close(total.item(), m["nll"] + 0.3 * m["kinetic"] + 0.2 * m["jacobian"], rtol=1e-5, atol=1e-5)
     assert abs(m["nll"] - nll.item()) < 1e-3  # the extra states barely move the solve
+
+
+def test_regularized_likelihood_refuses_a_flow_that_does_not_pass_the_integrals_on():
+    field = ContinuousFlow(VectorField(2, hidden=(8,)), 2, atol=1e-6, rtol=1e-6)
+    flow = Flow(Invert(field), StandardNormal(2))  # Invert's forward is the field's inverse solve: no integrals
+    with pytest.raises(ValueError, match="integrals of 0 of its 1 ContinuousFlow"):
+        RegularizedLikelihood(kinetic=1.0).loss(flow, torch.randn(8, 2))
+    RegularizedLikelihood().loss(flow, torch.randn(8, 2))  # plain maximum likelihood needs none
 
 
 def test_learn_end_time_converges_to_the_optimum_of_the_regularised_likelihood():
