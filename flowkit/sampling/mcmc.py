@@ -413,7 +413,7 @@ def independent_metropolis(
     $\min(1, w(x')/w(x))$, $w = e^{-u}/q$. With $q = p$ every proposal is accepted.
 
     Arguments:
-        flow: the proposal flow (a [`StochasticFlow`][flowkit.stochastic.StochasticFlow] uses its path weights).
+        flow: the proposal flow (a [`StochasticFlow`][flowkit.flows.StochasticFlow] uses its path weights).
         target: the [`Target`][flowkit.targets.Target].
         n_steps: proposals per chain (the first one of non-zero weight is the starting state).
         chains: number of independent chains.
