@@ -20,6 +20,8 @@ import flowkit
         ("flowkit.stochastic", "LangevinBlock", "flowkit.flows"),
         ("flowkit.stochastic", "StochasticBlock", "flowkit.flows"),
         ("flowkit.stochastic", "energy_of", "flowkit.targets"),
+        ("flowkit.train.dependent", "Kinship", "flowkit.distributions"),
+        ("flowkit.train.dependent", "EquicorrelatedGroups", "flowkit.distributions"),
     ],
 )
 def test_moved_names_warn_and_are_the_same_object(old, name, new):
