@@ -1,8 +1,4 @@
-"""Deprecated alias: the stochastic flows moved to [`flowkit.flows`][flowkit.flows] (`flowkit.flows.stochastic`).
-
-`flowkit.stochastic.StochasticFlow` and the rest still work and warn; import them from `flowkit.flows`
-(`energy_of` from `flowkit.targets`).
-"""
+"""Deprecated alias: the stochastic flows moved to `flowkit.flows` (`energy_of` to `flowkit.targets`); they warn."""
 
 from typing import Any
 

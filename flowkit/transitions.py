@@ -1,23 +1,15 @@
 r"""Markov transition kernels: one move of a batch of chains, the single steps every sampler is built on.
 
-Each kernel moves the states `x` (batch shape, then the event) and leaves $e^{-u}$ invariant, or, unadjusted,
-returns the log ratio of its backward to its forward transition density, which a stochastic normalizing flow
-adds to its path weight:
-
-- [`metropolis_transition`][flowkit.sampling.metropolis_transition]: a symmetric proposal of the domain,
-  accepted with probability $\min(1, e^{u(x) - u(x')})$;
-- [`langevin_transition`][flowkit.sampling.langevin_transition]: an overdamped Langevin move
-  $x' = x - \epsilon \nabla u(x) + \sqrt{2\epsilon}\,\eta$, Metropolis-adjusted (MALA) or not;
-- [`hmc_transition`][flowkit.sampling.hmc_transition]: a jittered-step HMC trajectory of
-  [`leapfrog`][flowkit.sampling.leapfrog] steps with its Metropolis test.
-
-The samplers of [`flowkit.sampling`][flowkit.sampling] (which exports these names) run them along chains;
-the stochastic blocks of [`flowkit.flows.stochastic`][flowkit.flows.stochastic] make their moves with them.
+[`metropolis_transition`][flowkit.sampling.metropolis_transition] (a symmetric proposal of the domain),
+[`langevin_transition`][flowkit.sampling.langevin_transition] (overdamped Langevin, Metropolis-adjusted or not)
+and [`hmc_transition`][flowkit.sampling.hmc_transition] (a trajectory of [`leapfrog`][flowkit.sampling.leapfrog]
+steps and its Metropolis test) leave $e^{-u}$ invariant, or, unadjusted, return the log ratio of the backward to
+the forward transition density, the path-weight increment of a stochastic normalizing flow. The samplers of
+[`flowkit.sampling`][flowkit.sampling], which exports these names, run them along chains; the stochastic blocks
+of [`flowkit.flows.stochastic`][flowkit.flows.stochastic] make their moves with them.
 
 References:
-    Metropolis, Rosenbluth, Rosenbluth, Teller & Teller, J. Chem. Phys. 21 (1953);
     Roberts & Tweedie, *Exponential convergence of Langevin distributions*, Bernoulli 2 (1996);
-    Duane, Kennedy, Pendleton & Roweth, *Hybrid Monte Carlo*, Phys. Lett. B 195 (1987);
     Wu, Köhler & Noé, *Stochastic Normalizing Flows*, NeurIPS 2020 (arXiv:2002.06707).
 """
 
@@ -43,10 +35,6 @@ Potential = Callable[[Tensor], tuple[Tensor, Tensor]]
 def _expand(mask: Tensor, like: Tensor) -> Tensor:
     """A batch-shaped mask `(chains,)` or `(*batch,)` viewed to broadcast against `like`'s events."""
     return mask.reshape(*mask.shape, *(1,) * (like.dim() - mask.dim()))
-
-
-def _event_sum(t: Tensor) -> Tensor:
-    return t.flatten(1).sum(-1)
 
 
 def _finite(t: Tensor, batch_dims: int) -> Tensor:
@@ -125,7 +113,7 @@ def hmc_transition(
     p = torch.randn(x.shape, generator=generator, dtype=x.dtype, device=x.device)
     eps = step_size * (1 + jitter * (2 * torch.rand(chains, generator=generator, dtype=x.dtype) - 1))
     x_new, p_new, u_new, grad_new = leapfrog(x, p, eps.to(x.device).reshape(chains, *ones), n_leapfrog, pot, grad)
-    delta = (u_new - u) + 0.5 * (_event_sum(p_new.square()) - _event_sum(p.square()))
+    delta = (u_new - u) + 0.5 * (sum_event(p_new.square(), x.dim() - 1) - sum_event(p.square(), x.dim() - 1))
     log_u = torch.rand(chains, generator=generator, dtype=torch.float64).log().to(x.device)
     accept = log_u < -delta.double()  # NaN energies are rejected
     x = torch.where(_expand(accept, x), x_new, x)
@@ -145,9 +133,8 @@ def metropolis_transition(
     r"""One random-walk Metropolis move per chain from `x` (of energy `u`): the kernel of `metropolis`.
 
     A symmetric proposal $x'$ of the domain ([`propose`][flowkit.domains.Domain.propose]) is accepted with
-    probability $\min(1, e^{u(x) - u(x')})$ (a NaN energy is rejected), which leaves $e^{-u}$ invariant
-    (detailed balance). The new energy keeps its graph: a stochastic flow's path weight
-    $u(x_{\text{end}}) - u(x_{\text{start}})$ is differentiable (the accept indicator is a constant).
+    probability $\min(1, e^{u(x) - u(x')})$ (a NaN energy is rejected), which leaves $e^{-u}$ invariant. The
+    new energy keeps its graph (the accept indicator is a constant), for a stochastic flow's path weight.
 
     Arguments:
         energy: `x -> u(x)`, batched.
@@ -185,15 +172,11 @@ def langevin_transition(
 
     The proposal is $x' = x - \epsilon \nabla u(x) + \sqrt{2\epsilon}\,\eta$, $\eta \sim N(0, I)$. The move
     back from $x'$ would need the noise $\tilde\eta = (x - x' + \epsilon \nabla u(x'))/\sqrt{2\epsilon}$, so
-
-    $$
-    \log \frac{q(x' \to x)}{q(x \to x')} = \tfrac12 \left(|\eta|^2 - |\tilde\eta|^2\right).
-    $$
-
-    Adjusted, $x'$ is accepted with probability $\min\big(1, e^{u(x) - u(x')} q(x' \to x)/q(x \to x')\big)$,
-    which leaves $e^{-u}$ invariant; a proposal that leaves the finite numbers stays at $x$ with infinite
-    energy (rejected). Unadjusted, every move is made, and the log ratio is the path-weight increment of a
-    stochastic normalizing flow (exact for any step size); gradients then flow through the move.
+    $\log q(x' \to x) - \log q(x \to x') = \tfrac12 (|\eta|^2 - |\tilde\eta|^2)$. Adjusted, $x'$ is accepted
+    with probability $\min\big(1, e^{u(x) - u(x')} q(x' \to x)/q(x \to x')\big)$, which leaves $e^{-u}$
+    invariant; a proposal that leaves the finite numbers stays at $x$ with infinite energy (rejected).
+    Unadjusted, every move is made, and the log ratio is the path-weight increment of a stochastic
+    normalizing flow (exact for any step size); gradients then flow through the move.
 
     Arguments:
         pot: the potential `x -> (u(x), grad u(x))`.
@@ -211,7 +194,7 @@ def langevin_transition(
         boolean masks of the accepted and of the diverged proposals, and
         $\log q(x' \to x) - \log q(x \to x')$ of the proposal.
     """
-    batch_dims = x.dim() - (x.dim() - 1 if event_dims is None else event_dims)
+    batch_dims = 1 if event_dims is None else x.dim() - event_dims
     noise_scale = math.sqrt(2.0 * step_size)
     eta = torch.randn(x.shape, generator=generator, dtype=x.dtype, device=x.device)
     x_new = x - step_size * grad + noise_scale * eta

@@ -1,20 +1,14 @@
 r"""Dependent data: a base with standard normal marginals, and the correlation structures between points.
 
-Flows for dependent data (Kirchler et al., ICML 2023) model the latents of all $n$ training points
-jointly, $\operatorname{vec} Z \sim \mathcal N(0, \Sigma \otimes I)$, with $\Sigma$ set by a kinship matrix
-and $\lambda$ ([`Kinship`][flowkit.distributions.Kinship]), or by equicorrelated groups and their $\rho$'s
-([`EquicorrelatedGroups`][flowkit.distributions.EquicorrelatedGroups]); these structures hold the algebra
-of $\Sigma$ ($\log|\Sigma|$, blocks of $\Sigma^{-1}$, $\operatorname{tr}(Z^\top \Sigma^{-1} Z)$) that
+Flows for dependent data (Kirchler et al., ICML 2023) model the latents of all $n$ training points jointly,
+$\operatorname{vec} Z \sim \mathcal N(0, \Sigma \otimes I)$. [`Kinship`][flowkit.distributions.Kinship] and
+[`EquicorrelatedGroups`][flowkit.distributions.EquicorrelatedGroups] give $\Sigma$ and its algebra, which
 [`DependentMaximumLikelihood`][flowkit.train.DependentMaximumLikelihood] trains with. Each point is marginally
-$\mathcal N(0, I)$, so the base's `log_prob` is the standard normal's: the model's density of one new,
-unrelated point. [`DependentNormal`][flowkit.distributions.DependentNormal] also holds the logits of
-$\lambda$ or the $\rho$'s as a buffer, so that [`flowkit.io.save`][flowkit.io.save],
-[`load`][flowkit.io.load] and the checkpoints of [`fit`][flowkit.train.fit] carry them with the flow's
-weights, and a resumed run goes on with the values it had. The objective reads and writes them; build the
-base with [`DependentMaximumLikelihood.base`][flowkit.train.dependent.DependentMaximumLikelihood.base], which
-sizes it for the objective's structure.
-
-Reference: M. Kirchler, C. Lippert, M. Kloft, *Training Normalizing Flows from Dependent Data*, ICML 2023.
+$\mathcal N(0, I)$, so [`DependentNormal`][flowkit.distributions.DependentNormal]'s `log_prob` is the standard
+normal's (the density of one new, unrelated point); it holds the logits of $\lambda$ or the $\rho$'s as a
+buffer, so that [`flowkit.io.save`][flowkit.io.save] and the checkpoints of [`fit`][flowkit.train.fit] carry
+them with the flow's weights. Build it with
+[`DependentMaximumLikelihood.base`][flowkit.train.dependent.DependentMaximumLikelihood.base].
 """
 
 from __future__ import annotations

@@ -32,18 +32,11 @@ moves and returns the increment of that direction, so that
 [`flowkit.flows.Flow.path_log_likelihood`][flowkit.flows.Flow.path_log_likelihood] is the path-space maximum
 likelihood.
 
-Both blocks use the same kernel in both directions: Metropolis kernels are
-reversible with respect to $u_\lambda$, so $\Delta S = u_\lambda(y')
-- u_\lambda(y)$ by detailed balance; for overdamped Langevin the backward kernel
-is a Langevin step from `y'` and $\Delta S = \tfrac12(|\eta|^2 -
-|\tilde\eta|^2)$ with the forward and the reconstructed backward noise.
-
-The moves are the samplers' own kernels,
-[`metropolis_transition`][flowkit.sampling.metropolis_transition] and the unadjusted
-[`langevin_transition`][flowkit.sampling.langevin_transition], which return what the path weight needs.
-Samples are reparameterised: gradients flow through the proposals (the
-Metropolis accept indicator is a constant) and through the Langevin forces,
-computed by autograd with `create_graph` while gradients are being recorded.
+Both blocks use the same kernel in both directions, the samplers' own:
+[`metropolis_transition`][flowkit.sampling.metropolis_transition] (reversible, so $\Delta S = u_\lambda(y')
+- u_\lambda(y)$) and the unadjusted [`langevin_transition`][flowkit.sampling.langevin_transition], which returns
+$\Delta S$. Samples are reparameterised: gradients flow through the proposals (the Metropolis accept indicator
+is a constant) and through the Langevin forces, by autograd with `create_graph` while gradients are recorded.
 
 References:
     Wu, Köhler & Noé, *Stochastic Normalizing Flows*, NeurIPS 2020 (arXiv:2002.06707).
@@ -75,9 +68,8 @@ __all__ = ["StochasticBlock", "MetropolisBlock", "LangevinBlock", "StochasticFlo
 class StochasticBlock(Configurable, nn.Module):
     r"""Base of the stochastic blocks: a Markov kernel that targets $u_\lambda$.
 
-    Subclasses implement `_run`, which makes `n_steps` moves from
-    `y` and returns `(y', dS)`. The kernel is the same in both directions,
-    so `forward` and `inverse` both call it.
+    Subclasses implement `_run`, which makes `n_steps` moves from `y` and returns `(y', dS)`; the kernel is
+    the same in both directions, so `forward` and `inverse` both call it.
 
     Arguments:
         target: the target, anything with `energy(x)` (or a flowkit Distribution).
@@ -96,22 +88,17 @@ class StochasticBlock(Configurable, nn.Module):
     def __init__(self, target: Any, lam: float, n_steps: int, step_size: float, base: Any = None) -> None:
         super().__init__()
         name = type(self).__name__
-        if not (hasattr(target, "energy") or isinstance(target, Distribution)):
-            raise ValueError(f"{name}: target must have an energy(x) method, got {type(target).__name__}")
-        if base is not None and not (hasattr(base, "energy") or isinstance(base, Distribution)):
-            raise ValueError(
-                f"{name}: base must have an energy(x) method or be a flowkit Distribution, got {type(base).__name__}"
-            )
+        for role, model in (("target", target), ("base", base)):
+            if not (hasattr(model, "energy") or isinstance(model, Distribution) or (role, model) == ("base", None)):
+                raise ValueError(f"{name}: {role} must have an energy(x) method or be a flowkit Distribution, got "
+                                 f"{type(model).__name__}")  # fmt: skip
         lam = check_number(lam, "lam", where=name, low=0, high=1)
         n_steps = check_number(n_steps, "n_steps", where=name, integer=True, low=1)
         step_size = check_number(step_size, "step_size", where=name, positive=True)
-        shape = getattr(target, "event_shape", None)
-        if shape is None and base is not None:
-            shape = getattr(base, "event_shape", None)
-        if shape is None:
+        base_shape, shape = getattr(base, "event_shape", None), getattr(target, "event_shape", None)
+        if shape is None and base_shape is None:
             raise ValueError(f"{name}: cannot tell the event shape: give the target (or base) an event_shape attribute")
-        self.event_shape = torch.Size(shape)
-        base_shape = getattr(base, "event_shape", None)
+        self.event_shape = torch.Size(base_shape if shape is None else shape)
         if base_shape is not None and tuple(base_shape) != tuple(self.event_shape):
             raise ValueError(
                 f"{name}: the base's event shape {tuple(base_shape)} differs from the target's "
@@ -173,18 +160,11 @@ class StochasticBlock(Configurable, nn.Module):
 class MetropolisBlock(StochasticBlock):
     r"""Random-walk Metropolis steps on $u_\lambda$, with exact path weights.
 
-    Each step proposes $y^* = y + \sigma\xi$, $\xi \sim \mathcal N(0, I)$,
-    and accepts with probability $\min(1, e^{-(u_\lambda(y^*) - u_\lambda(y))})$.
-    The kernel satisfies detailed balance with respect to $e^{-u_\lambda}$,
-    so the path-weight increment of a block is
-
-    $$
-    \Delta S = u_\lambda(y_{\text{end}}) - u_\lambda(y_{\text{start}})
-    $$
-
-    in either direction (with the same $\lambda$ for both states). When
-    $u_Z = u_X$ these increments telescope and all path weights are equal.
-    The accept indicator is treated as a constant in the gradient.
+    Each step is a [`metropolis_transition`][flowkit.sampling.metropolis_transition]: it proposes
+    $y^* = y + \sigma\xi$, $\xi \sim \mathcal N(0, I)$, and accepts with probability
+    $\min(1, e^{u_\lambda(y) - u_\lambda(y^*)})$. By detailed balance the path-weight increment of a block is
+    $\Delta S = u_\lambda(y_{\text{end}}) - u_\lambda(y_{\text{start}})$ in either direction; when $u_Z = u_X$
+    these telescope and all path weights are equal. The accept indicator is a constant in the gradient.
 
     Arguments:
         target: the target, anything with `energy(x)` and `event_shape` (or a flowkit Distribution).
@@ -210,24 +190,12 @@ class MetropolisBlock(StochasticBlock):
 class LangevinBlock(StochasticBlock):
     r"""Overdamped (unadjusted) Langevin steps on $u_\lambda$, with exact path weights.
 
-    Each step moves
-
-    $$
-    y' = y - \epsilon \nabla u_\lambda(y) + \sqrt{2\epsilon}\,\eta, \qquad \eta \sim \mathcal N(0, I),
-    $$
-
-    and the backward move from $y'$ would need the noise
-    $\tilde\eta = (y - y' + \epsilon\nabla u_\lambda(y'))/\sqrt{2\epsilon}$,
-    so each step adds
-
-    $$
-    \Delta S = \tfrac12 \left(|\eta|^2 - |\tilde\eta|^2\right).
-    $$
-
-    No Metropolis correction is needed: the path weights make the estimates
-    exact for any step size. Forces come from autograd on the energy, with
-    `create_graph` while gradients are recorded, so that training
-    differentiates through the steps (double backward).
+    Each step is an unadjusted [`langevin_transition`][flowkit.sampling.langevin_transition],
+    $y' = y - \epsilon \nabla u_\lambda(y) + \sqrt{2\epsilon}\,\eta$, and adds
+    $\Delta S = \tfrac12 (|\eta|^2 - |\tilde\eta|^2)$ with the noise $\tilde\eta$ of the move back. No
+    Metropolis correction is needed: the path weights make the estimates exact for any step size. Forces
+    come from autograd, with `create_graph` while gradients are recorded (training differentiates through
+    the steps, double backward).
 
     Arguments:
         target: the target, anything with `energy(x)` and `event_shape` (or a flowkit Distribution).
@@ -273,15 +241,9 @@ class StochasticFlow(FlowModel):
     The layers run from data (first) to latent (last), like a
     [`Chain`][flowkit.bijectors.Chain]; each returns its output and a second
     number per event, `log|det|` for a bijector and the path-weight increment
-    $\Delta S$ for a [`StochasticBlock`][flowkit.flows.stochastic.StochasticBlock].
-    Along the sampling path $z = y_0 \to \dots \to y_T = x$ the log importance
-    weight of a path is
-
-    $$
-    \log w = -u_X(x) - \log p_Z(z) + \sum_t \Delta S_t,
-    $$
-
-    and $E[w] = Z_X$ exactly. A stochastic flow has no tractable density:
+    $\Delta S$ for a [`StochasticBlock`][flowkit.flows.stochastic.StochasticBlock]. Along the sampling path
+    $z = y_0 \to \dots \to y_T = x$ the log importance weight of a path is
+    $\log w = -u_X(x) - \log p_Z(z) + \sum_t \Delta S_t$, and $E[w] = Z_X$ exactly. It has no tractable density:
     [`log_prob`][flowkit.flows.stochastic.StochasticFlow.log_prob] raises and says so;
     it gives [`sample_with_log_weights`][flowkit.flows.stochastic.StochasticFlow.sample_with_log_weights]
     and the path likelihood of data
@@ -338,9 +300,6 @@ class StochasticFlow(FlowModel):
         """The set the data live in: the first layer's."""
         return self.layers[0].domain
 
-    def _check_x(self, x: Tensor, context: Tensor | None, where: str) -> None:
-        check_point(self, x, context, "forward", where)
-
     @property
     def latent_shape(self) -> torch.Size:
         return self.layers[-1].latent_shape
@@ -360,7 +319,7 @@ class StochasticFlow(FlowModel):
         """
         with outermost() as check:
             if check:
-                self._check_x(x, context, "StochasticFlow.path_log_likelihood")
+                check_point(self, x, context, "forward", "StochasticFlow.path_log_likelihood")
             total = x.new_zeros(x.shape[: x.dim() - len(self.event_shape)])
             for layer in self.layers:
                 x, second = layer(x, context_for(layer, context))

@@ -28,6 +28,8 @@ References:
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch import Tensor
 
@@ -73,14 +75,8 @@ def pseudofermion_hmc(
     jitter = check_number(jitter, "jitter", where="pseudofermion_hmc", low=0, below=1)
 
     def trajectory(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        chi = target.sample_pseudofermions(x, generator)
-
-        def potential(phi: Tensor) -> tuple[Tensor, Tensor]:
-            return target.pseudofermion_potential(phi, chi)
-
-        x, _, _, accepted, diverged = hmc_transition(
-            potential, x, *potential(x), step_size, n_leapfrog, jitter, generator
-        )
+        pot = partial(target.pseudofermion_potential, chi=target.sample_pseudofermions(x, generator))
+        x, _, _, accepted, diverged = hmc_transition(pot, x, *pot(x), step_size, n_leapfrog, jitter, generator)
         return x, accepted, diverged
 
     return Chains.run(trajectory, x0, n_steps, step_size, "pseudofermion_hmc")

@@ -21,10 +21,9 @@ Every sampler here is asymptotically exact for the target $p \propto e^{-u}$:
   independence proposal, accepted with probability $\min(1, w(x')/w(x))$, $w = e^{-u}/q$ (flow IMH;
   `imh`, its one-chain form, is deprecated).
 
-Their single moves (`hmc_transition`, `langevin_transition`, `metropolis_transition`, `leapfrog`) live in
-`flowkit.transitions`, below the flows, whose stochastic blocks make the same moves; this module exports
-them. Each sampler returns [`Chains`][flowkit.sampling.Chains]: the states `(n_steps, chains, *event_shape)`,
-the acceptance per chain and the wall time. The
+Their single moves (`hmc_transition`, `langevin_transition`, ...) live in `flowkit.transitions`, below the
+flows, whose stochastic blocks make them too. Each sampler returns [`Chains`][flowkit.sampling.Chains]: the
+states `(n_steps, chains, *event_shape)`, the acceptance per chain and the wall time. The
 [`integrated_autocorrelation_time`][flowkit.sampling.integrated_autocorrelation_time]
 of an observable uses the automatic window of Madras & Sokal (1988).
 
@@ -113,28 +112,24 @@ class Chains:
         where: str,
         start: Callable[[Tensor], tuple[Tensor, ...]] | None = None,
     ) -> Chains:
-        """Make `n_steps` moves of a batch of chains from `x0` and keep their states.
+        """Make `n_steps` moves of a batch of chains from `x0` and keep their positions.
 
         Arguments:
-            transition: one move of every chain, `(*state) -> (*state, accepted, diverged)`, whose state's
-                first tensor is the positions `(chains, *event_shape)`: a kernel of `flowkit.sampling` such as
-                [`hmc_transition`][flowkit.sampling.hmc_transition] with its potential and settings bound.
-            x0: starting points `(chains, *event_shape)`; their dtype is the chains'.
+            transition: one move of every chain, `(*state) -> (*state, accepted, diverged)`, the state's first
+                tensor the positions: a kernel such as [`hmc_transition`][flowkit.sampling.hmc_transition], bound.
+            x0: starting points `(chains, *event_shape)`, finite; their dtype is the chains'.
             n_steps: moves per chain.
             step_size: the kernel's step size (named when proposals diverge).
             where: the sampler's name, for errors and warnings.
-            start: the starting state from the checked `x0` (default `(x0,)`), e.g. `(x0, u(x0), grad u(x0))`.
-
-        Returns:
-            The positions after each move, the acceptance per chain and the wall time.
-
-        Raises:
-            ValueError: for starting points that are not a finite floating tensor, or a bad `n_steps` or
-                `step_size`.
+            start: the starting state from `x0` (default `(x0,)`), e.g. `(x0, u(x0), grad u(x0))`.
         """
         n_steps = check_number(n_steps, "n_steps", where=where, integer=True, low=1)
         begin = time.perf_counter()
-        x = _check_start(x0, where)
+        if not isinstance(x0, Tensor) or not x0.is_floating_point() or x0.dim() < 2:
+            raise ValueError(f"{where}: x0 must be a floating tensor (chains, *event_shape)")
+        if not bool(torch.isfinite(x0).all()):
+            raise ValueError(f"{where}: x0 contains non-finite values")
+        x = x0.detach()
         state = (x,) if start is None else start(x)
         out = x.new_empty(n_steps, *x.shape)
         accepted = torch.zeros(x.shape[0], dtype=torch.float64, device=x.device)
@@ -209,14 +204,6 @@ def latent_energy(flow: Flow, target: Target) -> Callable[[Tensor], Tensor]:
         return torch.where(bad, torch.full_like(u, math.inf), u)
 
     return energy
-
-
-def _check_start(x0: Tensor, where: str) -> Tensor:
-    if not isinstance(x0, Tensor) or not x0.is_floating_point() or x0.dim() < 2:
-        raise ValueError(f"{where}: x0 must be a floating tensor (chains, *event_shape)")
-    if not bool(torch.isfinite(x0).all()):
-        raise ValueError(f"{where}: x0 contains non-finite values")
-    return x0.detach()
 
 
 def hmc(
@@ -509,19 +496,13 @@ def _series(series: Tensor, where: str) -> Tensor:
 def imh(
     flow: FlowModel, target: Target, n_steps: int, batch_size: int = 10_000, generator: torch.Generator | None = None
 ) -> tuple[Tensor, float]:
-    """Deprecated: one chain of [`independent_metropolis`][flowkit.sampling.independent_metropolis].
+    """Deprecated: one chain of [`independent_metropolis`][flowkit.sampling.independent_metropolis] `run`.
 
     Returns:
-        `(chain, acceptance)`: the states `(n_steps, *event_shape)` of the one chain (`run.samples[:, 0]`) and
-        its acceptance as a float (`run.mean_acceptance`), where `run = independent_metropolis(flow, target,
-        n_steps, batch_size=batch_size, generator=generator)`.
+        `(chain, acceptance)`: `run.samples[:, 0]`, the states `(n_steps, *event_shape)`, and `run.mean_acceptance`.
     """
-    warnings.warn(
-        "flowkit.sampling.imh is deprecated: use independent_metropolis(flow, target, n_steps), whose "
-        ".samples[:, 0] and .mean_acceptance are imh's chain and acceptance; imh will be removed",
-        DeprecationWarning,
-        stacklevel=2,
-    )
+    message = "imh is deprecated: use independent_metropolis(...), whose .samples[:, 0] and .mean_acceptance it returns"
+    warnings.warn(message, DeprecationWarning, stacklevel=2)
     run = independent_metropolis(flow, target, n_steps, 1, batch_size, generator)
     return run.samples[:, 0], run.mean_acceptance
 

@@ -1,17 +1,10 @@
 r"""Maximum likelihood for dependent data points (Kirchler et al., ICML 2023).
 
-A flow $f$ maps each point to its latent $z_i = f(x_i) \in \mathbb R^p$, but the
-latents of the $n$ training points are *jointly* Gaussian,
-$\operatorname{vec}(Z) \sim \mathcal N(0, \Sigma \otimes I_p)$, with $\Sigma$ a
-correlation matrix between points:
-
-- a known kinship (relatedness) matrix $K$: $\Sigma = \lambda I + (1 - \lambda) K$
-  ([`Kinship`][flowkit.distributions.Kinship]);
-- equicorrelated groups (repeated measures, stocks on one day):
-  $\Sigma_{gg} = (1 - \rho_g) I + \rho_g \mathbf 1 \mathbf 1^\top$ within group $g$, 0 across
-  ([`EquicorrelatedGroups`][flowkit.distributions.EquicorrelatedGroups]), with one $\rho$
-  shared by all groups, one per group (as the paper's model and its `equi_*` data) or one
-  per group size.
+A flow $f$ maps each point to its latent $z_i = f(x_i) \in \mathbb R^p$, but the latents of the $n$ training
+points are *jointly* Gaussian, $\operatorname{vec}(Z) \sim \mathcal N(0, \Sigma \otimes I_p)$, with $\Sigma$ a
+correlation matrix between points: $\lambda I + (1 - \lambda) K$ for a known kinship matrix $K$
+([`Kinship`][flowkit.distributions.Kinship]) or equicorrelated groups (repeated measures, stocks on one day;
+[`EquicorrelatedGroups`][flowkit.distributions.EquicorrelatedGroups]), whose algebra lives with the bases.
 
 The joint log-likelihood is
 
@@ -59,10 +52,8 @@ from .objective import Objective, check_state
 from .state import TrainState
 
 __all__ = ["DependentMaximumLikelihood", "DependenceUpdate"]
-#: `flowkit.train.dependent.Kinship` and `EquicorrelatedGroups` moved to `flowkit.distributions` (deprecated here).
-__getattr__ = moved_names(
-    "flowkit.train.dependent", "flowkit.distributions", _covariance, ("Kinship", "EquicorrelatedGroups")
-)
+_COVARIANCES = ("Kinship", "EquicorrelatedGroups")  # moved to flowkit.distributions, deprecated here
+__getattr__ = moved_names("flowkit.train.dependent", "flowkit.distributions", _covariance, _COVARIANCES)
 
 _LOG_2PI = math.log(2 * math.pi)
 
@@ -129,8 +120,8 @@ class DependentMaximumLikelihood(Objective):
     calls during [`fit`][flowkit.train.fit]. With $K = I$ the loss is exactly
     [`MaximumLikelihood`][flowkit.train.MaximumLikelihood]'s.
 
-    The flow must be a [`Flow`][flowkit.flows.Flow] with the
-    [`DependentNormal`][flowkit.distributions.DependentNormal] base that
+    The flow must be a bijector over the [`DependentNormal`][flowkit.distributions.DependentNormal] base (a
+    [`Flow`][flowkit.flows.Flow]) that
     [`base`][flowkit.train.dependent.DependentMaximumLikelihood.base] builds, which holds $\lambda$ or the
     $\rho$'s so that the model saves them (a plain
     [`StandardNormal`][flowkit.distributions.StandardNormal] base still works, with a DeprecationWarning:
@@ -154,19 +145,12 @@ class DependentMaximumLikelihood(Objective):
         eps: the margin $\epsilon$ that keeps the parameter away from 0 and 1.
         rho: with `groups`: `"shared"` (one $\rho$), `"group"` (one per group, as the paper) or
             `"size"` (one per group size).
-        control_variate: subtract a control variate from the pair sum (not in the paper): with
-            $\tilde z$ the latents of all points cached at the last
-            [`update`][flowkit.train.dependent.DependentMaximumLikelihood.update],
-            $\tilde m_i = \sum_{j \ne i} A_{ij} \tilde z_j$, $\delta = z - \tilde z$ and
-            $\tilde Q = \operatorname{tr}(\tilde Z^\top A \tilde Z)$, the bracket becomes
-            $A_{ii}(|z_i|^2 - |\tilde z_i|^2) + 2 \delta_i \cdot \tilde m_i + \tilde Q / n + \frac{n-1}{b-1}
-            \sum_{j \in B, j \ne i} A_{ij}\, \delta_i \cdot \delta_j$: the same expectation (any fixed
-            $\tilde z$ gives an unbiased estimate of the value and of its gradient), but the sampled
-            terms carry only the change since the update, so the variance from large, strongly
-            correlated groups ($A_{ij}$ of order $1/(1-\rho)$) drops. Before the first update (no
-            cache) the plain estimator is used. Experimental: when the flow moves fast between
-            updates (early training) with $\rho$ near 1 the change terms can be worse than the plain
-            ones; on the paper's `equi` design it did not help (`docs/api/dependent.md`).
+        control_variate: subtract a control variate from the pair sum (not in the paper): the latents
+            $\tilde z$ of all points cached at the last
+            [`update`][flowkit.train.dependent.DependentMaximumLikelihood.update] give the exact terms at
+            $\tilde z$, and the batch samples only the change since (the same expectation of the value and
+            its gradient; the bracket is written out in `docs/api/dependent.md`). Experimental: it
+            did not help on the paper's `equi` design and can hurt early training with $\rho$ near 1.
 
     Raises:
         ValueError: for a bad kinship matrix or group labels, `value` or `eps` out of range, or
@@ -400,9 +384,8 @@ class DependentMaximumLikelihood(Objective):
         if z.dim() != 2 or z.shape[0] != self.n:
             raise ValueError(f"{type(self).__name__}: z must have shape ({self.n}, p), got {tuple(z.shape)}")
         v = self.values if value is None else torch.as_tensor(value, dtype=torch.float64).cpu()
-        p = z.shape[1]
-        statistics = self.structure.statistics(z)
-        return -0.5 * (self.n * p * _LOG_2PI + p * self.structure.log_det(v) + self.structure.quadratic(statistics, v))
+        p, quadratic = z.shape[1], self.structure.quadratic(self.structure.statistics(z), v)
+        return -0.5 * (self.n * p * _LOG_2PI + p * self.structure.log_det(v) + quadratic)
 
     def log_likelihood(self, flow: FlowModel, x: Tensor, context: Tensor | None = None) -> Tensor:
         r"""The joint (full-batch) $\log p(X)$ of all $n$ points `x`, in their order (float64)."""
@@ -430,24 +413,21 @@ class DependentMaximumLikelihood(Objective):
         if (kinship is None) == (groups is None):
             raise ValueError(f"{where}: give kinship= or groups=, exactly one")
         mine = self.structure
-        if (kinship is not None) != isinstance(mine, _covariance.Kinship):
-            kind = "kinship" if isinstance(mine, _covariance.Kinship) else "groups"
+        kind = "kinship" if isinstance(mine, _covariance.Kinship) else "groups"
+        if (kinship is not None) != (kind == "kinship"):
             raise ValueError(f"{where}: this objective has a {kind}; give the held-out points' {kind}")
-        tying = mine.tying if isinstance(mine, _covariance.EquicorrelatedGroups) else "shared"
+        tying = getattr(mine, "tying", "shared")
         if tying == "group":
             raise ValueError(f"{where}: a rho per training group does not carry to new groups; use rho='shared'/'size'")
         other = DependentMaximumLikelihood(kinship, groups, value=0.5, eps=self.eps, rho=tying)
         other._binds = False
+        found = torch.ones(other.structure.parameters, 1, dtype=torch.bool)  # one lambda or shared rho: ours
         if tying == "size":
-            theirs = other.structure.parameter_sizes
-            ours = mine.parameter_sizes
-            found = theirs[:, None] == ours[None, :]
-            if not bool(found.any(1).all()):
-                missing = theirs[~found.any(1)].tolist()
-                raise ValueError(f"{where}: no training group has size {missing[0]} (held-out sizes {missing})")
-            other.logits = self.logits[found.int().argmax(1)].clone()
-        else:
-            other.logits = self.logits.clone()
+            found = other.structure.parameter_sizes[:, None] == mine.parameter_sizes[None, :]
+        if not bool(found.any(1).all()):
+            missing = other.structure.parameter_sizes[~found.any(1)].tolist()
+            raise ValueError(f"{where}: no training group has size {missing[0]} (held-out sizes {missing})")
+        other.logits = self.logits[found.int().argmax(1)]
         return other
 
     @torch.no_grad()
