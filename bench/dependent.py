@@ -143,7 +143,7 @@ def parameter_fit(data, objective: DependentMaximumLikelihood) -> dict:
         return {"estimate": estimate, "truth": truth}
     structure = objective.structure
     sizes = structure.sizes.numpy()
-    rho = structure._rho(values).numpy()
+    rho = structure.group_rho(values).numpy()
     keep = sizes > 1
     error = np.abs(rho - np.asarray(truth))[keep]
     return {
@@ -164,7 +164,7 @@ def estimator_noise(data, batches: int = 200, batch_size: int = 256, seed: int =
     objective = DependentMaximumLikelihood(groups=data.groups, rho="group")
     truth = torch.as_tensor(data.truth["rho"], dtype=torch.float64).expand(objective.structure.parameters)
     objective.logits = torch.logit(truth.clamp(objective.eps, 1 - objective.eps))
-    rho = objective.structure._rho(objective.values)[data.groups, None]
+    rho = objective.structure.group_rho(objective.values)[data.groups, None]
     groups = int(data.groups.max()) + 1
     shared = torch.randn(groups, 2, generator=g, dtype=torch.float64)[data.groups]
     z = rho.sqrt() * shared + (1 - rho).sqrt() * torch.randn(len(data.groups), 2, generator=g, dtype=torch.float64)

@@ -67,7 +67,7 @@ from scipy.spatial.transform import Rotation
 from flowkit.distributions import rigid_domain
 from flowkit.domains import Sphere
 from flowkit.flows import RigidBodyFlow
-from flowkit.sampling import ess, imh, importance_sample, log_Z, metropolis, reweight
+from flowkit.sampling import ess, importance_sample, independent_metropolis, log_Z, metropolis, reweight
 from flowkit.targets import MatrixFisher, Octupole, RigidDipoles, WithAuxiliaries
 from flowkit.train import BoltzmannGenerator, PathGradientVI, fit
 
@@ -256,7 +256,8 @@ def dipoles(args) -> dict:
     seconds, cpu_seconds, history = _train(flow, target, args.steps, args.batch, args.lr, args.seed)
     x, log_w, out = _evaluate(flow, target, args.eval, None)
     flow_obs, flow_err = reweight(_dipole_observables(target, x), log_w)
-    chain, imh_acceptance = imh(flow, target, args.eval)
+    imh = independent_metropolis(flow, target, args.eval)
+    chain, imh_acceptance = imh.samples[:, 0], imh.mean_acceptance
     imh_obs = _dipole_observables(target, chain).mean(0)
     names = ["energy", "mu_z", "mu_i.mu_j"]
     deviation = ((flow_obs - reference).abs() / torch.sqrt(flow_err**2 + reference_err**2)).tolist()

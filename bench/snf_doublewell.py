@@ -55,7 +55,7 @@ import torch
 from flowkit.bijectors import AffineCoupling, Chain, Coupling
 from flowkit.distributions import StandardNormal
 from flowkit.flows import Flow
-from flowkit.stochastic import MetropolisBlock, StochasticFlow
+from flowkit.flows import MetropolisBlock, StochasticFlow
 from flowkit.targets import DoubleWell
 from flowkit.train import BoltzmannGenerator, MaximumLikelihood, fit
 from flowkit.transformers import Affine

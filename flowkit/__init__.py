@@ -22,7 +22,6 @@ _SUBPACKAGES = (
     "root_finding",
     "sampling",
     "stats",
-    "stochastic",
     "targets",
     "testing",
     "train",
@@ -40,7 +39,7 @@ def _import_all() -> None:
 
 
 def __getattr__(name: str):
-    if name in _SUBPACKAGES or name in ("plot", "mcmc", "tails"):
+    if name in _SUBPACKAGES or name in ("plot", "mcmc", "tails", "stochastic"):
         return _importlib.import_module(f".{name}", __name__)
     if name in _DEFINED_IN:
         value = getattr(_importlib.import_module(f".{_DEFINED_IN[name]}", __name__), name)
@@ -58,7 +57,6 @@ __all__ = [
     "transformers",
     "distributions",
     "flows",
-    "stochastic",
     "targets",
     "train",
     "sampling",

@@ -63,7 +63,8 @@ class Domain:
 
     def propose(self, x: Tensor, step: float, generator: torch.Generator | None = None) -> Tensor:
         """A symmetric random-walk move from `x` (a Gaussian step of scale `step`), for Metropolis chains."""
-        return x + step * torch.randn(x.shape, dtype=x.dtype, generator=generator).to(x.device)
+        device = x.device if generator is None else generator.device  # the global generator of x's device
+        return x + step * torch.randn(x.shape, dtype=x.dtype, generator=generator, device=device).to(x.device)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

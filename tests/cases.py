@@ -70,10 +70,10 @@ from flowkit.distributions import (
     TailAdaptiveBase,
 )
 from flowkit.domains import Circle
+from flowkit.flows import LangevinBlock, MetropolisBlock
 from flowkit.flows.images import EIW
 from flowkit.lattice import Z2Equivariant
 from flowkit.nn import MLP, ConvNet, VectorField
-from flowkit.stochastic import LangevinBlock, MetropolisBlock
 from flowkit.testing import randomize
 from flowkit.transformers import (
     Affine,

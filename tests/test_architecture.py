@@ -31,11 +31,14 @@ LAYERS = (
     ("flowkit.transformers", "flowkit.nn", "flowkit.distributions"),
     ("flowkit.bijectors", "flowkit.lattice", "flowkit._legacy"),
     ("flowkit.targets",),
-    ("flowkit.flows", "flowkit.stochastic"),
+    # Markov transition kernels: below the flows, whose stochastic blocks make the samplers' moves
+    ("flowkit.transitions",),
+    ("flowkit.flows",),
     # what works on any flow and target
     ("flowkit.sampling", "flowkit.testing", "flowkit.data", "flowkit.io"),
     ("flowkit.train", "flowkit.interop", "flowkit.plot"),
-    ("flowkit.cli", "flowkit.__main__", "flowkit.mcmc", "flowkit.tails"),
+    # deprecated aliases: `flowkit.stochastic` serves flowkit.flows.stochastic
+    ("flowkit.cli", "flowkit.__main__", "flowkit.mcmc", "flowkit.tails", "flowkit.stochastic"),
 )
 
 #: Imports that point upwards or close a cycle, by importing module and imported unit, each with its reason.

@@ -15,6 +15,13 @@ import flowkit
         ("flowkit.mcmc", "integrated_autocorrelation_time", "flowkit.sampling"),
         ("flowkit.targets.alanine", "internal_coordinate_flow", "flowkit.flows"),
         ("flowkit.tails", "estimate_tails", "flowkit.stats"),
+        ("flowkit.stochastic", "StochasticFlow", "flowkit.flows"),
+        ("flowkit.stochastic", "MetropolisBlock", "flowkit.flows"),
+        ("flowkit.stochastic", "LangevinBlock", "flowkit.flows"),
+        ("flowkit.stochastic", "StochasticBlock", "flowkit.flows"),
+        ("flowkit.stochastic", "energy_of", "flowkit.targets"),
+        ("flowkit.train.dependent", "Kinship", "flowkit.distributions"),
+        ("flowkit.train.dependent", "EquicorrelatedGroups", "flowkit.distributions"),
     ],
 )
 def test_moved_names_warn_and_are_the_same_object(old, name, new):
@@ -36,7 +43,9 @@ def test_moved_helpers_import_from_their_old_modules(old, name, new):
     assert getattr(importlib.import_module(old), name) is getattr(importlib.import_module(new), name)
 
 
-def test_flowkit_mcmc_is_still_an_attribute_of_the_package():
-    assert flowkit.mcmc.__name__ == "flowkit.mcmc"
+@pytest.mark.parametrize("alias", ["mcmc", "stochastic"])
+def test_deprecated_modules_are_still_attributes_of_the_package(alias):
+    module = getattr(flowkit, alias)
+    assert module.__name__ == f"flowkit.{alias}"
     with pytest.raises(AttributeError, match="no attribute"):
-        _ = flowkit.mcmc.not_a_sampler
+        _ = module.not_a_sampler

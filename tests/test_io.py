@@ -646,7 +646,7 @@ def test_an_unavailable_map_location_is_a_value_error(tmp_path, location):
     ],
 )
 def test_a_stochastic_flow_over_a_target_saves_and_loads(target, tmp_path):
-    from flowkit.stochastic import MetropolisBlock, StochasticFlow
+    from flowkit.flows import MetropolisBlock, StochasticFlow
 
     target = target()
     d = target.event_shape[0]
@@ -662,7 +662,7 @@ def test_a_stochastic_flow_over_a_target_saves_and_loads(target, tmp_path):
 
 
 def test_a_target_wrapping_a_function_is_refused_at_save_time(tmp_path):
-    from flowkit.stochastic import MetropolisBlock, StochasticFlow
+    from flowkit.flows import MetropolisBlock, StochasticFlow
 
     energy = flowkit.targets.Energy(lambda x: x.square().sum(-1), (2,))
     flow = StochasticFlow([Permutation(2, seed=0), MetropolisBlock(energy, lam=0.5)], StandardNormal(2))

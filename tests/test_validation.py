@@ -122,8 +122,7 @@ def _constructors():
         SmoothTanh,
     )
     from flowkit.distributions import DiagNormal, StandardNormal
-    from flowkit.flows import MAF, NSF
-    from flowkit.stochastic import LangevinBlock
+    from flowkit.flows import MAF, NSF, LangevinBlock
     from flowkit.targets import DoubleWell, GaussianMixture, ManyWell, Phi4
     from flowkit.transformers import Affine, RationalQuadraticSpline
 

@@ -1,7 +1,7 @@
 """Base distributions for flows."""
 
 from .base import Distribution
-from .dependent import DependentNormal
+from .dependent import DependentNormal, EquicorrelatedGroups, Kinship
 from .normal import DiagNormal, StandardNormal
 from .sphere import RigidBase, SphereUniform, haar_log_prob, matrix_to_quaternion, quaternion_to_matrix, rigid_domain
 from .studentt import StudentT, TailAdaptiveBase
@@ -11,6 +11,8 @@ __all__ = [
     "StandardNormal",
     "DiagNormal",
     "DependentNormal",
+    "Kinship",
+    "EquicorrelatedGroups",
     "StudentT",
     "TailAdaptiveBase",
     "SphereUniform",

@@ -1,4 +1,4 @@
-"""Flows: a bijector over a base distribution, and presets that build common flows.
+"""Flows: a bijector over a base distribution, stochastic flows, and presets that build common flows.
 
 `Flow(bijector, base)` models `x = f^{-1}(z)`, `z ~ base`, with density
 `log p(x) = log p_Z(f(x)) + log|det J_f(x)|`.
@@ -16,6 +16,7 @@ from .presets import MAF, NSF, RealNVP
 from .registry import DATA_PRESETS, PRESET_NAMES, PRESETS, build_data_flow, build_flow, parse_hidden
 from .residual import PlanarFlow, ResidualFlow
 from .rigid import RigidBodyFlow
+from .stochastic import LangevinBlock, MetropolisBlock, StochasticBlock, StochasticFlow
 from .tails import COMET, TailAdaptive
 
 __all__ = [
@@ -39,6 +40,10 @@ __all__ = [
     "EIW",
     "LatticeFlow",
     "RigidBodyFlow",
+    "StochasticFlow",
+    "StochasticBlock",
+    "MetropolisBlock",
+    "LangevinBlock",
     "internal_coordinate_flow",
     "TailAdaptive",
     "COMET",

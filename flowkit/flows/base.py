@@ -2,7 +2,7 @@ r"""The flow contract: what the fit loop, the samplers, the checks and `flowkit.
 
 Every model flowkit trains or samples from implements
 [`FlowModel`][flowkit.flows.base.FlowModel]: a [`Flow`][flowkit.flows.Flow] (a bijector over a base),
-a [`StochasticFlow`][flowkit.stochastic.StochasticFlow] (bijectors and Markov kernels, a density on
+a [`StochasticFlow`][flowkit.flows.StochasticFlow] (bijectors and Markov kernels, a density on
 path space only), [`Dequantized`][flowkit.flows.images.Dequantized] (a flow on `[0, 1]` images
 as a model of integer images, whose `log_prob` is a variational lower bound) and the free-form models
 [`FreeFormFlow`][flowkit.flows.FreeFormFlow] and [`InjectiveFlow`][flowkit.flows.InjectiveFlow] (an encoder

@@ -107,7 +107,7 @@ class Flow(FlowModel):
         """The log-likelihood of data on path space, which for a flow is [`log_prob`][flowkit.flows.Flow.log_prob].
 
         Objectives that also train stochastic flows
-        ([`StochasticFlow`][flowkit.stochastic.StochasticFlow]) call this one
+        ([`StochasticFlow`][flowkit.flows.StochasticFlow]) call this one
         method on either kind.
         """
         return self._log_density(x, context, "Flow.path_log_likelihood")

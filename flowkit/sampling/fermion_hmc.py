@@ -28,12 +28,13 @@ References:
 
 from __future__ import annotations
 
-import time
+from functools import partial
 
 import torch
 from torch import Tensor
 
-from .mcmc import Chains, _check_start, _checked_settings, _event_sum, _expand, _warn_divergences, leapfrog
+from .._validation import check_number
+from .mcmc import Chains, hmc_transition
 
 __all__ = ["pseudofermion_hmc"]
 
@@ -69,32 +70,13 @@ def pseudofermion_hmc(
                 f"pseudofermion_hmc: target must have pseudofermions ({name}), e.g. flowkit.targets.YukawaStaggered; "
                 f"got {type(target).__name__}"
             )
-    n_steps, step_size, n_leapfrog, jitter = _checked_settings(
-        "pseudofermion_hmc", n_steps, step_size, n_leapfrog, jitter
-    )
-    x = _check_start(x0, "pseudofermion_hmc")
-    start = time.perf_counter()
-    chains = x.shape[0]
-    ones = (1,) * (x.dim() - 1)
-    out = x.new_empty(n_steps, *x.shape)
-    accepted = torch.zeros(chains, dtype=torch.float64, device=x.device)
-    diverged = 0
-    for t in range(n_steps):
-        chi = target.sample_pseudofermions(x, generator)
+    step_size = check_number(step_size, "step_size", where="pseudofermion_hmc", positive=True)
+    n_leapfrog = check_number(n_leapfrog, "n_leapfrog", where="pseudofermion_hmc", integer=True, low=1)
+    jitter = check_number(jitter, "jitter", where="pseudofermion_hmc", low=0, below=1)
 
-        def potential(phi: Tensor, chi: Tensor = chi) -> tuple[Tensor, Tensor]:
-            return target.pseudofermion_potential(phi, chi)
+    def trajectory(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        pot = partial(target.pseudofermion_potential, chi=target.sample_pseudofermions(x, generator))
+        x, _, _, accepted, diverged = hmc_transition(pot, x, *pot(x), step_size, n_leapfrog, jitter, generator)
+        return x, accepted, diverged
 
-        u, grad = potential(x)
-        p = torch.randn(x.shape, generator=generator, dtype=x.dtype, device=x.device)
-        eps = step_size * (1 + jitter * (2 * torch.rand(chains, generator=generator, dtype=x.dtype) - 1))
-        x_new, p_new, u_new, _ = leapfrog(x, p, eps.to(x.device).reshape(chains, *ones), n_leapfrog, potential, grad)
-        delta = (u_new - u) + 0.5 * (_event_sum(p_new.square()) - _event_sum(p.square()))
-        log_u = torch.rand(chains, generator=generator, dtype=torch.float64).log().to(x.device)
-        accept = log_u < -delta.double()  # NaN energies are rejected
-        x = torch.where(_expand(accept, x), x_new, x)
-        accepted += accept
-        diverged += int((~torch.isfinite(u_new)).sum())
-        out[t] = x
-    _warn_divergences("pseudofermion_hmc", diverged, n_steps * chains, step_size)
-    return Chains(out, accepted / n_steps, time.perf_counter() - start)
+    return Chains.run(trajectory, x0, n_steps, step_size, "pseudofermion_hmc")

@@ -18,10 +18,12 @@ Every sampler here is asymptotically exact for the target $p \propto e^{-u}$:
   whose density $e^{-\tilde u}$ is exactly the target's law of $z = T^{-1}(x)$
   (Hoffman et al. 2019, NeuTra; Foreman et al. 2021, flow HMC);
 - [`independent_metropolis`][flowkit.sampling.independent_metropolis]: the flow as an
-  independence proposal, accepted with probability $\min(1, w(x')/w(x))$, $w = e^{-u}/q$.
+  independence proposal, accepted with probability $\min(1, w(x')/w(x))$, $w = e^{-u}/q$ (flow IMH;
+  `imh`, its one-chain form, is deprecated).
 
-Each returns [`Chains`][flowkit.sampling.Chains]: the states `(n_steps, chains, *event_shape)`,
-the acceptance per chain and the wall time. The
+Their single moves (`hmc_transition`, `langevin_transition`, ...) live in `flowkit.transitions`, below the
+flows, whose stochastic blocks make them too. Each sampler returns [`Chains`][flowkit.sampling.Chains]: the
+states `(n_steps, chains, *event_shape)`, the acceptance per chain and the wall time. The
 [`integrated_autocorrelation_time`][flowkit.sampling.integrated_autocorrelation_time]
 of an observable uses the automatic window of Madras & Sokal (1988).
 
@@ -54,6 +56,7 @@ from ..domains import Real
 from ..flows import Flow, FlowModel
 from ..flows.base import require_exact_weights
 from ..targets import Target
+from ..transitions import Potential, hmc_transition, langevin_transition, leapfrog, metropolis_transition
 from ..utils import value_and_gradient
 from .importance import _check_target, _weighted_samples
 
@@ -66,6 +69,7 @@ __all__ = [
     "hmc",
     "hmc_transition",
     "metropolis_transition",
+    "langevin_transition",
     "mala",
     "flow_hmc",
     "neutra_mala",
@@ -75,9 +79,6 @@ __all__ = [
     "autocorrelation",
     "integrated_autocorrelation_time",
 ]
-
-#: `potential(x) -> (u(x), grad u(x))`, batched over the leading dimensions, without graphs.
-Potential = Callable[[Tensor], tuple[Tensor, Tensor]]
 
 
 @dataclass
@@ -100,6 +101,52 @@ class Chains:
     def mean_acceptance(self) -> float:
         """The acceptance averaged over the chains."""
         return float(self.acceptance.mean())
+
+    @classmethod
+    def run(
+        cls,
+        transition: Callable[..., tuple[Tensor, ...]],
+        x0: Tensor,
+        n_steps: int,
+        step_size: float,
+        where: str,
+        start: Callable[[Tensor], tuple[Tensor, ...]] | None = None,
+    ) -> Chains:
+        """Make `n_steps` moves of a batch of chains from `x0` and keep their positions.
+
+        Arguments:
+            transition: one move of every chain, `(*state) -> (*state, accepted, diverged)`, the state's first
+                tensor the positions: a kernel such as [`hmc_transition`][flowkit.sampling.hmc_transition], bound.
+            x0: starting points `(chains, *event_shape)`, finite; their dtype is the chains'.
+            n_steps: moves per chain.
+            step_size: the kernel's step size (named when proposals diverge).
+            where: the sampler's name, for errors and warnings.
+            start: the starting state from `x0` (default `(x0,)`), e.g. `(x0, u(x0), grad u(x0))`.
+        """
+        n_steps = check_number(n_steps, "n_steps", where=where, integer=True, low=1)
+        begin = time.perf_counter()
+        if not isinstance(x0, Tensor) or not x0.is_floating_point() or x0.dim() < 2:
+            raise ValueError(f"{where}: x0 must be a floating tensor (chains, *event_shape)")
+        if not bool(torch.isfinite(x0).all()):
+            raise ValueError(f"{where}: x0 contains non-finite values")
+        x = x0.detach()
+        state = (x,) if start is None else start(x)
+        out = x.new_empty(n_steps, *x.shape)
+        accepted = torch.zeros(x.shape[0], dtype=torch.float64, device=x.device)
+        diverged = 0
+        for t in range(n_steps):
+            *state, accept, proposal_diverged = transition(*state)
+            accepted += accept
+            diverged += int(proposal_diverged.sum())
+            out[t] = state[0]
+        if diverged:
+            warnings.warn(
+                f"{where}: {diverged} of {n_steps * x.shape[0]} proposals diverged (a non-finite position, energy "
+                f"or gradient) and were rejected; step_size={step_size:g} is too large for this target there",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        return cls(out, accepted / n_steps, time.perf_counter() - begin)
 
 
 def potential(energy: Target | Callable[[Tensor], Tensor]) -> Potential:
@@ -159,53 +206,6 @@ def latent_energy(flow: Flow, target: Target) -> Callable[[Tensor], Tensor]:
     return energy
 
 
-def leapfrog(
-    x: Tensor, p: Tensor, step_size: Tensor | float, n_steps: int, potential: Potential, grad: Tensor | None = None
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    r"""`n_steps` leapfrog steps of $\dot x = p$, $\dot p = -\nabla u(x)$ (volume preserving and reversible).
-
-    Arguments:
-        x: positions `(chains, *event_shape)`.
-        p: momenta, same shape.
-        step_size: a number or a tensor broadcastable to `x` (one step size per chain).
-        n_steps: number of steps (at least 1).
-        potential: `x -> (u(x), grad u(x))`.
-        grad: $\nabla u(x)$ when already known (saves one evaluation).
-
-    Returns:
-        `(x, p, u(x), grad u(x))` at the end of the trajectory. A trajectory that diverges (a position,
-        energy or gradient not finite: a step size too large for the potential) stops at its last finite
-        position with $u = +\infty$, so that a Metropolis test rejects it; the potential is never
-        evaluated at a non-finite point.
-    """
-    n_steps = check_number(n_steps, "n_steps", where="leapfrog", integer=True, low=1)
-    if grad is None:
-        _, grad = potential(x)
-    diverged = torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
-    p = p - 0.5 * step_size * grad
-    for i in range(n_steps):
-        moved = x + step_size * p
-        diverged |= ~torch.isfinite(moved).flatten(1).all(-1)
-        x = torch.where(_expand(diverged, x), x, moved)  # a diverged chain stays where it was finite
-        u, grad = potential(x)
-        diverged |= ~(torch.isfinite(u) & torch.isfinite(grad).flatten(1).all(-1))
-        p = p - (step_size if i < n_steps - 1 else 0.5 * step_size) * grad
-    u = torch.where(diverged, torch.full_like(u, math.inf), u)
-    return x, p, u, grad
-
-
-def _check_start(x0: Tensor, where: str) -> Tensor:
-    if not isinstance(x0, Tensor) or not x0.is_floating_point() or x0.dim() < 2:
-        raise ValueError(f"{where}: x0 must be a floating tensor (chains, *event_shape)")
-    if not bool(torch.isfinite(x0).all()):
-        raise ValueError(f"{where}: x0 contains non-finite values")
-    return x0.detach()
-
-
-def _event_sum(t: Tensor) -> Tensor:
-    return t.flatten(1).sum(-1)
-
-
 def hmc(
     energy: Target | Callable[[Tensor], Tensor],
     x0: Tensor,
@@ -236,25 +236,12 @@ def hmc(
     Returns:
         [`Chains`][flowkit.sampling.Chains] of `n_steps` states per chain.
     """
-    settings = _checked_settings("hmc", n_steps, step_size, n_leapfrog, jitter)
-    return _hmc(potential(energy), _check_start(x0, "hmc"), *settings, generator)
-
-
-def _checked_settings(
-    where: str, n_steps: int, step_size: float, n_leapfrog: int = 1, jitter: float = 0.0
-) -> tuple[int, float, int, float]:
-    """A sampler's `(n_steps, step_size, n_leapfrog, jitter)`, checked."""
-    return (
-        check_number(n_steps, "n_steps", where=where, integer=True, low=1),
-        check_number(step_size, "step_size", where=where, positive=True),
-        check_number(n_leapfrog, "n_leapfrog", where=where, integer=True, low=1),
-        check_number(jitter, "jitter", where=where, low=0, below=1),
-    )
+    return _hmc(potential(energy), x0, n_steps, step_size, n_leapfrog, jitter, generator)
 
 
 def _hmc(
     pot: Potential,
-    x: Tensor,
+    x0: Tensor,
     n_steps: int,
     step_size: float,
     n_leapfrog: int,
@@ -262,81 +249,14 @@ def _hmc(
     generator: torch.Generator | None,
     where: str = "hmc",
 ) -> Chains:
-    start = time.perf_counter()
-    chains = x.shape[0]
-    u, grad = pot(x)
-    out = x.new_empty(n_steps, *x.shape)
-    accepted = torch.zeros(chains, dtype=torch.float64, device=x.device)
-    diverged = 0
-    for t in range(n_steps):
-        x, u, grad, accept, proposal_diverged = hmc_transition(
-            pot, x, u, grad, step_size, n_leapfrog, jitter, generator
-        )
-        accepted += accept
-        diverged += int(proposal_diverged.sum())
-        out[t] = x
-    _warn_divergences(where, diverged, n_steps * chains, step_size)
-    return Chains(out, accepted / n_steps, time.perf_counter() - start)
+    step_size = check_number(step_size, "step_size", where=where, positive=True)
+    n_leapfrog = check_number(n_leapfrog, "n_leapfrog", where=where, integer=True, low=1)
+    jitter = check_number(jitter, "jitter", where=where, low=0, below=1)
 
+    def trajectory(x: Tensor, u: Tensor, grad: Tensor) -> tuple[Tensor, ...]:
+        return hmc_transition(pot, x, u, grad, step_size, n_leapfrog, jitter, generator)
 
-def hmc_transition(
-    pot: Potential,
-    x: Tensor,
-    u: Tensor,
-    grad: Tensor,
-    step_size: float,
-    n_leapfrog: int,
-    jitter: float = 0.0,
-    generator: torch.Generator | None = None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    r"""One HMC trajectory per chain from `x` (where `pot` gave `u` and `grad`), with its Metropolis test.
-
-    The kernel of [`hmc`][flowkit.sampling.hmc], one step of it: momenta $p \sim N(0, I)$, a step size
-    $\epsilon\, U(1 - j, 1 + j)$ per chain, `n_leapfrog` leapfrog steps and acceptance with probability
-    $\min(1, e^{-\Delta H})$; it leaves $e^{-u}$ invariant. Samplers that carry more than the potential
-    along a chain (annealed importance sampling) call it with their own potential.
-
-    Arguments:
-        pot: the potential `x -> (u(x), grad u(x))`.
-        x: the current states `(chains, *event_shape)`.
-        u: `u(x)`, `(chains,)`.
-        grad: `grad u(x)`, shape of `x`.
-        step_size: the mean leapfrog step size.
-        n_leapfrog: leapfrog steps of the trajectory.
-        jitter: relative half-width of the step-size distribution.
-        generator: random generator of momenta, step sizes and accept draws.
-
-    Returns:
-        `(x, u, grad, accepted, diverged)`: the new states with their potential and gradient, a boolean
-        mask of the accepted proposals and one of the proposals that diverged (rejected).
-    """
-    chains = x.shape[0]
-    ones = (1,) * (x.dim() - 1)
-    p = torch.randn(x.shape, generator=generator, dtype=x.dtype, device=x.device)
-    eps = step_size * (1 + jitter * (2 * torch.rand(chains, generator=generator, dtype=x.dtype) - 1))
-    x_new, p_new, u_new, grad_new = leapfrog(x, p, eps.to(x.device).reshape(chains, *ones), n_leapfrog, pot, grad)
-    delta = (u_new - u) + 0.5 * (_event_sum(p_new.square()) - _event_sum(p.square()))
-    log_u = torch.rand(chains, generator=generator, dtype=torch.float64).log().to(x.device)
-    accept = log_u < -delta.double()  # NaN energies are rejected
-    x = torch.where(_expand(accept, x), x_new, x)
-    u = torch.where(accept, u_new, u)
-    grad = torch.where(_expand(accept, x), grad_new, grad)
-    return x, u, grad, accept, ~torch.isfinite(u_new)
-
-
-def _warn_divergences(where: str, diverged: int, trajectories: int, step_size: float) -> None:
-    """Say how many trajectories diverged (and were rejected), naming the step size."""
-    if diverged:
-        warnings.warn(
-            f"{where}: {diverged} of {trajectories} proposals diverged (a non-finite position, energy or "
-            f"gradient) and were rejected; step_size={step_size:g} is too large for this target there",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-
-
-def _expand(mask: Tensor, like: Tensor) -> Tensor:
-    return mask.reshape(-1, *(1,) * (like.dim() - 1))
+    return Chains.run(trajectory, x0, n_steps, step_size, where, start=lambda x: (x, *pot(x)))
 
 
 def mala(
@@ -361,43 +281,19 @@ def mala(
     Returns:
         [`Chains`][flowkit.sampling.Chains] of `n_steps` states per chain.
     """
-    n_steps, step_size, _, _ = _checked_settings("mala", n_steps, step_size)
-    return _mala(potential(energy), _check_start(x0, "mala"), n_steps, step_size, generator)
+    return _mala(potential(energy), x0, n_steps, step_size, generator)
 
 
 def _mala(
-    pot: Potential, x: Tensor, n_steps: int, eps: float, generator: torch.Generator | None, where: str = "mala"
+    pot: Potential, x0: Tensor, n_steps: int, eps: float, generator: torch.Generator | None, where: str = "mala"
 ) -> Chains:
-    start = time.perf_counter()
-    chains = x.shape[0]
-    u, grad = pot(x)
-    out = x.new_empty(n_steps, *x.shape)
-    accepted = torch.zeros(chains, dtype=torch.float64, device=x.device)
-    divergences = 0
+    eps = check_number(eps, "step_size", where=where, positive=True)
+    time_step = 0.5 * eps * eps  # the proposal x - eps^2/2 grad u + eps xi
 
-    def log_q(to: Tensor, frm: Tensor, grad_frm: Tensor) -> Tensor:
-        return -_event_sum((to - frm + 0.5 * eps * eps * grad_frm).square()) / (2 * eps * eps)
+    def move(x: Tensor, u: Tensor, grad: Tensor) -> tuple[Tensor, ...]:
+        return langevin_transition(pot, x, u, grad, time_step, generator=generator)[:5]
 
-    for t in range(n_steps):
-        noise = torch.randn(x.shape, generator=generator, dtype=x.dtype, device=x.device)
-        x_new = x - 0.5 * eps * eps * grad + eps * noise
-        # A proposal that leaves the finite numbers is never evaluated: it stays at x with infinite energy (rejected).
-        diverged = ~torch.isfinite(x_new).flatten(1).all(-1)
-        x_new = torch.where(_expand(diverged, x), x, x_new)
-        u_new, grad_new = pot(x_new)
-        diverged |= ~(torch.isfinite(u_new) & torch.isfinite(grad_new).flatten(1).all(-1))
-        u_new = torch.where(diverged, torch.full_like(u_new, math.inf), u_new)
-        divergences += int(diverged.sum())
-        log_ratio = (u - u_new) + log_q(x, x_new, grad_new) - log_q(x_new, x, grad)
-        log_u = torch.rand(chains, generator=generator, dtype=torch.float64).log().to(x.device)
-        accept = log_u < log_ratio.double()
-        x = torch.where(_expand(accept, x), x_new, x)
-        u = torch.where(accept, u_new, u)
-        grad = torch.where(_expand(accept, x), grad_new, grad)
-        accepted += accept
-        out[t] = x
-    _warn_divergences(where, divergences, n_steps * chains, eps)
-    return Chains(out, accepted / n_steps, time.perf_counter() - start)
+    return Chains.run(move, x0, n_steps, eps, where, start=lambda x: (x, *pot(x)))
 
 
 def _in_latent_space(
@@ -411,9 +307,8 @@ def _in_latent_space(
     """Run `sampler(potential, z0)` on the flow's latent energy; the states are mapped back to the data space."""
     require_exact_weights(flow, where, density=True)  # before latent_energy asks, to name the caller
     energy = latent_energy(flow, target)
-    if z0 is not None:
-        z = _check_start(z0, where)
-    else:
+    z = z0
+    if z is None:
         chains = check_number(chains, "chains", where=where, integer=True, low=1)
         with torch.no_grad():
             z = flow.base.sample((chains,))
@@ -455,10 +350,8 @@ def flow_hmc(
     Returns:
         [`Chains`][flowkit.sampling.Chains] with `samples = T(latent)`.
     """
-    settings = _checked_settings("flow_hmc", n_steps, step_size, n_leapfrog, jitter)
-    return _in_latent_space(
-        flow, target, chains, z0, "flow_hmc", lambda u, z: _hmc(u, z, *settings, generator, "flow_hmc")
-    )
+    settings = (n_steps, step_size, n_leapfrog, jitter, generator, "flow_hmc")
+    return _in_latent_space(flow, target, chains, z0, "flow_hmc", lambda u, z: _hmc(u, z, *settings))
 
 
 def neutra_mala(
@@ -486,10 +379,8 @@ def neutra_mala(
     Returns:
         [`Chains`][flowkit.sampling.Chains] with `samples = T(latent)`.
     """
-    n, eps, _, _ = _checked_settings("neutra_mala", n_steps, step_size)
-    return _in_latent_space(
-        flow, target, chains, z0, "neutra_mala", lambda u, z: _mala(u, z, n, eps, generator, "neutra_mala")
-    )
+    settings = (n_steps, step_size, generator, "neutra_mala")
+    return _in_latent_space(flow, target, chains, z0, "neutra_mala", lambda u, z: _mala(u, z, *settings))
 
 
 @torch.no_grad()
@@ -509,7 +400,7 @@ def independent_metropolis(
     $\min(1, w(x')/w(x))$, $w = e^{-u}/q$. With $q = p$ every proposal is accepted.
 
     Arguments:
-        flow: the proposal flow (a [`StochasticFlow`][flowkit.stochastic.StochasticFlow] uses its path weights).
+        flow: the proposal flow (a [`StochasticFlow`][flowkit.flows.StochasticFlow] uses its path weights).
         target: the [`Target`][flowkit.targets.Target].
         n_steps: proposals per chain (the first one of non-zero weight is the starting state).
         chains: number of independent chains.
@@ -602,34 +493,18 @@ def _series(series: Tensor, where: str) -> Tensor:
     return x[:, None] if x.dim() == 1 else x
 
 
-@torch.no_grad()
 def imh(
     flow: FlowModel, target: Target, n_steps: int, batch_size: int = 10_000, generator: torch.Generator | None = None
 ) -> tuple[Tensor, float]:
-    r"""Independent Metropolis-Hastings with the flow as proposal (one chain of `independent_metropolis`).
-
-    A proposal $x' \sim q$ replaces the state $x$ with probability
-    $\min(1, w(x') / w(x))$, $w = e^{-u}/q$; the chain has the
-    target as its stationary law, so averages over it are asymptotically
-    exact even when the flow is not. The chain starts at the first proposal
-    of non-zero weight.
-
-    Arguments:
-        flow: the proposal flow (stochastic flows use their path weights).
-        target: the target.
-        n_steps: chain length (number of proposals).
-        batch_size: proposals drawn per pass.
-        generator: random generator of the accept/reject draws.
+    """Deprecated: one chain of [`independent_metropolis`][flowkit.sampling.independent_metropolis] `run`.
 
     Returns:
-        `(chain, acceptance)`: the states `(n_steps, *event_shape)` and the
-        fraction of the proposals after the starting one that were accepted; the same as
-        [`independent_metropolis`][flowkit.sampling.independent_metropolis] with one chain.
+        `(chain, acceptance)`: `run.samples[:, 0]`, the states `(n_steps, *event_shape)`, and `run.mean_acceptance`.
     """
-    if n_steps < 2:
-        raise ValueError(f"imh: n_steps must be at least 2, got {n_steps}")
-    run = independent_metropolis(flow, target, n_steps, chains=1, batch_size=batch_size, generator=generator)
-    return run.samples[:, 0], float(run.acceptance[0])
+    message = "imh is deprecated: use independent_metropolis(...), whose .samples[:, 0] and .mean_acceptance it returns"
+    warnings.warn(message, DeprecationWarning, stacklevel=2)
+    run = independent_metropolis(flow, target, n_steps, 1, batch_size, generator)
+    return run.samples[:, 0], run.mean_acceptance
 
 
 @torch.no_grad()
@@ -676,37 +551,3 @@ def metropolis(
         if (t + 1) % thin == 0:
             kept.append(x.clone())
     return torch.stack(kept), accepted / n_steps
-
-
-def metropolis_transition(
-    energy: Callable[[Tensor], Tensor],
-    x: Tensor,
-    u: Tensor,
-    step: float,
-    domain: Any = None,
-    generator: torch.Generator | None = None,
-) -> tuple[Tensor, Tensor, Tensor]:
-    r"""One random-walk Metropolis move per chain from `x` (of energy `u`): the kernel of `metropolis`.
-
-    A symmetric proposal $x'$ of the domain ([`propose`][flowkit.domains.Domain.propose]) is accepted with
-    probability $\min(1, e^{u(x) - u(x')})$ (a NaN energy is rejected), which leaves $e^{-u}$ invariant.
-
-    Arguments:
-        energy: `x -> u(x)`, batched.
-        x: the current states `(chains, *event_shape)`.
-        u: `u(x)`, `(chains,)`.
-        step: the proposal scale.
-        domain: a [`Domain`][flowkit.domains.Domain] (default: the real line).
-        generator: random generator of the proposals and the accept draws.
-
-    Returns:
-        `(x, u, accepted)`: the new states, their energies and a boolean mask of the accepted moves.
-    """
-    domain = Real() if domain is None else domain
-    y = domain.propose(x, step, generator)
-    u_y = energy(y)
-    log_r = torch.rand(u.shape, dtype=u.dtype, generator=generator).to(u.device).log()
-    accept = log_r < u - u_y
-    x = torch.where(accept.reshape(*accept.shape, *([1] * (x.dim() - accept.dim()))), y, x)
-    u = torch.where(accept, u_y, u)
-    return x, u, accept

@@ -7,7 +7,7 @@ $$
 
 (Noé et al. 2019). The KL term is mode-seeking and needs only the energy; the
 ML term, on samples from MD or MCMC, is mass-covering and keeps the flow from
-dropping modes. Stochastic normalizing flows ([`StochasticFlow`][flowkit.stochastic.StochasticFlow],
+dropping modes. Stochastic normalizing flows ([`StochasticFlow`][flowkit.flows.StochasticFlow],
 Wu et al. 2020) use their path weights for the KL term and their path
 likelihood for the ML term.
 """
@@ -45,7 +45,7 @@ class BoltzmannGenerator(Objective):
         w_kl: weight of the reverse-KL term.
         estimator: gradient estimator of the KL term: `"fast"`, `"standard"`
             or `"reparam"` (see [`PathGradientVI`][flowkit.train.PathGradientVI]); a
-            [`StochasticFlow`][flowkit.stochastic.StochasticFlow] always trains by its
+            [`StochasticFlow`][flowkit.flows.StochasticFlow] always trains by its
             reparameterised path weights.
         ml_estimator: `"nll"` (plain maximum likelihood) or `"path"` (the
             forward-KL path gradient, which also uses the target's forces at the samples).

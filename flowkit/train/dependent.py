@@ -1,17 +1,10 @@
 r"""Maximum likelihood for dependent data points (Kirchler et al., ICML 2023).
 
-A flow $f$ maps each point to its latent $z_i = f(x_i) \in \mathbb R^p$, but the
-latents of the $n$ training points are *jointly* Gaussian,
-$\operatorname{vec}(Z) \sim \mathcal N(0, \Sigma \otimes I_p)$, with $\Sigma$ a
-correlation matrix between points:
-
-- a known kinship (relatedness) matrix $K$: $\Sigma = \lambda I + (1 - \lambda) K$
-  ([`Kinship`][flowkit.train.dependent.Kinship]);
-- equicorrelated groups (repeated measures, stocks on one day):
-  $\Sigma_{gg} = (1 - \rho_g) I + \rho_g \mathbf 1 \mathbf 1^\top$ within group $g$, 0 across
-  ([`EquicorrelatedGroups`][flowkit.train.dependent.EquicorrelatedGroups]), with one $\rho$
-  shared by all groups, one per group (as the paper's model and its `equi_*` data) or one
-  per group size.
+A flow $f$ maps each point to its latent $z_i = f(x_i) \in \mathbb R^p$, but the latents of the $n$ training
+points are *jointly* Gaussian, $\operatorname{vec}(Z) \sim \mathcal N(0, \Sigma \otimes I_p)$, with $\Sigma$ a
+correlation matrix between points: $\lambda I + (1 - \lambda) K$ for a known kinship matrix $K$
+([`Kinship`][flowkit.distributions.Kinship]) or equicorrelated groups (repeated measures, stocks on one day;
+[`EquicorrelatedGroups`][flowkit.distributions.EquicorrelatedGroups]), whose algebra lives with the bases.
 
 The joint log-likelihood is
 
@@ -46,9 +39,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .._deprecation import moved_names
 from .._validation import check_number, check_point, outermost
+from ..bijectors import Bijector
 from ..distributions import DependentNormal, StandardNormal
-from ..flows import Flow
+from ..distributions import dependent as _covariance
 from ..flows.base import FlowModel
 from .batches import split_batch, split_indexed_batch
 from .callbacks import Callback
@@ -56,21 +51,15 @@ from .likelihood import MaximumLikelihood
 from .objective import Objective, check_state
 from .state import TrainState
 
-__all__ = ["DependentMaximumLikelihood", "DependenceUpdate", "Kinship", "EquicorrelatedGroups"]
+__all__ = ["DependentMaximumLikelihood", "DependenceUpdate"]
+_COVARIANCES = ("Kinship", "EquicorrelatedGroups")  # moved to flowkit.distributions, deprecated here
+__getattr__ = moved_names("flowkit.train.dependent", "flowkit.distributions", _covariance, _COVARIANCES)
 
 _LOG_2PI = math.log(2 * math.pi)
-
-#: How the correlation of equicorrelated groups is tied: one for all, one per group, one per group size.
-RHO_TYINGS = ("shared", "group", "size")
 
 
 def _logit(p: float) -> float:
     return math.log(p) - math.log1p(-p)
-
-
-def _as_values(value: float | Tensor) -> Tensor:
-    """A parameter value (a float or a tensor of them) as float64 on the CPU."""
-    return torch.as_tensor(value, dtype=torch.float64).cpu()
 
 
 def _minimise_separable(negative: Any, low: float, high: float, size: int, points: int = 65) -> Tensor:
@@ -107,236 +96,6 @@ def _minimise_separable(negative: Any, low: float, high: float, size: int, point
     return torch.where(negative(found) <= values.min(0).values, found, grid[best])
 
 
-class Kinship:
-    r"""Correlation between points from a kinship matrix: $\Sigma(\lambda) = \lambda I + (1 - \lambda) K$.
-
-    $K = Q \operatorname{diag}(\kappa) Q^\top$ is eigendecomposed once, in float64, so that
-
-    $$
-    \log|\Sigma| = \sum_k \log(\lambda + (1 - \lambda)\kappa_k), \qquad
-    \Sigma^{-1} = Q \operatorname{diag}\big(1 / (\lambda + (1 - \lambda)\kappa)\big) Q^\top,
-    $$
-
-    and $\operatorname{tr}(Z^\top \Sigma^{-1} Z) = \sum_k |(Q^\top Z)_k|^2 / (\lambda + (1-\lambda)\kappa_k)$
-    is a sum over the rotated latents. For the mini-batch estimator, $W = Q
-    \operatorname{diag}(\lambda + (1-\lambda)\kappa)^{-1/2}$ is cached for each value of
-    $\lambda$ ($O(n^2)$) and a batch's block is $(\Sigma^{-1})_{BB} = W_B W_B^\top$ ($O(b^2 n)$).
-
-    Arguments:
-        kinship: a symmetric positive semi-definite $n \times n$ matrix with unit diagonal
-            (a correlation matrix), as a tensor or array.
-
-    Raises:
-        ValueError: if `kinship` is not square, not finite, not symmetric, has a diagonal
-            other than 1 or a negative eigenvalue.
-    """
-
-    name = "lam"
-    #: The number of free parameters (one $\lambda$).
-    parameters = 1
-
-    def __init__(self, kinship: Any, where: str = "Kinship") -> None:
-        try:
-            k = torch.as_tensor(np.asarray(kinship.cpu() if isinstance(kinship, Tensor) else kinship, dtype=np.float64))
-        except (TypeError, ValueError):
-            raise ValueError(f"{where}: kinship must be a matrix of numbers, got {type(kinship).__name__}") from None
-        if k.dim() != 2 or k.shape[0] != k.shape[1] or k.shape[0] < 2:
-            raise ValueError(f"{where}: kinship must be a square n x n matrix with n >= 2, got shape {tuple(k.shape)}")
-        if not bool(torch.isfinite(k).all()):
-            raise ValueError(f"{where}: kinship contains non-finite values")
-        scale = max(1.0, float(k.abs().max()))
-        asymmetry = float((k - k.T).abs().max())
-        if asymmetry > 1e-8 * scale:
-            raise ValueError(f"{where}: kinship must be symmetric, max |K - K^T| = {asymmetry:.3g}")
-        diagonal = float((k.diagonal() - 1).abs().max())
-        if diagonal > 1e-6:
-            raise ValueError(
-                f"{where}: kinship must have a unit diagonal (a correlation matrix), max |K_ii - 1| = {diagonal:.3g}; "
-                "rescale it by D^-1/2 K D^-1/2"
-            )
-        eigenvalues, q = torch.linalg.eigh((k + k.T) / 2)
-        if float(eigenvalues[0]) < -1e-8 * k.shape[0] * scale:
-            raise ValueError(
-                f"{where}: kinship must be positive semi-definite, "
-                f"its smallest eigenvalue is {float(eigenvalues[0]):.3g}"
-            )
-        self.n = int(k.shape[0])
-        self.eigenvalues = eigenvalues.clamp(min=0.0)
-        self.eigenvectors = q
-        self._root: tuple[float, Tensor] | None = None
-
-    def _diagonal(self, value: float | Tensor) -> Tensor:
-        value = _as_values(value).reshape(())
-        return value + (1 - value) * self.eigenvalues
-
-    def log_det(self, value: float | Tensor) -> Tensor:
-        r"""$\log|\Sigma(\lambda)|$ from the eigenvalues (float64)."""
-        return torch.log(self._diagonal(value)).sum()
-
-    def _precision_root(self, value: float | Tensor) -> Tensor:
-        r"""$W = Q\,\operatorname{diag}(\lambda + (1 - \lambda) e)^{-1/2}$ with $\Sigma^{-1} = W W^\top$, cached."""
-        key = float(_as_values(value).reshape(()))
-        if self._root is None or self._root[0] != key:
-            self._root = (key, self.eigenvectors * self._diagonal(key).rsqrt())
-        return self._root[1]
-
-    def precision(self, value: float | Tensor, index: Tensor) -> Tensor:
-        r"""The block $(\Sigma^{-1})_{BB} = W_B W_B^\top$ of the rows and columns `index` (float64)."""
-        rows = self._precision_root(value)[index.cpu()]
-        return rows @ rows.T
-
-    def off_diagonal_product(self, value: float | Tensor, z: Tensor) -> Tensor:
-        r"""The products $\sum_{j \ne i} (\Sigma^{-1})_{ij} z_j$ for all $n$ latents `z` (float64), $O(n^2)$.
-
-        That is $W (W^\top Z) - \operatorname{diag}(W W^\top) Z$.
-        """
-        w = self._precision_root(value)
-        z = z.double().cpu()
-        return w @ (w.T @ z) - w.square().sum(1, keepdim=True) * z
-
-    def statistics(self, z: Tensor) -> Tensor:
-        r"""The squared norms $|(Q^\top Z)_k|^2$ of the rotated latents `z` (all $n$ points, in order)."""
-        rotated = self.eigenvectors.T @ z.double().cpu()
-        return rotated.square().sum(1)
-
-    def quadratic(self, statistics: Tensor, value: float | Tensor) -> Tensor:
-        r"""$\operatorname{tr}(Z^\top \Sigma^{-1} Z)$ from the rotated latents' `statistics`."""
-        return (statistics / self._diagonal(value)).sum()
-
-    def terms(self, statistics: Tensor, values: Tensor, p: int) -> Tensor:
-        r"""Minus twice the log-likelihood less its constant, one term per parameter, shape `(1,)`.
-
-        That is $p \log|\Sigma| + \operatorname{tr}(Z^\top \Sigma^{-1} Z)$.
-        """
-        return (p * self.log_det(values) + self.quadratic(statistics, values)).reshape(1)
-
-    def identified(self) -> Tensor:
-        """Whether each parameter enters the likelihood (λ does: K has n >= 2 points)."""
-        return torch.ones(1, dtype=torch.bool)
-
-
-class EquicorrelatedGroups:
-    r"""Equicorrelated groups: $\Sigma = \bigoplus_g \big((1 - \rho_g) I_{m_g} + \rho_g \mathbf 1 \mathbf 1^\top\big)$.
-
-    Points of one group (of size $m_g$) have correlation $\rho_g$, points of different groups
-    none. The correlations are tied by `rho`: one $\rho$ for every group (`"shared"`), one per
-    group (`"group"`, the paper's model: its `equi_*` sets draw $\rho_g \sim U(0.5, 0.99)$), or
-    one per group size (`"size"`). In closed form, with $S_g = \sum_{i \in g} |z_i|^2$ and
-    $T_g = |\sum_{i \in g} z_i|^2$,
-
-    $$
-    \log|\Sigma| = \sum_g (m_g - 1)\log(1 - \rho_g) + \log(1 + (m_g - 1)\rho_g), \qquad
-    \operatorname{tr}(Z^\top \Sigma^{-1} Z) = \sum_g \frac{S_g - \rho_g T_g / (1 + (m_g - 1)\rho_g)}{1 - \rho_g},
-    $$
-
-    and $(\Sigma^{-1})_{ij} = \big(\delta_{ij} - \rho_g / (1 + (m_g - 1)\rho_g)\big) / (1 - \rho_g)$
-    within group $g$. Each group's terms involve its own $\rho_g$ alone, so the full-batch
-    update is one 1-D problem per parameter. A group of one point has no correlation: its
-    terms do not depend on $\rho_g$ (a parameter of singletons only is left as it is).
-
-    Arguments:
-        groups: one integer label per point (length $n$); points with the same label form a
-            group. Groups are numbered by sorted label.
-        rho: `"shared"`, `"group"` or `"size"`.
-
-    Raises:
-        ValueError: if `groups` is not a 1-D sequence of at least 2 integers, or `rho` is not
-            one of the three.
-    """
-
-    name = "rho"
-
-    def __init__(self, groups: Any, where: str = "EquicorrelatedGroups", rho: str = "shared") -> None:
-        labels = np.asarray(groups.cpu() if isinstance(groups, Tensor) else groups)
-        if labels.ndim != 1 or labels.shape[0] < 2 or not np.issubdtype(labels.dtype, np.integer):
-            raise ValueError(
-                f"{where}: groups must be a 1-D sequence of at least 2 integer labels, "
-                f"got dtype {labels.dtype} and shape {labels.shape}"
-            )
-        if not isinstance(rho, str) or rho not in RHO_TYINGS:
-            raise ValueError(f"{where}: rho must be one of {', '.join(map(repr, RHO_TYINGS))}, got {rho!r}")
-        _, inverse, sizes = np.unique(labels, return_inverse=True, return_counts=True)
-        self.n = int(labels.shape[0])
-        self.tying = rho
-        self.labels = torch.as_tensor(inverse.reshape(-1), dtype=torch.int64)
-        self.sizes = torch.as_tensor(sizes, dtype=torch.float64)
-        if rho == "shared":
-            parameter = np.zeros(len(sizes), dtype=np.int64)
-            self.parameter_sizes: Tensor | None = None
-        elif rho == "group":
-            parameter = np.arange(len(sizes))
-            self.parameter_sizes = None
-        else:
-            distinct, parameter = np.unique(sizes, return_inverse=True)
-            #: The group size of each parameter (`rho="size"`), else None.
-            self.parameter_sizes = torch.as_tensor(distinct, dtype=torch.int64)
-        #: The parameter of each group, `(groups,)`.
-        self.parameter = torch.as_tensor(parameter.reshape(-1), dtype=torch.int64)
-        #: The number of free parameters.
-        self.parameters = int(self.parameter.max()) + 1
-
-    def _rho(self, value: float | Tensor) -> Tensor:
-        """The correlation of each group, `(groups,)`, from one value or one per parameter."""
-        value = _as_values(value)
-        if value.dim() == 0 or value.numel() == 1:
-            return value.reshape(()).expand(len(self.sizes))
-        if value.shape != (self.parameters,):
-            raise ValueError(f"EquicorrelatedGroups: expected {self.parameters} values, got shape {tuple(value.shape)}")
-        return value[self.parameter]
-
-    def _group_log_det(self, value: float | Tensor) -> Tensor:
-        m, rho = self.sizes, self._rho(value)
-        return (m - 1) * torch.log1p(-rho) + torch.log1p((m - 1) * rho)
-
-    def _group_quadratic(self, statistics: Tensor, value: float | Tensor) -> Tensor:
-        m, rho = self.sizes, self._rho(value)
-        return (statistics[:, 0] - rho / (1 + (m - 1) * rho) * statistics[:, 1]) / (1 - rho)
-
-    def log_det(self, value: float | Tensor) -> Tensor:
-        r"""$\log|\Sigma|$ in closed form, summed over the groups (float64)."""
-        return self._group_log_det(value).sum()
-
-    def precision(self, value: float | Tensor, index: Tensor) -> Tensor:
-        r"""The block $(\Sigma^{-1})_{BB}$ of the rows and columns `index` (float64)."""
-        groups = self.labels[index.cpu()]
-        m, rho = self.sizes[groups], self._rho(value)[groups]
-        shared = rho / (1 + (m - 1) * rho) / (1 - rho)
-        same = (groups[:, None] == groups[None, :]).double()
-        return torch.diag(1 / (1 - rho)) - same * shared[:, None]
-
-    def off_diagonal_product(self, value: float | Tensor, z: Tensor) -> Tensor:
-        r"""The products $\sum_{j \ne i} (\Sigma^{-1})_{ij} z_j$ for all $n$ latents `z` (float64), $O(n)$.
-
-        That is $-\rho_g \big(\sum_{j \in g} z_j - z_i\big) / \big((1 + (m_g - 1)\rho_g)(1 - \rho_g)\big)$.
-        """
-        z = z.double().cpu()
-        m, rho = self.sizes, self._rho(value)
-        shared = (rho / (1 + (m - 1) * rho) / (1 - rho))[self.labels, None]
-        sums = torch.zeros(len(m), z.shape[1], dtype=torch.float64).index_add_(0, self.labels, z)
-        return -shared * (sums[self.labels] - z)
-
-    def statistics(self, z: Tensor) -> Tensor:
-        """Per group, $S_g$ and $T_g$ of the latents `z` (all $n$ points, in order), shape `(groups, 2)`."""
-        z = z.double().cpu()
-        groups = len(self.sizes)
-        sums = torch.zeros(groups, z.shape[1], dtype=torch.float64).index_add_(0, self.labels, z)
-        squares = torch.zeros(groups, dtype=torch.float64).index_add_(0, self.labels, z.square().sum(1))
-        return torch.stack([squares, sums.square().sum(1)], 1)
-
-    def quadratic(self, statistics: Tensor, value: float | Tensor) -> Tensor:
-        r"""$\operatorname{tr}(Z^\top \Sigma^{-1} Z)$ from the groups' `statistics`."""
-        return self._group_quadratic(statistics, value).sum()
-
-    def terms(self, statistics: Tensor, values: Tensor, p: int) -> Tensor:
-        r"""$p \log|\Sigma| + \operatorname{tr}(Z^\top \Sigma^{-1} Z)$, summed per parameter, shape `(parameters,)`."""
-        per_group = p * self._group_log_det(values) + self._group_quadratic(statistics, values)
-        return torch.zeros(self.parameters, dtype=torch.float64).index_add_(0, self.parameter, per_group)
-
-    def identified(self) -> Tensor:
-        """Whether each parameter has a group of two or more points (else the likelihood ignores it)."""
-        return torch.zeros(self.parameters, dtype=torch.bool).index_fill_(0, self.parameter[self.sizes > 1], True)
-
-
 class DependentMaximumLikelihood(Objective):
     r"""Maximum likelihood of a flow on dependent points, $\operatorname{vec} Z \sim \mathcal N(0, \Sigma \otimes I)$.
 
@@ -361,8 +120,8 @@ class DependentMaximumLikelihood(Objective):
     calls during [`fit`][flowkit.train.fit]. With $K = I$ the loss is exactly
     [`MaximumLikelihood`][flowkit.train.MaximumLikelihood]'s.
 
-    The flow must be a [`Flow`][flowkit.flows.Flow] with the
-    [`DependentNormal`][flowkit.distributions.DependentNormal] base that
+    The flow must be a bijector over the [`DependentNormal`][flowkit.distributions.DependentNormal] base (a
+    [`Flow`][flowkit.flows.Flow]) that
     [`base`][flowkit.train.dependent.DependentMaximumLikelihood.base] builds, which holds $\lambda$ or the
     $\rho$'s so that the model saves them (a plain
     [`StandardNormal`][flowkit.distributions.StandardNormal] base still works, with a DeprecationWarning:
@@ -386,19 +145,12 @@ class DependentMaximumLikelihood(Objective):
         eps: the margin $\epsilon$ that keeps the parameter away from 0 and 1.
         rho: with `groups`: `"shared"` (one $\rho$), `"group"` (one per group, as the paper) or
             `"size"` (one per group size).
-        control_variate: subtract a control variate from the pair sum (not in the paper): with
-            $\tilde z$ the latents of all points cached at the last
-            [`update`][flowkit.train.dependent.DependentMaximumLikelihood.update],
-            $\tilde m_i = \sum_{j \ne i} A_{ij} \tilde z_j$, $\delta = z - \tilde z$ and
-            $\tilde Q = \operatorname{tr}(\tilde Z^\top A \tilde Z)$, the bracket becomes
-            $A_{ii}(|z_i|^2 - |\tilde z_i|^2) + 2 \delta_i \cdot \tilde m_i + \tilde Q / n + \frac{n-1}{b-1}
-            \sum_{j \in B, j \ne i} A_{ij}\, \delta_i \cdot \delta_j$: the same expectation (any fixed
-            $\tilde z$ gives an unbiased estimate of the value and of its gradient), but the sampled
-            terms carry only the change since the update, so the variance from large, strongly
-            correlated groups ($A_{ij}$ of order $1/(1-\rho)$) drops. Before the first update (no
-            cache) the plain estimator is used. Experimental: when the flow moves fast between
-            updates (early training) with $\rho$ near 1 the change terms can be worse than the plain
-            ones; on the paper's `equi` design it did not help (`docs/api/dependent.md`).
+        control_variate: subtract a control variate from the pair sum (not in the paper): the latents
+            $\tilde z$ of all points cached at the last
+            [`update`][flowkit.train.dependent.DependentMaximumLikelihood.update] give the exact terms at
+            $\tilde z$, and the batch samples only the change since (the same expectation of the value and
+            its gradient; the bracket is written out in `docs/api/dependent.md`). Experimental: it
+            did not help on the paper's `equi` design and can hurt early training with $\rho$ near 1.
 
     Raises:
         ValueError: for a bad kinship matrix or group labels, `value` or `eps` out of range, or
@@ -446,20 +198,23 @@ class DependentMaximumLikelihood(Objective):
         value = check_number(value, "value", where=where, low=self.eps, high=1 - self.eps)
         if kinship is not None and rho != "shared":
             raise ValueError(f"{where}: rho={rho!r} is for groups; a kinship has one lambda (rho='shared')")
-        self.structure: Kinship | EquicorrelatedGroups = (
-            Kinship(kinship, where) if kinship is not None else EquicorrelatedGroups(groups, where, rho)
+        self.structure: _covariance.Kinship | _covariance.EquicorrelatedGroups = (
+            _covariance.Kinship(kinship, where)
+            if kinship is not None
+            else _covariance.EquicorrelatedGroups(groups, where, rho)
         )
-        self._logits = torch.full((self.structure.parameters,), _logit(value), dtype=torch.float64)
-        #: The model's [`DependentNormal`][flowkit.distributions.DependentNormal] base once a flow with one was seen.
-        self._state: DependentNormal | None = None
+        # The one home of the parameters: the model's DependentNormal base once a flow with one was seen, until
+        # then (or for a plain StandardNormal base) one of the objective's.
+        self._home = DependentNormal(1, self.structure.parameters)
+        self.logits = torch.full((self.structure.parameters,), _logit(value), dtype=torch.float64)
 
     def base(self, event_shape: int | Sequence[int]) -> DependentNormal:
         r"""A [`DependentNormal`][flowkit.distributions.DependentNormal] base sized for this objective.
 
         With it as the flow's base, $\lambda$ (or the $\rho$'s) live in the model: saved by
         [`flowkit.io.save`][flowkit.io.save] and in checkpoints, restored by a resumed [`fit`][flowkit.train.fit]
-        (which then does not refit them first). The objective's own copy serves flows with a plain
-        `StandardNormal` base (deprecated: the saved model then lacks the values; checkpoints carry them).
+        (which then does not refit them first). A flow with a plain `StandardNormal` base leaves them in the
+        objective (deprecated: the saved model then lacks the values; checkpoints carry them).
 
         Examples:
             >>> import torch, flowkit
@@ -468,29 +223,22 @@ class DependentMaximumLikelihood(Objective):
             >>> flow.base.values.shape
             torch.Size([4])
         """
-        return DependentNormal(event_shape, self.structure.parameters, float(torch.sigmoid(self._logits[0])))
+        return DependentNormal(event_shape, self.structure.parameters, float(torch.sigmoid(self.logits[0])))
 
     @property
     def logits(self) -> Tensor:
-        """The logits of the parameters, float64 `(parameters,)`.
-
-        The model's, once a flow with a [`DependentNormal`][flowkit.distributions.DependentNormal] base was
-        seen, else the objective's own.
-        """
-        return self._logits if self._state is None else self._state.logits.double()
+        """The logits of the parameters, float64 `(parameters,)`: the model's base's once it was seen."""
+        return self._home.logits.double()
 
     @logits.setter
     def logits(self, logits: Tensor) -> None:
-        if self._state is None:
-            self._logits = logits
-        else:
-            with torch.no_grad():
-                self._state.logits.copy_(logits)
+        with torch.no_grad():
+            self._home.logits.copy_(logits)
 
     def _bind(self, flow: FlowModel) -> None:
         """Keep the parameters in the flow's base, when it is a `DependentNormal` of the right size."""
         base = getattr(flow, "base", None)
-        if not self._binds:
+        if not self._binds or base is self._home:
             return
         if not isinstance(base, DependentNormal):
             if not self._warned:
@@ -503,14 +251,12 @@ class DependentMaximumLikelihood(Objective):
                 )
                 self._warned = True
             return
-        if base is self._state:
-            return
         if base.logits.numel() != self.structure.parameters:
             raise ValueError(
                 f"{type(self).__name__}: the flow's DependentNormal base holds {base.logits.numel()} parameters, "
                 f"the objective has {self.structure.parameters}; build it with objective.base(features)"
             )
-        self._state = base
+        self._home = base
 
     def holds_state_in(self, flow: FlowModel) -> bool:
         """Whether `flow`'s base holds the dependence parameters (so checkpoints carry them)."""
@@ -528,7 +274,7 @@ class DependentMaximumLikelihood(Objective):
         was that of points that do not exist); more points fail at the first batch with an index past `n`.
         """
         if points is not None and points != self.n:
-            what = "kinship matrix is" if isinstance(self.structure, Kinship) else "group labels are"
+            what = "kinship matrix is" if isinstance(self.structure, _covariance.Kinship) else "group labels are"
             raise ValueError(
                 f"{type(self).__name__}: the data has {points} points but the {what} for {self.n}; "
                 "give one label (one kinship row) per training point, in the data's order"
@@ -565,10 +311,11 @@ class DependentMaximumLikelihood(Objective):
     def latents(self, flow: FlowModel, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """`(z, ladj)` of points `x` through the flow's bijector, `z` flattened to `(b, p)`."""
         where = type(self).__name__
-        if not isinstance(flow, Flow) or not isinstance(flow.base, StandardNormal):
+        bijector, base = getattr(flow, "bijector", None), getattr(flow, "base", None)
+        if not (isinstance(bijector, Bijector) and isinstance(base, StandardNormal)):
             raise ValueError(
-                f"{where}: the flow must be a flowkit Flow with a StandardNormal base, got "
-                f"{type(flow).__name__}" + (f" with base {type(flow.base).__name__}" if isinstance(flow, Flow) else "")
+                f"{where}: the flow must be a bijector over a StandardNormal base (a flowkit Flow), got "
+                f"{type(flow).__name__}" + ("" if base is None else f" with base {type(base).__name__}")
             )
         self._bind(flow)
         if x.dim() != len(flow.event_shape) + 1:
@@ -579,7 +326,7 @@ class DependentMaximumLikelihood(Objective):
         with outermost() as check:
             if check:
                 check_point(flow, x, context, "forward", where)
-            z, ladj = flow.bijector(x, context)
+            z, ladj = bijector(x, context)
         return z.reshape(z.shape[0], -1), ladj
 
     def _check_index(self, index: Tensor) -> None:
@@ -636,10 +383,9 @@ class DependentMaximumLikelihood(Objective):
         r"""$\log \mathcal N(\operatorname{vec} Z; 0, \Sigma \otimes I)$ of the latents `z` `(n, p)` of all points."""
         if z.dim() != 2 or z.shape[0] != self.n:
             raise ValueError(f"{type(self).__name__}: z must have shape ({self.n}, p), got {tuple(z.shape)}")
-        v = self.values if value is None else _as_values(value)
-        p = z.shape[1]
-        statistics = self.structure.statistics(z)
-        return -0.5 * (self.n * p * _LOG_2PI + p * self.structure.log_det(v) + self.structure.quadratic(statistics, v))
+        v = self.values if value is None else torch.as_tensor(value, dtype=torch.float64).cpu()
+        p, quadratic = z.shape[1], self.structure.quadratic(self.structure.statistics(z), v)
+        return -0.5 * (self.n * p * _LOG_2PI + p * self.structure.log_det(v) + quadratic)
 
     def log_likelihood(self, flow: FlowModel, x: Tensor, context: Tensor | None = None) -> Tensor:
         r"""The joint (full-batch) $\log p(X)$ of all $n$ points `x`, in their order (float64)."""
@@ -667,24 +413,21 @@ class DependentMaximumLikelihood(Objective):
         if (kinship is None) == (groups is None):
             raise ValueError(f"{where}: give kinship= or groups=, exactly one")
         mine = self.structure
-        if (kinship is not None) != isinstance(mine, Kinship):
-            kind = "kinship" if isinstance(mine, Kinship) else "groups"
+        kind = "kinship" if isinstance(mine, _covariance.Kinship) else "groups"
+        if (kinship is not None) != (kind == "kinship"):
             raise ValueError(f"{where}: this objective has a {kind}; give the held-out points' {kind}")
-        tying = mine.tying if isinstance(mine, EquicorrelatedGroups) else "shared"
+        tying = getattr(mine, "tying", "shared")
         if tying == "group":
             raise ValueError(f"{where}: a rho per training group does not carry to new groups; use rho='shared'/'size'")
         other = DependentMaximumLikelihood(kinship, groups, value=0.5, eps=self.eps, rho=tying)
         other._binds = False
+        found = torch.ones(other.structure.parameters, 1, dtype=torch.bool)  # one lambda or shared rho: ours
         if tying == "size":
-            theirs = other.structure.parameter_sizes
-            ours = mine.parameter_sizes
-            found = theirs[:, None] == ours[None, :]
-            if not bool(found.any(1).all()):
-                missing = theirs[~found.any(1)].tolist()
-                raise ValueError(f"{where}: no training group has size {missing[0]} (held-out sizes {missing})")
-            other.logits = self.logits[found.int().argmax(1)].clone()
-        else:
-            other.logits = self.logits.clone()
+            found = other.structure.parameter_sizes[:, None] == mine.parameter_sizes[None, :]
+        if not bool(found.any(1).all()):
+            missing = other.structure.parameter_sizes[~found.any(1)].tolist()
+            raise ValueError(f"{where}: no training group has size {missing[0]} (held-out sizes {missing})")
+        other.logits = self.logits[found.int().argmax(1)]
         return other
 
     @torch.no_grad()
@@ -785,7 +528,7 @@ class DependentMaximumLikelihood(Objective):
         if values.numel() == 1:
             return {self.structure.name: float(values[0])}
         structure = self.structure
-        rho, m = structure._rho(values), structure.sizes
+        rho, m = structure.group_rho(values), structure.sizes
         weight = torch.where(m > 1, m, torch.zeros_like(m))
         return {"rho_mean": float((rho * weight).sum() / weight.sum()) if weight.sum() > 0 else float("nan")}
 

@@ -29,7 +29,7 @@ class MaximumLikelihood(Objective):
     an unbiased estimate of $\mathrm{KL}(p \,\|\, q_\theta) + H(p)$. The loss
     is minus the mean of `flow.path_log_likelihood(x, context)`: `log_prob` for a
     [`Flow`][flowkit.flows.Flow], the log path weight for a
-    [`StochasticFlow`][flowkit.stochastic.StochasticFlow], whose exact density is intractable
+    [`StochasticFlow`][flowkit.flows.StochasticFlow], whose exact density is intractable
     (Wu, Köhler & Noé 2020).
 
     Arguments:

@@ -150,8 +150,7 @@ def test_a_chain_gives_the_context_only_to_its_conditional_layers():
 
 def test_every_model_implements_the_flow_contract():
     import flowkit.flows.images as images
-    from flowkit.flows import FlowModel, require_exact_weights
-    from flowkit.stochastic import MetropolisBlock, StochasticFlow
+    from flowkit.flows import FlowModel, MetropolisBlock, StochasticFlow, require_exact_weights
 
     flow = flowkit.flows.RealNVP(2, transforms=2, hidden=(4,))
     target = flowkit.targets.DoubleWell()

@@ -9,8 +9,8 @@ from cases import STOCHASTIC_BLOCKS, missing_cases
 import flowkit
 from flowkit.bijectors import AffineCoupling, Invert, LULinear
 from flowkit.distributions import DiagNormal, StandardNormal
-from flowkit.flows import RealNVP
-from flowkit.stochastic import LangevinBlock, MetropolisBlock, StochasticBlock, StochasticFlow, energy_of
+from flowkit.flows import LangevinBlock, MetropolisBlock, RealNVP, StochasticBlock, StochasticFlow
+from flowkit.targets import energy_of
 from flowkit.testing import randomize
 
 

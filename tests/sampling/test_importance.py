@@ -9,7 +9,7 @@ import torch
 from cases import MISMATCH, mismatched_free_form
 
 import flowkit
-from flowkit.sampling import ess, imh, importance_sample, log_weights, log_Z, reweight
+from flowkit.sampling import ess, imh, importance_sample, independent_metropolis, log_weights, log_Z, reweight
 from flowkit.targets import Energy
 
 LOG_2PI = math.log(2 * math.pi)
@@ -77,14 +77,15 @@ def test_reweight_recovers_target_moments():
 
 def test_imh_accepts_everything_when_the_flow_is_the_target():
     flow = flowkit.flows.RealNVP(2, transforms=2)
-    chain, acceptance = imh(flow, _gaussian_target(0.0, 1.0, 2), 300)
-    assert chain.shape == (300, 2) and acceptance == pytest.approx(1.0)
+    run = independent_metropolis(flow, _gaussian_target(0.0, 1.0, 2), 300)
+    assert run.samples.shape == (300, 1, 2) and run.mean_acceptance == pytest.approx(1.0)
 
 
 def test_imh_chain_targets_the_energy():
     flow = flowkit.flows.RealNVP(1 + 1, transforms=2)
     target = _gaussian_target(0.7, 0.8, 2)
-    chain, acceptance = imh(flow, target, 20_000, generator=torch.Generator().manual_seed(0))
+    run = independent_metropolis(flow, target, 20_000, generator=torch.Generator().manual_seed(0))
+    chain, acceptance = run.samples[:, 0], run.mean_acceptance
     assert 0.3 < acceptance < 0.95
     assert chain[:, 0].mean().item() == pytest.approx(0.7, abs=0.05)
     assert chain[:, 1].var().item() == pytest.approx(0.64, abs=0.06)
@@ -138,7 +139,7 @@ def test_nan_energies_are_an_error_not_a_frozen_chain():
     with pytest.raises(ValueError, match="NaN or \\+inf"):
         importance_sample(flow, target, 100)
     with pytest.raises(ValueError, match="NaN or \\+inf"):
-        imh(flow, target, 100)
+        independent_metropolis(flow, target, 100)
 
 
 def test_imh_starts_at_the_first_proposal_of_non_zero_weight():
@@ -147,18 +148,17 @@ def test_imh_starts_at_the_first_proposal_of_non_zero_weight():
         lambda x: torch.where(x[..., 0] > 0, 0.5 * x.square().sum(-1), math.inf), 2
     )  # zero density for x0 <= 0
     torch.manual_seed(0)
-    chain, acceptance = imh(flow, wall, 400)
-    assert bool((chain[:, 0] > 0).all())  # no state of zero density, the first included
-    assert 0 < acceptance <= 1
+    run = independent_metropolis(flow, wall, 400)
+    assert bool((run.samples[..., 0] > 0).all())  # no state of zero density, the first included
+    assert 0 < run.mean_acceptance <= 1
 
 
-def test_imh_is_one_chain_of_the_batched_sampler_and_every_chain_starts_at_non_zero_weight():
-    from flowkit.sampling import independent_metropolis
-
+def test_deprecated_imh_is_one_chain_of_the_batched_sampler_and_every_chain_starts_at_non_zero_weight():
     flow = flowkit.flows.RealNVP(2, transforms=1, hidden=(4,))
     wall = Energy(lambda x: torch.where(x[..., 0] > 0, 0.5 * x.square().sum(-1), math.inf), 2)
     torch.manual_seed(1)
-    chain, acceptance = imh(flow, wall, 300, generator=torch.Generator().manual_seed(2))
+    with pytest.warns(DeprecationWarning, match="imh is deprecated: use independent_metropolis"):
+        chain, acceptance = imh(flow, wall, 300, generator=torch.Generator().manual_seed(2))
     torch.manual_seed(1)
     run = independent_metropolis(flow, wall, 300, chains=1, generator=torch.Generator().manual_seed(2))
     assert torch.equal(chain, run.samples[:, 0]) and acceptance == float(run.acceptance[0])
@@ -208,7 +208,6 @@ def test_importance_weighting_refuses_a_flow_whose_samples_do_not_follow_its_den
         ("importance_sample", lambda: importance_sample(model, target, 10)),
         ("importance_sample", lambda: log_weights(model, target, 10)),
         ("independent_metropolis", lambda: sampling.independent_metropolis(model, target, 10, chains=2)),
-        ("independent_metropolis", lambda: imh(model, target, 10)),
         ("flow_hmc", lambda: sampling.flow_hmc(model, target, 2)),
         ("neutra_mala", lambda: sampling.neutra_mala(model, target, 2)),
         ("latent_energy", lambda: sampling.latent_energy(model, target)),

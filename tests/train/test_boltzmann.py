@@ -79,7 +79,7 @@ def test_bad_arguments():
 def test_stochastic_flow_uses_the_loops_latent_batch():
     from flowkit.bijectors import AffineCoupling
     from flowkit.distributions import StandardNormal
-    from flowkit.stochastic import LangevinBlock, StochasticFlow
+    from flowkit.flows import LangevinBlock, StochasticFlow
 
     target = DoubleWell()
     flow = StochasticFlow(

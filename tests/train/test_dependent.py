@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -425,7 +431,7 @@ def test_rho_per_size_ties_groups_of_one_size():
     assert objective.structure.identified().tolist() == [False, True, True]
     z = torch.randn(len(groups), 2, dtype=F64)
     values = objective.update(_identity_flow(), z)
-    rho = objective.structure._rho(values)
+    rho = objective.structure.group_rho(values)
     assert rho[0] == rho[2] and rho[1] == rho[3] == rho[4] and rho[0] != rho[1]
     equal, w = torch.arange(60) // 6, torch.randn(60, 2, dtype=F64)  # groups all of one size: "size" is "shared"
     one = DependentMaximumLikelihood(groups=equal, rho="size").update(_identity_flow(), w)
@@ -469,7 +475,7 @@ def test_held_out_joint_likelihood_of_related_test_points():
     sized = DependentMaximumLikelihood(groups=torch.tensor([0, 0, 1, 1, 1, 2, 2, 2]), rho="size")
     sized.logits = torch.logit(torch.tensor([0.2, 0.7], dtype=F64))  # sizes 2 and 3
     other = sized.held_out(groups=torch.tensor([5, 5, 5, 1, 1]))  # groups by sorted label: 1 (size 2), 5 (size 3)
-    assert other.structure._rho(other.values).tolist() == pytest.approx([0.2, 0.7])
+    assert other.structure.group_rho(other.values).tolist() == pytest.approx([0.2, 0.7])
     with pytest.raises(ValueError, match="size 4"):
         sized.held_out(groups=torch.tensor([0, 0, 0, 0]))
     with pytest.raises(ValueError, match="does not carry"):
@@ -620,37 +626,41 @@ def test_a_dependent_normal_base_carries_rho_through_save_load_and_an_exact_resu
     assert torch.equal(loaded.base.values, straight.base.values)
 
 
-@pytest.mark.parametrize("base", ["dependent-normal", "standard-normal"])
-@pytest.mark.parametrize("every", [2, 3])  # the checkpoint it resumes from (step 4's) at an update, or between two
-def test_a_killed_dependent_run_with_a_control_variate_resumes_bit_for_bit(tmp_path, base, every):
+class _Killed(Exception):
+    pass
+
+
+class _KillAt(Callback):
+    """Raise at the end of step `step`: after DependenceUpdate, before that step's checkpoint (a kill between two)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, state) -> None:
+        if state.step == self.step:
+            raise _Killed
+
+
+def _dependent_run(directory, resume=False, kill=None, base="dependent-normal", every=3):
+    """8 steps on 48 points in groups of 6 (a rho per group, the control variate), checkpoints every 2 steps.
+
+    A fresh flow and objective, as in a new process; `kill` stops the run at the end of that step.
+    """
     n = 48
     x = torch.randn(n, 2, generator=torch.Generator().manual_seed(3))
-    groups = torch.arange(n) // 6
+    torch.manual_seed(0)
+    objective = DependentMaximumLikelihood(groups=torch.arange(n) // 6, rho="group", control_variate=True)
+    plain = base == "standard-normal"
+    flow = flowkit.flows.RealNVP(2, transforms=1, hidden=(8,), base=None if plain else objective.base(2))
+    callbacks = [DependenceUpdate(objective, flow, x, every=every), *([_KillAt(kill)] if kill else [])]
+    options = dict(steps=8, batch_size=12, progress=False, seed=0, checkpoint_every=2, resume=resume)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        history = fit(flow, objective, with_indices(x), callbacks=callbacks, checkpoint_dir=directory, **options)
+    return flow, objective, history
 
-    class Killed(Exception):
-        pass
 
-    class KillAt(Callback):  # runs after DependenceUpdate and before the checkpoint, which is then step 4's
-        def on_step_end(self, state):
-            if state.step == 5:
-                raise Killed
-
-    def run(directory, resume=False, kill=False):
-        torch.manual_seed(0)
-        objective = DependentMaximumLikelihood(groups=groups, rho="group", control_variate=True)
-        plain = base == "standard-normal"
-        flow = flowkit.flows.RealNVP(2, transforms=1, hidden=(8,), base=None if plain else objective.base(2))
-        callbacks = [DependenceUpdate(objective, flow, x, every=every), *([KillAt()] if kill else [])]
-        options = dict(steps=8, batch_size=12, progress=False, seed=0, checkpoint_every=2, resume=resume)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            history = fit(flow, objective, with_indices(x), callbacks=callbacks, checkpoint_dir=directory, **options)
-        return flow, objective, history
-
-    straight = run(None)
-    with pytest.raises(Killed):  # the checkpoint of step 4 holds the last update (of step 4 or 3), its cached latents
-        run(tmp_path, kill=True)
-    resumed = run(tmp_path, resume=True)
+def _assert_same_dependent_run(straight, resumed) -> None:
     (flow_a, objective_a, history_a), (flow_b, objective_b, history_b) = straight, resumed
     for (name, a), b in zip(flow_a.state_dict().items(), flow_b.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
@@ -658,7 +668,41 @@ def test_a_killed_dependent_run_with_a_control_variate_resumes_bit_for_bit(tmp_p
     assert torch.equal(objective_a.logits, objective_b.logits)
     for a, b in zip(objective_a.cache, objective_b.cache, strict=True):
         assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
-    assert history_a.loss == history_b.loss and history_a.metrics == history_b.metrics
+    assert history_a.step == history_b.step == list(range(1, 9))
+    assert history_a.loss == history_b.loss and history_a.grad_norm == history_b.grad_norm
+    assert history_a.metrics == history_b.metrics
+
+
+@pytest.mark.parametrize("base", ["dependent-normal", "standard-normal"])
+@pytest.mark.parametrize("every", [2, 3])  # the checkpoint it resumes from (step 4's) at an update, or between two
+def test_a_killed_dependent_run_with_a_control_variate_resumes_bit_for_bit(tmp_path, base, every):
+    straight = _dependent_run(None, base=base, every=every)
+    with pytest.raises(_Killed):  # the checkpoint of step 4 holds the last update (of step 4 or 3), its cached latents
+        _dependent_run(tmp_path, kill=5, base=base, every=every)
+    _assert_same_dependent_run(straight, _dependent_run(tmp_path, resume=True, base=base, every=every))
+
+
+_KILLED_SCRIPT = """
+import os, signal, sys, torch
+sys.path.insert(0, {tests!r})
+import test_dependent as t
+torch.set_num_threads(1)
+t._KillAt.on_step_end = lambda self, state: state.step == self.step and os.kill(os.getpid(), signal.SIGKILL)
+t._dependent_run({directory!r}, kill=5)
+"""
+
+
+def test_a_dependent_run_killed_by_sigkill_resumes_bit_for_bit(tmp_path):
+    # Killed at the end of step 5, after the update of step 3: the checkpoint of step 4 holds the rho's (in the
+    # flow's base), the control variate's cached latents and the RNG states; nothing of the killed process is left.
+    script = _KILLED_SCRIPT.format(tests=str(Path(__file__).parent), directory=str(tmp_path))
+    root = str(Path(flowkit.__file__).parent.parent)  # the flowkit under test, in the child process too
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    killed = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], env=env, capture_output=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()[-2000:]
+    saved = load_state(tmp_path / CHECKPOINT_FILE)
+    assert saved["step"] == 4 and saved["objective"][0]["cache"] is not None
+    _assert_same_dependent_run(_dependent_run(None), _dependent_run(tmp_path, resume=True))
 
 
 def test_dependent_state_round_trips_and_refuses_another_objectives():

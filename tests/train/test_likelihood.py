@@ -10,7 +10,7 @@ import torch
 import flowkit
 from flowkit.bijectors import AffineCoupling
 from flowkit.distributions import DiagNormal, StandardNormal
-from flowkit.stochastic import LangevinBlock, StochasticFlow
+from flowkit.flows import LangevinBlock, StochasticFlow
 from flowkit.targets import DoubleWell
 from flowkit.train import ForwardKLPathGradient, MaximumLikelihood, fit
 

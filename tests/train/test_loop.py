@@ -756,7 +756,7 @@ def test_train_step_skips_the_update_of_a_non_finite_loss():
 
 def test_a_flow_that_cannot_be_saved_trains_and_warns(tmp_path):
     from flowkit.distributions import StandardNormal
-    from flowkit.stochastic import MetropolisBlock, StochasticFlow
+    from flowkit.flows import MetropolisBlock, StochasticFlow
 
     energy = flowkit.targets.Energy(lambda x: x.square().sum(-1), (2,))
     flow = StochasticFlow(
