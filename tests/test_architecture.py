@@ -26,12 +26,12 @@ LAYERS = (
         "flowkit.root_finding",
         "flowkit._deprecation",
     ),
-    ("flowkit.kernels", "flowkit.compiled", "flowkit.stats"),
+    ("flowkit.kernels", "flowkit.stats"),
     # the maths
     ("flowkit.transformers", "flowkit.nn", "flowkit.distributions"),
     ("flowkit.bijectors", "flowkit.lattice", "flowkit._legacy"),
     ("flowkit.targets",),
-    ("flowkit.flows", "flowkit.stochastic"),
+    ("flowkit.flows", "flowkit.stochastic", "flowkit.compiled"),
     # what works on any flow and target
     ("flowkit.sampling", "flowkit.testing", "flowkit.data", "flowkit.io"),
     ("flowkit.train", "flowkit.interop", "flowkit.plot"),

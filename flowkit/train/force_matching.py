@@ -33,7 +33,7 @@ from torch import Tensor
 from .._validation import check_number, check_tensor
 from ..flows import Flow
 from ..flows.base import FlowModel
-from ..sampling.importance import _check_target
+from ..sampling.importance import check_target
 from ..targets import Target
 from .batches import split_batch
 from .objective import Objective
@@ -78,9 +78,9 @@ def force_matching_terms(flow: Flow, target: Target, x: Tensor) -> tuple[Tensor,
 
 
 def _check_exact_flow(flow: FlowModel, target: Target, where: str) -> None:
-    if not isinstance(flow, Flow):
-        raise ValueError(f"{where}: needs a flowkit Flow with an exact density, got {type(flow).__name__}")
-    _check_target(flow, target, where)
+    if not flow.exact_log_prob:
+        raise ValueError(f"{where}: needs a flow with an exact density, got {type(flow).__name__}")
+    check_target(flow, target, where)
 
 
 class ForceMatching(Objective):

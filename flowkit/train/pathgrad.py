@@ -39,7 +39,7 @@ from torch import Tensor
 from .._validation import check_tensor, outermost
 from ..flows import Flow
 from ..flows.base import FlowModel, require_exact_weights
-from ..sampling.importance import _check_target, ess, log_Z
+from ..sampling.importance import check_target, ess, log_weights_at, log_Z
 from ..targets import Target
 from ..utils import value_and_gradient
 from .objective import Objective
@@ -58,19 +58,19 @@ ESTIMATORS = ("fast", "standard", "reparam")
 
 
 def _check_flow(flow: FlowModel, target: Target, where: str, exact: bool = True) -> None:
-    """Check a flow against a target; `exact`: the estimator needs a [`Flow`][flowkit.flows.Flow]'s exact density.
+    """Check a flow against a target; `exact`: the estimator walks an exact bijection's layers (`flow.bijective`).
 
     With `exact`, the flow must also pass [`require_exact_weights`][flowkit.flows.base.require_exact_weights]:
     the reverse KL weights the flow's own samples by its density.
     """
     if exact:
         require_exact_weights(flow, where)
-    if exact and not isinstance(flow, Flow):
+    if exact and not flow.bijective:
         raise ValueError(
             f"{where}: needs a flowkit Flow with an exact density, got {type(flow).__name__}; stochastic flows "
             "have none: train them with BoltzmannGenerator (estimator='reparam')"
         )
-    _check_target(flow, target, where)
+    check_target(flow, target, where)
     if any(p.requires_grad for p in flow.base.parameters()):
         raise ValueError(
             f"{where}: the base distribution has trainable parameters, which a given latent batch z cannot "
@@ -133,7 +133,7 @@ def reverse_kl_loss(flow: FlowModel, target: Target, z: Tensor, estimator: str =
     if estimator not in ESTIMATORS:
         raise ValueError(f"unknown estimator {estimator!r}; choose one of {ESTIMATORS}")
     if estimator == "reparam" or not torch.is_grad_enabled():
-        log_w = flow.log_weights_at(z, target)[1]
+        log_w = log_weights_at(flow, z, target)[1]
         return -log_w.mean(), log_w.detach()
     if estimator == "fast":
         x, log_q, score = sample_with_score(flow, z)
