@@ -150,14 +150,14 @@ class FlowModel(Configurable, nn.Module, ABC):
         self, n: int | Sequence[int], target: Any, context: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
         """Deprecated: [`sampling.sample_with_log_weights`][flowkit.sampling.importance.sample_with_log_weights]."""
-        _moved("sample_with_log_weights")
+        _moved(self, "sample_with_log_weights")
         where = f"{type(self).__name__}.sample_with_log_weights"
         require_exact_weights(self, where)
         return self._weights(draw_latent(self, n, context, where), target, context)
 
     def log_weights_at(self, z: Tensor, target: Any, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Deprecated: [`flowkit.sampling.log_weights_at`][flowkit.sampling.importance.log_weights_at]."""
-        _moved("log_weights_at")
+        _moved(self, "log_weights_at")
         require_exact_weights(self, f"{type(self).__name__}.log_weights_at")
         return self._weights(z, target, context)
 
@@ -167,9 +167,9 @@ class FlowModel(Configurable, nn.Module, ABC):
         return x, -(target.energy(x) if hasattr(target, "energy") else -target.log_prob(x)) - log_q
 
 
-def _moved(name: str) -> None:
+def _moved(model: FlowModel, name: str) -> None:
     warnings.warn(
-        f"FlowModel.{name} moved to flowkit.sampling.{name}(flow, ...); the method will be removed",
+        f"{type(model).__name__}.{name} moved to flowkit.sampling.{name}(flow, ...); the method will be removed",
         DeprecationWarning,
         stacklevel=3,
     )
