@@ -111,6 +111,17 @@ def test_stochastic_flows_give_their_path_weights():
     torch.testing.assert_close(log_w, torch.full((25,), 4.0, dtype=torch.float64))  # -u(0) - log q = 1 + 3
 
 
+def test_log_weights_at_are_minus_the_energy_and_the_log_density_of_the_latent_images():
+    torch.manual_seed(0)
+    flow = flowkit.flows.RealNVP(2, transforms=2).double()
+    flowkit.testing.randomize(flow, scale=0.5)
+    target = _gaussian_target(0.5, 2.0, 2, scale_Z=1.0)
+    z = torch.randn(7, 2, dtype=torch.float64)
+    x, log_w = flowkit.sampling.log_weights_at(flow, z, target)
+    torch.testing.assert_close(flow.bijector(x)[0], z)  # x is the sampler's image of z
+    torch.testing.assert_close(log_w, -target.energy(x) - flow.log_prob(x))
+
+
 def test_shape_mismatch_is_an_error():
     with pytest.raises(ValueError, match="event shape"):
         log_weights(flowkit.flows.RealNVP(3, transforms=1), _gaussian_target(0.0, 1.0, 2), 10)

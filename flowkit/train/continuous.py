@@ -225,7 +225,7 @@ def _continuous_end(flow: FlowModel, where: str) -> tuple[ContinuousFlow, list[B
         else:
             layers.append(b)
 
-    if not flow.bijective:
+    if not getattr(flow, "bijective", False):
         raise ValueError(f"{where}: the flow must be a Flow whose bijector ends with a ContinuousFlow")
     flatten(flow.bijector)
     if not isinstance(layers[-1], ContinuousFlow):

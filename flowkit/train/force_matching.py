@@ -78,7 +78,7 @@ def force_matching_terms(flow: Flow, target: Target, x: Tensor) -> tuple[Tensor,
 
 
 def _check_exact_flow(flow: FlowModel, target: Target, where: str) -> None:
-    if not flow.exact_log_prob:
+    if not getattr(flow, "exact_log_prob", False):
         raise ValueError(f"{where}: needs a flow with an exact density, got {type(flow).__name__}")
     check_target(flow, target, where)
 

@@ -131,7 +131,7 @@ class FreeFormLikelihood(Objective):
     def _points(self, flow: FlowModel, batch: Any) -> tuple[Tensor, Tensor, Tensor]:
         """The batch's points in the encoder's space `(B, D)`, their preprocessing log-determinant, and `x`."""
         where = type(self).__name__
-        if not flow.free_form:
+        if not getattr(flow, "free_form", False):
             raise ValueError(
                 f"{where}: the model must be a flowkit.flows.FreeFormFlow or InjectiveFlow (an encoder/decoder "
                 f"pair), got {type(flow).__name__}; train other flows with MaximumLikelihood"

@@ -65,7 +65,7 @@ def _check_flow(flow: FlowModel, target: Target, where: str, exact: bool = True)
     """
     if exact:
         require_exact_weights(flow, where)
-    if exact and not flow.bijective:
+    if exact and not getattr(flow, "bijective", False):
         raise ValueError(
             f"{where}: needs a flowkit Flow with an exact density, got {type(flow).__name__}; stochastic flows "
             "have none: train them with BoltzmannGenerator (estimator='reparam')"
