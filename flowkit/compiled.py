@@ -100,24 +100,10 @@ class CompiledFlow(FlowModel):
         self._check_data(x, context, "log_prob")
         return self._log_prob(x, context)
 
-    def path_log_likelihood(self, x: Tensor, context: Tensor | None = None) -> Tensor:
-        """Same as [`log_prob`][flowkit.compiled.CompiledFlow.log_prob] (what objectives call)."""
-        self._check_data(x, context, "path_log_likelihood")
-        return self._log_prob(x, context)
-
-    def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
-        """Same as [`log_prob`][flowkit.compiled.CompiledFlow.log_prob]."""
-        return self.log_prob(x, context)
-
     def rsample(self, shape: int | Sequence[int] = (), context: Tensor | None = None) -> Tensor:
         """Reparameterised samples, compiled."""
         self._check_context(context, "rsample")
         return self._rsample(shape, context)
-
-    @torch.no_grad()
-    def sample(self, shape: int | Sequence[int] = (), context: Tensor | None = None) -> Tensor:
-        """Samples without gradients, compiled."""
-        return self.rsample(shape, context)
 
     def rsample_and_log_prob(
         self, shape: int | Sequence[int] = (), context: Tensor | None = None
@@ -125,13 +111,6 @@ class CompiledFlow(FlowModel):
         """Reparameterised samples and their log density in one compiled pass."""
         self._check_context(context, "rsample_and_log_prob")
         return self._rsample_and_log_prob(shape, context)
-
-    @torch.no_grad()
-    def sample_and_log_prob(
-        self, shape: int | Sequence[int] = (), context: Tensor | None = None
-    ) -> tuple[Tensor, Tensor]:
-        """Samples and their log density without gradients, compiled."""
-        return self.rsample_and_log_prob(shape, context)
 
     def latent_to_data(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """The flow's [`latent_to_data`][flowkit.flows.base.FlowModel.latent_to_data], eager."""

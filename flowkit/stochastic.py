@@ -391,11 +391,6 @@ class StochasticFlow(FlowModel):
         """Reparameterised samples of shape `(*shape, *context_batch, *event_shape)`."""
         return self._sampling_path(draw_latent(self, shape, context, "StochasticFlow.rsample"), context)[0]
 
-    @torch.no_grad()
-    def sample(self, shape: int | Sequence[int] = (), context: Tensor | None = None) -> Tensor:
-        """Samples without gradients (see [`rsample`][flowkit.stochastic.StochasticFlow.rsample])."""
-        return self.rsample(shape, context)
-
     def _no_exact_density(self, where: str) -> ValueError:
         return ValueError(
             f"StochasticFlow.{where}: a stochastic flow's marginal density would need an integral over the "

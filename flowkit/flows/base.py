@@ -44,10 +44,8 @@ Every importance-weighting path asks [`require_exact_weights`][flowkit.flows.bas
 which refuses such a model with a `ValueError` that names it and says why; AIS, FAB and path-gradient
 training, which also evaluate `log_prob` along the way, ask it for an exact density too.
 
-The weights themselves are computed in [`flowkit.sampling`][flowkit.sampling.importance] from the
-latent-to-data map: `latent_to_data(z)` gives $x = T(z)$ and $\log q$, the log density of the samples'
-law at $x$ (for a stochastic flow the path density $\log p_Z(z) - \sum_t \Delta S_t$), so that
-$\log w = -u(x) - \log q$ for every model.
+[`flowkit.sampling`][flowkit.sampling.importance] computes the weights $\log w = -u(x) - \log q$ from the
+latent-to-data map `latent_to_data(z)`: $x = T(z)$ and $\log q$ (a stochastic flow's path density).
 """
 
 from __future__ import annotations
@@ -71,7 +69,8 @@ class FlowModel(Configurable, nn.Module, ABC):
     """The abstract base of flowkit's models (see the module's table).
 
     A subclass implements `event_shape`, `log_prob` (or raises a ValueError that says what to use
-    instead), `path_log_likelihood`, `sample`, `auxiliary_loss` and, when it has one, `latent_to_data`, and
+    instead), `rsample` (or `sample`) and, where they differ from the defaults, `path_log_likelihood`,
+    `rsample_and_log_prob`, `auxiliary_loss` and `latent_to_data`, and
     sets the abilities `exact_log_prob`, `samples_match_density` (with `sampler_mismatch` saying why, when
     False), `bijective` and `free_form`. A model that cannot offer `rsample_and_log_prob` or
     `to_distribution` either lacks it or raises an error that says why (see the module's table).
@@ -90,10 +89,9 @@ class FlowModel(Configurable, nn.Module, ABC):
     #: Why the samples do not match the density, for error messages (where `samples_match_density` is False).
     sampler_mismatch: ClassVar[str] = ""
 
-    #: Whether the model is one bijector `bijector` (data to latent) over a base `base`: samples are its exact,
-    #: reparameterised inverse and `log_prob` its change of variables. The rules that walk the layers need it:
-    #: the path-gradient score rules (reverse-KL estimators `"fast"` and `"standard"`, the forward-KL path
-    #: gradient), score matching's constant log-determinants and `check_flow`'s checks of the bijector.
+    #: Whether the model is one bijector `bijector` (data to latent) over a base `base`, sampled by its exact
+    #: inverse: what walks its layers needs it (the path-gradient score rules of the `"fast"` and `"standard"`
+    #: reverse-KL estimators and of the forward KL, score matching's constant log-dets, `check_flow`).
     bijective: ClassVar[bool] = False
 
     #: Whether the model is a free-form pair of an encoder `f` and a decoder `g` (`encode`, `decode`,
@@ -114,35 +112,44 @@ class FlowModel(Configurable, nn.Module, ABC):
     def log_prob(self, x: Tensor, context: Tensor | None = None) -> Tensor:
         """Log density of events `x` `(..., *event_shape)`, with the batch shape."""
 
-    @abstractmethod
     def path_log_likelihood(self, x: Tensor, context: Tensor | None = None) -> Tensor:
-        """The log-likelihood that maximum likelihood maximises (see the module's table)."""
+        """The log-likelihood that maximum likelihood maximises (see the module's table; default `log_prob`)."""
+        return self.log_prob(x, context)
 
-    @abstractmethod
+    def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
+        """Same as `log_prob`."""
+        return self.log_prob(x, context)
+
+    @torch.no_grad()
     def sample(self, shape: int | Sequence[int] = (), context: Tensor | None = None) -> Tensor:
-        """Samples of shape `(*shape, *context_batch, *event_shape)`, without gradients."""
+        """Samples of shape `(*shape, *context_batch, *event_shape)`, without gradients (the model's `rsample`)."""
+        return self.rsample(shape, context)
 
-    @abstractmethod
+    @torch.no_grad()
+    def sample_and_log_prob(
+        self, shape: int | Sequence[int] = (), context: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Samples and their log density, without gradients (the model's `rsample_and_log_prob`)."""
+        return self.rsample_and_log_prob(shape, context)
+
     def auxiliary_loss(self) -> Tensor | None:
-        """The sum of the layers' regularisers, added to the objective by the fit loop (None: none)."""
+        """The sum of the layers' regularisers, added to the objective by the fit loop (None: none, the default)."""
+        return None
 
     def latent_to_data(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         r"""The latent-to-data map: samples $x = T(z)$ of latent points `z` of the base, and $\log q$ there.
 
         $\log q$ is the log density of the samples' law at $x$ (for a stochastic flow, the path density
-        $\log p_Z(z) - \sum_t \Delta S_t$ of the sampling path), so that $-u(x) - \log q$ is the importance
-        weight of $x$ for a target $e^{-u}$ where `samples_match_density` holds
-        ([`flowkit.sampling.log_weights_at`][flowkit.sampling.importance.log_weights_at]). Reparameterised.
+        $\log p_Z(z) - \sum_t \Delta S_t$), so that $-u(x) - \log q$ is the importance weight of $x$ for a
+        target $e^{-u}$ where `samples_match_density` holds
+        ([`log_weights_at`][flowkit.sampling.importance.log_weights_at]). Reparameterised.
 
         Arguments:
             z: latent points `(*batch, *base.event_shape)`.
             context: context for conditional models (broadcast to the batch).
 
         Returns:
-            `(x, log_q)` of shapes `(*batch, *event_shape)` and `batch`.
-
-        Raises:
-            ValueError: for a model without such a map.
+            `(x, log_q)` of shapes `(*batch, *event_shape)` and `batch`; a model without such a map raises.
         """
         raise ValueError(f"{type(self).__name__}.latent_to_data: the model has no map from latent points to data")
 
@@ -150,29 +157,20 @@ class FlowModel(Configurable, nn.Module, ABC):
         self, n: int | Sequence[int], target: Any, context: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
         """Deprecated: [`sampling.sample_with_log_weights`][flowkit.sampling.importance.sample_with_log_weights]."""
-        _moved(self, "sample_with_log_weights")
-        where = f"{type(self).__name__}.sample_with_log_weights"
-        require_exact_weights(self, where)
-        return self._weights(draw_latent(self, n, context, where), target, context)
+        z = draw_latent(self, n, context, "sample_with_log_weights")
+        return self._weights("sample_with_log_weights", z, target, context)
 
     def log_weights_at(self, z: Tensor, target: Any, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Deprecated: [`flowkit.sampling.log_weights_at`][flowkit.sampling.importance.log_weights_at]."""
-        _moved(self, "log_weights_at")
-        require_exact_weights(self, f"{type(self).__name__}.log_weights_at")
-        return self._weights(z, target, context)
+        return self._weights("log_weights_at", z, target, context)
 
-    def _weights(self, z: Tensor, target: Any, context: Tensor | None) -> tuple[Tensor, Tensor]:
-        """The deprecated methods' `x` and `-u(x) - log q` (the energy as `target.energy`, or `-log_prob`)."""
+    def _weights(self, name: str, z: Tensor, target: Any, context: Tensor | None) -> tuple[Tensor, Tensor]:
+        """The deprecated methods' `x` and `-u(x) - log q` (the energy `target.energy(x)` or `-target.log_prob(x)`)."""
+        where = f"{type(self).__name__}.{name}"
+        warnings.warn(f"{where} moved to flowkit.sampling.{name}(flow, ...)", DeprecationWarning, stacklevel=3)
+        require_exact_weights(self, where)
         x, log_q = self.latent_to_data(z, context)
         return x, -(target.energy(x) if hasattr(target, "energy") else -target.log_prob(x)) - log_q
-
-
-def _moved(model: FlowModel, name: str) -> None:
-    warnings.warn(
-        f"{type(model).__name__}.{name} moved to flowkit.sampling.{name}(flow, ...); the method will be removed",
-        DeprecationWarning,
-        stacklevel=3,
-    )
 
 
 def draw_latent(flow: nn.Module, shape: int | Sequence[int], context: Tensor | None, where: str) -> Tensor:

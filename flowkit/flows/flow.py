@@ -65,13 +65,10 @@ class Flow(FlowModel):
 
     @property
     def exact_log_prob(self) -> bool:  # type: ignore[override]
-        """True unless a layer's log-determinant is a random estimate (Hutchinson's trace)."""
+        """True unless a layer's log-determinant is a random estimate (Hutchinson's trace), which no weight may use."""
         return not self._random_layers()
 
-    @property
-    def samples_match_density(self) -> bool:  # type: ignore[override]
-        """True unless a layer's log-determinant is a random estimate, which no importance weight may use."""
-        return not self._random_layers()
+    samples_match_density = exact_log_prob  # type: ignore[assignment]
 
     @property
     def sampler_mismatch(self) -> str:  # type: ignore[override]
@@ -112,10 +109,6 @@ class Flow(FlowModel):
         """
         return self._log_density(x, context, "Flow.path_log_likelihood")
 
-    def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
-        """Same as [`log_prob`][flowkit.flows.Flow.log_prob]."""
-        return self.log_prob(x, context)
-
     def rsample_and_log_prob(
         self, shape: int | Sequence[int] = (), context: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
@@ -135,18 +128,6 @@ class Flow(FlowModel):
         context = expand_context(context, z, len(self.bijector.latent_shape))
         with outermost():
             return self.bijector.inverse(z, context)[0]
-
-    @torch.no_grad()
-    def sample(self, shape: int | Sequence[int] = (), context: Tensor | None = None) -> Tensor:
-        """Samples without gradients (see [`rsample`][flowkit.flows.Flow.rsample])."""
-        return self.rsample(shape, context)
-
-    @torch.no_grad()
-    def sample_and_log_prob(
-        self, shape: int | Sequence[int] = (), context: Tensor | None = None
-    ) -> tuple[Tensor, Tensor]:
-        """Samples and their log density, without gradients."""
-        return self.rsample_and_log_prob(shape, context)
 
     @aggregates_auxiliary_loss
     def auxiliary_loss(self) -> Tensor | None:

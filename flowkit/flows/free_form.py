@@ -215,14 +215,6 @@ class _EncoderDecoderFlow(FlowModel):
         flat = x.reshape(-1, self.features)
         return self._log_density(flat).reshape(x.shape[:-1])
 
-    def path_log_likelihood(self, x: Tensor, context: Tensor | None = None) -> Tensor:
-        """The exact log density [`log_prob`][flowkit.flows.FreeFormFlow.log_prob] (no path-space variable)."""
-        return self.log_prob(x, context)
-
-    def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
-        """Same as `log_prob`."""
-        return self.log_prob(x, context)
-
     def _log_density(self, x: Tensor) -> Tensor:
         raise NotImplementedError
 
@@ -230,11 +222,6 @@ class _EncoderDecoderFlow(FlowModel):
         """Samples `g(z)`, `z ~ base`, of shape `(*shape, D)`, differentiable in the decoder's parameters."""
         check_context(context, 0, None, where=f"{type(self).__name__}.sample")
         return self.decode(self.base.rsample(as_shape(shape)))
-
-    @torch.no_grad()
-    def sample(self, shape: int | Sequence[int] = (), context: Tensor | None = None) -> Tensor:
-        """Samples `g(z)`, `z ~ base`, of shape `(*shape, D)`, without gradients."""
-        return self.rsample(shape, context)
 
     def rsample_and_log_prob(
         self, shape: int | Sequence[int] = (), context: Tensor | None = None
@@ -256,16 +243,6 @@ class _EncoderDecoderFlow(FlowModel):
         """The decoder's samples `g(z)` and the model's `log_prob` there (see `rsample_and_log_prob`)."""
         x = self.decode(z)
         return x, self.log_prob(x, context)
-
-    @torch.no_grad()
-    def sample_and_log_prob(
-        self, shape: int | Sequence[int] = (), context: Tensor | None = None
-    ) -> tuple[Tensor, Tensor]:
-        """Samples and the model's log density at them, without gradients (see `rsample_and_log_prob`)."""
-        return self.rsample_and_log_prob(shape, context)
-
-    def auxiliary_loss(self) -> Tensor | None:
-        return None
 
 
 class FreeFormFlow(_EncoderDecoderFlow):

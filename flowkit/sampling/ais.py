@@ -133,15 +133,7 @@ def _schedule(betas: Tensor | None, steps: int) -> list[float]:
 
 
 def check_step_sizes(step_size: float | Tensor, steps: int) -> Tensor:
-    """The kernels' step sizes, one per intermediate distribution, as float64 `(steps,)` on the CPU.
-
-    Arguments:
-        step_size: one number (for every step) or `steps` numbers.
-        steps: the number of intermediate distributions.
-
-    Raises:
-        ValueError: for a wrong number of sizes, or sizes that are not finite and positive.
-    """
+    """`step_size` (one number, or one per intermediate distribution) as `steps` float64 numbers; ValueError if bad."""
     t = torch.as_tensor(step_size, dtype=torch.float64).detach().cpu().flatten()
     if t.numel() == 1:
         t = t.expand(steps).clone()

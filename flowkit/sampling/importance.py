@@ -42,11 +42,7 @@ __all__ = [
 
 
 def check_target(flow: FlowModel, target: Target, where: str) -> None:
-    """Refuse a target that is not a [`Target`][flowkit.targets.Target] of the event shape of an unconditional flow.
-
-    Raises:
-        ValueError: starting with `where`.
-    """
+    """Raise a ValueError (starting with `where`) unless `target` is a `Target` for the unconditional `flow`."""
     if not isinstance(target, Target):
         raise ValueError(f"{where}: target must be a flowkit.targets.Target, got {type(target).__name__}")
     if tuple(flow.event_shape) != tuple(target.event_shape):
@@ -61,22 +57,14 @@ def check_target(flow: FlowModel, target: Target, where: str) -> None:
 def sample_with_log_weights(
     flow: FlowModel, n: int | Sequence[int], target: Any, context: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
-    r"""Reparameterised samples of the flow with their log importance weights for `target`.
+    r"""[`log_weights_at`][flowkit.sampling.importance.log_weights_at] `n` latent points drawn from the flow's base.
 
-    Draws `z` from the flow's base and returns [`log_weights_at`][flowkit.sampling.importance.log_weights_at]
-    `(flow, z, target)`: `logsumexp(log_w) - log n` estimates $\log Z$ and `-mean(log_w)` is the reverse KL
-    divergence (on path space for a stochastic flow) up to $\log Z$. Works with gradients: minimise
-    `-log_w.mean()` to train by reverse KL.
+    `logsumexp(log_w) - log n` estimates $\log Z$ and `-mean(log_w)` is the reverse KL divergence (on path
+    space for a stochastic flow) up to $\log Z$; minimise it to train by reverse KL (reparameterised).
 
-    Arguments:
-        flow: a model whose samples follow its weights (see
-            [`require_exact_weights`][flowkit.flows.base.require_exact_weights]).
-        n: number of samples (or a sample shape).
-        target: anything with `energy(x)` (negative unnormalised log density), or a flowkit Distribution.
-        context: context for conditional flows.
-
-    Returns:
-        `(x, log_w)` of shapes `(*n, *event_shape)` and `(*n,)` (times the context batch).
+    Raises:
+        ValueError: for a model whose samples do not follow its weights
+            ([`require_exact_weights`][flowkit.flows.base.require_exact_weights]).
     """
     where = "sample_with_log_weights"
     require_exact_weights(flow, where)
@@ -87,15 +75,14 @@ def log_weights_at(flow: FlowModel, z: Tensor, target: Any, context: Tensor | No
     r"""Samples $x = T(z)$ of given latent points and their log importance weights $-u(x) - \log q$.
 
     $x$ and $\log q$ come from the flow's [`latent_to_data`][flowkit.flows.base.FlowModel.latent_to_data]:
-    for a [`Flow`][flowkit.flows.Flow] $\log q(x) = \log p_Z(z) - \log|\det \partial x / \partial z|$;
-    for a [`StochasticFlow`][flowkit.stochastic.StochasticFlow] the path density
-    $\log p_Z(z) - \sum_t \Delta S_t$, which makes $w$ its exact path weight ($E[w] = Z$).
+    $\log q(x) = \log p_Z(z) - \log|\det \partial x / \partial z|$ for a [`Flow`][flowkit.flows.Flow], the
+    path density $\log p_Z(z) - \sum_t \Delta S_t$ for a [`StochasticFlow`][flowkit.stochastic.StochasticFlow]
+    (then $w$ is its exact path weight, $E[w] = Z$).
 
     Arguments:
-        flow: a model whose samples follow its weights (not checked here; see
-            [`sample_with_log_weights`][flowkit.sampling.importance.sample_with_log_weights]).
+        flow: a model whose samples follow its weights (not checked here).
         z: latent points `(*batch, *base.event_shape)`.
-        target: anything with `energy(x)`, or a flowkit Distribution.
+        target: anything with `energy(x)` (negative unnormalised log density), or a flowkit Distribution.
         context: context for conditional flows.
 
     Returns:

@@ -31,7 +31,6 @@ References:
 from __future__ import annotations
 
 import warnings
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -78,14 +77,6 @@ def _check_flow(flow: FlowModel, target: Target, where: str, exact: bool = True)
         )
 
 
-def _base_log_prob_and_score(base: Any, z: Tensor) -> tuple[Tensor, Tensor]:
-    """`log q0(z)` and its gradient in `z`, both without a graph.
-
-    A base whose density does not depend on `z` (a uniform one, whose `log_prob` is a constant) has score 0.
-    """
-    return value_and_gradient(base.log_prob, z)
-
-
 def _latent(flow: FlowModel, z: Tensor | int, where: str) -> Tensor:
     if isinstance(z, int):
         return flow.base.sample((z,))
@@ -109,7 +100,7 @@ def sample_with_score(flow: Flow, z: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         graphs, and $\nabla_x \log q(x)$ without one.
     """
     with outermost():
-        log_q0, score = _base_log_prob_and_score(flow.base, z)
+        log_q0, score = value_and_gradient(flow.base.log_prob, z)
         x, ladj, score = inverse_with_score(flow.bijector, z, score)
     return x, log_q0 - ladj, score
 
@@ -214,6 +205,6 @@ def forward_kl_loss(flow: Flow, target: Target, x: Tensor) -> Tensor:
             z, ladj = flow.bijector(x)
             return -(flow.base.log_prob(z) + ladj).mean()
         z, ladj, score_z = forward_with_score(flow.bijector, x, target.force(x))
-        log_q0, base_score = _base_log_prob_and_score(flow.base, z)
+        log_q0, base_score = value_and_gradient(flow.base.log_prob, z)
     nll = -(log_q0 + ladj.detach())
     return _path_surrogate(-nll, z, score_z - base_score)
