@@ -54,8 +54,8 @@ import torch
 
 from flowkit.bijectors import AffineCoupling, Chain, Coupling
 from flowkit.distributions import StandardNormal
-from flowkit.flows import Flow
-from flowkit.flows import MetropolisBlock, StochasticFlow
+from flowkit.flows import Flow, MetropolisBlock, StochasticFlow
+from flowkit.sampling import sample_with_log_weights
 from flowkit.targets import DoubleWell
 from flowkit.train import BoltzmannGenerator, MaximumLikelihood, fit
 from flowkit.transformers import Affine
@@ -189,7 +189,7 @@ def evaluate(flow: Flow, target: DoubleWell, args: argparse.Namespace) -> dict:
     flow = copy.deepcopy(flow).double()
     raw, reweighted, x1s, log_ws, ess = [], [], [], [], []
     for _ in range(args.repeats):
-        x, log_w = flow.sample_with_log_weights(args.samples, target)
+        x, log_w = sample_with_log_weights(flow, args.samples, target)
         x1 = x[:, 0].double().numpy()
         w = torch.softmax(log_w, 0).numpy()
         raw.append(free_energy(x1, None))

@@ -34,24 +34,42 @@ import torch
 from torch import Tensor, nn
 
 from ._validation import check_context, check_point, module_dtype, validation_enabled
+from .flows.base import FlowModel
 
 __all__ = ["CompiledFlow", "compile"]
 
 
-class CompiledFlow(nn.Module):
+def _forwarded(name: str) -> property:
+    """A read-only property that is the wrapped flow's attribute `name`."""
+    return property(lambda self: getattr(self.flow, name), doc=f"The wrapped flow's `{name}`.")
+
+
+class CompiledFlow(FlowModel):
     """A flow whose `log_prob`, `rsample` and `rsample_and_log_prob` run compiled, with eager input checks.
 
     Build it with [`flowkit.compile`][flowkit.compiled.compile]. The wrapped flow
     is `self.flow`; its parameters are this module's, so `parameters()`,
-    `state_dict()` and optimisers see the same tensors. Attributes a
-    `CompiledFlow` does not define (`base`, `bijector`, `event_shape`, ...)
-    are the flow's.
+    `state_dict()` and optimisers see the same tensors. It implements the
+    [flow contract][flowkit.flows.base.FlowModel] with the flow's abilities
+    (`exact_log_prob`, `samples_match_density`, `bijective`, ...) and its
+    `latent_to_data` (eager); other attributes a `CompiledFlow` does not define
+    (`base`, `bijector`, ...) are the flow's.
 
     Arguments:
         flow: a [`Flow`][flowkit.flows.Flow] (anything with its methods).
         options: keyword arguments of `torch.compile` (`backend`, `mode`,
             `dynamic`, `fullgraph`).
     """
+
+    _flowkit_register = False  # saved as the flow it wraps
+
+    event_shape = _forwarded("event_shape")
+    context_features = _forwarded("context_features")
+    exact_log_prob = _forwarded("exact_log_prob")
+    samples_match_density = _forwarded("samples_match_density")
+    sampler_mismatch = _forwarded("sampler_mismatch")
+    bijective = _forwarded("bijective")
+    free_form = _forwarded("free_form")
 
     def __init__(self, flow: nn.Module, **options: Any) -> None:
         super().__init__()
@@ -82,24 +100,10 @@ class CompiledFlow(nn.Module):
         self._check_data(x, context, "log_prob")
         return self._log_prob(x, context)
 
-    def path_log_likelihood(self, x: Tensor, context: Tensor | None = None) -> Tensor:
-        """Same as [`log_prob`][flowkit.compiled.CompiledFlow.log_prob] (what objectives call)."""
-        self._check_data(x, context, "path_log_likelihood")
-        return self._log_prob(x, context)
-
-    def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
-        """Same as [`log_prob`][flowkit.compiled.CompiledFlow.log_prob]."""
-        return self.log_prob(x, context)
-
     def rsample(self, shape: int | Sequence[int] = (), context: Tensor | None = None) -> Tensor:
         """Reparameterised samples, compiled."""
         self._check_context(context, "rsample")
         return self._rsample(shape, context)
-
-    @torch.no_grad()
-    def sample(self, shape: int | Sequence[int] = (), context: Tensor | None = None) -> Tensor:
-        """Samples without gradients, compiled."""
-        return self.rsample(shape, context)
 
     def rsample_and_log_prob(
         self, shape: int | Sequence[int] = (), context: Tensor | None = None
@@ -108,12 +112,13 @@ class CompiledFlow(nn.Module):
         self._check_context(context, "rsample_and_log_prob")
         return self._rsample_and_log_prob(shape, context)
 
-    @torch.no_grad()
-    def sample_and_log_prob(
-        self, shape: int | Sequence[int] = (), context: Tensor | None = None
-    ) -> tuple[Tensor, Tensor]:
-        """Samples and their log density without gradients, compiled."""
-        return self.rsample_and_log_prob(shape, context)
+    def latent_to_data(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """The flow's [`latent_to_data`][flowkit.flows.base.FlowModel.latent_to_data], eager."""
+        return self.flow.latent_to_data(z, context)
+
+    def auxiliary_loss(self) -> Tensor | None:
+        """The flow's regularisers."""
+        return self.flow.auxiliary_loss()
 
 
 def compile(  # noqa: A001 - the public name, as torch.compile

@@ -276,7 +276,7 @@ class ZukoStyleFlow(nn.Module):
 
     def __init__(self, flow: Flow) -> None:
         super().__init__()
-        if not isinstance(flow, Flow):
+        if not getattr(flow, "bijective", False):
             raise ValueError(f"ZukoStyleFlow: flow must be a flowkit Flow, got {type(flow).__name__}")
         self.flow = flow
 

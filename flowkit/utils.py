@@ -15,6 +15,7 @@ __all__ = [
     "TensorAnchor",
     "auxiliary_loss",
     "auxiliary_loss_modules",
+    "sum_auxiliary_losses",
     "aggregates_auxiliary_loss",
     "into_open_unit_interval",
     "value_and_gradient",
@@ -148,11 +149,11 @@ def auxiliary_loss(module: nn.Module) -> Tensor | None:
         module: the module whose tree is searched (see
             [`auxiliary_loss_modules`][flowkit.utils.auxiliary_loss_modules]).
     """
-    return _sum_auxiliary_losses(auxiliary_loss_modules(module))
+    return sum_auxiliary_losses(auxiliary_loss_modules(module))
 
 
-def _sum_auxiliary_losses(modules: Iterable[nn.Module]) -> Tensor | None:
-    """The sum of `auxiliary_loss()` over `modules` themselves (found by `auxiliary_loss_modules`)."""
+def sum_auxiliary_losses(modules: Iterable[nn.Module]) -> Tensor | None:
+    """The sum of `auxiliary_loss()` over `modules` themselves (found by `auxiliary_loss_modules`; None: none)."""
     total: Tensor | None = None
     for sub in modules:
         value = sub.auxiliary_loss()

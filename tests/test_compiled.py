@@ -58,6 +58,23 @@ def test_shares_parameters_and_attributes(flows):
     assert isinstance(fast, CompiledFlow)
 
 
+def test_implements_the_flow_contract_as_its_flow(flows):
+    flow, fast = flows
+    assert isinstance(fast, flowkit.flows.FlowModel)
+    for ability in ("exact_log_prob", "samples_match_density", "sampler_mismatch", "bijective", "free_form"):
+        assert getattr(fast, ability) == getattr(flow, ability), ability
+    free = flowkit.compile(flowkit.flows.FreeFormFlow(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2), 2))
+    assert (free.free_form, free.samples_match_density, free.bijective) == (True, False, False)
+    with pytest.raises(ValueError, match="CompiledFlow's samples do not come from the density .*decoder"):
+        flowkit.sampling.importance_sample(free, flowkit.targets.DoubleWell(), 4)
+    # The weights through the latent-to-data map are the flow's.
+    target = flowkit.targets.Energy(lambda x: x.square().sum(-1), 3)
+    z = torch.randn(6, 3, dtype=torch.float64)
+    compiled, eager = flowkit.sampling.log_weights_at(fast, z, target), flowkit.sampling.log_weights_at(flow, z, target)
+    for a, b in zip(compiled, eager, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 def test_input_checks_stay_eager(flows):
     _, fast = flows
     with pytest.raises(ValueError, match="CompiledFlow.log_prob"):

@@ -3,6 +3,7 @@
 import importlib
 
 import pytest
+import torch
 
 import flowkit
 
@@ -49,3 +50,27 @@ def test_deprecated_modules_are_still_attributes_of_the_package(alias):
     assert module.__name__ == f"flowkit.{alias}"
     with pytest.raises(AttributeError, match="no attribute"):
         _ = module.not_a_sampler
+
+
+@pytest.mark.parametrize("stochastic", [False, True], ids=["Flow", "StochasticFlow"])
+def test_models_weight_methods_warn_and_give_the_sampling_functions_numbers(stochastic):
+    from flowkit.flows import MetropolisBlock, StochasticFlow
+
+    target = flowkit.targets.DoubleWell()
+    layers = [flowkit.bijectors.AffineCoupling(2), MetropolisBlock(target, lam=0.5)][: 1 + stochastic]
+    flow = StochasticFlow(layers, flowkit.distributions.StandardNormal(2))
+    if not stochastic:
+        flow = flowkit.flows.Flow(layers[0], flow.base)
+    z = torch.randn(8, 2)
+    torch.manual_seed(1)
+    with pytest.warns(DeprecationWarning, match="flowkit.sampling.log_weights_at"):
+        old = flow.log_weights_at(z, target)
+    torch.manual_seed(1)
+    new = flowkit.sampling.log_weights_at(flow, z, target)
+    torch.manual_seed(2)
+    with pytest.warns(DeprecationWarning, match="flowkit.sampling.sample_with_log_weights"):
+        old_drawn = flow.sample_with_log_weights(5, target)
+    torch.manual_seed(2)
+    new_drawn = flowkit.sampling.sample_with_log_weights(flow, 5, target)
+    for a, b in zip((*old, *old_drawn), (*new, *new_drawn), strict=True):
+        torch.testing.assert_close(a, b)

@@ -36,7 +36,7 @@ def test_saved_stochastic_flow_loads_with_identical_samples_and_weights():
     record = EXPECTED["snf"]
     target = flowkit.distributions.DiagNormal(2, loc=1.0, scale=0.5, trainable=False)
     torch.manual_seed(record["seed"])
-    x, log_w = model.sample_with_log_weights(record["n"], target)
+    x, log_w = flowkit.sampling.sample_with_log_weights(model, record["n"], target)
     # The same random draws and accept/reject decisions as the recording; the values to float32 rounding,
     # not bit for bit: the recording came from another CPU, whose vector unit may fuse multiply-adds that
     # this one rounds twice. Two couplings and three Metropolis steps are some hundred float32 operations,

@@ -129,7 +129,7 @@ SLACK, GATE = 0.95, 3.0
 STRETCH = 6.0
 #: The root finding of the convex inverses (grid cells, bisection steps, Newton steps of
 #: `solve_monotone`) on S^{n-1} (a well-conditioned search: each component is a shift there) and on
-#: the circle; both converge to the conditioning of the map in float64 (tests/bijectors/test_sphere_convex.py, tests/flows/test_rigid.py).
+#: the circle; both converge to the conditioning of the map in float64 (tests/bijectors/test_sphere_convex.py).
 SOLVER, CIRCLE_SOLVER = (8, 4, 4), (16, 16, 4)
 
 

@@ -10,19 +10,17 @@ $$
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 from torch.distributions import constraints
 
-from .._validation import check_context, check_point, module_dtype, outermost
+from .._validation import check_point, outermost
 from ..bijectors import Bijector, Chain, Standardization
 from ..distributions import Distribution
 from ..domains import Domain
-from ..targets.evaluate import energy_of
-from ..utils import aggregates_auxiliary_loss, as_shape, auxiliary_loss
-from .base import FlowModel
+from ..utils import aggregates_auxiliary_loss, auxiliary_loss
+from .base import FlowModel, draw_latent, expand_context
 
 __all__ = ["Flow", "FlowDistribution"]
 
@@ -40,6 +38,8 @@ class Flow(FlowModel):
         >>> flow.log_prob(torch.randn(5, 2)).shape
         torch.Size([5])
     """
+
+    bijective = True
 
     def __init__(self, bijector: Bijector, base: Distribution) -> None:
         super().__init__()
@@ -65,13 +65,10 @@ class Flow(FlowModel):
 
     @property
     def exact_log_prob(self) -> bool:  # type: ignore[override]
-        """True unless a layer's log-determinant is a random estimate (Hutchinson's trace)."""
+        """True unless a layer's log-determinant is a random estimate (Hutchinson's trace), which no weight may use."""
         return not self._random_layers()
 
-    @property
-    def samples_match_density(self) -> bool:  # type: ignore[override]
-        """True unless a layer's log-determinant is a random estimate, which no importance weight may use."""
-        return not self._random_layers()
+    samples_match_density = exact_log_prob  # type: ignore[assignment]
 
     @property
     def sampler_mismatch(self) -> str:  # type: ignore[override]
@@ -122,15 +119,14 @@ class Flow(FlowModel):
             z, ladj, integrals = self.bijector.forward_with_integrals(x, context, names=names)
             return self.base.log_prob(z) + ladj, integrals
 
-    def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
-        """Same as [`log_prob`][flowkit.flows.Flow.log_prob]."""
-        return self.log_prob(x, context)
-
     def rsample_and_log_prob(
         self, shape: int | Sequence[int] = (), context: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
         """Reparameterised samples and their log density in one pass through the bijector."""
-        z = draw_latent(self, shape, context, "Flow.rsample_and_log_prob")
+        return self.latent_to_data(draw_latent(self, shape, context, "Flow.rsample_and_log_prob"), context)
+
+    def latent_to_data(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        r"""$x = f^{-1}(z)$ by `bijector.inverse` and $\log q(x) = \log p_Z(z) - \log |\det J_{f^{-1}}(z)|$."""
         context = expand_context(context, z, len(self.bijector.latent_shape))
         with outermost():  # the latent points are the base's own: nothing to check
             x, ladj = self.bijector.inverse(z, context)
@@ -142,57 +138,6 @@ class Flow(FlowModel):
         context = expand_context(context, z, len(self.bijector.latent_shape))
         with outermost():
             return self.bijector.inverse(z, context)[0]
-
-    @torch.no_grad()
-    def sample(self, shape: int | Sequence[int] = (), context: Tensor | None = None) -> Tensor:
-        """Samples without gradients (see [`rsample`][flowkit.flows.Flow.rsample])."""
-        return self.rsample(shape, context)
-
-    @torch.no_grad()
-    def sample_and_log_prob(
-        self, shape: int | Sequence[int] = (), context: Tensor | None = None
-    ) -> tuple[Tensor, Tensor]:
-        """Samples and their log density, without gradients."""
-        return self.rsample_and_log_prob(shape, context)
-
-    def sample_with_log_weights(
-        self, n: int | Sequence[int], target: Any, context: Tensor | None = None
-    ) -> tuple[Tensor, Tensor]:
-        r"""Reparameterised samples with their log importance weights for `target`.
-
-        Draws `z` from the base, runs the sampling path `z -> x` through
-        `bijector.inverse` and returns `x` with
-
-        $$
-        \log w = -u_X(x) - \log p_Z(z) + \sum_t \Delta S_t,
-        $$
-
-        where the layers' second outputs $\Delta S_t$ are `log|det dx/dz|` for
-        bijections and the path-weight increments of stochastic blocks. Then
-        `logsumexp(log_w) - log n` estimates `log Z_X` and `-mean(log_w)` is the
-        reverse KL divergence on path space up to `log Z_X`. For a deterministic flow
-        `log w = -u_X(x) - log q(x)`. Works with gradients (reparameterised): minimise
-        `-log_w.mean()` to train by reverse KL.
-
-        Arguments:
-            n: number of samples (or a sample shape).
-            target: anything with `energy(x)` (negative unnormalised log density), or a
-                flowkit Distribution.
-            context: context for conditional flows.
-
-        Returns:
-            `(x, log_w)` of shapes `(*n, *event_shape)` and `(*n,)` (times the context batch).
-        """
-        z = draw_latent(self, n, context, "Flow.sample_with_log_weights")
-        return self.log_weights_at(z, target, context)
-
-    def log_weights_at(self, z: Tensor, target: Any, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """[`sample_with_log_weights`][flowkit.flows.Flow.sample_with_log_weights] from given latent points `z`."""
-        context = expand_context(context, z, len(self.bijector.latent_shape))
-        with outermost():
-            x, ladj = self.bijector.inverse(z, context)
-            u = energy_of(target, x, len(self.event_shape), "Flow.sample_with_log_weights")
-            return x, -u - self.base.log_prob(z) + ladj
 
     @aggregates_auxiliary_loss
     def auxiliary_loss(self) -> Tensor | None:
@@ -260,21 +205,3 @@ def data_standardization(flow: FlowModel, x: Tensor, robust: bool) -> Standardiz
         )
     # The layer takes the flow's dtype and device (the statistics are exact in float64).
     return Standardization.from_data(x, robust=robust).to(device=flow.base.device, dtype=flow.base.dtype)
-
-
-def draw_latent(flow: nn.Module, shape: int | Sequence[int], context: Tensor | None, where: str) -> Tensor:
-    """Reparameterised latent points of shape `(*shape, *context_batch, *latent_shape)` from `flow.base`."""
-    shape = as_shape(shape)
-    with outermost() as check:
-        if check:
-            check_context(context, flow.context_features, None, dtype=module_dtype(flow), where=where)
-    if context is not None:
-        shape = shape + context.shape[:-1]
-    return flow.base.rsample(shape)
-
-
-def expand_context(context: Tensor | None, z: Tensor, latent_dims: int) -> Tensor | None:
-    """The context broadcast to the batch shape of the latent points `z`."""
-    if context is None:
-        return None
-    return context.expand(*z.shape[: z.dim() - latent_dims], context.shape[-1])

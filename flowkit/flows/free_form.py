@@ -32,7 +32,8 @@ The samples come from the decoder and the density from the encoder, which agree 
 made $g = f^{-1}$: both models set `samples_match_density = False` (see the
 [flow contract][flowkit.flows.FlowModel]). `rsample_and_log_prob` gives samples with the model's density at them,
 a fair estimate of the density of the samples for a well-trained pair, but every importance-weighting path
-(`sample_with_log_weights`, [`importance_sample`][flowkit.sampling.importance_sample],
+([`sample_with_log_weights`][flowkit.sampling.importance.sample_with_log_weights],
+[`importance_sample`][flowkit.sampling.importance_sample],
 [`ais`][flowkit.sampling.ais], FAB, IMH, reverse-KL training) refuses these models: their weights would be
 biased without any sign of it.
 """
@@ -40,7 +41,6 @@ biased without any sign of it.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import torch
 import torch.autograd.forward_ad as fwad
@@ -52,7 +52,7 @@ from ..bijectors import Bijector
 from ..distributions import Distribution, StandardNormal
 from ..nn import MLP
 from ..utils import as_shape
-from .base import FlowModel, require_exact_weights
+from .base import FlowModel
 from .flow import FlowDistribution, data_standardization
 
 __all__ = ["FreeFormFlow", "InjectiveFlow", "ResidualMLP", "jacobian"]
@@ -131,6 +131,7 @@ class _EncoderDecoderFlow(FlowModel):
 
     _flowkit_register = False
     samples_match_density = False  # samples from the decoder, the density through the encoder
+    free_form = True
 
     def __init__(
         self,
@@ -214,14 +215,6 @@ class _EncoderDecoderFlow(FlowModel):
         flat = x.reshape(-1, self.features)
         return self._log_density(flat).reshape(x.shape[:-1])
 
-    def path_log_likelihood(self, x: Tensor, context: Tensor | None = None) -> Tensor:
-        """The exact log density [`log_prob`][flowkit.flows.FreeFormFlow.log_prob] (no path-space variable)."""
-        return self.log_prob(x, context)
-
-    def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
-        """Same as `log_prob`."""
-        return self.log_prob(x, context)
-
     def _log_density(self, x: Tensor) -> Tensor:
         raise NotImplementedError
 
@@ -229,11 +222,6 @@ class _EncoderDecoderFlow(FlowModel):
         """Samples `g(z)`, `z ~ base`, of shape `(*shape, D)`, differentiable in the decoder's parameters."""
         check_context(context, 0, None, where=f"{type(self).__name__}.sample")
         return self.decode(self.base.rsample(as_shape(shape)))
-
-    @torch.no_grad()
-    def sample(self, shape: int | Sequence[int] = (), context: Tensor | None = None) -> Tensor:
-        """Samples `g(z)`, `z ~ base`, of shape `(*shape, D)`, without gradients."""
-        return self.rsample(shape, context)
 
     def rsample_and_log_prob(
         self, shape: int | Sequence[int] = (), context: Tensor | None = None
@@ -251,29 +239,10 @@ class _EncoderDecoderFlow(FlowModel):
         x = self.rsample(shape, context)
         return x, self.log_prob(x)
 
-    @torch.no_grad()
-    def sample_and_log_prob(
-        self, shape: int | Sequence[int] = (), context: Tensor | None = None
-    ) -> tuple[Tensor, Tensor]:
-        """Samples and the model's log density at them, without gradients (see `rsample_and_log_prob`)."""
-        return self.rsample_and_log_prob(shape, context)
-
-    def sample_with_log_weights(
-        self, n: int | Sequence[int], target: Any, context: Tensor | None = None
-    ) -> tuple[Tensor, Tensor]:
-        """Not available: raises a ValueError that says why (the samples do not come from the density).
-
-        Raises:
-            ValueError: always; a free-form model's importance weights would be wrong (see the module).
-        """
-        require_exact_weights(self, f"{type(self).__name__}.sample_with_log_weights")
-        raise NotImplementedError(
-            f"{type(self).__name__}.sample_with_log_weights: a subclass that sets samples_match_density must "
-            "implement it"
-        )
-
-    def auxiliary_loss(self) -> Tensor | None:
-        return None
+    def latent_to_data(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """The decoder's samples `g(z)` and the model's `log_prob` there (see `rsample_and_log_prob`)."""
+        x = self.decode(z)
+        return x, self.log_prob(x, context)
 
 
 class FreeFormFlow(_EncoderDecoderFlow):

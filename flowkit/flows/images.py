@@ -358,13 +358,6 @@ class Dequantized(FlowModel):
         x = into_open_unit_interval((x + u) / self.levels)  # float rounding can put a value on 0 or 1
         return self.flow.log_prob(x) - dims * math.log(self.levels) - log_q
 
-    def path_log_likelihood(self, x: Tensor, context: Tensor | None = None) -> Tensor:
-        """Same as [`log_prob`][flowkit.flows.images.Dequantized.log_prob] (for the likelihood objective)."""
-        return self.log_prob(x, context)
-
-    def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
-        return self.log_prob(x, context)
-
     @torch.no_grad()
     def sample(self, shape: int | Sequence[int] = (), context: Tensor | None = None) -> Tensor:
         """Integer images: the flow's samples, quantised (`floor(K x)`, clipped to `0 .. K - 1`)."""

@@ -245,8 +245,8 @@ class StochasticFlow(FlowModel):
     $z = y_0 \to \dots \to y_T = x$ the log importance weight of a path is
     $\log w = -u_X(x) - \log p_Z(z) + \sum_t \Delta S_t$, and $E[w] = Z_X$ exactly. It has no tractable density:
     [`log_prob`][flowkit.flows.stochastic.StochasticFlow.log_prob] raises and says so;
-    it gives [`sample_with_log_weights`][flowkit.flows.stochastic.StochasticFlow.sample_with_log_weights]
-    and the path likelihood of data
+    it gives path weights (through [`latent_to_data`][flowkit.flows.stochastic.StochasticFlow.latent_to_data], for
+    [`sample_with_log_weights`][flowkit.sampling.importance.sample_with_log_weights]) and the path likelihood of data
     [`path_log_likelihood`][flowkit.flows.stochastic.StochasticFlow.path_log_likelihood]
     instead, which [`BoltzmannGenerator`][flowkit.train.BoltzmannGenerator] and
     [`MaximumLikelihood`][flowkit.train.MaximumLikelihood] train.
@@ -261,7 +261,7 @@ class StochasticFlow(FlowModel):
         >>> target = flowkit.targets.DoubleWell()
         >>> layers = [flowkit.bijectors.AffineCoupling(2), MetropolisBlock(target, lam=0.5)]
         >>> flow = StochasticFlow(layers, flowkit.distributions.StandardNormal(2))
-        >>> x, log_w = flow.sample_with_log_weights(16, target)
+        >>> x, log_w = flowkit.sampling.sample_with_log_weights(flow, 16, target)
         >>> log_w.shape
         torch.Size([16])
 
@@ -335,44 +335,21 @@ class StochasticFlow(FlowModel):
                 total = total + second
         return z, total
 
-    def log_weights_at(self, z: Tensor, target: Any, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """Samples and log path weights (as `sample_with_log_weights`) from given latent points `z`."""
-        check_tensor(z, self.latent_shape, name="z", where="StochasticFlow.log_weights_at")
+    def latent_to_data(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        r"""The sampling path's end `x` and its path density $\log p_Z(z) - \sum_t \Delta S_t$ (see the class)."""
+        check_tensor(z, self.latent_shape, name="z", where="StochasticFlow.latent_to_data")
         x, path_sum = self._sampling_path(z, context)
-        with outermost():
-            u = energy_of(target, x, len(self.event_shape), "StochasticFlow.sample_with_log_weights")
-            return x, -u - self.base.log_prob(z) + path_sum
-
-    def sample_with_log_weights(
-        self, n: int | Sequence[int], target: Any, context: Tensor | None = None
-    ) -> tuple[Tensor, Tensor]:
-        r"""Reparameterised samples with their log path weights for `target`.
-
-        Returns `(x, log_w)` with $\log w = -u_X(x) - \log p_Z(z) + \sum_t \Delta S_t$;
-        `logsumexp(log_w) - log n` estimates $\log Z_X$ and `-mean(log_w)` is the
-        reverse KL divergence on path space up to $\log Z_X$.
-
-        Arguments:
-            n: number of samples (or a sample shape).
-            target: anything with `energy(x)`, or a flowkit Distribution.
-            context: context for conditional flows.
-        """
-        z = draw_latent(self, n, context, "StochasticFlow.sample_with_log_weights")
-        return self.log_weights_at(z, target, context)
+        return x, self.base.log_prob(z) - path_sum
 
     def rsample(self, shape: int | Sequence[int] = (), context: Tensor | None = None) -> Tensor:
         """Reparameterised samples of shape `(*shape, *context_batch, *event_shape)`."""
         return self._sampling_path(draw_latent(self, shape, context, "StochasticFlow.rsample"), context)[0]
 
-    @torch.no_grad()
-    def sample(self, shape: int | Sequence[int] = (), context: Tensor | None = None) -> Tensor:
-        """Samples without gradients (see [`rsample`][flowkit.flows.stochastic.StochasticFlow.rsample])."""
-        return self.rsample(shape, context)
-
     def _no_exact_density(self, where: str) -> ValueError:
         return ValueError(
             f"StochasticFlow.{where}: a stochastic flow's marginal density would need an integral over the "
-            "noise; use sample_with_log_weights(n, target) for importance weights, or path_log_likelihood(x)"
+            "noise; use flowkit.sampling.sample_with_log_weights(flow, n, target) for importance weights, or "
+            "path_log_likelihood(x)"
         )
 
     def log_prob(self, x: Tensor, context: Tensor | None = None) -> Tensor:

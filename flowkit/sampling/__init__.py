@@ -9,7 +9,16 @@ builds on the first, and `ais` (annealed importance sampling from a flow), which
 
 from .ais import AISResult, ais
 from .fermion_hmc import pseudofermion_hmc
-from .importance import ess, importance_sample, log_weights, log_Z, resample, reweight
+from .importance import (
+    ess,
+    importance_sample,
+    log_weights,
+    log_weights_at,
+    log_Z,
+    resample,
+    reweight,
+    sample_with_log_weights,
+)
 from .mcmc import (
     Chains,
     Potential,
@@ -31,6 +40,8 @@ from .mcmc import (
 )
 
 __all__ = [
+    "sample_with_log_weights",
+    "log_weights_at",
     "importance_sample",
     "log_weights",
     "ess",

@@ -53,10 +53,10 @@ from ..domains import Real
 from ..flows.base import FlowModel, require_exact_weights
 from ..targets import Target
 from ..utils import value_and_gradient
-from .importance import _check_target, ess, log_Z
+from .importance import check_target, ess, log_Z
 from .mcmc import hmc_transition, metropolis_transition
 
-__all__ = ["ais", "AISResult", "TRANSITIONS", "TARGET_ACCEPTANCE"]
+__all__ = ["ais", "AISResult", "TRANSITIONS", "TARGET_ACCEPTANCE", "check_step_sizes"]
 
 #: The AIS transition kernels.
 TRANSITIONS = ("hmc", "metropolis")
@@ -132,7 +132,8 @@ def _schedule(betas: Tensor | None, steps: int) -> list[float]:
     return b.tolist()
 
 
-def _step_sizes(step_size: float | Tensor, steps: int) -> Tensor:
+def check_step_sizes(step_size: float | Tensor, steps: int) -> Tensor:
+    """`step_size` (one number, or one per intermediate distribution) as `steps` float64 numbers; ValueError if bad."""
     t = torch.as_tensor(step_size, dtype=torch.float64).detach().cpu().flatten()
     if t.numel() == 1:
         t = t.expand(steps).clone()
@@ -186,7 +187,7 @@ def ais(
         target: the [`Target`][flowkit.targets.Target] $p \propto e^{-u}$.
         steps: the number $K \ge 1$ of intermediate distributions (one kernel application or more at each).
         n: the number of chains (samples), drawn from the flow; or give `z`.
-        z: latent points `(n, *latent_shape)` whose images `flow.bijector.inverse(z)` start the chains.
+        z: latent points `(n, *latent_shape)` whose images `flow.latent_to_data(z)` start the chains.
         alpha: the exponent of the end point $p^\alpha q^{1-\alpha}$ (1: the target; 2: FAB's $p^2/q$).
         transition: `"hmc"` (Hamiltonian Monte Carlo, identity mass) or `"metropolis"` (random walk of the
             domain's symmetric proposal).
@@ -212,7 +213,7 @@ def ais(
     """
     with _evaluation_mode(flow):
         where = "ais"
-        _check_target(flow, target, where)
+        check_target(flow, target, where)
         require_exact_weights(flow, where, density=True)
         steps = check_number(steps, "steps", where=where, integer=True, low=1)
         if transition not in TRANSITIONS:
@@ -223,7 +224,7 @@ def ais(
         jitter = check_number(jitter, "jitter", where=where, low=0, below=1)
         aim = TARGET_ACCEPTANCE[transition] if target_acceptance is None else target_acceptance
         aim = check_number(aim, "target_acceptance", where=where, positive=True, below=1)
-        sizes = _step_sizes(step_size, steps)
+        sizes = check_step_sizes(step_size, steps)
         gammas = [alpha * b for b in _schedule(betas, steps)]
         domain = Real() if domain is None else domain
         if transition == "hmc" and type(domain) is not Real:
@@ -231,11 +232,8 @@ def ais(
         if (z is None) == (n is None):
             raise ValueError("ais: give the number of samples n or the latent points z (one of them)")
         if z is not None:
-            bijector = getattr(flow, "bijector", None)
-            if bijector is None:
-                raise ValueError(f"ais: z needs a Flow (a bijector over a base), got {type(flow).__name__}")
             check_tensor(z, flow.base.event_shape, name="z", where=where)
-            x = bijector.inverse(z.detach())[0].detach()
+            x = flow.latent_to_data(z.detach())[0].detach()
         else:
             n = check_number(n, "n", where=where, integer=True, low=2)
             x = flow.sample((n,)).detach()

@@ -18,16 +18,22 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from ..flows.base import FlowModel, require_exact_weights
-from ..targets import Target
+from .._validation import outermost
+from ..flows.base import FlowModel, draw_latent, require_exact_weights
+from ..targets import Target, energy_of
 
 __all__ = [
+    "sample_with_log_weights",
+    "log_weights_at",
     "importance_sample",
     "log_weights",
+    "check_target",
     "ess",
     "log_Z",
     "reweight",
@@ -35,7 +41,8 @@ __all__ = [
 ]
 
 
-def _check_target(flow: FlowModel, target: Target, where: str) -> None:
+def check_target(flow: FlowModel, target: Target, where: str) -> None:
+    """Raise a ValueError (starting with `where`) unless `target` is a `Target` for the unconditional `flow`."""
     if not isinstance(target, Target):
         raise ValueError(f"{where}: target must be a flowkit.targets.Target, got {type(target).__name__}")
     if tuple(flow.event_shape) != tuple(target.event_shape):
@@ -45,6 +52,48 @@ def _check_target(flow: FlowModel, target: Target, where: str) -> None:
         )
     if getattr(flow, "context_features", 0):
         raise ValueError(f"{where}: the flow is conditional; targets have no context")
+
+
+def sample_with_log_weights(
+    flow: FlowModel, n: int | Sequence[int], target: Any, context: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    r"""[`log_weights_at`][flowkit.sampling.importance.log_weights_at] `n` latent points drawn from the flow's base.
+
+    `logsumexp(log_w) - log n` estimates $\log Z$ and `-mean(log_w)` is the reverse KL divergence (on path
+    space for a stochastic flow) up to $\log Z$; minimise it to train by reverse KL (reparameterised).
+
+    Raises:
+        ValueError: for a model whose samples do not follow its weights
+            ([`require_exact_weights`][flowkit.flows.base.require_exact_weights]).
+    """
+    where = "sample_with_log_weights"
+    require_exact_weights(flow, where)
+    return log_weights_at(flow, draw_latent(flow, n, context, where), target, context)
+
+
+def log_weights_at(flow: FlowModel, z: Tensor, target: Any, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    r"""Samples $x = T(z)$ of given latent points and their log importance weights $-u(x) - \log q$.
+
+    $x$ and $\log q$ come from the flow's [`latent_to_data`][flowkit.flows.base.FlowModel.latent_to_data]:
+    $\log q(x) = \log p_Z(z) - \log|\det \partial x / \partial z|$ for a [`Flow`][flowkit.flows.Flow], the
+    path density $\log p_Z(z) - \sum_t \Delta S_t$ for a [`StochasticFlow`][flowkit.stochastic.StochasticFlow]
+    (then $w$ is its exact path weight, $E[w] = Z$).
+
+    Arguments:
+        flow: a model whose samples follow its weights (not checked here).
+        z: latent points `(*batch, *base.event_shape)`.
+        target: anything with `energy(x)` (negative unnormalised log density), or a flowkit Distribution.
+        context: context for conditional flows.
+
+    Returns:
+        `(x, log_w)` of shapes `(*batch, *event_shape)` and `batch`, with their graphs.
+    """
+    x, log_q = flow.latent_to_data(z, context)
+    with outermost():
+        return x, -energy_of(target, x, len(flow.event_shape), "sample_with_log_weights") - log_q
+
+
+_check_target = check_target  # the name sampling.mcmc imports
 
 
 def _check_log_w(log_w: Tensor, where: str) -> Tensor:
@@ -68,8 +117,8 @@ def _relative(log_w: Tensor) -> Tensor:
 def importance_sample(flow: FlowModel, target: Target, n: int, batch_size: int = 10_000) -> tuple[Tensor, Tensor]:
     """Draw `n` flow samples and their log importance weights `-u(x) - log q(x)`.
 
-    The weights come from `flow.sample_with_log_weights(m, target)`: `-u(x) - log q(x)`
-    for a [`Flow`][flowkit.flows.Flow], the path weights for a
+    The weights come from [`sample_with_log_weights`][flowkit.sampling.importance.sample_with_log_weights]:
+    `-u(x) - log q(x)` for a [`Flow`][flowkit.flows.Flow], the path weights for a
     [`StochasticFlow`][flowkit.stochastic.StochasticFlow] (the same estimator of Z).
 
     Arguments:
@@ -91,14 +140,14 @@ def importance_sample(flow: FlowModel, target: Target, n: int, batch_size: int =
 
 def _weighted_samples(flow: FlowModel, target: Target, n: int, batch_size: int, where: str) -> tuple[Tensor, Tensor]:
     """[`importance_sample`][flowkit.sampling.importance_sample], with errors that start with `where`."""
-    _check_target(flow, target, where)
+    check_target(flow, target, where)
     require_exact_weights(flow, where)
     if n < 1 or batch_size < 1:
         raise ValueError(f"{where}: n and batch_size must be positive, got {n} and {batch_size}")
     xs, lws = [], []
     for start in range(0, n, batch_size):
         m = min(batch_size, n - start)
-        x, log_w = flow.sample_with_log_weights(m, target)
+        x, log_w = log_weights_at(flow, draw_latent(flow, m, None, where), target)
         xs.append(x)
         lws.append(log_w.double())
     log_w = torch.cat(lws)

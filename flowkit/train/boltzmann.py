@@ -18,7 +18,6 @@ import torch
 from torch import Tensor
 
 from .._validation import check_tensor
-from ..flows import Flow
 from ..flows.base import FlowModel, require_exact_weights
 from ..targets import Target
 from .force_matching import force_matching_terms
@@ -115,8 +114,8 @@ class BoltzmannGenerator(Objective):
         self._last: dict[str, Tensor] = {}
 
     def _kl(self, flow: FlowModel, z: Tensor) -> tuple[Tensor, Tensor]:
-        # Path-gradient estimators need a Flow's exact density; a StochasticFlow trains by its path weights.
-        estimator = self.estimator if isinstance(flow, Flow) else "reparam"
+        # Path-gradient estimators walk an exact bijection's layers; a StochasticFlow trains by its path weights.
+        estimator = self.estimator if flow.bijective else "reparam"
         return reverse_kl_loss(flow, self.target, z, estimator)
 
     def _nll(self, flow: FlowModel, n: int, like: Tensor) -> tuple[Tensor, Tensor | None]:
@@ -125,10 +124,10 @@ class BoltzmannGenerator(Objective):
         index = torch.randint(0, self.samples.shape[0], (n,), device=self.samples.device)
         x = self.samples[index].to(device=like.device, dtype=like.dtype)
         if self.w_force > 0:
-            if not isinstance(flow, Flow):
-                raise ValueError("BoltzmannGenerator: w_force > 0 needs a Flow with an exact density")
+            if not flow.exact_log_prob:
+                raise ValueError("BoltzmannGenerator: w_force > 0 needs a flow with an exact density")
             return force_matching_terms(flow, self.target, x)
-        if self.ml_estimator == "path" and isinstance(flow, Flow):
+        if self.ml_estimator == "path" and flow.bijective:
             return forward_kl_loss(flow, self.target, x), None
         return -flow.path_log_likelihood(x).mean(), None
 

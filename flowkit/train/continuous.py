@@ -232,10 +232,9 @@ def _continuous_end(flow: FlowModel, where: str) -> tuple[ContinuousFlow, list[B
         else:
             layers.append(b)
 
-    bijector = getattr(flow, "bijector", None)
-    if not isinstance(bijector, Bijector):
+    if not getattr(flow, "bijective", False):
         raise ValueError(f"{where}: the flow must be a Flow whose bijector ends with a ContinuousFlow")
-    flatten(bijector)
+    flatten(flow.bijector)
     if not isinstance(layers[-1], ContinuousFlow):
         raise ValueError(
             f"{where}: the flow's bijector must end with a ContinuousFlow (its last layer is a "

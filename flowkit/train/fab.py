@@ -44,8 +44,8 @@ from torch import Tensor
 
 from .._validation import check_number
 from ..flows.base import FlowModel, require_exact_weights
-from ..sampling.ais import TRANSITIONS, AISResult, _step_sizes, ais
-from ..sampling.importance import _check_target
+from ..sampling.ais import TRANSITIONS, AISResult, ais, check_step_sizes
+from ..sampling.importance import check_target
 from ..targets import Target
 from .objective import Objective, check_state
 from .pathgrad import _latent
@@ -247,7 +247,7 @@ class FAB(Objective):
         self.adapt = bool(adapt)
         self.domain = domain
         try:
-            self.step_sizes = _step_sizes(step_size, self.ais_steps)
+            self.step_sizes = check_step_sizes(step_size, self.ais_steps)
         except ValueError as error:
             raise ValueError(f"FAB: {error}".replace("ais: ", "")) from None
         if isinstance(replay_buffer, bool) or not (
@@ -288,10 +288,8 @@ class FAB(Objective):
         return result
 
     def loss(self, flow: FlowModel, batch: Tensor | int) -> Tensor:
-        _check_target(flow, self.target, "FAB")
-        require_exact_weights(flow, "FAB", density=True)
-        if getattr(flow, "bijector", None) is None:
-            raise ValueError(f"FAB: needs a Flow (a bijector over a base) for its latent z, got {type(flow).__name__}")
+        check_target(flow, self.target, "FAB")
+        require_exact_weights(flow, "FAB", density=True)  # AIS starts at flow.latent_to_data(z)
         z = _latent(flow, batch, "FAB")
         if self.buffer is None:
             result = self._ais(flow, z)
@@ -379,7 +377,7 @@ class FAB(Objective):
         if (buffer is None) != (self.buffer is None):
             raise ValueError(f"{where}: the state was written {'without' if self.buffer else 'with'} a replay buffer")
         try:
-            step_sizes = _step_sizes(step_sizes, self.ais_steps).clone()
+            step_sizes = check_step_sizes(step_sizes, self.ais_steps).clone()
         except (TypeError, ValueError, RuntimeError) as error:
             raise ValueError(f"{where}: {error}".replace("ais: ", "")) from None
         evaluations = check_number(evaluations, "target_evaluations", where=where, integer=True, low=0)

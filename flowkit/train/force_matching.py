@@ -33,7 +33,7 @@ from torch import Tensor
 from .._validation import check_number, check_tensor
 from ..flows import Flow
 from ..flows.base import FlowModel
-from ..sampling.importance import _check_target
+from ..sampling.importance import check_target
 from ..targets import Target
 from .batches import split_batch
 from .objective import Objective
@@ -75,12 +75,6 @@ def force_matching_terms(flow: Flow, target: Target, x: Tensor) -> tuple[Tensor,
     log_q, forces = model_forces(flow, x, create_graph=torch.is_grad_enabled())
     reference = target.force(x.detach()).to(forces)
     return -log_q.mean(), (forces - reference).square().flatten(1).sum(-1).mean()
-
-
-def _check_exact_flow(flow: FlowModel, target: Target, where: str) -> None:
-    if not isinstance(flow, Flow):
-        raise ValueError(f"{where}: needs a flowkit Flow with an exact density, got {type(flow).__name__}")
-    _check_target(flow, target, where)
 
 
 class ForceMatching(Objective):
@@ -126,7 +120,9 @@ class ForceMatching(Objective):
         x, context = split_batch(batch, "ForceMatching")
         if context is not None:
             raise ValueError("ForceMatching: batches are samples x only (targets have no context)")
-        _check_exact_flow(flow, self.target, "ForceMatching")
+        if not getattr(flow, "exact_log_prob", False):
+            raise ValueError(f"ForceMatching: needs a flow with an exact density, got {type(flow).__name__}")
+        check_target(flow, self.target, "ForceMatching")
         check_tensor(x, flow.event_shape, name="x", dtype=flow.base.dtype, where="ForceMatching")
         nll, force_loss = force_matching_terms(flow, self.target, x)
         self._last = {"nll": nll.detach(), "force_loss": force_loss.detach()}

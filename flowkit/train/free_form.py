@@ -40,7 +40,6 @@ from torch import Tensor, nn
 
 from .._validation import check_number, check_tensor, module_dtype
 from ..flows.base import FlowModel
-from ..flows.free_form import FreeFormFlow, InjectiveFlow
 from .batches import split_batch
 from .objective import Objective
 
@@ -132,7 +131,7 @@ class FreeFormLikelihood(Objective):
     def _points(self, flow: FlowModel, batch: Any) -> tuple[Tensor, Tensor, Tensor]:
         """The batch's points in the encoder's space `(B, D)`, their preprocessing log-determinant, and `x`."""
         where = type(self).__name__
-        if not isinstance(flow, (FreeFormFlow, InjectiveFlow)):
+        if not getattr(flow, "free_form", False):
             raise ValueError(
                 f"{where}: the model must be a flowkit.flows.FreeFormFlow or InjectiveFlow (an encoder/decoder "
                 f"pair), got {type(flow).__name__}; train other flows with MaximumLikelihood"

@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler, ReduceLROnPlateau
 
 from .._validation import check_number
-from ..utils import _sum_auxiliary_losses, auxiliary_loss_modules
+from ..utils import auxiliary_loss_modules, sum_auxiliary_losses
 from .batches import LatentBatches, make_batches
 from .callbacks import (
     CHECKPOINT_FILE,
@@ -79,7 +79,7 @@ class _LossModule(nn.Module):
         self.auxiliary_modules = auxiliary_loss_modules(flow)  # found once per run, not at every step
 
     def forward(self, batch: Any) -> tuple[Tensor, Tensor | None]:
-        return self.objectives[0].loss(self.flow, batch), _sum_auxiliary_losses(self.auxiliary_modules)
+        return self.objectives[0].loss(self.flow, batch), sum_auxiliary_losses(self.auxiliary_modules)
 
 
 def train_step(

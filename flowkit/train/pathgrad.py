@@ -31,7 +31,6 @@ References:
 from __future__ import annotations
 
 import warnings
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -39,7 +38,7 @@ from torch import Tensor
 from .._validation import check_tensor, outermost
 from ..flows import Flow
 from ..flows.base import FlowModel, require_exact_weights
-from ..sampling.importance import _check_target, ess, log_Z
+from ..sampling.importance import check_target, ess, log_weights_at, log_Z
 from ..targets import Target
 from ..utils import value_and_gradient
 from .objective import Objective
@@ -58,32 +57,24 @@ ESTIMATORS = ("fast", "standard", "reparam")
 
 
 def _check_flow(flow: FlowModel, target: Target, where: str, exact: bool = True) -> None:
-    """Check a flow against a target; `exact`: the estimator needs a [`Flow`][flowkit.flows.Flow]'s exact density.
+    """Check a flow against a target; `exact`: the estimator walks an exact bijection's layers (`flow.bijective`).
 
     With `exact`, the flow must also pass [`require_exact_weights`][flowkit.flows.base.require_exact_weights]:
     the reverse KL weights the flow's own samples by its density.
     """
     if exact:
         require_exact_weights(flow, where)
-    if exact and not isinstance(flow, Flow):
+    if exact and not getattr(flow, "bijective", False):
         raise ValueError(
             f"{where}: needs a flowkit Flow with an exact density, got {type(flow).__name__}; stochastic flows "
             "have none: train them with BoltzmannGenerator (estimator='reparam')"
         )
-    _check_target(flow, target, where)
+    check_target(flow, target, where)
     if any(p.requires_grad for p in flow.base.parameters()):
         raise ValueError(
             f"{where}: the base distribution has trainable parameters, which a given latent batch z cannot "
             "train; use a fixed base (e.g. StandardNormal, or DiagNormal(..., trainable=False))"
         )
-
-
-def _base_log_prob_and_score(base: Any, z: Tensor) -> tuple[Tensor, Tensor]:
-    """`log q0(z)` and its gradient in `z`, both without a graph.
-
-    A base whose density does not depend on `z` (a uniform one, whose `log_prob` is a constant) has score 0.
-    """
-    return value_and_gradient(base.log_prob, z)
 
 
 def _latent(flow: FlowModel, z: Tensor | int, where: str) -> Tensor:
@@ -109,7 +100,7 @@ def sample_with_score(flow: Flow, z: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         graphs, and $\nabla_x \log q(x)$ without one.
     """
     with outermost():
-        log_q0, score = _base_log_prob_and_score(flow.base, z)
+        log_q0, score = value_and_gradient(flow.base.log_prob, z)
         x, ladj, score = inverse_with_score(flow.bijector, z, score)
     return x, log_q0 - ladj, score
 
@@ -133,7 +124,7 @@ def reverse_kl_loss(flow: FlowModel, target: Target, z: Tensor, estimator: str =
     if estimator not in ESTIMATORS:
         raise ValueError(f"unknown estimator {estimator!r}; choose one of {ESTIMATORS}")
     if estimator == "reparam" or not torch.is_grad_enabled():
-        log_w = flow.log_weights_at(z, target)[1]
+        log_w = log_weights_at(flow, z, target)[1]
         return -log_w.mean(), log_w.detach()
     if estimator == "fast":
         x, log_q, score = sample_with_score(flow, z)
@@ -214,6 +205,6 @@ def forward_kl_loss(flow: Flow, target: Target, x: Tensor) -> Tensor:
             z, ladj = flow.bijector(x)
             return -(flow.base.log_prob(z) + ladj).mean()
         z, ladj, score_z = forward_with_score(flow.bijector, x, target.force(x))
-        log_q0, base_score = _base_log_prob_and_score(flow.base, z)
+        log_q0, base_score = value_and_gradient(flow.base.log_prob, z)
     nll = -(log_q0 + ladj.detach())
     return _path_surrogate(-nll, z, score_z - base_score)

@@ -71,7 +71,7 @@ def _walk(bijector: Bijector, x: Tensor, context: Tensor | None, constants: bool
 
 
 def _check_flow(flow: FlowModel, where: str) -> None:
-    if not isinstance(flow, Flow):
+    if not getattr(flow, "bijective", False):
         raise ValueError(
             f"{where}: expected a flowkit Flow (a bijector over a base), got {type(flow).__name__}"
             " (a stochastic flow has no energy to match)"

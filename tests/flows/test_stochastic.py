@@ -79,7 +79,7 @@ def test_blocks_alone_give_exact_weighted_estimates(block, step_size, schedule):
     layers = [block(TARGET, lam, n_steps=4, step_size=step_size) for lam in reversed(SCHEDULES[schedule])]
     flow = standard_normal_flow(*layers)
     with torch.no_grad():
-        x, log_w = flow.sample_with_log_weights(40_000, TARGET)
+        x, log_w = flowkit.sampling.sample_with_log_weights(flow, 40_000, TARGET)
     assert x.shape == (40_000, 2) and log_w.shape == (40_000,)
     assert_exact_within_3_se(x, log_w, TARGET)
 
@@ -89,7 +89,7 @@ def test_without_the_path_increments_the_estimates_are_wrong():
     flow = standard_normal_flow(MetropolisBlock(TARGET, 1.0, n_steps=4), MetropolisBlock(TARGET, 0.5, n_steps=4))
     z = torch.randn(40_000, 2, dtype=torch.float64)
     with torch.no_grad():
-        x, log_w_with_d_s = flow.log_weights_at(z, TARGET)
+        x, log_w_with_d_s = flowkit.sampling.log_weights_at(flow, z, TARGET)
     log_w = -TARGET.energy(x) - flow.base.log_prob(z)
     d_s = log_w_with_d_s - log_w
     *_, log_z, se = weighted_estimates(x, log_w + d_s)
@@ -107,7 +107,7 @@ def test_mixed_chain_of_bijections_and_blocks_gives_log_z():
     ]
     flow = standard_normal_flow(*layers)
     with torch.no_grad():
-        x, log_w = flow.sample_with_log_weights(40_000, TARGET)
+        x, log_w = flowkit.sampling.sample_with_log_weights(flow, 40_000, TARGET)
     assert_exact_within_3_se(x, log_w, TARGET)
 
 
@@ -116,7 +116,7 @@ def test_metropolis_weights_telescope_when_base_equals_target():
     same = GaussianEnergy([0.0, 0.0], [1.0, 1.0])
     flow = standard_normal_flow(*[MetropolisBlock(same, lam, n_steps=5, step_size=0.8) for lam in (1.0, 0.5, 0.0)])
     with torch.no_grad():
-        x, log_w = flow.sample_with_log_weights(2000, same)
+        x, log_w = flowkit.sampling.sample_with_log_weights(flow, 2000, same)
     torch.testing.assert_close(log_w, torch.full_like(log_w, same.log_Z), atol=1e-10, rtol=0)
     assert x.std(0).min() > 0.5  # the chain did move
 
@@ -124,7 +124,7 @@ def test_metropolis_weights_telescope_when_base_equals_target():
     base = DiagNormal(2, loc=0.5, scale=1.5, trainable=False).double()
     flow = StochasticFlow([MetropolisBlock(base, lam, n_steps=5, base=base) for lam in (1.0, 0.3)], base)
     with torch.no_grad():
-        _, log_w = flow.sample_with_log_weights(2000, base)
+        _, log_w = flowkit.sampling.sample_with_log_weights(flow, 2000, base)
     torch.testing.assert_close(log_w, torch.zeros_like(log_w), atol=1e-10, rtol=0)
 
 
@@ -197,7 +197,7 @@ def test_metropolis_gradient_treats_the_accept_indicator_as_constant():
 
 def test_deterministic_flow_weights_and_path_likelihood_match_exact_density():
     flow = randomize(RealNVP(2, transforms=2, hidden=(8,)), scale=0.2).double()
-    x, log_w = flow.sample_with_log_weights(100, TARGET)
+    x, log_w = flowkit.sampling.sample_with_log_weights(flow, 100, TARGET)
     torch.testing.assert_close(log_w, -TARGET.energy(x) - flow.log_prob(x), atol=1e-10, rtol=0)
     data = torch.randn(50, 2, dtype=torch.float64)
     torch.testing.assert_close(flow.path_log_likelihood(data), flow.log_prob(data), atol=0, rtol=0)
@@ -224,7 +224,7 @@ def test_langevin_path_gradient_matches_finite_differences():
 
     def objective():
         torch.manual_seed(5)
-        return -flow.sample_with_log_weights(64, TARGET)[1].mean()
+        return -flowkit.sampling.sample_with_log_weights(flow, 64, TARGET)[1].mean()
 
     objective().backward()
     analytic = param.grad[0, 0].item()
@@ -276,7 +276,7 @@ def test_snf_training_decreases_the_loss(objective):
     if objective == "reverse KL on path space":
 
         def loss_fn():
-            return -flow.sample_with_log_weights(512, TARGET)[1].mean()
+            return -flowkit.sampling.sample_with_log_weights(flow, 512, TARGET)[1].mean()
 
     else:
 
@@ -299,7 +299,7 @@ def test_float32_sampling_with_weights():
     flow = StochasticFlow(
         [MetropolisBlock(target, 1.0, n_steps=3), LangevinBlock(target, 0.5, n_steps=2)], StandardNormal(2)
     )
-    x, log_w = flow.sample_with_log_weights(100, target)
+    x, log_w = flowkit.sampling.sample_with_log_weights(flow, 100, target)
     assert x.dtype == torch.float32 and log_w.dtype == torch.float32 and torch.isfinite(log_w).all()
 
 
@@ -313,9 +313,9 @@ def test_save_and_load_round_trip(tmp_path):
     block = loaded.layers[0]
     assert isinstance(block, MetropolisBlock) and (block.lam, block.n_steps, block.step_size) == (0.7, 3, 0.4)
     torch.manual_seed(3)
-    a = flow.sample_with_log_weights(20, target)[1]
+    a = flowkit.sampling.sample_with_log_weights(flow, 20, target)[1]
     torch.manual_seed(3)
-    b = loaded.sample_with_log_weights(20, target)[1]
+    b = flowkit.sampling.sample_with_log_weights(loaded, 20, target)[1]
     torch.testing.assert_close(a, b)
 
 

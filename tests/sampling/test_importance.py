@@ -95,20 +95,32 @@ def test_imh_chain_targets_the_energy():
 
 
 class _StochasticStub(torch.nn.Module):
-    """Stands in for a stochastic flow: path weights come from sample_with_log_weights."""
+    """Stands in for a stochastic flow: its latent-to-data map gives the end points and their path density."""
 
     event_shape = torch.Size([2])
     context_features = 0
     samples_match_density = True  # the flow contract: its weights are those of its own samples
+    base = flowkit.distributions.StandardNormal(2)
 
-    def sample_with_log_weights(self, n, target):
-        return torch.zeros(n, 2), torch.full((n,), 3.0)
+    def latent_to_data(self, z, context=None):
+        return torch.zeros_like(z), torch.full(z.shape[:-1], -3.0)
 
 
 def test_stochastic_flows_give_their_path_weights():
-    x, log_w = importance_sample(_StochasticStub(), _gaussian_target(0.0, 1.0, 2), 25, batch_size=10)
+    x, log_w = importance_sample(_StochasticStub(), _gaussian_target(0.0, 1.0, 2, scale_Z=1.0), 25, batch_size=10)
     assert x.shape == (25, 2)
-    torch.testing.assert_close(log_w, torch.full((25,), 3.0, dtype=torch.float64))
+    torch.testing.assert_close(log_w, torch.full((25,), 4.0, dtype=torch.float64))  # -u(0) - log q = 1 + 3
+
+
+def test_log_weights_at_are_minus_the_energy_and_the_log_density_of_the_latent_images():
+    torch.manual_seed(0)
+    flow = flowkit.flows.RealNVP(2, transforms=2).double()
+    flowkit.testing.randomize(flow, scale=0.5)
+    target = _gaussian_target(0.5, 2.0, 2, scale_Z=1.0)
+    z = torch.randn(7, 2, dtype=torch.float64)
+    x, log_w = flowkit.sampling.log_weights_at(flow, z, target)
+    torch.testing.assert_close(flow.bijector(x)[0], z)  # x is the sampler's image of z
+    torch.testing.assert_close(log_w, -target.energy(x) - flow.log_prob(x))
 
 
 def test_shape_mismatch_is_an_error():

@@ -233,7 +233,9 @@ def test_samples_with_their_density_and_as_a_torch_distribution():
         x, log_p = model.sample_and_log_prob(3)
         assert x.shape == (3, model.features) and log_p.shape == (3,) and not log_p.requires_grad
         with pytest.raises(ValueError, match=r"sample_with_log_weights: .*samples do not come from the density"):
-            model.sample_with_log_weights(4, flowkit.targets.Energy(lambda y: y.square().sum(-1), model.features))
+            flowkit.sampling.sample_with_log_weights(
+                model, 4, flowkit.targets.Energy(lambda y: y.square().sum(-1), model.features)
+            )
     distribution = free.to_distribution()
     assert isinstance(distribution, torch.distributions.Distribution) and distribution.has_rsample
     y = torch.randn(6, 2, dtype=F64)
