@@ -40,7 +40,7 @@ def _import_all() -> None:
 
 
 def __getattr__(name: str):
-    if name in _SUBPACKAGES or name in ("plot", "mcmc", "tails"):
+    if name in _SUBPACKAGES or name == "plot":
         return _importlib.import_module(f".{name}", __name__)
     if name in _DEFINED_IN:
         value = getattr(_importlib.import_module(f".{_DEFINED_IN[name]}", __name__), name)

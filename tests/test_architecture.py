@@ -35,7 +35,7 @@ LAYERS = (
     # what works on any flow and target
     ("flowkit.sampling", "flowkit.testing", "flowkit.data", "flowkit.io"),
     ("flowkit.train", "flowkit.interop", "flowkit.plot"),
-    ("flowkit.cli", "flowkit.__main__", "flowkit.mcmc", "flowkit.tails"),
+    ("flowkit.cli", "flowkit.__main__"),
 )
 
 #: Imports that point upwards or close a cycle, by importing module and imported unit, each with its reason.
@@ -43,8 +43,6 @@ EXCEPTIONS = {
     # `io.load` imports every subpackage (through `flowkit._import_all`) so that every saveable class is
     # registered before a config names it; nothing is used by name.
     ("flowkit.io", "flowkit"): "registry",
-    # Deprecated alias, resolved on first access: the flow moved to flowkit.flows.
-    ("flowkit.targets.alanine", "flowkit.flows"): "deprecated alias",
 }
 
 #: Modules that import lazily (inside functions) for a fast `flowkit --help`; their lazy imports may form cycles
