@@ -18,6 +18,13 @@ def test_moved_helpers_import_from_their_old_modules(old, name, new):
     assert getattr(importlib.import_module(old), name) is getattr(importlib.import_module(new), name)
 
 
+@pytest.mark.parametrize("name", ["segment_slices", "quaternion_to_matrix", "matrix_to_quaternion"])
+def test_the_quaternion_geometry_moved_to_domains(name):
+    with pytest.warns(DeprecationWarning, match="flowkit.domains"):
+        value = getattr(importlib.import_module("flowkit.distributions.sphere"), name)
+    assert value is getattr(importlib.import_module("flowkit.domains"), name)
+
+
 @pytest.mark.parametrize(
     ("old", "name"),
     [("flowkit", "mcmc"), ("flowkit", "tails"), ("flowkit.targets.alanine", "internal_coordinate_flow")],
