@@ -99,7 +99,7 @@ from torch import Tensor, nn
 
 from .._validation import check_number
 from ..domains import SEGMENTS, Circle, Sphere, check_segments, quaternion_to_matrix, rigid_domain, segment_slices
-from ..nn import MLP, _check_conditioner
+from ..nn import MLP, check_conditioner
 from ..root_finding import implicit_newton_step, solve_monotone
 from ..transformers import Affine
 from ..utils import broadcast_shapes
@@ -945,7 +945,7 @@ class RigidCoupling(Bijector):
         if conditioner is None:
             conditioner = MLP(n_in, n_out, hidden, activation, context=self.context_features)
         else:
-            _check_conditioner(conditioner, n_in, n_out, self.context_features, False, where)
+            check_conditioner(conditioner, n_in, n_out, self.context_features, False, where)
         self.conditioner = conditioner
         self.conditioner.zero_last(self._initial_outputs(init))
 
