@@ -32,7 +32,8 @@ Both branches are therefore finite everywhere, and so are the gradients,
 also far outside the bound. Nothing in the hot path
 synchronises with the device, so the code runs under `torch.compile`.
 
-Speed: the maths above lives once, in plain autograd, in `flowkit.kernels.reference`; the
+Speed: the maths above lives once, in plain autograd, in
+[`flowkit.transformers.rational_quadratic`][flowkit.transformers.rational_quadratic]; the
 transformers evaluate it through [`flowkit.kernels.rational_quadratic`][flowkit.kernels.rational_quadratic],
 which runs it on the fastest kernel that applies (a fused node with a hand-written backward pass, in
 C++ on the CPU) and on the reference where only it can serve (`torch.compile`, `torch.func`, forward
@@ -55,12 +56,12 @@ import math
 import torch
 from torch import Tensor
 
+from .. import kernels
 from .._validation import check_number
 from ..domains import Circle
-from ..kernels import rational_quadratic
-from ..kernels.reference import _knots, _Layout, _layout_knots, _linear_tail_derivatives, _spline, _tails
 from ..utils import broadcast_shapes
 from .base import Transformer
+from .rational_quadratic import SplineLayout, reference_spline
 
 __all__ = [
     "RationalQuadraticSpline",
@@ -134,23 +135,25 @@ def unconstrained_rqs(
             f"{unnormalized_widths.shape[-1]}, {unnormalized_heights.shape[-1]} "
             f"and {unnormalized_derivatives.shape[-1]}"
         )
-    bound = float(bound)
-    batch = broadcast_shapes(
-        x.shape, unnormalized_widths.shape[:-1], unnormalized_heights.shape[:-1], unnormalized_derivatives.shape[:-1]
-    )
-    bins_wh = torch.stack([unnormalized_widths.expand(*batch, bins), unnormalized_heights.expand(*batch, bins)], dim=-2)
-    derivatives = _linear_tail_derivatives(unnormalized_derivatives.expand(*batch, bins - 1), min_derivative)
-    knots = _knots(bins_wh, derivatives, -bound, bound, min_bin_width, min_bin_height)
-    x = x.expand(batch)
-    out, ladj, clamped, _ = _spline(x, knots, -bound, bound, inverse)
-    return _tails(x, clamped, out, ladj)
+    parts = (x, unnormalized_widths, unnormalized_heights, unnormalized_derivatives)
+    batch = broadcast_shapes(x.shape, *(t.shape[:-1] for t in parts[1:]))
+    params = torch.cat([t.expand(*batch, t.shape[-1]) for t in parts[1:]], dim=-1)
+    layout = SplineLayout(bins, -float(bound), float(bound), min_bin_width, min_bin_height, min_derivative, False)
+    return reference_spline(x.expand(batch), params, layout, inverse, False)[:2]
 
 
 class _Spline(Transformer):
     """What the two splines share: the map, its inverse and the log-derivative's derivative, all from `_map`."""
 
+    layout: SplineLayout
+
     def _map(self, x: Tensor, params: Tensor, inverse: bool, derivative: bool) -> tuple[Tensor, Tensor, Tensor | None]:
-        raise NotImplementedError
+        """The spline (or its inverse) with its log-derivative and, if asked, that one's derivative."""
+        return kernels.rational_quadratic(x, params, self.layout, inverse, derivative)
+
+    def knots(self, params: Tensor) -> tuple[Tensor, Tensor]:
+        """The knot positions `(..., 2, K + 1)` (rows `x_k`, `y_k`) and derivatives `(..., K + 1)` of `params`."""
+        return self.layout.knots(params)
 
     def with_ladj_derivative(self, x: Tensor, params: Tensor, inverse: bool = False) -> tuple[Tensor, Tensor, Tensor]:
         """The map (or its inverse) at `x`, its log-derivative, and that one's derivative in `x` (without a graph).
@@ -208,18 +211,11 @@ class RationalQuadraticSpline(_Spline):
         self.params_per_element = 3 * self.bins - 1
 
     @property
-    def _layout(self) -> _Layout:
-        return _Layout(
+    def layout(self) -> SplineLayout:
+        """What the parameter vector means (bins, interval, minimums, linear tails)."""
+        return SplineLayout(
             self.bins, -self.bound, self.bound, self.min_bin_width, self.min_bin_height, self.min_derivative, False
         )
-
-    def _knots(self, params: Tensor) -> tuple[Tensor, Tensor]:
-        """The reference knot table `(positions, derivatives)` of `_knots`."""
-        return _layout_knots(params, self._layout)
-
-    def _map(self, x: Tensor, params: Tensor, inverse: bool, derivative: bool) -> tuple[Tensor, Tensor, Tensor | None]:
-        """The spline (or its inverse) with its log-derivative and, if asked, that one's derivative."""
-        return rational_quadratic(x, params, self._layout, inverse, derivative)
 
     def identity_params(self) -> Tensor:
         params = torch.zeros(self.params_per_element)
@@ -269,12 +265,11 @@ class CircularSpline(_Spline):
         self.params_per_element = 3 * self.bins + 1
 
     @property
-    def _layout(self) -> _Layout:
-        return _Layout(self.bins, -math.pi, math.pi, self.min_bin_width, self.min_bin_height, self.min_derivative, True)
-
-    def _knots_and_shift(self, params: Tensor) -> tuple[tuple[Tensor, Tensor], Tensor]:
-        """The reference knot table of `_knots` and the rotation angle."""
-        return _layout_knots(params, self._layout), params[..., 3 * self.bins]
+    def layout(self) -> SplineLayout:
+        """What the parameter vector means (bins, the interval `[-pi, pi]`, minimums, circular)."""
+        return SplineLayout(
+            self.bins, -math.pi, math.pi, self.min_bin_width, self.min_bin_height, self.min_derivative, True
+        )
 
     @staticmethod
     def _wrap(angle: Tensor) -> Tensor:
@@ -284,8 +279,8 @@ class CircularSpline(_Spline):
         """The circle map (or its inverse) with its log-derivative and, if asked, that one's derivative."""
         shift = params[..., 3 * self.bins]
         if inverse:
-            return rational_quadratic(self._wrap(x - shift), params, self._layout, True, derivative)
-        out, ladj, d = rational_quadratic(x, params, self._layout, False, derivative)
+            return super()._map(self._wrap(x - shift), params, True, derivative)
+        out, ladj, d = super()._map(x, params, False, derivative)
         return self._wrap(out + shift), ladj, d
 
     def identity_params(self) -> Tensor:

@@ -1,11 +1,13 @@
 r"""The rational-quadratic spline in plain autograd: the reference every spline kernel agrees with.
 
 The maths of one bin, its inverse (the bin's quadratic solved without cancellation) and the knot
-construction from unconstrained parameters, as
-[`RationalQuadraticSpline`][flowkit.transformers.RationalQuadraticSpline] documents them; one autograd
-node per bin (`_RationalQuadraticBin`, with a hand-written backward pass, forward mode and `torch.func`
-support) and autograd's chain rule for the rest. The fused kernels (`flowkit.kernels.fused`,
-`flowkit.kernels.native`) reuse these functions for the per-point bin maths.
+construction from unconstrained parameters, as `flowkit.transformers.spline`
+states them; one autograd node per bin (`_RationalQuadraticBin`, with a hand-written backward pass, forward
+mode and `torch.func` support) and autograd's chain rule for the rest. This module imports no kernel: the
+fast kernels ([`flowkit.kernels`][flowkit.kernels]) build on its bin maths (`bin_forward`, `bin_pullback`)
+and fall back on [`reference_spline`][flowkit.transformers.rational_quadratic.reference_spline];
+[`spline_through_knots`][flowkit.transformers.rational_quadratic.spline_through_knots] is the entry for a
+spline through fixed knots.
 """
 
 from __future__ import annotations
@@ -17,11 +19,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__: list[str] = []
+__all__ = [
+    "MAX_DERIVATIVE",
+    "SplineLayout",
+    "bin_forward",
+    "bin_pullback",
+    "knot_scale_and_offset",
+    "reference_spline",
+    "spline_through_knots",
+]
 
 #: Derivatives at the knots are capped here: the squares in the bin maths stay finite in
 #: float32 for bounds up to 1e6 (a conditioner fed inputs of 1e30 outputs 1e32, say).
-_MAX_DERIVATIVE = 1e12
+MAX_DERIVATIVE = 1e12
 
 
 def _softplus(x: Tensor) -> Tensor:
@@ -33,7 +43,7 @@ def _softplus(x: Tensor) -> Tensor:
     return F.softplus(x.contiguous())
 
 
-def _scale_and_offset(
+def knot_scale_and_offset(
     total: Tensor, bins: int, low: float, high: float, min_bin_width: float, min_bin_height: float
 ) -> tuple[Tensor, Tensor]:
     """`scale = span (1 - K m) / C_K`, shaped like `total`, and `offset_k = k span m + low`.
@@ -84,7 +94,7 @@ def _knots(
     logits = unnormalized_bins.contiguous()
     cumulative = torch.cumsum(torch.exp(logits - logits.detach().amax(dim=-1, keepdim=True)), dim=-1)
     bins = unnormalized_bins.shape[-1]
-    scale, offset = _scale_and_offset(cumulative[..., -1:], bins, low, high, min_bin_width, min_bin_height)
+    scale, offset = knot_scale_and_offset(cumulative[..., -1:], bins, low, high, min_bin_width, min_bin_height)
     # The last knot is high up to rounding; the bin search uses the interior
     # knots only, inputs are clamped to [low, high] and the bin-relative
     # coordinate to [0, 1], so a point in a rounding gap at the end (an angle
@@ -159,10 +169,13 @@ def _bin_vjp(
     return g_x, -g_x - g_w, g_w, g_y - g_h, g_h, g_d0, g_d1
 
 
-def _terms_pullback(
+def bin_pullback(
     terms: tuple[Tensor, ...], d0: Tensor, d1: Tensor, inverse: bool, g_out: Tensor, g_ladj: Tensor
 ) -> tuple[Tensor, ...]:
-    """`_bin_pullback` from the bin's `terms` (`_xi_terms` where the forward map is evaluated)."""
+    """Cotangents of `(out, ladj)` pulled back to `(v, x0, x1, y0, y1, d0, d1)`, from the bin's `terms`.
+
+    `terms` are those of `_xi_terms` where the forward map is evaluated (`bin_forward` returns them).
+    """
     dp = _dp_dxi(terms, d0, d1)
     if not inverse:
         return _bin_vjp(terms, dp, d0, d1, g_out, g_ladj)
@@ -173,7 +186,7 @@ def _terms_pullback(
     return (g_v, *_bin_vjp(terms, dp, d0, d1, -g_v, -g_ladj)[1:])
 
 
-def _bin_pullback(
+def _pullback_at(
     point: Tensor, knots: tuple[Tensor, ...], inverse: bool, g_out: Tensor, g_ladj: Tensor
 ) -> tuple[Tensor, ...]:
     """Cotangents of `(out, ladj)` pulled back to the bin's inputs `(v, x0, x1, y0, y1, d0, d1)`.
@@ -183,7 +196,7 @@ def _bin_pullback(
     """
     x0, x1, y0, y1, d0, d1 = knots
     terms = _bin_terms(point, x0, _bin_shape(x0, x1, y0, y1, d0, d1), d0, d1)
-    return _terms_pullback(terms, d0, d1, inverse, g_out, g_ladj)
+    return bin_pullback(terms, d0, d1, inverse, g_out, g_ladj)
 
 
 def _solve_bin(dy: Tensor, shape: tuple[Tensor, ...], d0: Tensor, d1: Tensor) -> Tensor:
@@ -212,7 +225,7 @@ def _solve_bin(dy: Tensor, shape: tuple[Tensor, ...], d0: Tensor, d1: Tensor) ->
     return (numerator / denominator).clamp(0, 1)
 
 
-def _bin_forward(
+def bin_forward(
     v: Tensor, x0: Tensor, x1: Tensor, y0: Tensor, y1: Tensor, d0: Tensor, d1: Tensor, inverse: bool, derivative: bool
 ) -> tuple[Tensor, Tensor, Tensor | None, tuple[Tensor, ...]]:
     """The bin's map (or its inverse) at `v`: `(out, ladj, dlog, terms)`.
@@ -270,7 +283,7 @@ class _RationalQuadraticBin(torch.autograd.Function):
         inverse: bool,
         derivative: bool,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-        return _bin_forward(v, x0, x1, y0, y1, d0, d1, inverse, derivative)[:3]
+        return bin_forward(v, x0, x1, y0, y1, d0, d1, inverse, derivative)[:3]
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:  # type: ignore[override]
@@ -287,15 +300,15 @@ class _RationalQuadraticBin(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, g_out: Tensor, g_ladj: Tensor, _: Any) -> tuple:  # type: ignore[override]
         point, *knots = ctx.saved_tensors
-        return (*_bin_pullback(point, tuple(knots), ctx.inverse, g_out, g_ladj), None, None)
+        return (*_pullback_at(point, tuple(knots), ctx.inverse, g_out, g_ladj), None, None)
 
     @staticmethod
     def jvp(ctx: Any, *tangents: Tensor) -> tuple:  # type: ignore[override]
         point, *knots = ctx.saved_tensors
         ones, zeros = torch.ones_like(point), torch.zeros_like(point)
         # Everything is elementwise, so unit cotangents give every partial derivative at once.
-        d_out = _bin_pullback(point, tuple(knots), ctx.inverse, ones, zeros)
-        d_ladj = _bin_pullback(point, tuple(knots), ctx.inverse, zeros, ones)
+        d_out = _pullback_at(point, tuple(knots), ctx.inverse, ones, zeros)
+        d_ladj = _pullback_at(point, tuple(knots), ctx.inverse, zeros, ones)
         pairs = [(i, t) for i, t in enumerate(tangents[:7]) if t is not None]
         t_out = sum(d_out[i] * t for i, t in pairs)
         t_ladj = sum(d_ladj[i] * t for i, t in pairs)
@@ -307,51 +320,45 @@ class _RationalQuadraticBin(torch.autograd.Function):
 _RationalQuadraticBin.forward.__signature__ = inspect.signature(_RationalQuadraticBin.forward)  # type: ignore[attr-defined]
 
 
-def _spline(
-    x: Tensor, knots: tuple[Tensor, Tensor], low: float, high: float, inverse: bool, derivative: bool = False
-) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-    r"""The spline (or its inverse) on `[low, high]` at `clamp(x)`, with the elementwise log-derivative.
+def spline_through_knots(
+    x: Tensor, knots: Tensor, derivatives: Tensor, inverse: bool = False, derivative: bool = False
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    r"""The monotone rational-quadratic spline through fixed knots (or its inverse) at `x`, with its log-derivative.
 
-    Returns `(y, log|dy/dx|, clamped x, d)` forward, `(x, log|dx/dy|, clamped y, d)`
-    inverse, where `d` (only if `derivative`, else None; without a graph) is the
-    derivative of the returned log-derivative in the input. With
-    $L = \log|dy/dx| = \log(s^2 P) - 2\log \text{den}$,
-    $P = \delta_{k+1}\xi^2 + 2s\xi(1-\xi) + \delta_k(1-\xi)^2$:
-    $dL/dx = (P'/P - 2\,\text{den}'/\text{den}) / \Delta x$, and the
-    inverse's is $-(dL/dx)\, e^{-L}$.
+    The bin of each point is the number of interior knots strictly below it on the searched axis (`x_k`
+    forward, `y_k` inverse); the bin's map is the one of `flowkit.transformers.spline`,
+    one autograd node per call with a hand-written backward pass (the plain maths under `torch.compile`).
+    With $L = \log|dy/dx| = \log(s^2 P) - 2\log \text{den}$,
+    $P = \delta_{k+1}\xi^2 + 2s\xi(1-\xi) + \delta_k(1-\xi)^2$, the derivative of the log-derivative is
+    $dL/dx = (P'/P - 2\,\text{den}'/\text{den}) / \Delta x$, and the inverse's is $-(dL/dx)\, e^{-L}$.
+    Derivatives are capped at `MAX_DERIVATIVE`.
+
+    Arguments:
+        x: points `(..., N)` in `[x_0, x_K]` (`[y_0, y_K]` inverse); the `N` points of a row share its knots.
+        knots: increasing knot positions `(..., 2, K + 1)`: the rows `x_k` and `y_k`.
+        derivatives: positive derivatives `(..., K + 1)` at the knots.
+        inverse: evaluate the inverse map.
+        derivative: also return the derivative of the log-derivative in `x` (without a graph).
+
+    Returns:
+        `(out, ladj, d)` of the shape of `x`: `ladj` is `log|dy/dx|` (`log|dx/dy|` inverse), `d` None unless
+        `derivative`.
+
+    References:
+        Gregory & Delbourgo, *Piecewise rational quadratic interpolation to monotonic data*, IMA J. Numer.
+        Anal. 1982; Durkan et al., *Neural Spline Flows*, NeurIPS 2019 (arXiv:1906.04032).
     """
-    positions, derivatives = knots
-    x = x.clamp(low, high)
-    axis = 1 if inverse else 0
-    # Number of interior knots strictly below x: the bin index, in [0, K - 1] for any x.
-    inner = positions[..., axis, 1:-1].contiguous()
-    k = torch.searchsorted(inner, x.unsqueeze(-1))
-    ends = torch.cat([k, k + 1], dim=-1)
-    table = positions.gather(-1, ends.unsqueeze(-2).expand(*positions.shape[:-1], 2))
-    (x0, x1), (y0, y1) = (row.unbind(-1) for row in table.unbind(-2))
-    d0, d1 = derivatives.gather(-1, ends).clamp_max(_MAX_DERIVATIVE).unbind(-1)
+    bin_ = torch.searchsorted(knots[..., 1 if inverse else 0, 1:-1].contiguous(), x)
+    ends = bin_, bin_ + 1
+    x0, x1 = (knots[..., 0, :].gather(-1, e) for e in ends)
+    y0, y1 = (knots[..., 1, :].gather(-1, e) for e in ends)
+    d0, d1 = (derivatives.gather(-1, e).clamp_max(MAX_DERIVATIVE) for e in ends)
     if torch.compiler.is_compiling():
         # Dynamo cannot trace an autograd.Function with a custom jvp; the compiler
         # differentiates and fuses the same elementwise maths itself.
         out, ladj, dlog = _RationalQuadraticBin.forward(x, x0, x1, y0, y1, d0, d1, inverse, derivative)
-        dlog = None if dlog is None else dlog.detach()
-    else:
-        out, ladj, dlog = _RationalQuadraticBin.apply(x, x0, x1, y0, y1, d0, d1, inverse, derivative)
-    return out, ladj, x, dlog
-
-
-def _tails(
-    x: Tensor, clamped: Tensor, out: Tensor, ladj: Tensor, derivative: Tensor | None = None
-) -> tuple[Tensor, ...]:
-    """Identity with zero log-derivative where clamping moved `x` (selected without host synchronisation).
-
-    With `derivative` (the log-derivative's derivative), also zero it in the tails.
-    """
-    inside = x == clamped
-    mapped = torch.where(inside, out, x), torch.where(inside, ladj, 0.0)
-    if derivative is None:
-        return mapped
-    return (*mapped, torch.where(inside, derivative, 0.0))
+        return out, ladj, None if dlog is None else dlog.detach()
+    return _RationalQuadraticBin.apply(x, x0, x1, y0, y1, d0, d1, inverse, derivative)
 
 
 def _linear_tail_derivatives(unnormalized_derivatives: Tensor, min_derivative: float) -> Tensor:
@@ -359,12 +366,7 @@ def _linear_tail_derivatives(unnormalized_derivatives: Tensor, min_derivative: f
     return F.pad(_softplus(unnormalized_derivatives) + min_derivative, (1, 1), value=1.0)
 
 
-def _batch_first(t: Tensor, dim: int | None, size: int) -> Tensor:
-    """`t` with the `torch.func.vmap` batch axis `dim` in front (expanded to `size` if `t` is not batched)."""
-    return t.expand(size, *t.shape) if dim is None else t.movedim(dim, 0)
-
-
-class _Layout(NamedTuple):
+class SplineLayout(NamedTuple):
     """What a spline's parameter vector means: `K` width and `K` height logits, then the derivatives.
 
     Linear tails (`circular=False`): `K - 1` interior pre-softplus derivatives, boundary derivatives 1 and
@@ -380,29 +382,41 @@ class _Layout(NamedTuple):
     min_derivative: float
     circular: bool
 
+    def knots(self, params: Tensor) -> tuple[Tensor, Tensor]:
+        """The knot positions `(..., 2, K + 1)` and derivatives `(..., K + 1)` of parameters `(..., P)`."""
+        k = self.bins
+        if self.circular:
+            derivatives = _softplus(params[..., 2 * k : 3 * k]) + self.min_derivative
+            derivatives = torch.cat([derivatives[..., -1:], derivatives], dim=-1)
+        else:
+            derivatives = _linear_tail_derivatives(params[..., 2 * k : 3 * k - 1], self.min_derivative)
+        bins = params[..., : 2 * k].unflatten(-1, (2, k))
+        return _knots(bins, derivatives, self.low, self.high, self.min_bin_width, self.min_bin_height)
 
-def _layout_knots(params: Tensor, layout: _Layout) -> tuple[Tensor, Tensor]:
-    """The knot table of `_knots` from a parameter tensor `(..., P)` laid out as `layout` says."""
-    k = layout.bins
-    if layout.circular:
-        derivatives = _softplus(params[..., 2 * k : 3 * k]) + layout.min_derivative
-        derivatives = torch.cat([derivatives[..., -1:], derivatives], dim=-1)
-    else:
-        derivatives = _linear_tail_derivatives(params[..., 2 * k : 3 * k - 1], layout.min_derivative)
-    bins = params[..., : 2 * k].unflatten(-1, (2, k))
-    return _knots(bins, derivatives, layout.low, layout.high, layout.min_bin_width, layout.min_bin_height)
 
-
-def _reference_map(
-    x: Tensor, params: Tensor, layout: _Layout, inverse: bool, derivative: bool
+def reference_spline(
+    x: Tensor, params: Tensor, layout: SplineLayout, inverse: bool, derivative: bool
 ) -> tuple[Tensor, Tensor, Tensor | None]:
-    """The spline through the full knot table and autograd's chain rule: the reference of `_FusedSpline`.
+    """The spline of parameters `params` `(..., P)` (or its inverse) at `x`, through the full knot table.
 
-    Returns `(out, ladj, d)` with `d` the derivative of `ladj` in the input (None unless `derivative`).
+    The reference of every kernel. Points are clamped to `[low, high]` before the maths, so that values
+    and gradients are finite everywhere; with linear tails the map is the identity (log-derivative 0)
+    where the clamp moved a point, selected without host synchronisation.
+
+    Returns:
+        `(out, ladj, d)` with `d` the derivative of `ladj` in the input (None unless `derivative`).
     """
-    out, ladj, clamped, d = _spline(x, _layout_knots(params, layout), layout.low, layout.high, inverse, derivative)
+    positions, derivatives = layout.knots(params)
+    clamped = x.clamp(layout.low, layout.high)
+    out, ladj, d = (
+        None if t is None else t.squeeze(-1)
+        for t in spline_through_knots(clamped.unsqueeze(-1), positions, derivatives, inverse, derivative)
+    )
     if layout.circular:
         return out, ladj, d
-    if derivative:
-        return _tails(x, clamped, out, ladj, d)
-    return (*_tails(x, clamped, out, ladj), None)
+    inside = x == clamped
+    return (
+        torch.where(inside, out, x),
+        torch.where(inside, ladj, 0.0),
+        None if d is None else torch.where(inside, d, 0.0),
+    )
