@@ -24,7 +24,6 @@ from ..transformers.rational_quadratic import (
     SplineLayout,
     bin_forward,
     bin_pullback,
-    knot_scale_and_offset,
     reference_spline,
 )
 from ..utils import broadcast_shapes
@@ -43,7 +42,7 @@ def _fused_forward(v: Tensor, p: Tensor, layout: SplineLayout, inverse: bool, de
 
     Only a few passes need all `K` bins of a row: the exponentiated, shifted logits and their cumulative
     sum `C` (both rows, shifted by the row maximum), and the knots of the searched axis (`x` forward,
-    `y` inverse) for `torch.searchsorted`, as in `_knots`. Everything else (the bin's two knots on both
+    `y` inverse) for `torch.searchsorted`, as in `SplineLayout.knots`. Everything else (the bin's two knots on both
     axes, its two derivatives, softplus included) is gathered per point through flat indices, so the
     `(n, 2, K + 1)` knot and `(n, K + 1)` derivative tables of the reference are never built. Per-point
     pieces are stacked along a leading axis (`(2, n)`, `(4, n)`): torch's CPU kernels are slow on a short
@@ -61,13 +60,13 @@ def _fused_forward(v: Tensor, p: Tensor, layout: SplineLayout, inverse: bool, de
     exps = torch.sub(logits, shift).mul_(_LOG2E).exp2_()
     cumulative = exps.cumsum(-1)  # (2n, K): rows 2i (widths) and 2i + 1 (heights) of point i
     total = cumulative[:, -1].view(n, 2).t().contiguous()  # (2, n)
-    scale, offset = knot_scale_and_offset(total, k, low, high, layout.min_bin_width, layout.min_bin_height)
+    scale, offset = layout.scale_and_offset(total)
     axis = 1 if inverse else 0
     clamped = v.clamp(low, high)
     small = n * max(width, 2 * k) < 2**31  # int32 flat indices (half the memory traffic of int64)
     index = torch.int32 if small else torch.long
     if k > 1:
-        # The interior knots of the searched axis as `_knots` computes them; the bin is the number of them
+        # The interior knots of the searched axis as `SplineLayout.knots` computes them; the bin is the number of them
         # strictly below the point.
         row = offset if offset.dim() == 1 else offset[axis]
         inner = torch.addcmul(row[: k - 1], cumulative.view(n, 2, k)[:, axis, : k - 1], scale[axis].unsqueeze(-1))
@@ -127,7 +126,7 @@ def _fused_backward(
 
     The parameters' part is skipped (None) unless `need_params`.
 
-    The bin's part is `_bin_pullback`. Knot `j` of a row is `low + A F_j + j\,span\,m`, with
+    The bin's part is `bin_pullback`. Knot `j` of a row is `low + A F_j + j\,span\,m`, with
     `F_j = \sum_{b<j} p_b`, `p = softmax(l)` and `A = span (1 - K m)`, so
     $\partial F_j / \partial l_i = p_i ([i<j] - F_j)$; the bin's two knots `k`, `k + 1` with cotangents
     `g_0`, `g_1` give
@@ -176,17 +175,6 @@ def _fused_backward(
     return g_x, g_params
 
 
-def _native_forward(
-    ops: Any, v: Tensor, p: Tensor, layout: SplineLayout, inverse: bool, derivative: bool
-) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
-    """`_fused_forward`'s `(out, ladj, dlog)` from the native kernel (one operation), and the exponentiated logits.
-
-    The backward pass takes the logits back (`rqs_backward`).
-    """
-    out, ladj, dlog, exps = ops.rqs_forward(v, p, *layout, inverse, derivative)
-    return out, ladj, dlog if derivative else None, exps
-
-
 class _FusedSpline(torch.autograd.Function):
     """The whole spline (knots, bin search, bin, tails) as one autograd node with a hand-written backward.
 
@@ -220,8 +208,9 @@ class _FusedSpline(torch.autograd.Function):
         batch = x.shape
         v, p = x.reshape(-1), params.reshape(-1, params.shape[-1])
         ops = _native.spline_ops() if native else None
-        if ops is not None:
-            out, ladj, dlog, exps = _native_forward(ops, v, p, layout, inverse, derivative)
+        if ops is not None:  # one operation; it returns the exponentiated logits for `rqs_backward`
+            out, ladj, dlog, exps = ops.rqs_forward(v, p, *layout, inverse, derivative)
+            dlog = dlog if derivative else None
             # The flat views too: `x` may be a strided slice and `params` expanded, which `reshape` would copy
             # again.
             saved = (v, p, exps)

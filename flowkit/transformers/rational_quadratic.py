@@ -1,13 +1,39 @@
-r"""The rational-quadratic spline in plain autograd: the reference every spline kernel agrees with.
+r"""The rational-quadratic spline in plain autograd: the maths, and the reference every spline kernel agrees with.
 
-The maths of one bin, its inverse (the bin's quadratic solved without cancellation) and the knot
-construction from unconstrained parameters, as `flowkit.transformers.spline`
-states them; one autograd node per bin (`_RationalQuadraticBin`, with a hand-written backward pass, forward
-mode and `torch.func` support) and autograd's chain rule for the rest. This module imports no kernel: the
-fast kernels ([`flowkit.kernels`][flowkit.kernels]) build on its bin maths (`bin_forward`, `bin_pullback`)
-and fall back on [`reference_spline`][flowkit.transformers.rational_quadratic.reference_spline];
+A rational-quadratic spline with `K` bins maps `[low, high]` onto itself through knots `(x_k, y_k)` with
+derivatives `\delta_k` at the knots. In bin `k`, with `s = \Delta y / \Delta x`, `\xi = (x - x_k) / \Delta x` and
+`\text{den} = s + (\delta_k + \delta_{k+1} - 2s)\,\xi(1-\xi)`:
+
+$$
+y = y_k + \Delta y \, \frac{s\xi^2 + \delta_k \xi(1-\xi)}{\text{den}}, \qquad
+\frac{dy}{dx} = \frac{s^2\left[\delta_{k+1}\xi^2 + 2s\xi(1-\xi) + \delta_k(1-\xi)^2\right]}{\text{den}^2}.
+$$
+
+The inverse solves the quadratic `a\xi^2 + b\xi + c = 0` in the bin found on the `y` knots, through the root
+`\xi = 2c / (-b - \sqrt{b^2 - 4ac})` for `b >= 0` and its equal `(-b + \sqrt{b^2 - 4ac}) / (2a)` for `b < 0`,
+each free of cancellation where it is used. Unconstrained parameters map to knots as in nflows
+([`SplineLayout`][flowkit.transformers.rational_quadratic.SplineLayout]): bin widths
+`m_w + (1 - K m_w)\,\mathrm{softmax}(\hat w)` scaled to `high - low` (heights alike), derivatives
+`m_d + \mathrm{softplus}(\hat\delta)`, capped at `10^{12}`.
+
+Robustness: inputs are clamped to `[low, high]` *before* the spline maths, the bin is found by
+`torch.searchsorted` on the interior knots (so the ends and points exactly on knots land in a valid bin),
+the bin-relative coordinate `\xi` is clamped to `[0, 1]` (rounding moves it out at the knots, in float32, and
+in a steep bin the log-derivative of a point just outside is the log of a negative number) and linear tails
+are selected with `torch.where`. Values and gradients are therefore finite everywhere, also far outside the
+bound, and nothing synchronises with the device, so the code runs under `torch.compile`.
+
+Each call is one autograd node per bin (`_RationalQuadraticBin`: a hand-written backward pass, forward mode
+and `torch.func` rules) and autograd's chain rule for the knots. This module imports no kernel: the fast
+kernels ([`flowkit.kernels`][flowkit.kernels]) build on its bin maths (`bin_forward`, `bin_pullback`) and
+fall back on [`reference_spline`][flowkit.transformers.rational_quadratic.reference_spline];
 [`spline_through_knots`][flowkit.transformers.rational_quadratic.spline_through_knots] is the entry for a
 spline through fixed knots.
+
+References:
+    Durkan, Bekasov, Murray & Papamakarios, *Neural Spline Flows*, NeurIPS 2019 (arXiv:1906.04032);
+    Gregory & Delbourgo, *Piecewise rational quadratic interpolation to monotonic data*, IMA J. Numer.
+    Anal. 1982.
 """
 
 from __future__ import annotations
@@ -24,7 +50,6 @@ __all__ = [
     "SplineLayout",
     "bin_forward",
     "bin_pullback",
-    "knot_scale_and_offset",
     "reference_spline",
     "spline_through_knots",
 ]
@@ -32,75 +57,6 @@ __all__ = [
 #: Derivatives at the knots are capped here: the squares in the bin maths stay finite in
 #: float32 for bounds up to 1e6 (a conditioner fed inputs of 1e30 outputs 1e32, say).
 MAX_DERIVATIVE = 1e12
-
-
-def _softplus(x: Tensor) -> Tensor:
-    """`log(1 + e^x)` of a slice of a parameter tensor.
-
-    torch's CPU kernels run many times slower on the strided slice than on a
-    contiguous copy of it, so copy first.
-    """
-    return F.softplus(x.contiguous())
-
-
-def knot_scale_and_offset(
-    total: Tensor, bins: int, low: float, high: float, min_bin_width: float, min_bin_height: float
-) -> tuple[Tensor, Tensor]:
-    """`scale = span (1 - K m) / C_K`, shaped like `total`, and `offset_k = k span m + low`.
-
-    `total` has the rows (widths, heights) in dim -2: `(..., 2, 1)` for the reference, `(2, n)` fused.
-
-    `offset` is `(K,)` when both minimums agree, else `(2, K)` (rows for the widths and the heights).
-    Knot `k >= 1` on either axis sits at `offset_{k-1} + C_{k-1} scale`, with `C` the cumulative sum
-    of the exponentiated logits and `C_K = total`; the reference and the fused knot constructions
-    share this arithmetic.
-    """
-    span = high - low
-    ramp = torch.arange(1, bins + 1, dtype=total.dtype, device=total.device)
-    if min_bin_width == min_bin_height:
-        return span * (1 - bins * min_bin_width) / total, ramp * (span * min_bin_width) + low
-    minimum = total.new_tensor([[min_bin_width], [min_bin_height]])
-    return span * (1 - bins * minimum) / total, ramp * (span * minimum) + low
-
-
-def _knots(
-    unnormalized_bins: Tensor,
-    derivatives: Tensor,
-    low: float,
-    high: float,
-    min_bin_width: float,
-    min_bin_height: float,
-) -> tuple[Tensor, Tensor]:
-    """The knots: positions `(..., 2, K + 1)` (rows `x_k` and `y_k`) and derivatives `(..., K + 1)`.
-
-    Arguments:
-        unnormalized_bins: widths and heights stacked, `(..., 2, K)`.
-        derivatives: constrained derivatives at all `K + 1` knots, `(..., K + 1)`
-            (returned as they are).
-        low: lower end of the spline's (co)domain `[low, high]` on both axes.
-        high: upper end of that interval.
-        min_bin_width: the minimum bin width as a fraction of `high - low`.
-        min_bin_height: the minimum bin height, likewise.
-
-    With `e = exp(logits)` and `C` its cumulative sum, knot `k >= 1` sits at
-    `low + span ((1 - K m) C_k / C_K + k m)`: the cumulative softmax, with the
-    minimum bin size `m` added to every bin. For the few bins of a spline
-    (K ~ 8) and many rows, torch's fused softmax (and even a sum over the bins)
-    is several times slower on CPU than this cumulative sum, and the scaling
-    and offset take one fused pass. The logits, a strided slice of the
-    conditioner's output, are copied first (strided kernels are slow); the max
-    is taken on detached logits (any shift is exact).
-    """
-    logits = unnormalized_bins.contiguous()
-    cumulative = torch.cumsum(torch.exp(logits - logits.detach().amax(dim=-1, keepdim=True)), dim=-1)
-    bins = unnormalized_bins.shape[-1]
-    scale, offset = knot_scale_and_offset(cumulative[..., -1:], bins, low, high, min_bin_width, min_bin_height)
-    # The last knot is high up to rounding; the bin search uses the interior
-    # knots only, inputs are clamped to [low, high] and the bin-relative
-    # coordinate to [0, 1], so a point in a rounding gap at the end (an angle
-    # just below pi, say) lands in the last bin, at its end.
-    positions = F.pad(torch.addcmul(offset, cumulative, scale), (1, 0), value=low)
-    return positions, derivatives
 
 
 def _bin_shape(x0: Tensor, x1: Tensor, y0: Tensor, y1: Tensor, d0: Tensor, d1: Tensor) -> tuple[Tensor, ...]:
@@ -111,22 +67,13 @@ def _bin_shape(x0: Tensor, x1: Tensor, y0: Tensor, y1: Tensor, d0: Tensor, d1: T
     return w, h, s, d0 + d1 - (s + s)
 
 
-def _bin_terms(x: Tensor, x0: Tensor, shape: tuple[Tensor, ...], d0: Tensor, d1: Tensor) -> tuple[Tensor, ...]:
-    """The pieces of the forward map in one bin at the point `x`.
-
-    Returns `(w, h, s, c, xi, 1 - xi, q, den, N, P)` with `(w, h, s, c)` from
-    `_bin_shape`, `xi = (x - x0) / w`, `q = xi (1 - xi)`,
-    `den = s + c q`, `N = s xi^2 + d0 q` and `P = d1 xi^2 + 2 s q + d0 (1 - xi)^2`,
-    so that `y = y0 + h N / den` and `log dy/dx = log(s^2 P / den^2)`.
-    """
-    return _xi_terms(((x - x0) / shape[0]).clamp(0, 1), shape, d0, d1)
-
-
 def _xi_terms(xi: Tensor, shape: tuple[Tensor, ...], d0: Tensor, d1: Tensor) -> tuple[Tensor, ...]:
-    """`_bin_terms` at the bin-relative coordinate `xi`, which must lie in `[0, 1]`.
+    """The pieces of the forward map in one bin at the bin-relative coordinate `xi`, which must lie in `[0, 1]`.
 
-    Outside `[0, 1]` (by rounding, `x` on a knot) `P` can turn negative in a
-    steep bin, and its log NaN: `_bin_terms` clamps.
+    Returns `(w, h, s, c, xi, 1 - xi, q, den, N, P)` with `(w, h, s, c)` from `_bin_shape`, `q = xi (1 - xi)`,
+    `den = s + c q`, `N = s xi^2 + d0 q` and `P = d1 xi^2 + 2 s q + d0 (1 - xi)^2`, so that
+    `y = y0 + h N / den` and `log dy/dx = log(s^2 P / den^2)`. Outside `[0, 1]` (by rounding, `x` on a knot)
+    `P` can turn negative in a steep bin, and its log NaN: `_point_terms` clamps.
     """
     w, h, s, c = shape
     one_m_xi = 1 - xi
@@ -136,6 +83,11 @@ def _xi_terms(xi: Tensor, shape: tuple[Tensor, ...], d0: Tensor, d1: Tensor) -> 
     n = s * xi_sq + d0 * q
     p = d1 * xi_sq + (s + s) * q + d0 * one_m_xi * one_m_xi
     return w, h, s, c, xi, one_m_xi, q, den, n, p
+
+
+def _point_terms(x: Tensor, x0: Tensor, shape: tuple[Tensor, ...], d0: Tensor, d1: Tensor) -> tuple[Tensor, ...]:
+    """`_xi_terms` at the point `x`: `xi = (x - x0) / w`, clamped to `[0, 1]`."""
+    return _xi_terms(((x - x0) / shape[0]).clamp(0, 1), shape, d0, d1)
 
 
 def _dp_dxi(terms: tuple[Tensor, ...], d0: Tensor, d1: Tensor) -> Tensor:
@@ -189,13 +141,9 @@ def bin_pullback(
 def _pullback_at(
     point: Tensor, knots: tuple[Tensor, ...], inverse: bool, g_out: Tensor, g_ladj: Tensor
 ) -> tuple[Tensor, ...]:
-    """Cotangents of `(out, ladj)` pulled back to the bin's inputs `(v, x0, x1, y0, y1, d0, d1)`.
-
-    `point` is where the forward map is evaluated: the input `v` forward,
-    the solved output inverse.
-    """
+    """`bin_pullback` at `point`, where the forward map is evaluated (the input forward, the solved output inverse)."""
     x0, x1, y0, y1, d0, d1 = knots
-    terms = _bin_terms(point, x0, _bin_shape(x0, x1, y0, y1, d0, d1), d0, d1)
+    terms = _point_terms(point, x0, _bin_shape(x0, x1, y0, y1, d0, d1), d0, d1)
     return bin_pullback(terms, d0, d1, inverse, g_out, g_ladj)
 
 
@@ -240,7 +188,7 @@ def bin_forward(
         terms = _xi_terms(xi, shape, d0, d1)
     else:
         point = v
-        terms = _bin_terms(point, x0, shape, d0, d1)
+        terms = _point_terms(point, x0, shape, d0, d1)
     _, h, s, _, _, _, _, den, n, p = terms
     log_derivative = torch.log(s * s * p / (den * den))
     dlog = None
@@ -361,11 +309,6 @@ def spline_through_knots(
     return _RationalQuadraticBin.apply(x, x0, x1, y0, y1, d0, d1, inverse, derivative)
 
 
-def _linear_tail_derivatives(unnormalized_derivatives: Tensor, min_derivative: float) -> Tensor:
-    """`m_d + softplus` of the `K - 1` interior derivatives, padded with the boundary derivatives 1."""
-    return F.pad(_softplus(unnormalized_derivatives) + min_derivative, (1, 1), value=1.0)
-
-
 class SplineLayout(NamedTuple):
     """What a spline's parameter vector means: `K` width and `K` height logits, then the derivatives.
 
@@ -383,15 +326,45 @@ class SplineLayout(NamedTuple):
     circular: bool
 
     def knots(self, params: Tensor) -> tuple[Tensor, Tensor]:
-        """The knot positions `(..., 2, K + 1)` and derivatives `(..., K + 1)` of parameters `(..., P)`."""
+        """The knot positions `(..., 2, K + 1)` (rows `x_k`, `y_k`) and derivatives `(..., K + 1)` of `params`.
+
+        With `e = exp(logits)` and `C` its cumulative sum, knot `k >= 1` sits at
+        `low + span ((1 - K m) C_k / C_K + k m)`: the cumulative softmax, with the minimum bin size `m` added to
+        every bin. For the few bins of a spline (K ~ 8) and many rows, torch's fused softmax (and even a sum
+        over the bins) is several times slower on CPU than this cumulative sum. Slices of the parameters are
+        copied first (torch's CPU kernels are many times slower on strided slices); the max is taken on
+        detached logits (any shift is exact).
+        """
         k = self.bins
-        if self.circular:
-            derivatives = _softplus(params[..., 2 * k : 3 * k]) + self.min_derivative
+        if self.circular:  # K derivatives, the last one also at knot 0
+            derivatives = F.softplus(params[..., 2 * k : 3 * k].contiguous()) + self.min_derivative
             derivatives = torch.cat([derivatives[..., -1:], derivatives], dim=-1)
-        else:
-            derivatives = _linear_tail_derivatives(params[..., 2 * k : 3 * k - 1], self.min_derivative)
-        bins = params[..., : 2 * k].unflatten(-1, (2, k))
-        return _knots(bins, derivatives, self.low, self.high, self.min_bin_width, self.min_bin_height)
+        else:  # K - 1 interior derivatives, the boundary ones 1
+            derivatives = F.softplus(params[..., 2 * k : 3 * k - 1].contiguous()) + self.min_derivative
+            derivatives = F.pad(derivatives, (1, 1), value=1.0)
+        logits = params[..., : 2 * k].unflatten(-1, (2, k)).contiguous()
+        cumulative = torch.cumsum(torch.exp(logits - logits.detach().amax(dim=-1, keepdim=True)), dim=-1)
+        scale, offset = self.scale_and_offset(cumulative[..., -1:])
+        # The last knot is high up to rounding; the bin search uses the interior knots only, inputs are clamped
+        # to [low, high] and the bin-relative coordinate to [0, 1], so a point in a rounding gap at the end (an
+        # angle just below pi, say) lands in the last bin, at its end.
+        positions = F.pad(torch.addcmul(offset, cumulative, scale), (1, 0), value=self.low)
+        return positions, derivatives
+
+    def scale_and_offset(self, total: Tensor) -> tuple[Tensor, Tensor]:
+        """`scale = span (1 - K m) / C_K`, shaped like `total`, and `offset_k = k span m + low`.
+
+        `total` holds `C_K` with the rows (widths, heights) in dim -2: `(..., 2, 1)` for the reference, `(2, n)`
+        in the fused kernel. `offset` is `(K,)` when both minimums agree, else `(2, K)` (rows for the widths
+        and the heights). Knot `k >= 1` on either axis sits at `offset_{k-1} + C_{k-1} scale`: the reference
+        and the fused knot constructions share this arithmetic.
+        """
+        span, bins, low = self.high - self.low, self.bins, self.low
+        ramp = torch.arange(1, bins + 1, dtype=total.dtype, device=total.device)
+        if self.min_bin_width == self.min_bin_height:
+            return span * (1 - bins * self.min_bin_width) / total, ramp * (span * self.min_bin_width) + low
+        minimum = total.new_tensor([[self.min_bin_width], [self.min_bin_height]])
+        return span * (1 - bins * minimum) / total, ramp * (span * minimum) + low
 
 
 def reference_spline(
