@@ -215,4 +215,3 @@ class AlanineDipeptide(OpenMMEnergy):
 
     def extra_repr(self) -> str:
         return f"temperature={self.temperature}, solvent={self.solvent!r}, platform={self.platform!r}"
-
