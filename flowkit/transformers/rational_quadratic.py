@@ -274,8 +274,9 @@ def spline_through_knots(
     r"""The monotone rational-quadratic spline through fixed knots (or its inverse) at `x`, with its log-derivative.
 
     The bin of each point is the number of interior knots strictly below it on the searched axis (`x_k`
-    forward, `y_k` inverse); the bin's map is the one of `flowkit.transformers.spline`,
-    one autograd node per call with a hand-written backward pass (the plain maths under `torch.compile`).
+    forward, `y_k` inverse), and the bin's map (module docstring) runs as one autograd node per call with a
+    hand-written backward pass (the plain maths under `torch.compile`). A point outside the knots maps as the
+    nearest end of the spline: clamp first, and choose the tails, as `reference_spline` does.
     With $L = \log|dy/dx| = \log(s^2 P) - 2\log \text{den}$,
     $P = \delta_{k+1}\xi^2 + 2s\xi(1-\xi) + \delta_k(1-\xi)^2$, the derivative of the log-derivative is
     $dL/dx = (P'/P - 2\,\text{den}'/\text{den}) / \Delta x$, and the inverse's is $-(dL/dx)\, e^{-L}$.
