@@ -178,12 +178,10 @@ def _fused_backward(
 class _FusedSpline(torch.autograd.Function):
     """The whole spline (knots, bin search, bin, tails) as one autograd node with a hand-written backward.
 
-    With the native kernel (`flowkit.kernels.native`, on the CPU) the forward and the backward pass are one
-    C++ operation each; the node saves the inputs and the exponentiated logits, and the backward pass
-    recomputes each point's bin. Otherwise the node saves the exponentiated logits and the per-point bin
-    (its terms, derivatives) of the forward pass, and the backward pass is `_fused_backward`. A backward
-    pass that records a graph (`create_graph=True`, for higher derivatives) differentiates
-    `reference_spline` on the saved inputs instead, so every order of derivative is that of the reference.
+    The native kernel saves the inputs and the exponentiated logits, and its backward pass recomputes each
+    point's bin; the PyTorch one saves the per-point bin of the forward pass for `_fused_backward`. A backward
+    pass that records a graph (`create_graph=True`) differentiates `reference_spline` on the saved inputs,
+    so every order of derivative is that of the reference.
 
     The node follows torch's contract for `torch.func` (a `forward` without a context, `setup_context`, and
     a `vmap` rule), so the transforms need no query of their own: `vmap` batches through the rule (the
