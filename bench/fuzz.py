@@ -117,8 +117,7 @@ def _transformer_case(rng: random.Random) -> tuple[str, Bijector, torch.Tensor |
     params = scale * torch.randn(n, t.params_per_element, dtype=torch.float64)
     knots = None
     if kind != "Affine":
-        knots = t._knots(params) if kind == "RationalQuadraticSpline" else t._knots_and_shift(params)[0]
-        knots = knots[0]
+        knots = t.knots(params)[0]
     return f"transformer {kind}(scale={scale:g})", _TransformerBijector(t, params), knots
 
 

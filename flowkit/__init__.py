@@ -32,14 +32,8 @@ _SUBPACKAGES = (
 _DEFINED_IN = {"Flow": "flows", "set_validation": "_validation", "compile": "compiled"}
 
 
-def _import_all() -> None:
-    """Import every subpackage but `plot`: every saveable flowkit class is then registered (for `flowkit.io`)."""
-    for name in _SUBPACKAGES:
-        _importlib.import_module(f".{name}", __name__)
-
-
 def __getattr__(name: str):
-    if name in _SUBPACKAGES or name in ("plot", "mcmc", "tails", "stochastic"):
+    if name in _SUBPACKAGES or name in ("plot", "stochastic"):
         return _importlib.import_module(f".{name}", __name__)
     if name in _DEFINED_IN:
         value = getattr(_importlib.import_module(f".{_DEFINED_IN[name]}", __name__), name)

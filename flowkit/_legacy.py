@@ -65,7 +65,7 @@ def _spline(args: dict[str, Any]) -> Config:
 
 def _circular_coupling(config: Config) -> Config:
     """`CircularSplineCoupling` as a `Coupling` with a `CircularSpline` and a periodic `MLP` conditioner."""
-    from .bijectors.coupling import _coupling_mask
+    from .bijectors.coupling import coupling_mask
     from .transformers import CircularSpline
 
     args = dict(config["args"])
@@ -73,7 +73,7 @@ def _circular_coupling(config: Config) -> Config:
     features, mask, parity = args.get("features"), args.get("mask"), args.get("parity", 0)
     hidden, context, activation = args.get("hidden", [64, 64]), args.get("context", 0), args.get("activation", "relu")
     try:
-        n_transformed = int(_coupling_mask(features, mask, parity).sum())
+        n_transformed = int(coupling_mask(features, mask, parity).sum())
         params = CircularSpline(bins).params_per_element
     except (TypeError, ValueError):
         return _node("Coupling", transformer=_node("CircularSpline", bins=bins), **args)  # Coupling names the problem

@@ -1,19 +1,45 @@
-"""Domains on which bijectors act.
+r"""Domains on which bijectors act, and the geometry of rigid bodies: quaternions and segment layouts.
 
 A domain tells the correctness checks where to draw test points and, for
 manifolds, which tangent space to take the Jacobian in: for a bijector between
 `m`-dimensional manifolds embedded in `R^n` the log-determinant is
 `log|det(E_out^T J E_in)|` with `E` orthonormal tangent bases.
+
+A unit quaternion $q = (q_0, q_1, q_2, q_3) \in S^3$ (scalar first) gives the rotation
+$R(q) \in SO(3)$ ([`quaternion_to_matrix`][flowkit.domains.quaternion_to_matrix]), and $R(q) = R(-q)$:
+$S^3$ covers SO(3) twice. A *rigid-body layout* is a flat event vector made of segments, each a
+`"quaternion"` (four coordinates on $S^3$), an `"angle"` (one coordinate on the circle $[-\pi, \pi)$, a
+periodic position) or a `"real"` coordinate (an auxiliary variable);
+[`rigid_domain`][flowkit.domains.rigid_domain] gives its [`Product`][flowkit.domains.Product] domain.
+
+References:
+    Köhler, Invernizzi, de Haan & Noé, *Rigid body flows for sampling molecular
+    crystal structures*, ICML 2023 (arXiv:2301.11355).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
-__all__ = ["Domain", "Real", "Interval", "OpenInterval", "Circle", "Sphere", "Product"]
+__all__ = [
+    "Domain",
+    "Real",
+    "Interval",
+    "OpenInterval",
+    "Circle",
+    "Sphere",
+    "Product",
+    "SEGMENTS",
+    "check_segments",
+    "segment_slices",
+    "rigid_domain",
+    "quaternion_to_matrix",
+    "matrix_to_quaternion",
+]
 
 
 class Domain:
@@ -297,3 +323,84 @@ class Product(Domain):
 
     def __repr__(self) -> str:
         return f"Product({', '.join(map(repr, self.parts))})"
+
+
+#: The kinds of segments of a rigid-body layout and the number of coordinates of each.
+SEGMENTS = {"quaternion": 4, "angle": 1, "real": 1}
+
+
+def check_segments(segments: Sequence[str], where: str) -> tuple[str, ...]:
+    """The rigid-body layout `segments` as a tuple, after checking its kinds against `SEGMENTS`.
+
+    Arguments:
+        segments: a non-empty sequence of `"quaternion"`, `"angle"` and `"real"`.
+        where: the caller's name, for the error message.
+
+    Raises:
+        ValueError: for a string, an empty sequence or an unknown kind.
+    """
+    if isinstance(segments, str) or not segments:
+        raise ValueError(f"{where}: segments must be a non-empty sequence of {sorted(SEGMENTS)}, got {segments!r}")
+    bad = [s for s in segments if s not in SEGMENTS]
+    if bad:
+        raise ValueError(f"{where}: unknown segment kinds {bad}; choose from {sorted(SEGMENTS)}")
+    return tuple(segments)
+
+
+def segment_slices(segments: Sequence[str]) -> list[slice]:
+    """The coordinates of each segment in the flat event vector, in order."""
+    out, start = [], 0
+    for kind in check_segments(segments, "segment_slices"):
+        out.append(slice(start, start + SEGMENTS[kind]))
+        start += SEGMENTS[kind]
+    return out
+
+
+def rigid_domain(segments: Sequence[str]) -> Product:
+    """The [`Product`][flowkit.domains.Product] domain of a rigid-body layout (`S^3`, circles, real lines)."""
+    kinds = {"quaternion": Sphere(4), "angle": Circle(), "real": Real()}
+    return Product(*(kinds[s] for s in check_segments(segments, "rigid_domain")))
+
+
+def quaternion_to_matrix(q: Tensor) -> Tensor:
+    r"""Rotation matrices `(..., 3, 3)` of quaternions `(..., 4)` (scalar first, normalised first).
+
+    $R(q) = R(-q)$. Note that `scipy.spatial.transform.Rotation.from_quat` takes the scalar *last*.
+    """
+    q = q / q.norm(dim=-1, keepdim=True)
+    w, x, y, z = q.unbind(-1)
+    rows = [
+        [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
+        [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
+        [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
+    ]
+    return torch.stack([torch.stack(r, dim=-1) for r in rows], dim=-2)
+
+
+def matrix_to_quaternion(matrix: Tensor) -> Tensor:
+    """A unit quaternion `(..., 4)` (scalar first, `q_0 >= 0`) of each rotation matrix `(..., 3, 3)`.
+
+    Uses the largest of the four squared components (Shepperd's method), so it is
+    accurate for every rotation; the other root is its negative.
+    """
+    m = matrix
+    trace = m[..., 0, 0] + m[..., 1, 1] + m[..., 2, 2]
+    squares = torch.stack(
+        [1 + trace, 1 + 2 * m[..., 0, 0] - trace, 1 + 2 * m[..., 1, 1] - trace, 1 + 2 * m[..., 2, 2] - trace], dim=-1
+    )  # 4 q_i^2
+    # Off-diagonal combinations: 4 q_i q_j.
+    w_x, w_y, w_z = m[..., 2, 1] - m[..., 1, 2], m[..., 0, 2] - m[..., 2, 0], m[..., 1, 0] - m[..., 0, 1]
+    x_y, x_z, y_z = m[..., 0, 1] + m[..., 1, 0], m[..., 0, 2] + m[..., 2, 0], m[..., 1, 2] + m[..., 2, 1]
+    candidates = torch.stack(
+        [
+            torch.stack([squares[..., 0], w_x, w_y, w_z], -1),
+            torch.stack([w_x, squares[..., 1], x_y, x_z], -1),
+            torch.stack([w_y, x_y, squares[..., 2], y_z], -1),
+            torch.stack([w_z, x_z, y_z, squares[..., 3]], -1),
+        ],
+        dim=-2,
+    )  # row i: 4 q_i q
+    best = squares.argmax(-1)
+    row = candidates.gather(-2, best[..., None, None].expand(*best.shape, 1, 4)).squeeze(-2)
+    q = row / row.norm(dim=-1, keepdim=True)
+    return torch.where(q[..., :1] < 0, -q, q)

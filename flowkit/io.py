@@ -21,6 +21,7 @@ the square root of its largest value, 1.8e19 in float32, 1.3e154 in float64), wh
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import json
 import math
@@ -111,15 +112,28 @@ def _decode(value: Any, where: str) -> Any:
     raise ValueError(f"invalid value at {where} in the model config")
 
 
+#: The modules that define saveable (`Configurable`) classes; `tests/test_io.py` checks that none is missing.
+SAVEABLE_MODULES = ("bijectors", "distributions", "flows", "lattice", "nn", "targets", "train", "transformers")
+
+
+def register_every_class() -> None:
+    """Import every module of [`SAVEABLE_MODULES`][flowkit.io.SAVEABLE_MODULES]: their classes are then registered.
+
+    The subpackages load on first use (`import flowkit` does not import torch), so a config may name a class
+    whose module is not loaded yet. They are imported by name, at run time: `io` sits below `train`, whose
+    objectives are saveable too.
+    """
+    for name in SAVEABLE_MODULES:
+        importlib.import_module(f"flowkit.{name}")
+
+
 def _registered_class(config: Any, where: str, shape: str) -> tuple[type, str]:
     """The registered class a `{"class": name, "args": {...}}` node names, and that name."""
     if not isinstance(config, dict) or set(config) != {"class", "args"} or not isinstance(config["args"], dict):
         raise ValueError(f"invalid model config at {where}: {shape}")
     name = config["class"]
     if isinstance(name, str) and name not in registry:  # a class of a subpackage not imported yet
-        from . import _import_all
-
-        _import_all()
+        register_every_class()
     cls = registry.get(name) if isinstance(name, str) else None
     if cls is None:
         raise ValueError(f"model config at {where} names {name!r}, which is not a flowkit class; refusing to build it")

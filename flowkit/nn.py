@@ -34,6 +34,7 @@ __all__ = [
     "time_embedding",
     "activation",
     "broadcast_context",
+    "check_conditioner",
 ]
 
 _ACTIVATIONS = {
@@ -137,10 +138,22 @@ class Conditioner(Configurable, nn.Module):
         return torch.stack(columns, dim=-1)
 
 
-def _check_conditioner(
+def check_conditioner(
     conditioner: nn.Module, in_features: int, out_features: int, context: int, autoregressive: bool, where: str
 ) -> None:
-    """Refuse a module that cannot serve as a layer's conditioner, or whose declared sizes do not fit."""
+    """Refuse a module that cannot serve as a layer's conditioner, or whose declared sizes do not fit.
+
+    Arguments:
+        conditioner: the module, a [`Conditioner`][flowkit.nn.Conditioner] (`forward(x, context)`, `zero_last`).
+        in_features: the number of inputs the layer feeds it.
+        out_features: the number of transformer parameters the layer needs from it.
+        context: the number of context features.
+        autoregressive: whether it must be autoregressive (an `order` and `invert`, as [`MADE`][flowkit.nn.MADE]).
+        where: the layer's name, for the error message.
+
+    Raises:
+        ValueError: naming the missing method or the size that does not fit.
+    """
     if not isinstance(conditioner, nn.Module) or not callable(getattr(conditioner, "zero_last", None)):
         raise ValueError(
             f"{where}: conditioner must be an nn.Module with forward(x, context) and zero_last(bias) "

@@ -642,7 +642,7 @@ def orientations(
         bins: histogram bins per direction.
         title: figure title.
     """
-    from .distributions.sphere import quaternion_to_matrix
+    from .domains import quaternion_to_matrix
 
     if not quaternions:
         raise ValueError("orientations: give at least one set of quaternions")

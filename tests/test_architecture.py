@@ -15,7 +15,8 @@ import flowkit
 ROOT = Path(flowkit.__file__).parent
 
 #: The layers, lowest first: a module may import its own layer and the ones below, never one above.
-#: Units are top-level modules and subpackages of flowkit (`flowkit.targets` stands for all of its modules).
+#: Units are top-level modules and subpackages of flowkit (`flowkit.targets` stands for all of its modules),
+#: and the few modules listed apart from their subpackage (a module belongs to the longest unit that holds it).
 LAYERS = (
     # shared infrastructure
     (
@@ -26,8 +27,10 @@ LAYERS = (
         "flowkit.root_finding",
         "flowkit._deprecation",
     ),
-    ("flowkit.kernels", "flowkit.stats"),
-    # the maths
+    ("flowkit.stats",),
+    # the maths: the spline's reference, its fast kernels, the transformers that run on them
+    ("flowkit.transformers.rational_quadratic",),
+    ("flowkit.kernels",),
     ("flowkit.transformers", "flowkit.nn", "flowkit.distributions"),
     ("flowkit.bijectors", "flowkit.lattice", "flowkit._legacy"),
     ("flowkit.targets",),
@@ -38,16 +41,14 @@ LAYERS = (
     ("flowkit.sampling", "flowkit.testing", "flowkit.data", "flowkit.io"),
     ("flowkit.train", "flowkit.interop", "flowkit.plot"),
     # deprecated aliases: `flowkit.stochastic` serves flowkit.flows.stochastic
-    ("flowkit.cli", "flowkit.__main__", "flowkit.mcmc", "flowkit.tails", "flowkit.stochastic"),
+    ("flowkit.cli", "flowkit.__main__", "flowkit.stochastic"),
 )
 
 #: Imports that point upwards or close a cycle, by importing module and imported unit, each with its reason.
 EXCEPTIONS = {
-    # `io.load` imports every subpackage (through `flowkit._import_all`) so that every saveable class is
+    # `io.load` imports every subpackage (through `flowkit.io.register_every_class`) so that every saveable class is
     # registered before a config names it; nothing is used by name.
     ("flowkit.io", "flowkit"): "registry",
-    # Deprecated alias, resolved on first access: the flow moved to flowkit.flows.
-    ("flowkit.targets.alanine", "flowkit.flows"): "deprecated alias",
 }
 
 #: Modules that import lazily (inside functions) for a fast `flowkit --help`; their lazy imports may form cycles
@@ -100,9 +101,13 @@ def _inside(name: str, packages: tuple[str, ...]) -> bool:
     return any(name == p or name.startswith(p + ".") for p in packages)
 
 
+UNITS = {unit for layer in LAYERS for unit in layer}
+
+
 def _unit(name: str) -> str:
-    """The layer unit of a module: `flowkit.targets.alanine` -> `flowkit.targets`."""
-    return ".".join(name.split(".")[:2])
+    """The layer unit of a module: `flowkit.targets.alanine` -> `flowkit.targets`, or a module listed apart."""
+    parts = name.split(".")
+    return next((u for n in range(len(parts), 2, -1) if (u := ".".join(parts[:n])) in UNITS), ".".join(parts[:2]))
 
 
 def _layer(unit: str) -> int:
@@ -170,6 +175,29 @@ def test_no_upward_imports(module):
     level = _layer(_unit(module))
     bad = sorted(d for d in _edges(module, False) if d != "flowkit" and _layer(_unit(d)) > level)
     assert not bad, f"{module} (layer {level}) imports {bad} from a higher layer"
+
+
+def _private_imports_across_units(module: str) -> set[tuple[str, str, str]]:
+    """`(module, imported module, name)` of each private name (`_x`, not `__x__`) `module` imports from another unit.
+
+    Private modules (`flowkit._validation`) are units of their own: importing one is not importing a private name.
+    """
+    found = set()
+    for node in ast.walk(ast.parse(MODULES[module].read_text())):
+        if isinstance(node, ast.ImportFrom) and (base := _resolve(module, node)) in MODULES:
+            for alias in node.names:
+                name = alias.name
+                private = name.startswith("_") and not name.endswith("__") and f"{base}.{name}" not in MODULES
+                if private and _unit(base) != _unit(module):
+                    found.add((module, base, name))
+    return found
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_no_private_name_imported_across_units(module):
+    # A leading underscore says "this unit's own": another unit asks for a public name (in its module's __all__).
+    bad = sorted(_private_imports_across_units(module))
+    assert not bad, f"{module} imports private names of other units: {bad}"
 
 
 def test_every_unit_has_a_layer():
@@ -248,7 +276,7 @@ def _flow_classes() -> set[str]:
     """The names of `FlowModel` and all its subclasses (`CompiledFlow` among them)."""
     from flowkit.flows.base import FlowModel
 
-    flowkit._import_all()
+    flowkit.io.register_every_class()
     importlib.import_module("flowkit.compiled")
     found, todo = set(), [FlowModel]
     while todo:

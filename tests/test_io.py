@@ -1,3 +1,4 @@
+import importlib
 import json
 import math
 import re
@@ -669,3 +670,13 @@ def test_a_target_wrapping_a_function_is_refused_at_save_time(tmp_path):
     with pytest.raises(TypeError, match="Energy"):
         flowkit.io.save(flow, tmp_path / "m")
     assert not (tmp_path / "m" / "config.json").exists()  # nothing written that load would refuse
+
+
+def test_every_saveable_class_is_in_a_module_io_imports_before_it_builds():
+    import pkgutil
+
+    for info in pkgutil.walk_packages(flowkit.__path__, prefix="flowkit."):
+        if info.name.split(".")[1] not in ("plot", "stochastic", "__main__"):
+            importlib.import_module(info.name)
+    homes = {cls.__module__.split(".")[1] for cls in registry.values() if cls.__module__.startswith("flowkit.")}
+    assert homes <= set(flowkit.io.SAVEABLE_MODULES), sorted(homes - set(flowkit.io.SAVEABLE_MODULES))

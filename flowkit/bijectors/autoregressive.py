@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from .._validation import check_number
-from ..nn import MADE, _check_conditioner
+from ..nn import MADE, check_conditioner
 from ..transformers.affine import Affine
 from ..transformers.base import Transformer
 from ..transformers.spline import RationalQuadraticSpline
@@ -89,7 +89,7 @@ class MaskedAutoregressive(Bijector):
             conditioner = MADE(features, self._n_params, hidden, context, residual, activation, order)
         else:
             n_out = features * self._n_params
-            _check_conditioner(conditioner, features, n_out, self.context_features, True, "MaskedAutoregressive")
+            check_conditioner(conditioner, features, n_out, self.context_features, True, "MaskedAutoregressive")
             if order is not None and [int(i) for i in order] != [int(i) for i in conditioner.order]:
                 raise ValueError(
                     f"MaskedAutoregressive: order {list(order)} differs from the conditioner's "

@@ -8,22 +8,31 @@ import torch
 from torch import Tensor, nn
 
 from .._validation import check_number
-from ..nn import MLP, _check_conditioner, broadcast_context
+from ..nn import MLP, broadcast_context, check_conditioner
 from ..transformers.affine import Affine
 from ..transformers.base import Transformer
 from ..transformers.spline import CircularSpline, RationalQuadraticSpline
 from ..utils import broadcast_shapes
 from .base import Bijector
 
-__all__ = ["Coupling", "AffineCoupling", "broadcast_context"]
+__all__ = ["Coupling", "AffineCoupling", "broadcast_context", "coupling_mask"]
 
 
 def _contiguous(index: Tensor) -> bool:
     return bool((index == torch.arange(int(index[0]), int(index[0]) + len(index))).all())
 
 
-def _coupling_mask(features: int, mask: Sequence[int] | None = None, parity: int = 0) -> Tensor:
-    """The mask of a [`Coupling`][flowkit.bijectors.Coupling] (1: transformed, 0: conditioned on), checked."""
+def coupling_mask(features: int, mask: Sequence[int] | None = None, parity: int = 0) -> Tensor:
+    """The mask of a [`Coupling`][flowkit.bijectors.Coupling] (1: transformed, 0: conditioned on), checked.
+
+    Arguments:
+        features: the number of features (at least 2).
+        mask: the mask, or None for alternating features.
+        parity: which half the alternating mask transforms (0: the odd features, 1: the even ones).
+
+    Raises:
+        ValueError: for a mask of the wrong length or values, or one that transforms all features or none.
+    """
     features = check_number(features, "features", where="Coupling", integer=True, low=2)
     if mask is None:
         mask = [(i + parity + 1) % 2 for i in range(features)]
@@ -88,7 +97,7 @@ class Coupling(Bijector):
         conditioner: nn.Module | None = None,
     ) -> None:
         super().__init__()
-        mask_t = _coupling_mask(features, mask, parity)
+        mask_t = coupling_mask(features, mask, parity)
         self.event_shape = torch.Size([features])
         self.context_features = check_number(context, "context", where="Coupling", integer=True, low=0)
         self.transformer = transformer
@@ -109,7 +118,7 @@ class Coupling(Bijector):
         if conditioner is None:
             conditioner = MLP(len(identity), n_out, hidden, activation, context=self.context_features)
         else:
-            _check_conditioner(conditioner, len(identity), n_out, self.context_features, False, "Coupling")
+            check_conditioner(conditioner, len(identity), n_out, self.context_features, False, "Coupling")
         self.conditioner = conditioner
         self.conditioner.zero_last(transformer.identity_params().repeat(len(transformed)))
 

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from .._validation import check_number
-from ..nn import ConvNet, _check_conditioner
+from ..nn import ConvNet, check_conditioner
 from ..transformers.base import Transformer
 from .base import Bijector
 
@@ -143,7 +143,7 @@ class MaskedCoupling(Bijector):
         if conditioner is None:
             conditioner = ConvNet(n_in, n_out, hidden, kernel, activation, padding_mode, context=self.context_features)
         else:
-            _check_conditioner(conditioner, n_in, n_out, self.context_features, False, "MaskedCoupling")
+            check_conditioner(conditioner, n_in, n_out, self.context_features, False, "MaskedCoupling")
         self.conditioner = conditioner
         self.conditioner.zero_last(transformer.identity_params().repeat(n_tr))
 

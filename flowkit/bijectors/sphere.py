@@ -98,9 +98,8 @@ import torch
 from torch import Tensor, nn
 
 from .._validation import check_number
-from ..distributions.sphere import SEGMENTS, _check_segments, quaternion_to_matrix, rigid_domain, segment_slices
-from ..domains import Circle, Sphere
-from ..nn import MLP, _check_conditioner
+from ..domains import SEGMENTS, Circle, Sphere, check_segments, quaternion_to_matrix, rigid_domain, segment_slices
+from ..nn import MLP, check_conditioner
 from ..root_finding import implicit_newton_step, solve_monotone
 from ..transformers import Affine
 from ..utils import broadcast_shapes
@@ -502,7 +501,7 @@ class DoubleMoebius(Moebius):
 
     $D_w(-q) = -D_w(q)$ with equal log-determinants, so over a symmetric base the
     flow's density is symmetric and defines a density on SO(3) (see
-    [`flowkit.distributions.sphere`][flowkit.distributions.sphere]). The inverse is
+    [`flowkit.domains`][flowkit.domains]). The inverse is
     analytic (module docstring). `heads` maps are applied in turn.
 
     Arguments:
@@ -840,7 +839,7 @@ class RigidCoupling(Bijector):
     r"""Coupling across rigid bodies: some segments of a layout change, conditioned on all the others.
 
     The event is a flat vector laid out by `segments` (`"quaternion"`, `"angle"`,
-    `"real"`; see [`rigid_domain`][flowkit.distributions.rigid_domain]). The
+    `"real"`; see [`rigid_domain`][flowkit.domains.rigid_domain]). The
     segments listed in `transformed` are mapped, the others pass unchanged and,
     through a conditioner, set the maps' parameters:
 
@@ -919,7 +918,7 @@ class RigidCoupling(Bijector):
     ) -> None:
         super().__init__()
         where = "RigidCoupling"
-        self.segments = _check_segments(segments, where)
+        self.segments = check_segments(segments, where)
         transformed = sorted({int(i) for i in transformed})
         if not transformed or transformed[0] < 0 or transformed[-1] >= len(self.segments):
             raise ValueError(f"{where}: transformed must be segment indices in [0, {len(self.segments)})")
@@ -946,7 +945,7 @@ class RigidCoupling(Bijector):
         if conditioner is None:
             conditioner = MLP(n_in, n_out, hidden, activation, context=self.context_features)
         else:
-            _check_conditioner(conditioner, n_in, n_out, self.context_features, False, where)
+            check_conditioner(conditioner, n_in, n_out, self.context_features, False, where)
         self.conditioner = conditioner
         self.conditioner.zero_last(self._initial_outputs(init))
 

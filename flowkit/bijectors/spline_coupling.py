@@ -8,7 +8,7 @@ from torch import nn
 
 from ..nn import MLP
 from ..transformers.spline import CircularSpline, RationalQuadraticSpline
-from .coupling import Coupling, _coupling_mask
+from .coupling import Coupling, coupling_mask
 
 __all__ = ["SplineCoupling", "CircularSplineCoupling"]
 
@@ -81,7 +81,7 @@ def CircularSplineCoupling(
     """
     transformer = CircularSpline(bins)
     if conditioner is None:
-        n_transformed = int(_coupling_mask(features, mask, parity).sum())
+        n_transformed = int(coupling_mask(features, mask, parity).sum())
         n_out = n_transformed * transformer.params_per_element
         conditioner = MLP(features - n_transformed, n_out, hidden, activation, context=context, periodic=True)
     return Coupling(transformer, features, mask, parity, hidden, context, activation, conditioner)

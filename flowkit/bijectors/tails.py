@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from .._validation import check_number
-from ..kernels.reference import _RationalQuadraticBin
+from ..transformers.rational_quadratic import spline_through_knots
 from .base import Bijector
 from .linear import _check_overflow, _loaded, _TriangularFactors
 
@@ -333,14 +333,7 @@ class MarginalTailCDF(Bijector):
 
     def _body(self, v: Tensor, inverse: bool) -> tuple[Tensor, Tensor]:
         """The normalised body spline (or its inverse) at `v` in `[0, 1]`, shape `(N, D)`, and its log-derivative."""
-        v = v.T.contiguous()
-        axis = 1 if inverse else 0
-        k = torch.searchsorted(self.knots[:, axis, 1:-1].contiguous(), v)
-        ends = k, k + 1
-        x0, x1 = (self.knots[:, 0].gather(1, e) for e in ends)
-        y0, y1 = (self.knots[:, 1].gather(1, e) for e in ends)
-        d0, d1 = (self.derivatives.gather(1, e) for e in ends)
-        out, ladj, _ = _RationalQuadraticBin.apply(v, x0, x1, y0, y1, d0, d1, inverse, False)
+        out, ladj, _ = spline_through_knots(v.T.contiguous(), self.knots, self.derivatives, inverse)
         return out.T, ladj.T
 
     def _pieces(self) -> tuple[Tensor, ...]:

@@ -1,9 +1,7 @@
-r"""Distributions on spheres and rigid-body configurations, and rotations through the double cover of SO(3).
+r"""Distributions on spheres and rigid-body configurations; densities on SO(3) through the double cover.
 
-A unit quaternion $q = (q_0, q_1, q_2, q_3) \in S^3$ (scalar first) gives the
-rotation $R(q) \in SO(3)$, and $R(q) = R(-q)$: $S^3$ covers SO(3) twice. A
-density $p$ on $S^3$ (against the area measure, total area $2\pi^2$) that is
-antipodally symmetric, $p(q) = p(-q)$, is a density on SO(3):
+A density $p$ on $S^3$ (against the area measure, total area $2\pi^2$) that is antipodally symmetric,
+$p(q) = p(-q)$, is a density on SO(3) (the quaternion geometry is in [`flowkit.domains`][flowkit.domains]):
 
 $$
 p_{SO(3)}(R) = 2\, p(q) \quad\text{against the volume } \pi^2,
@@ -16,13 +14,8 @@ The uniform distribution on $S^3$ ($p = 1/2\pi^2$) is the Haar measure
 ($f(-q) = -f(q)$, as [`DoubleMoebius`][flowkit.bijectors.DoubleMoebius]) over a
 symmetric base is symmetric, so its `log_prob` gives
 [`haar_log_prob`][flowkit.distributions.haar_log_prob] directly.
-
-A *rigid-body layout* is a flat event vector made of segments, each a
-`"quaternion"` (four coordinates on $S^3$), an `"angle"` (one coordinate on the
-circle $[-\pi, \pi)$, a periodic position) or a `"real"` coordinate (an auxiliary
-variable); [`rigid_domain`][flowkit.distributions.rigid_domain] gives its
-[`Product`][flowkit.domains.Product] domain and
-[`RigidBase`][flowkit.distributions.RigidBase] its uniform-times-normal base.
+[`RigidBase`][flowkit.distributions.RigidBase] is the uniform-times-normal base of a rigid-body layout
+([`rigid_domain`][flowkit.domains.rigid_domain]).
 
 References:
     Köhler, Invernizzi, de Haan & Noé, *Rigid body flows for sampling molecular
@@ -37,48 +30,20 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from ..domains import Circle, Product, Real, Sphere
+from .. import domains
+from .._deprecation import moved_names
+from ..domains import SEGMENTS, Sphere, check_segments, rigid_domain
 from .base import Distribution, as_shape
 
-__all__ = [
-    "SphereUniform",
-    "RigidBase",
-    "rigid_domain",
-    "segment_slices",
-    "quaternion_to_matrix",
-    "matrix_to_quaternion",
-    "haar_log_prob",
-    "SEGMENTS",
-]
-
-#: The kinds of segments of a rigid-body layout and the number of coordinates of each.
-SEGMENTS = {"quaternion": 4, "angle": 1, "real": 1}
+__all__ = ["SphereUniform", "RigidBase", "haar_log_prob"]
+__getattr__ = moved_names(
+    "flowkit.distributions.sphere",
+    "flowkit.domains",
+    domains,
+    ["segment_slices", "quaternion_to_matrix", "matrix_to_quaternion"],
+)
 
 _LOG_2PI = math.log(2 * math.pi)
-
-
-def _check_segments(segments: Sequence[str], where: str) -> tuple[str, ...]:
-    if isinstance(segments, str) or not segments:
-        raise ValueError(f"{where}: segments must be a non-empty sequence of {sorted(SEGMENTS)}, got {segments!r}")
-    bad = [s for s in segments if s not in SEGMENTS]
-    if bad:
-        raise ValueError(f"{where}: unknown segment kinds {bad}; choose from {sorted(SEGMENTS)}")
-    return tuple(segments)
-
-
-def segment_slices(segments: Sequence[str]) -> list[slice]:
-    """The coordinates of each segment in the flat event vector, in order."""
-    out, start = [], 0
-    for kind in _check_segments(segments, "segment_slices"):
-        out.append(slice(start, start + SEGMENTS[kind]))
-        start += SEGMENTS[kind]
-    return out
-
-
-def rigid_domain(segments: Sequence[str]) -> Product:
-    """The [`Product`][flowkit.domains.Product] domain of a rigid-body layout (`S^3`, circles, real lines)."""
-    kinds = {"quaternion": Sphere(4), "angle": Circle(), "real": Real()}
-    return Product(*(kinds[s] for s in _check_segments(segments, "rigid_domain")))
 
 
 class SphereUniform(Distribution):
@@ -142,7 +107,7 @@ class RigidBase(Distribution):
 
     def __init__(self, segments: Sequence[str]) -> None:
         super().__init__()
-        self.segments = _check_segments(segments, "RigidBase")
+        self.segments = check_segments(segments, "RigidBase")
         self.domain = rigid_domain(self.segments)
         self.event_shape = torch.Size([self.domain.width])
         kinds = [k for k in self.segments for _ in range(SEGMENTS[k])]
@@ -171,50 +136,6 @@ class RigidBase(Distribution):
 
     def extra_repr(self) -> str:
         return f"segments={list(self.segments)}"
-
-
-def quaternion_to_matrix(q: Tensor) -> Tensor:
-    r"""Rotation matrices `(..., 3, 3)` of quaternions `(..., 4)` (scalar first, normalised first).
-
-    $R(q) = R(-q)$. Note that `scipy.spatial.transform.Rotation.from_quat` takes the scalar *last*.
-    """
-    q = q / q.norm(dim=-1, keepdim=True)
-    w, x, y, z = q.unbind(-1)
-    rows = [
-        [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
-        [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
-        [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
-    ]
-    return torch.stack([torch.stack(r, dim=-1) for r in rows], dim=-2)
-
-
-def matrix_to_quaternion(matrix: Tensor) -> Tensor:
-    """A unit quaternion `(..., 4)` (scalar first, `q_0 >= 0`) of each rotation matrix `(..., 3, 3)`.
-
-    Uses the largest of the four squared components (Shepperd's method), so it is
-    accurate for every rotation; the other root is its negative.
-    """
-    m = matrix
-    trace = m[..., 0, 0] + m[..., 1, 1] + m[..., 2, 2]
-    squares = torch.stack(
-        [1 + trace, 1 + 2 * m[..., 0, 0] - trace, 1 + 2 * m[..., 1, 1] - trace, 1 + 2 * m[..., 2, 2] - trace], dim=-1
-    )  # 4 q_i^2
-    # Off-diagonal combinations: 4 q_i q_j.
-    w_x, w_y, w_z = m[..., 2, 1] - m[..., 1, 2], m[..., 0, 2] - m[..., 2, 0], m[..., 1, 0] - m[..., 0, 1]
-    x_y, x_z, y_z = m[..., 0, 1] + m[..., 1, 0], m[..., 0, 2] + m[..., 2, 0], m[..., 1, 2] + m[..., 2, 1]
-    candidates = torch.stack(
-        [
-            torch.stack([squares[..., 0], w_x, w_y, w_z], -1),
-            torch.stack([w_x, squares[..., 1], x_y, x_z], -1),
-            torch.stack([w_y, x_y, squares[..., 2], y_z], -1),
-            torch.stack([w_z, x_z, y_z, squares[..., 3]], -1),
-        ],
-        dim=-2,
-    )  # row i: 4 q_i q
-    best = squares.argmax(-1)
-    row = candidates.gather(-2, best[..., None, None].expand(*best.shape, 1, 4)).squeeze(-2)
-    q = row / row.norm(dim=-1, keepdim=True)
-    return torch.where(q[..., :1] < 0, -q, q)
 
 
 def haar_log_prob(log_prob_s3: Tensor, bodies: int = 1) -> Tensor:

@@ -43,7 +43,7 @@ from torch import nn
 
 from .._validation import check_number
 from ..bijectors import Bijector, Chain, Coupling, MaskedAutoregressive, Permutation, Reverse
-from ..bijectors.coupling import _coupling_mask
+from ..bijectors.coupling import coupling_mask
 from ..distributions import Distribution, StandardNormal
 from ..transformers import Affine, RationalQuadraticSpline, Transformer
 from .flow import Flow
@@ -125,7 +125,7 @@ def _coupling(
     """A coupling layer with a copy of `transformer` and, when a factory is given, a conditioner built by it."""
     net = None
     if conditioner is not None:
-        transformed = int(_coupling_mask(features, mask, parity).sum())
+        transformed = int(coupling_mask(features, mask, parity).sum())
         net = conditioner(features - transformed, transformed * transformer.params_per_element, context=context)
     return Coupling(copy.deepcopy(transformer), features, mask, parity, hidden, context, activation, net)
 

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from .._validation import check_number
 from ..bijectors import Chain
 from ..bijectors.sphere import GATE, ConvexDoubleMoebius, DoubleMoebius, RigidCoupling
-from ..distributions.sphere import RigidBase, _check_segments
+from ..distributions import RigidBase
+from ..domains import check_segments
 from .flow import Flow
 
 __all__ = ["RigidBodyFlow"]
@@ -64,7 +65,7 @@ def RigidBodyFlow(
         Köhler, Invernizzi, de Haan & Noé, *Rigid body flows for sampling molecular
         crystal structures*, ICML 2023 (arXiv:2301.11355).
     """
-    segments = _check_segments(segments, "RigidBodyFlow")
+    segments = check_segments(segments, "RigidBodyFlow")
     blocks = check_number(blocks, "blocks", where="RigidBodyFlow", integer=True, low=1)
     groups: list[list[int]] = []
     reals = [i for i, s in enumerate(segments) if s == "real"]

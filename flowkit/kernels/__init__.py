@@ -6,7 +6,8 @@ transformers ([`RationalQuadraticSpline`][flowkit.transformers.RationalQuadratic
 is the one rule that picks the kernel, and [`use_spline_kernel`][flowkit.kernels.use_spline_kernel]
 the one switch a user (or a test, or a benchmark) turns. The kernels:
 
-- `reference` (`flowkit.kernels.reference`): the maths in plain autograd, one node per bin; it runs
+- `reference` ([`flowkit.transformers.rational_quadratic`][flowkit.transformers.rational_quadratic], below
+  the kernels, which build on its bin maths): the maths in plain autograd, one node per bin; it runs
   under `torch.compile` and forward-mode AD, for every derivative of order two and more, and inside the
   fused node's `torch.func` rules (`vmap`, `jvp`);
 - `pytorch` (`flowkit.kernels.fused`): the whole spline as one autograd node that touches only each
@@ -24,14 +25,11 @@ about 25 us more per call and backward than the Function's.
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor as _Tensor
 
-from ..utils import broadcast_shapes as _broadcast_shapes
-from .fused import _fused_forward, _native_forward
+from ..transformers.rational_quadratic import SplineLayout as _SplineLayout
+from ..transformers.rational_quadratic import reference_spline as _reference_spline
 from .fused import fused_spline as _fused_spline
-from .native import spline_ops as _spline_ops
-from .reference import _Layout, _reference_map
 from .select import SPLINE_KERNELS, current_choice, native_applies, spline_kernel, use_spline_kernel
 
 __all__ = [
@@ -45,7 +43,7 @@ __all__ = [
 
 
 def rational_quadratic(
-    x: _Tensor, params: _Tensor, layout: _Layout, inverse: bool, derivative: bool = False
+    x: _Tensor, params: _Tensor, layout: _SplineLayout, inverse: bool, derivative: bool = False
 ) -> tuple[_Tensor, _Tensor, _Tensor | None]:
     """The spline (or its inverse) at `x` with its log-derivative and, if asked, that one's derivative in `x`.
 
@@ -64,20 +62,5 @@ def rational_quadratic(
     """
     kernel = spline_kernel(x, params, layout.bins)
     if kernel == "reference":
-        return _reference_map(x, params, layout, inverse, derivative)
-    native = kernel == "native"
-    batch = x.shape
-    if batch != params.shape[:-1]:
-        batch = _broadcast_shapes(batch, params.shape[:-1])
-        x, params = x.expand(batch), params.expand(*batch, params.shape[-1])
-    if torch.is_grad_enabled():
-        # Through the node even where nothing requires a gradient yet: under `torch.func.grad` of a `vmap` a
-        # traced input does not say it requires one, and only the node's rules carry the transforms.
-        return _fused_spline(x, params, layout, inverse, derivative, native)
-    # No gradients (sampling, densities under `torch.no_grad`): the forward pass alone.
-    v, p = x.reshape(-1), params.reshape(-1, params.shape[-1])
-    if native:
-        out, ladj, dlog, _ = _native_forward(_spline_ops(), v, p, layout, inverse, derivative)
-    else:
-        out, ladj, dlog, _ = _fused_forward(v, p, layout, inverse, derivative)
-    return out.view(batch), ladj.view(batch), None if dlog is None else dlog.view(batch)
+        return _reference_spline(x, params, layout, inverse, derivative)
+    return _fused_spline(x, params, layout, inverse, derivative, kernel == "native")

@@ -19,16 +19,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import native as _native
-from .reference import (
-    _MAX_DERIVATIVE,
-    _batch_first,
-    _bin_forward,
-    _Layout,
-    _reference_map,
-    _scale_and_offset,
-    _terms_pullback,
+from ..transformers.rational_quadratic import (
+    MAX_DERIVATIVE,
+    SplineLayout,
+    bin_forward,
+    bin_pullback,
+    reference_spline,
 )
+from ..utils import broadcast_shapes
+from . import native as _native
+from .native import _batch_first
 from .select import spline_kernel
 
 __all__: list[str] = []
@@ -37,12 +37,12 @@ __all__: list[str] = []
 _LOG2E = 1.4426950408889634
 
 
-def _fused_forward(v: Tensor, p: Tensor, layout: _Layout, inverse: bool, derivative: bool) -> tuple[Tensor, ...]:
+def _fused_forward(v: Tensor, p: Tensor, layout: SplineLayout, inverse: bool, derivative: bool) -> tuple[Tensor, ...]:
     r"""The spline at `v` `(n,)` from parameters `p` `(n, P)`, touching only the bin each point falls in.
 
     Only a few passes need all `K` bins of a row: the exponentiated, shifted logits and their cumulative
     sum `C` (both rows, shifted by the row maximum), and the knots of the searched axis (`x` forward,
-    `y` inverse) for `torch.searchsorted`, as in `_knots`. Everything else (the bin's two knots on both
+    `y` inverse) for `torch.searchsorted`, as in `SplineLayout.knots`. Everything else (the bin's two knots on both
     axes, its two derivatives, softplus included) is gathered per point through flat indices, so the
     `(n, 2, K + 1)` knot and `(n, K + 1)` derivative tables of the reference are never built. Per-point
     pieces are stacked along a leading axis (`(2, n)`, `(4, n)`): torch's CPU kernels are slow on a short
@@ -60,13 +60,13 @@ def _fused_forward(v: Tensor, p: Tensor, layout: _Layout, inverse: bool, derivat
     exps = torch.sub(logits, shift).mul_(_LOG2E).exp2_()
     cumulative = exps.cumsum(-1)  # (2n, K): rows 2i (widths) and 2i + 1 (heights) of point i
     total = cumulative[:, -1].view(n, 2).t().contiguous()  # (2, n)
-    scale, offset = _scale_and_offset(total, k, low, high, layout.min_bin_width, layout.min_bin_height)
+    scale, offset = layout.scale_and_offset(total)
     axis = 1 if inverse else 0
     clamped = v.clamp(low, high)
     small = n * max(width, 2 * k) < 2**31  # int32 flat indices (half the memory traffic of int64)
     index = torch.int32 if small else torch.long
     if k > 1:
-        # The interior knots of the searched axis as `_knots` computes them; the bin is the number of them
+        # The interior knots of the searched axis as `SplineLayout.knots` computes them; the bin is the number of them
         # strictly below the point.
         row = offset if offset.dim() == 1 else offset[axis]
         inner = torch.addcmul(row[: k - 1], cumulative.view(n, 2, k)[:, axis, : k - 1], scale[axis].unsqueeze(-1))
@@ -102,8 +102,8 @@ def _fused_forward(v: Tensor, p: Tensor, layout: _Layout, inverse: bool, derivat
         softened = F.softplus(raw) + layout.min_derivative
         if not layout.circular:
             softened.masked_fill_(ends, 1.0)  # boundary derivatives 1
-        d0, d1 = softened.clamp_max(_MAX_DERIVATIVE)
-    out, ladj, dlog, terms = _bin_forward(clamped, x0, x1, y0, y1, d0, d1, inverse, derivative)
+        d0, d1 = softened.clamp_max(MAX_DERIVATIVE)
+    out, ladj, dlog, terms = bin_forward(clamped, x0, x1, y0, y1, d0, d1, inverse, derivative)
     inside = v == clamped
     if not layout.circular:
         out, ladj = torch.where(inside, out, v), torch.where(inside, ladj, 0.0)
@@ -115,7 +115,7 @@ def _fused_forward(v: Tensor, p: Tensor, layout: _Layout, inverse: bool, derivat
 
 def _fused_backward(
     saved: tuple[Tensor | None, ...],
-    layout: _Layout,
+    layout: SplineLayout,
     inverse: bool,
     width: int,
     g_out: Tensor,
@@ -126,7 +126,7 @@ def _fused_backward(
 
     The parameters' part is skipped (None) unless `need_params`.
 
-    The bin's part is `_bin_pullback`. Knot `j` of a row is `low + A F_j + j\,span\,m`, with
+    The bin's part is `bin_pullback`. Knot `j` of a row is `low + A F_j + j\,span\,m`, with
     `F_j = \sum_{b<j} p_b`, `p = softmax(l)` and `A = span (1 - K m)`, so
     $\partial F_j / \partial l_i = p_i ([i<j] - F_j)$; the bin's two knots `k`, `k + 1` with cotangents
     `g_0`, `g_1` give
@@ -144,7 +144,7 @@ def _fused_backward(
     g_in, g_ladj_in = g_out, g_ladj
     if not layout.circular:
         g_in, g_ladj_in = torch.where(inside, g_out, 0.0), torch.where(inside, g_ladj, 0.0)
-    g_v, g_x0, g_x1, g_y0, g_y1, g_d0, g_d1 = _terms_pullback(tuple(terms), d0, d1, inverse, g_in, g_ladj_in)
+    g_v, g_x0, g_x1, g_y0, g_y1, g_d0, g_d1 = bin_pullback(tuple(terms), d0, d1, inverse, g_in, g_ladj_in)
     g_x = torch.where(inside, g_v, g_out if not layout.circular else 0.0)
     if not need_params:
         return g_x, None
@@ -167,7 +167,7 @@ def _fused_backward(
     torch.mul(exps.view(n, 2, k), steps.view(n, 2, k).cumsum_(-1), out=g_params[:, : 2 * k].view(n, 2, k))
     # Derivatives: d = m + softplus(raw), capped, 1 at the linear tails' boundaries.
     if raw is not None:
-        keep = softened <= _MAX_DERIVATIVE
+        keep = softened <= MAX_DERIVATIVE
         if not layout.circular:
             keep &= ~ends
         g_raw = torch.ops.aten.softplus_backward(torch.stack([g_d0, g_d1]).mul_(keep), raw, 1.0, 20.0)
@@ -175,33 +175,13 @@ def _fused_backward(
     return g_x, g_params
 
 
-def _native_kernel(x: Tensor, params: Tensor, layout: _Layout) -> Any:
-    """The native spline operations (`flowkit.kernels.native`) where the rule picks them for `x`, else None."""
-    if spline_kernel(x, params, layout.bins) != "native":
-        return None
-    return _native.spline_ops()
-
-
-def _native_forward(
-    ops: Any, v: Tensor, p: Tensor, layout: _Layout, inverse: bool, derivative: bool
-) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
-    """`_fused_forward`'s `(out, ladj, dlog)` from the native kernel (one operation), and the exponentiated logits.
-
-    The backward pass takes the logits back (`rqs_backward`).
-    """
-    out, ladj, dlog, exps = ops.rqs_forward(v, p, *layout, inverse, derivative)
-    return out, ladj, dlog if derivative else None, exps
-
-
 class _FusedSpline(torch.autograd.Function):
     """The whole spline (knots, bin search, bin, tails) as one autograd node with a hand-written backward.
 
-    With the native kernel (`flowkit.kernels.native`, on the CPU) the forward and the backward pass are one
-    C++ operation each; the node saves the inputs and the exponentiated logits, and the backward pass
-    recomputes each point's bin. Otherwise the node saves the exponentiated logits and the per-point bin
-    (its terms, derivatives) of the forward pass, and the backward pass is `_fused_backward`. A backward
-    pass that records a graph (`create_graph=True`, for higher derivatives) differentiates
-    `_reference_map` on the saved inputs instead, so every order of derivative is that of the reference.
+    The native kernel saves the inputs and the exponentiated logits, and its backward pass recomputes each
+    point's bin; the PyTorch one saves the per-point bin of the forward pass for `_fused_backward`. A backward
+    pass that records a graph (`create_graph=True`) differentiates `reference_spline` on the saved inputs,
+    so every order of derivative is that of the reference.
 
     The node follows torch's contract for `torch.func` (a `forward` without a context, `setup_context`, and
     a `vmap` rule), so the transforms need no query of their own: `vmap` batches through the rule (the
@@ -218,17 +198,17 @@ class _FusedSpline(torch.autograd.Function):
     def forward(  # type: ignore[override]
         x: Tensor,
         params: Tensor,
-        layout: _Layout,
+        layout: SplineLayout,
         inverse: bool,
         derivative: bool,
-        native: bool | None = None,
+        native: bool,
     ) -> tuple[Tensor, Tensor, Tensor | None, tuple]:
         batch = x.shape
         v, p = x.reshape(-1), params.reshape(-1, params.shape[-1])
-        # `native`: the rule's verdict, when the caller has it (None: ask the rule).
-        ops = _native_kernel(x, params, layout) if native is None else (_native.spline_ops() if native else None)
-        if ops is not None:
-            out, ladj, dlog, exps = _native_forward(ops, v, p, layout, inverse, derivative)
+        ops = _native.spline_ops() if native else None
+        if ops is not None:  # one operation; it returns the exponentiated logits for `rqs_backward`
+            out, ladj, dlog, exps = ops.rqs_forward(v, p, *layout, inverse, derivative)
+            dlog = dlog if derivative else None
             # The flat views too: `x` may be a strided slice and `params` expanded, which `reshape` would copy
             # again.
             saved = (v, p, exps)
@@ -247,10 +227,10 @@ class _FusedSpline(torch.autograd.Function):
             ctx.mark_non_differentiable(dlog)
 
     @staticmethod
-    def vmap(info: Any, in_dims: tuple, x: Tensor, params: Tensor, layout: _Layout, inverse: bool, *flags: Any):  # noqa: ANN205
+    def vmap(info: Any, in_dims: tuple, x: Tensor, params: Tensor, layout: SplineLayout, inverse: bool, *flags: Any):  # noqa: ANN205
         """`torch.func.vmap`'s rule: the reference on the batched points (the batch axis moved to the front)."""
         x, params = (_batch_first(t, dim, info.batch_size) for t, dim in zip((x, params), in_dims, strict=False))
-        out, ladj, dlog = _reference_map(x, params, layout, inverse, flags[0])
+        out, ladj, dlog = reference_spline(x, params, layout, inverse, flags[0])
         return (out, ladj, dlog, (None, ())), (0, 0, None if dlog is None else 0, None)
 
     @staticmethod
@@ -263,7 +243,7 @@ class _FusedSpline(torch.autograd.Function):
         )
         layout, inverse = ctx.layout, ctx.inverse
         _, (t_out, t_ladj) = torch.func.jvp(
-            lambda a, b: _reference_map(a, b, layout, inverse, False)[:2], (x, params), tangents
+            lambda a, b: reference_spline(a, b, layout, inverse, False)[:2], (x, params), tangents
         )
         return t_out, t_ladj, None, None
 
@@ -272,7 +252,7 @@ class _FusedSpline(torch.autograd.Function):
         x, params, *saved = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph (and every torch.func transform): the reference
             layout, inverse = ctx.layout, ctx.inverse
-            _, pullback = torch.func.vjp(lambda a, b: _reference_map(a, b, layout, inverse, False)[:2], x, params)
+            _, pullback = torch.func.vjp(lambda a, b: reference_spline(a, b, layout, inverse, False)[:2], x, params)
             g_x, g_params = pullback((g_out, g_ladj))
             need_x, need_params = ctx.needs_input_grad[:2]
             return g_x if need_x else None, g_params if need_params else None, None, None, None, None
@@ -301,20 +281,29 @@ class _FusedSpline(torch.autograd.Function):
 
 
 def fused_spline(
-    x: Tensor, params: Tensor, layout: _Layout, inverse: bool, derivative: bool, native: bool | None = None
+    x: Tensor, params: Tensor, layout: SplineLayout, inverse: bool, derivative: bool, native: bool | None = None
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """`(out, ladj, dlog)` of the fused node ([`_FusedSpline`][flowkit.kernels.fused._FusedSpline]).
 
+    Without gradients (sampling, densities under `torch.no_grad`) the node's forward pass alone runs. With
+    them the node runs even where nothing requires a gradient yet: under `torch.func.grad` of a `vmap` a
+    traced input does not say it requires one, and only the node's rules carry the transforms.
+
     Arguments:
-        x: the points (the batch shape of `params` without its last axis).
+        x: the points (broadcast with the batch shape of `params`).
         params: the spline parameters `(..., P)`.
         layout: the spline's layout.
         inverse: evaluate the inverse map.
         derivative: also return the derivative of the log-derivative in the input (without a graph).
         native: run the native kernel (True), the PyTorch one (False), or ask the rule (None).
     """
-    out, ladj, dlog, _ = _FusedSpline.apply(x, params, layout, inverse, derivative, native)
-    return out, ladj, dlog
+    if native is None:
+        native = spline_kernel(x, params, layout.bins) == "native"
+    if x.shape != params.shape[:-1]:
+        batch = broadcast_shapes(x.shape, params.shape[:-1])
+        x, params = x.expand(batch), params.expand(*batch, params.shape[-1])
+    node = _FusedSpline.apply if torch.is_grad_enabled() else _FusedSpline.forward
+    return node(x, params, layout, inverse, derivative, native)[:3]
 
 
 # `Function.apply` binds the arguments to `forward`'s signature at every call (a node with `setup_context`):

@@ -21,8 +21,7 @@ import warnings
 from pathlib import Path
 
 import torch
-
-from .reference import _batch_first
+from torch import Tensor
 
 __all__ = ["spline_ops"]
 
@@ -55,6 +54,11 @@ def _remove_stale_lock(name: str) -> None:
         if time.time() - lock.stat().st_mtime > _STALE_LOCK_S:
             lock.unlink()
             _log.warning("flowkit: removed a stale build lock %s", lock)
+
+
+def _batch_first(t: Tensor, dim: int | None, size: int) -> Tensor:
+    """`t` with the `torch.func.vmap` batch axis `dim` in front (expanded to `size` if `t` is not batched)."""
+    return t.expand(size, *t.shape) if dim is None else t.movedim(dim, 0)
 
 
 def _register_fakes() -> None:

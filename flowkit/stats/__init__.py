@@ -2,9 +2,6 @@
 
 Tail-index estimators and tail metrics are in `flowkit.stats.tails`; free-energy profiles of reweighted
 samples and blocked errors of time series in `flowkit.stats.profiles`.
-
-`flowkit.tails`, the old home of these functions, is a deprecated alias (its name clashed with
-`flowkit.bijectors.tails` and `flowkit.flows.tails`, the heavy-tailed layers and flows).
 """
 
 from .profiles import FreeEnergyProfile, blocked_mean, free_energy_profile

@@ -215,19 +215,3 @@ class AlanineDipeptide(OpenMMEnergy):
 
     def extra_repr(self) -> str:
         return f"temperature={self.temperature}, solvent={self.solvent!r}, platform={self.platform!r}"
-
-
-def __getattr__(name: str) -> Any:
-    # Deprecated alias: the flow moved to flowkit.flows (targets do not build flows).
-    if name == "internal_coordinate_flow":
-        import warnings
-
-        from ..flows.molecules import internal_coordinate_flow
-
-        warnings.warn(
-            "flowkit.targets.alanine.internal_coordinate_flow moved to flowkit.flows.internal_coordinate_flow",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return internal_coordinate_flow
-    raise AttributeError(f"module 'flowkit.targets.alanine' has no attribute {name!r}")

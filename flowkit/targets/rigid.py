@@ -27,8 +27,7 @@ from scipy import integrate, optimize, special
 from torch import Tensor
 
 from .._validation import check_number
-from ..distributions.sphere import quaternion_to_matrix
-from ..domains import Sphere
+from ..domains import Sphere, quaternion_to_matrix
 from .base import Target
 
 __all__ = [

@@ -1,51 +1,17 @@
 r"""Monotone rational-quadratic splines (Neural Spline Flows), with linear tails or on the circle.
 
-A rational-quadratic spline with `K` bins maps `[-B, B]` onto itself
-through knots `(x_k, y_k)` with derivatives `\delta_k` at the knots. In
-bin `k`, with `s = \Delta y / \Delta x`, `\xi = (x - x_k) / \Delta x` and
-`\text{den} = s + (\delta_k + \delta_{k+1} - 2s)\,\xi(1-\xi)`:
-
-$$
-y = y_k + \Delta y \, \frac{s\xi^2 + \delta_k \xi(1-\xi)}{\text{den}}, \qquad
-\frac{dy}{dx} = \frac{s^2\left[\delta_{k+1}\xi^2 + 2s\xi(1-\xi) + \delta_k(1-\xi)^2\right]}{\text{den}^2}.
-$$
-
-The inverse solves the quadratic `a\xi^2 + b\xi + c = 0` in the bin found on
-the `y` knots, through the root `\xi = 2c / (-b - \sqrt{b^2 - 4ac})` for
-`b >= 0` and its equal `(-b + \sqrt{b^2 - 4ac}) / (2a)` for `b < 0`, each
-free of cancellation where it is used.
-
-Unconstrained parameters map to knots as in nflows: bin widths
-`m_w + (1 - K m_w)\,\mathrm{softmax}(\hat w)` scaled to `2B` (heights
-alike), derivatives `m_d + \mathrm{softplus}(\hat\delta)`, with
-`m_w = m_h = m_d = 10^{-3}` (and derivatives capped at `10^{12}`). With linear tails the map is the identity
-outside `[-B, B]` and the two boundary derivatives are 1, so a spline has
-`3K - 1` parameters per element.
-
-Robustness: inputs are clamped to `[-B, B]` *before* the spline maths, the
-bin is found by `torch.searchsorted` on the interior knots (so `\pm B`
-and points exactly on knots land in a valid bin), the bin-relative coordinate
-`\xi` is clamped to `[0, 1]` (rounding moves it out at the knots, in
-float32, and in a steep bin the log-derivative of a point just outside is the
-log of a negative number) and the tails are selected with `torch.where`.
-Both branches are therefore finite everywhere, and so are the gradients,
-also far outside the bound. Nothing in the hot path
-synchronises with the device, so the code runs under `torch.compile`.
-
-Speed: the maths above lives once, in plain autograd, in `flowkit.kernels.reference`; the
-transformers evaluate it through [`flowkit.kernels.rational_quadratic`][flowkit.kernels.rational_quadratic],
-which runs it on the fastest kernel that applies (a fused node with a hand-written backward pass, in
-C++ on the CPU) and on the reference where only it can serve (`torch.compile`, `torch.func`, forward
-mode, higher derivatives); [`flowkit.kernels`][flowkit.kernels] states the rule. The transformers also
-return the derivative of their log-derivative in the input
-(their `with_ladj_derivative(x, params, inverse=False)`), which the
-fast path-gradient rule of coupling layers uses.
+The maths (one bin, its inverse without cancellation, the knots from unconstrained parameters as in nflows, the
+clamping that keeps values and gradients finite far outside the bound) is in
+[`flowkit.transformers.rational_quadratic`][flowkit.transformers.rational_quadratic]. The transformers evaluate it
+through [`flowkit.kernels.rational_quadratic`][flowkit.kernels.rational_quadratic], which runs it on the fastest
+kernel that applies (a fused node with a hand-written backward pass, in C++ on the CPU) and on the reference
+where only it can serve (`torch.compile`, forward mode, higher derivatives); [`flowkit.kernels`][flowkit.kernels]
+states the rule. They also return the derivative of their log-derivative in the input (their
+`with_ladj_derivative(x, params, inverse=False)`), which the fast path-gradient rule of coupling layers uses.
 
 References:
     Durkan, Bekasov, Murray & Papamakarios, *Neural Spline Flows*, NeurIPS 2019
-    (arXiv:1906.04032); Gregory & Delbourgo, *Piecewise rational quadratic
-    interpolation to monotonic data*, IMA J. Numer. Anal. 1982; Rezende et al.,
-    *Normalizing flows on tori and spheres*, ICML 2020 (arXiv:2002.02428).
+    (arXiv:1906.04032); Rezende et al., *Normalizing flows on tori and spheres*, ICML 2020 (arXiv:2002.02428).
 """
 
 from __future__ import annotations
@@ -55,12 +21,12 @@ import math
 import torch
 from torch import Tensor
 
+from .. import kernels
 from .._validation import check_number
 from ..domains import Circle
-from ..kernels import rational_quadratic
-from ..kernels.reference import _knots, _Layout, _layout_knots, _linear_tail_derivatives, _spline, _tails
 from ..utils import broadcast_shapes
 from .base import Transformer
+from .rational_quadratic import SplineLayout, reference_spline
 
 __all__ = [
     "RationalQuadraticSpline",
@@ -85,11 +51,6 @@ def _check_minimums(bins: int, min_bin_width: float, min_bin_height: float, min_
             raise ValueError(f"{name}={value} times bins={bins} must lie in (0, 1)")
     if min_derivative <= 0:
         raise ValueError(f"min_derivative must be positive, got {min_derivative}")
-
-
-def _identity_derivative(min_derivative: float) -> float:
-    """The unconstrained derivative `log(e^{1 - m_d} - 1)` that gives `m_d + softplus(.) = 1`."""
-    return math.log(math.expm1(1 - min_derivative))
 
 
 def unconstrained_rqs(
@@ -134,23 +95,42 @@ def unconstrained_rqs(
             f"{unnormalized_widths.shape[-1]}, {unnormalized_heights.shape[-1]} "
             f"and {unnormalized_derivatives.shape[-1]}"
         )
-    bound = float(bound)
-    batch = broadcast_shapes(
-        x.shape, unnormalized_widths.shape[:-1], unnormalized_heights.shape[:-1], unnormalized_derivatives.shape[:-1]
-    )
-    bins_wh = torch.stack([unnormalized_widths.expand(*batch, bins), unnormalized_heights.expand(*batch, bins)], dim=-2)
-    derivatives = _linear_tail_derivatives(unnormalized_derivatives.expand(*batch, bins - 1), min_derivative)
-    knots = _knots(bins_wh, derivatives, -bound, bound, min_bin_width, min_bin_height)
-    x = x.expand(batch)
-    out, ladj, clamped, _ = _spline(x, knots, -bound, bound, inverse)
-    return _tails(x, clamped, out, ladj)
+    parts = (x, unnormalized_widths, unnormalized_heights, unnormalized_derivatives)
+    batch = broadcast_shapes(x.shape, *(t.shape[:-1] for t in parts[1:]))
+    params = torch.cat([t.expand(*batch, t.shape[-1]) for t in parts[1:]], dim=-1)
+    layout = SplineLayout(bins, -float(bound), float(bound), min_bin_width, min_bin_height, min_derivative, False)
+    return reference_spline(x.expand(batch), params, layout, inverse, False)[:2]
 
 
 class _Spline(Transformer):
     """What the two splines share: the map, its inverse and the log-derivative's derivative, all from `_map`."""
 
+    layout: SplineLayout
+
+    def __init__(
+        self, bins: int, min_bin_width: float, min_bin_height: float, min_derivative: float, extra_params: int
+    ) -> None:
+        super().__init__()
+        _check_minimums(int(bins), min_bin_width, min_bin_height, min_derivative)
+        self.bins = int(bins)
+        self.min_bin_width = float(min_bin_width)
+        self.min_bin_height = float(min_bin_height)
+        self.min_derivative = float(min_derivative)
+        self.params_per_element = 3 * self.bins + extra_params
+
+    def identity_params(self) -> Tensor:
+        """Equal logits and the derivatives 1 (`m_d + softplus(log(e^{1 - m_d} - 1))`): the identity map."""
+        params = torch.zeros(self.params_per_element)
+        params[2 * self.bins : 3 * self.bins] = math.log(math.expm1(1 - self.min_derivative))
+        return params
+
     def _map(self, x: Tensor, params: Tensor, inverse: bool, derivative: bool) -> tuple[Tensor, Tensor, Tensor | None]:
-        raise NotImplementedError
+        """The spline (or its inverse) with its log-derivative and, if asked, that one's derivative."""
+        return kernels.rational_quadratic(x, params, self.layout, inverse, derivative)
+
+    def knots(self, params: Tensor) -> tuple[Tensor, Tensor]:
+        """The knot positions `(..., 2, K + 1)` (rows `x_k`, `y_k`) and derivatives `(..., K + 1)` of `params`."""
+        return self.layout.knots(params)
 
     def with_ladj_derivative(self, x: Tensor, params: Tensor, inverse: bool = False) -> tuple[Tensor, Tensor, Tensor]:
         """The map (or its inverse) at `x`, its log-derivative, and that one's derivative in `x` (without a graph).
@@ -197,34 +177,16 @@ class RationalQuadraticSpline(_Spline):
         min_bin_height: float = DEFAULT_MIN_BIN_HEIGHT,
         min_derivative: float = DEFAULT_MIN_DERIVATIVE,
     ) -> None:
-        super().__init__()
-        _check_minimums(int(bins), min_bin_width, min_bin_height, min_derivative)
+        super().__init__(bins, min_bin_width, min_bin_height, min_derivative, -1)
         check_number(bound, "bound", where="RationalQuadraticSpline", positive=True, high=1e6)
-        self.bins = int(bins)
         self.bound = float(bound)
-        self.min_bin_width = float(min_bin_width)
-        self.min_bin_height = float(min_bin_height)
-        self.min_derivative = float(min_derivative)
-        self.params_per_element = 3 * self.bins - 1
 
     @property
-    def _layout(self) -> _Layout:
-        return _Layout(
+    def layout(self) -> SplineLayout:
+        """What the parameter vector means (bins, interval, minimums, linear tails)."""
+        return SplineLayout(
             self.bins, -self.bound, self.bound, self.min_bin_width, self.min_bin_height, self.min_derivative, False
         )
-
-    def _knots(self, params: Tensor) -> tuple[Tensor, Tensor]:
-        """The reference knot table `(positions, derivatives)` of `_knots`."""
-        return _layout_knots(params, self._layout)
-
-    def _map(self, x: Tensor, params: Tensor, inverse: bool, derivative: bool) -> tuple[Tensor, Tensor, Tensor | None]:
-        """The spline (or its inverse) with its log-derivative and, if asked, that one's derivative."""
-        return rational_quadratic(x, params, self._layout, inverse, derivative)
-
-    def identity_params(self) -> Tensor:
-        params = torch.zeros(self.params_per_element)
-        params[2 * self.bins :] = _identity_derivative(self.min_derivative)
-        return params
 
     def extra_repr(self) -> str:
         return f"bins={self.bins}, bound={self.bound}"
@@ -260,21 +222,14 @@ class CircularSpline(_Spline):
         min_bin_height: float = DEFAULT_MIN_BIN_HEIGHT,
         min_derivative: float = DEFAULT_MIN_DERIVATIVE,
     ) -> None:
-        super().__init__()
-        _check_minimums(int(bins), min_bin_width, min_bin_height, min_derivative)
-        self.bins = int(bins)
-        self.min_bin_width = float(min_bin_width)
-        self.min_bin_height = float(min_bin_height)
-        self.min_derivative = float(min_derivative)
-        self.params_per_element = 3 * self.bins + 1
+        super().__init__(bins, min_bin_width, min_bin_height, min_derivative, 1)
 
     @property
-    def _layout(self) -> _Layout:
-        return _Layout(self.bins, -math.pi, math.pi, self.min_bin_width, self.min_bin_height, self.min_derivative, True)
-
-    def _knots_and_shift(self, params: Tensor) -> tuple[tuple[Tensor, Tensor], Tensor]:
-        """The reference knot table of `_knots` and the rotation angle."""
-        return _layout_knots(params, self._layout), params[..., 3 * self.bins]
+    def layout(self) -> SplineLayout:
+        """What the parameter vector means (bins, the interval `[-pi, pi]`, minimums, circular)."""
+        return SplineLayout(
+            self.bins, -math.pi, math.pi, self.min_bin_width, self.min_bin_height, self.min_derivative, True
+        )
 
     @staticmethod
     def _wrap(angle: Tensor) -> Tensor:
@@ -284,14 +239,9 @@ class CircularSpline(_Spline):
         """The circle map (or its inverse) with its log-derivative and, if asked, that one's derivative."""
         shift = params[..., 3 * self.bins]
         if inverse:
-            return rational_quadratic(self._wrap(x - shift), params, self._layout, True, derivative)
-        out, ladj, d = rational_quadratic(x, params, self._layout, False, derivative)
+            return super()._map(self._wrap(x - shift), params, True, derivative)
+        out, ladj, d = super()._map(x, params, False, derivative)
         return self._wrap(out + shift), ladj, d
-
-    def identity_params(self) -> Tensor:
-        params = torch.zeros(self.params_per_element)
-        params[2 * self.bins : 3 * self.bins] = _identity_derivative(self.min_derivative)
-        return params
 
     def extra_repr(self) -> str:
         return f"bins={self.bins}"

@@ -9,14 +9,8 @@ from scipy.spatial.transform import Rotation
 
 from flowkit.bijectors import Chain, DoubleMoebius, Moebius, RigidCoupling
 from flowkit.bijectors.sphere import circle_moebius, double_moebius, double_moebius_inverse, gated_center, moebius
-from flowkit.distributions import (
-    RigidBase,
-    SphereUniform,
-    haar_log_prob,
-    matrix_to_quaternion,
-    quaternion_to_matrix,
-)
-from flowkit.domains import Circle, Product, Sphere
+from flowkit.distributions import RigidBase, SphereUniform, haar_log_prob
+from flowkit.domains import Circle, Product, Sphere, matrix_to_quaternion, quaternion_to_matrix
 from flowkit.flows import Flow
 from flowkit.testing import check_bijector, check_flow, randomize
 

@@ -13,8 +13,8 @@ from cases import BIJECTORS
 
 from flowkit.kernels import rational_quadratic, use_spline_kernel
 from flowkit.kernels.fused import fused_spline
-from flowkit.kernels.reference import _layout_knots, _reference_map
 from flowkit.transformers import CircularSpline, RationalQuadraticSpline
+from flowkit.transformers.rational_quadratic import reference_spline
 
 SPLINES = {
     "K=8, B=3": lambda: RationalQuadraticSpline(8, 3.0),
@@ -37,7 +37,7 @@ def kernel(spline_kernel):
 def inputs(spline, shape, seed, scale=2.0):
     """Float64 points (a third or so outside the interval) and parameters, with gradients."""
     g = torch.Generator().manual_seed(seed)
-    high = spline._layout.high
+    high = spline.layout.high
     x = 1.4 * high * (2 * torch.rand(*shape, generator=g, dtype=torch.float64) - 1)
     params = scale * torch.randn(*shape, spline.params_per_element, generator=g, dtype=torch.float64)
     return x.requires_grad_(True), params.requires_grad_(True)
@@ -45,8 +45,8 @@ def inputs(spline, shape, seed, scale=2.0):
 
 def both(x, params, spline, inverse):
     """`(out, ladj, dlog)` of the fused node and of the reference."""
-    layout = spline._layout
-    return fused_spline(x, params, layout, inverse, True), _reference_map(x, params, layout, inverse, True)
+    layout = spline.layout
+    return fused_spline(x, params, layout, inverse, True), reference_spline(x, params, layout, inverse, True)
 
 
 @pytest.mark.parametrize("inverse", [False, True], ids=["forward", "inverse"])
@@ -54,7 +54,7 @@ def both(x, params, spline, inverse):
 def test_values_and_gradients_match_the_reference(name, inverse, kernel):
     spline = SPLINES[name]()
     x, params = inputs(spline, (300, 3), seed=1)
-    outside = (x.abs() > spline._layout.high).float().mean()
+    outside = (x.abs() > spline.layout.high).float().mean()
     assert 0.15 < outside < 0.45
     fused, reference = both(x, params, spline, inverse)
     # The native kernel rounds differently from the reference (its inverse's solve, the order of its sums),
@@ -78,7 +78,7 @@ def test_values_and_gradients_match_the_reference(name, inverse, kernel):
 def test_points_on_knots_and_bounds_match_the_reference(name):
     spline = SPLINES[name]()
     x, params = inputs(spline, (40,), seed=3)
-    positions = _layout_knots(params.detach(), spline._layout)[0]  # (40, 2, K + 1)
+    positions = spline.knots(params.detach())[0]  # (40, 2, K + 1)
     for inverse in (False, True):
         # Every knot of each row on the searched axis, the interval's ends among them.
         points = positions[:, int(inverse)].T.contiguous()  # (K + 1, 40)
@@ -99,7 +99,7 @@ def test_gradcheck(name, inverse):
     x, params = inputs(spline, (7,), seed=4, scale=1.0)
 
     def fused(x, params):
-        return fused_spline(x, params, spline._layout, inverse, False)[:2]
+        return fused_spline(x, params, spline.layout, inverse, False)[:2]
 
     assert torch.autograd.gradcheck(fused, (x, params))
 
@@ -111,14 +111,14 @@ def test_second_derivatives_fall_back_to_the_reference(inverse):
     x, params = inputs(spline, (50,), seed=5)
 
     def score_loss(fn):
-        _, ladj, _ = fn(x, params, spline._layout, inverse, False)
+        _, ladj, _ = fn(x, params, spline.layout, inverse, False)
         (score,) = torch.autograd.grad(ladj.sum(), x, create_graph=True)
         return torch.autograd.grad((score**2).sum(), (x, params))
 
-    for f, r in zip(score_loss(fused_spline), score_loss(_reference_map), strict=True):
+    for f, r in zip(score_loss(fused_spline), score_loss(reference_spline), strict=True):
         torch.testing.assert_close(f, r, rtol=1e-10, atol=1e-10)
     x7, p7 = inputs(spline, (5,), seed=6, scale=1.0)
-    assert torch.autograd.gradgradcheck(lambda a, b: fused_spline(a, b, spline._layout, inverse, False)[:2], (x7, p7))
+    assert torch.autograd.gradgradcheck(lambda a, b: fused_spline(a, b, spline.layout, inverse, False)[:2], (x7, p7))
 
 
 @pytest.mark.parametrize("inverse", [False, True], ids=["forward", "inverse"])
@@ -173,7 +173,7 @@ def test_float32_is_as_accurate_as_the_reference(inverse):
     spline = RationalQuadraticSpline(8, 3.0)
     x64, p64 = inputs(spline, (2000,), seed=8)
     x, params = x64.detach().float().requires_grad_(True), p64.detach().float().requires_grad_(True)
-    exact = _reference_map(x64, p64, spline._layout, inverse, True)
+    exact = reference_spline(x64, p64, spline.layout, inverse, True)
     fused, reference = both(x, params, spline, inverse)
     for f, r, e in zip(fused, reference, exact, strict=True):
         assert torch.isfinite(f).all()
@@ -283,7 +283,7 @@ def test_non_finite_inputs_give_what_the_reference_gives(inverse):
     params = torch.randn(5, spline.params_per_element, dtype=torch.float64, generator=torch.Generator().manual_seed(14))
     params[3, 0] = math.nan  # a NaN logit at a point inside
     with torch.no_grad():
-        got = rational_quadratic(x, params, spline._layout, inverse, True)
-        expected = _reference_map(x, params, spline._layout, inverse, True)
+        got = rational_quadratic(x, params, spline.layout, inverse, True)
+        expected = reference_spline(x, params, spline.layout, inverse, True)
     for f, r in zip(got, expected, strict=True):
         torch.testing.assert_close(f, r, rtol=1e-12, atol=1e-12, equal_nan=True)

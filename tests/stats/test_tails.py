@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy import stats
 
-from flowkit import stats as tails  # the estimators moved to flowkit.stats (flowkit.tails is a deprecated shim)
+from flowkit import stats as tails
 from flowkit.data import mtaf_synthetic
 
 

@@ -34,10 +34,8 @@ def _transformer(kind: str, bins: int, bound: float):
 
 
 def _knot_table(t, params: torch.Tensor) -> torch.Tensor | None:
-    if isinstance(t, RationalQuadraticSpline):
-        return t._knots(params)[0]
-    if isinstance(t, CircularSpline):
-        return t._knots_and_shift(params)[0][0]
+    if isinstance(t, (RationalQuadraticSpline, CircularSpline)):
+        return t.knots(params)[0]
     return None
 
 

@@ -162,10 +162,10 @@ def test_second_derivative_of_log_q_is_continuous_where_a_splines_is_not():
     assert _finite_difference_mismatch(smooth, x, params, 1e-5) < 1e-4
     spline = RationalQuadraticSpline(bins=6, bound=1.0)
     spline_params = _params(spline, 1, scale=1.0).expand(5, -1)
-    knots = spline._knots(spline_params[:1])[0][0, 0, 1:-1]  # the interior knots on the x axis
+    knots = spline.knots(spline_params[:1])[0][0, 0, 1:-1]  # the interior knots on the x axis
     assert _finite_difference_mismatch(spline, knots, spline_params, 1e-5) > 1.0
     # Control: halfway between its knots the spline agrees too (so the check is not just noisy).
-    edges = spline._knots(spline_params[:1])[0][0, 0]
+    edges = spline.knots(spline_params[:1])[0][0, 0]
     middles = 0.5 * (edges[1:] + edges[:-1])
     assert _finite_difference_mismatch(spline, middles, spline_params[:1].expand(6, -1), 1e-5) < 1e-4
 

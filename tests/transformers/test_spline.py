@@ -7,8 +7,8 @@ import torch
 from nflows.transforms.splines.rational_quadratic import unconstrained_rational_quadratic_spline
 from zuko.transforms import MonotonicRQSTransform
 
-from flowkit.kernels.reference import _knots, _linear_tail_derivatives
 from flowkit.transformers import CircularSpline, RationalQuadraticSpline, unconstrained_rqs
+from flowkit.transformers.rational_quadratic import spline_through_knots
 
 # Every test on both kernels of the fused spline node (`spline_kernel` in conftest.py).
 pytestmark = pytest.mark.usefixtures("spline_kernel")
@@ -25,7 +25,7 @@ def random_params(n, k=K, scale=2.0, seed=0):
 
 def knots_of(w, h, d, bound=B):
     """The knot table (x_k, y_k, delta_k) that unconstrained_rqs builds."""
-    positions, derivatives = _knots(torch.stack([w, h], -2), _linear_tail_derivatives(d, M), -bound, bound, M, M)
+    positions, derivatives = RationalQuadraticSpline(w.shape[-1], bound, M, M, M).knots(torch.cat([w, h, d], -1))
     return torch.cat([positions, derivatives.unsqueeze(-2)], dim=-2)
 
 
@@ -214,21 +214,20 @@ def test_circular_spline_is_a_smooth_circle_map():
 
 @pytest.mark.parametrize("inverse", [False, True])
 def test_hand_written_bin_gradients_match_finite_differences_to_second_order(inverse):
-    from flowkit.kernels.reference import _RationalQuadraticBin
-
+    # One bin per row, through the fixed-knots entry (its bin search has no interior knot to search).
     g = torch.Generator().manual_seed(3)
     n = 9
-    x0, y0 = torch.randn(2, n, generator=g, dtype=torch.float64)
-    width, height = 0.5 + torch.rand(2, n, generator=g, dtype=torch.float64)
-    d0, d1 = 0.2 + 2 * torch.rand(2, n, generator=g, dtype=torch.float64)
-    point = x0 + (0.05 + 0.9 * torch.rand(n, generator=g, dtype=torch.float64)) * width
-    knots = (x0, x0 + width, y0, y0 + height, d0, d1)
+    x0, y0 = torch.randn(2, n, 1, generator=g, dtype=torch.float64)
+    width, height = 0.5 + torch.rand(2, n, 1, generator=g, dtype=torch.float64)
+    derivatives = 0.2 + 2 * torch.rand(n, 2, generator=g, dtype=torch.float64)
+    point = x0 + (0.05 + 0.9 * torch.rand(n, 1, generator=g, dtype=torch.float64)) * width
+    knots = torch.stack([torch.cat([x0, x0 + width], -1), torch.cat([y0, y0 + height], -1)], -2)  # (n, 2, 2)
     if inverse:
-        point = _RationalQuadraticBin.apply(point, *knots, False, False)[0]
-    inputs = [t.clone().requires_grad_(True) for t in (point, *knots)]
+        point = spline_through_knots(point, knots, derivatives)[0]
+    inputs = [t.clone().requires_grad_(True) for t in (point, knots, derivatives)]
 
     def bin_(*args):
-        return _RationalQuadraticBin.apply(*args, inverse, False)[:2]
+        return spline_through_knots(*args, inverse)[:2]
 
     assert torch.autograd.gradcheck(bin_, inputs)
     assert torch.autograd.gradgradcheck(bin_, inputs)
@@ -273,7 +272,7 @@ def test_float32_inverse_at_a_knot_is_finite_and_gives_the_knot_derivative():
     h = torch.tensor([2.8, 1.23, 0.02, -3.16, -0.59, -2.25])
     d = torch.tensor([-1.98, 0.95, 2.99, -0.67, 0.2])
     spline = RationalQuadraticSpline(6, 2.0)
-    positions, derivatives = spline._knots(torch.cat([w, h, d]))
+    positions, derivatives = spline.knots(torch.cat([w, h, d]))
     x, ladj = unconstrained_rqs(positions[1, 1], w, h, d, 2.0, inverse=True)
     assert x == positions[0, 1]
     torch.testing.assert_close(ladj, -derivatives[1].log())
@@ -312,7 +311,7 @@ def test_inverse_root_has_no_cancellation_in_steep_bins():
     g = torch.Generator().manual_seed(11)
     spline = RationalQuadraticSpline(4, 2.0).double()
     params = (1e7 * torch.randn(20000, spline.params_per_element, generator=g, dtype=torch.float64)).round()
-    positions, _ = spline._knots(params)
+    positions, _ = spline.knots(params)
     y = torch.nextafter(positions[:, 1, :], torch.tensor(math.inf, dtype=torch.float64)).clamp(max=2.0)
     params = params[:, None].expand(-1, y.shape[1], -1)
     x, ladj = spline.inverse(y, params)

@@ -1,10 +1,10 @@
 // Rational-quadratic spline (forward and inverse, linear tails or circular) as one CPU kernel per direction.
 //
-// The maths is that of flowkit/transformers/spline.py (`_fused_forward`, `_fused_backward`), point by point:
+// The maths is that of flowkit/kernels/fused.py (`_fused_forward`, `_fused_backward`), point by point:
 // per point the bin logits are exponentiated once, the searched axis's knots are accumulated for the bin
 // search, and only the bin's two knots and two derivatives enter the bin arithmetic. The backward pass
 // recomputes the point's bin from the inputs (cheaper than saving it) and writes the point's whole row of
-// parameter cotangents. Built on first use by `flowkit._native` with torch's extension loader.
+// parameter cotangents. Built on first use by `flowkit.kernels.native` with torch's extension loader.
 
 #include <ATen/AccumulateType.h>
 #include <ATen/Dispatch.h>
@@ -23,7 +23,7 @@ namespace {
 
 // The most bins the kernel takes (its per-point tables live on the stack); more go through PyTorch.
 constexpr int64_t kMaxBins = 128;
-// Derivatives at the knots are capped here, as in spline.py (`_MAX_DERIVATIVE`).
+// Derivatives at the knots are capped here, as in transformers/rational_quadratic.py (`MAX_DERIVATIVE`).
 constexpr double kMaxDerivative = 1e12;
 // Points per task of the parallel loop.
 constexpr int64_t kGrain = 256;
@@ -74,7 +74,7 @@ struct Point {
 
 template <typename T>
 T knot(const Layout& L, const Point<T>& pt, int a, int64_t j) {
-  // knot j >= 1 of axis a: offset_{j-1} + C_{j-1} scale, offset_{j-1} = j span m + low (as `_scale_and_offset`)
+  // knot j >= 1 of axis a: offset_{j-1} + C_{j-1} scale, offset_{j-1} = j span m + low (as `SplineLayout.scale_and_offset`)
   if (j == 0) return T(L.low);
   return (T(j) * T(L.span_min[a]) + T(L.low)) + pt.sums[a][j - 1] * pt.scale[a];
 }
@@ -137,7 +137,7 @@ void evaluate(const Layout& L, const S* row, int64_t col_stride, const S* exps, 
   pt.c = pt.d0 + pt.d1 - (pt.s + pt.s);
   T xi;
   if (inverse) {
-    // a = h (s - d0) + dy c and b = h d0 - dy c (spline.py's `_solve_bin`), with c = d0 + d1 - 2s written out:
+    // a = h (s - d0) + dy c and b = h d0 - dy c (`_solve_bin`), with c = d0 + d1 - 2s written out:
     // b = d0 (h - dy) - dy (d1 - 2s), a = h s - b, free of the cancellation of h d0 against dy d0 in a steep
     // bin (where torch's fused multiply-add saves the PyTorch path, and plain arithmetic would lose digits)
     const T dy = clamped - pt.y0;
