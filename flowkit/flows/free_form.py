@@ -54,6 +54,7 @@ from ..nn import MLP
 from ..utils import as_shape
 from .base import FlowModel, require_exact_weights
 from .flow import FlowDistribution
+from .registry import preset
 
 __all__ = ["FreeFormFlow", "InjectiveFlow", "ResidualMLP", "jacobian"]
 
@@ -446,3 +447,8 @@ class InjectiveFlow(_EncoderDecoderFlow):
     def distance_to_manifold(self, x: Tensor) -> Tensor:
         """`|x - g(f(x))|`: the distance of `x` to its projection onto the learned manifold, batch shape."""
         return (x - self.reconstruct(x)).norm(dim=-1)
+
+
+@preset("free-form", "vector", "free-form flow: encoder and decoder residual MLPs (2 blocks each)", hidden=(64, 64))
+def _free_form_flow(features: int, hidden: Sequence[int]) -> FreeFormFlow:
+    return FreeFormFlow(ResidualMLP(features, hidden), ResidualMLP(features, hidden), features)

@@ -20,6 +20,7 @@ from ..distributions import Distribution, TailAdaptiveBase
 from ..transformers import RationalQuadraticSpline, Transformer
 from .flow import Flow
 from .presets import NSF, ConditionerFactory, _autoregressive, _base, _checked
+from .registry import preset
 
 __all__ = ["TailAdaptive", "COMET", "TAIL_VARIANTS"]
 
@@ -388,3 +389,29 @@ class COMET(Flow):
         x = _floating(x)
         flow = cls(x.shape[1], **kwargs)  # type: ignore[arg-type]
         return flow.to(x.dtype).fit_marginals(x)
+
+
+preset(
+    "comet",
+    "data",
+    "COMET: fitted marginals with Pareto tails, then spline couplings",
+    transforms=5,
+    hidden=(64, 64),
+    bins=8,
+)(COMET.from_data)
+preset("gtaf", "data", "gTAF: Student-t marginals, all trained", variant="gtaf", transforms=5, hidden=(64, 64), bins=8)(
+    TailAdaptive.from_data
+)
+preset(
+    "mtaf",
+    "data",
+    "mTAF: Student-t tails estimated per feature, trained",
+    variant="mtaf",
+    transforms=5,
+    hidden=(64, 64),
+    bins=8,
+)(TailAdaptive.from_data)
+preset(
+    "mtaf-fix", "data", "mTAF with the estimated tails fixed", variant="mtaf-fix", transforms=5, hidden=(64, 64), bins=8
+)(TailAdaptive.from_data)
+preset("tail-adaptive", "data", "mtaf", variant="mtaf", transforms=5, hidden=(64, 64), bins=8)(TailAdaptive.from_data)
