@@ -21,6 +21,8 @@ it and ask `exact_log_prob` and `samples_match_density` instead of testing for a
 | `auxiliary_loss()` | the layers' regularisers | the layers' | the flow's | none | none |
 | `exact_log_prob` | True[^random] | False | False | True | True |
 | `samples_match_density` | True[^random] | True | False | False | False |
+| `trains_by_likelihood` | True | True | True | False | False |
+| `with_base(base)` | yes | raises | raises | raises | raises |
 
 [^random]: False when a layer's log-determinant is a random estimate (`ladj_is_exact` False: a
     [`ContinuousFlow`][flowkit.bijectors.ContinuousFlow] with Hutchinson's trace), unbiased for training
@@ -79,6 +81,10 @@ class FlowModel(Configurable, nn.Module, ABC):
     #: Why the samples do not match the density, for error messages (where `samples_match_density` is False).
     sampler_mismatch: ClassVar[str] = ""
 
+    #: Whether maximum likelihood (of `path_log_likelihood`) trains the whole model; the free-form models'
+    #: decoders get no gradient from it, and they train by [`FreeFormLikelihood`][flowkit.train.FreeFormLikelihood].
+    trains_by_likelihood: ClassVar[bool] = True
+
     @property
     @abstractmethod
     def event_shape(self) -> torch.Size:
@@ -104,6 +110,14 @@ class FlowModel(Configurable, nn.Module, ABC):
     @abstractmethod
     def auxiliary_loss(self) -> Tensor | None:
         """The sum of the layers' regularisers, added to the objective by the fit loop (None: none)."""
+
+    def with_base(self, base: nn.Module) -> FlowModel:
+        """The same layers over the latent distribution `base` (a `Flow`'s bijector, shared).
+
+        Raises:
+            ValueError: for a model that is not a bijector over a base distribution.
+        """
+        raise ValueError(f"{type(self).__name__} is not a bijector over a base distribution: its base stays")
 
 
 def require_exact_weights(flow: object, where: str, *, density: bool = False) -> None:

@@ -132,6 +132,7 @@ class _EncoderDecoderFlow(FlowModel):
 
     _flowkit_register = False
     samples_match_density = False  # samples from the decoder, the density through the encoder
+    trains_by_likelihood = False  # the decoder trains by FreeFormLikelihood's reconstruction term
 
     def __init__(
         self,
