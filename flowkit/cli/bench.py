@@ -31,7 +31,7 @@ import torch
 from ..data import Splits, available_tabular, evaluate_nll, load, standardize, training_data
 from ..data.toy import TOY_DATASETS, toy_splits
 from ..flows import Flow
-from ..flows.registry import PRESET_NAMES, build_flow, count_parameters, parse_hidden
+from ..flows.registry import PRESET_NAMES, PRESETS, build_flow, count_parameters, parse_hidden
 from ..train import MaximumLikelihood, fit
 from .arguments import positive_float, positive_int
 
@@ -71,10 +71,10 @@ def flowkit_model(
 MODELS: dict[str, Builder] = {f"flowkit-{name}": partial(flowkit_model, name) for name in PRESET_NAMES}
 """Model name -> builder: `flowkit-NAME` for each flowkit preset."""
 
-DEFAULT_MODELS: tuple[str, ...] = ("flowkit-nsf", "flowkit-nsf-coupling", "flowkit-realnvp", "flowkit-maf")
-"""Models run by default: the discrete-flow presets this benchmark compares with zuko, nflows and normflows. The
-other presets run when named with `--models`; the families have their own benchmarks against their peers
-(`bench/families.py` for NAF, UNAF, BNAF, residual, planar and free-form flows, `bench/continuous.py` for the CNF)."""
+DEFAULT_MODELS: tuple[str, ...] = tuple(f"flowkit-{name}" for name, preset in PRESETS.items() if preset.benchmark)
+"""Models run by default: the presets declared `benchmark=True`, which this benchmark compares with zuko, nflows and
+normflows. The other presets run when named with `--models`; the families have their own benchmarks against their
+peers (`bench/families.py`, `bench/continuous.py`)."""
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

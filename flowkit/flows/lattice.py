@@ -129,7 +129,13 @@ class LatticeFlow(Flow):
 
 
 @preset(
-    "lattice", "lattice", "LatticeFlow: checkerboard couplings", one_pass=True, transforms=16, hidden=(8, 8), z2=False
+    "lattice",
+    "lattice",
+    "LatticeFlow: checkerboard couplings of periodic convolutions, on an L x L lattice",
+    one_pass=True,
+    transforms=16,
+    hidden=(8, 8),
+    z2=False,
 )
 def _lattice_flow(lattice: int | Sequence[int], **arguments: object) -> Flow:
     """`LatticeFlow` on the `(L, L)` lattice `lattice`, or on vectors of `lattice = D = L^2` features."""

@@ -46,9 +46,6 @@ KINDS = {
     "data": "training data x of shape (N, D), to which the flow is fitted",
 }
 
-#: The sizes a user may give (`None`: the preset's default); the other arguments of a declaration are fixed.
-SIZES = ("transforms", "hidden", "bins", "levels", "steps")
-
 
 @dataclass(frozen=True)
 class Preset:
@@ -59,7 +56,7 @@ class Preset:
         kind: a key of `KINDS`: what `build` takes first.
         help: one line for `--help` and the docs.
         build: the constructor, `build(first, **arguments)`.
-        arguments: the keyword arguments of `build`: default sizes (the names of `SIZES`) and fixed options.
+        arguments: the keyword arguments of `build`: default sizes (`transforms`, `hidden`, ...) and options.
         one_pass: the flow samples in one differentiable pass of its exact inverse (coupling layers): what
             reverse-KL training needs (`flowkit boltzmann --flow` offers these).
         benchmark: run by default by `flowkit bench likelihood` (the presets compared with zuko and nflows).
@@ -73,20 +70,15 @@ class Preset:
     one_pass: bool = False
     benchmark: bool = False
 
-    @property
-    def sizes(self) -> dict[str, Any]:
-        """The default sizes a user may change (`transforms`, `hidden`, ...)."""
-        return {k: v for k, v in self.arguments.items() if k in SIZES}
-
     def __call__(self, first: Any, **sizes: Any) -> Any:
-        """Build the preset on `first` (see `kind`) with `sizes` in place of the defaults (None: the default).
+        """Build the preset on `first` (see `kind`) with `sizes` in place of its arguments (None: the default).
 
         Sizes the preset does not take are ignored (`bins` for a flow without splines).
 
         Raises:
             ValueError: for a number of transforms below 1, or bad hidden sizes.
         """
-        given = {k: v for k, v in sizes.items() if v is not None and k in self.sizes}
+        given = {k: v for k, v in sizes.items() if v is not None and k in self.arguments}
         if "hidden" in given:
             given["hidden"] = parse_hidden(given["hidden"])
         for key in ("transforms", "steps", "levels"):
@@ -176,7 +168,7 @@ def build_flow(
     Arguments:
         name: a name of `PRESETS`.
         features: data dimension `D`.
-        transforms: number of layers (None: the preset's default, `PRESETS[name].sizes`).
+        transforms: number of layers (None: the preset's default, in `PRESETS[name].arguments`).
         hidden: conditioner hidden sizes (None: the preset's).
         bins: spline bins (the presets with splines; None: the preset's).
 

@@ -414,4 +414,6 @@ preset(
 preset(
     "mtaf-fix", "data", "mTAF with the estimated tails fixed", variant="mtaf-fix", transforms=5, hidden=(64, 64), bins=8
 )(TailAdaptive.from_data)
-preset("tail-adaptive", "data", "mtaf", variant="mtaf", transforms=5, hidden=(64, 64), bins=8)(TailAdaptive.from_data)
+preset("tail-adaptive", "data", "the same as mtaf", variant="mtaf", transforms=5, hidden=(64, 64), bins=8)(
+    TailAdaptive.from_data
+)

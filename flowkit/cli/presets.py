@@ -1,0 +1,54 @@
+"""The flow presets as the command line offers them: read from their declarations, before torch is imported.
+
+Each family declares its presets once, beside its code, with
+[`@preset(name, kind, help, ...)`][flowkit.flows.preset]; importing `flowkit.flows` to read them would import
+torch, which `flowkit fit --help` and the checks of option values do without. So this module reads the
+declarations from the source of `flowkit/flows` (their arguments are literals), and `tests/test_architecture.py`
+checks that what it reads is what `flowkit.flows.registry` registers.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from pathlib import Path
+from typing import Any
+
+__all__ = ["declared_presets", "preset_names", "presets_help"]
+
+
+@functools.cache
+def declared_presets() -> dict[str, dict[str, Any]]:
+    """Every declared preset, by name (sorted): its `kind`, `help`, `one_pass`, `benchmark` and `arguments`."""
+    found = {}
+    for path in sorted((Path(__file__).parents[1] / "flows").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "preset":
+                name, kind, text = (ast.literal_eval(arg) for arg in node.args)
+                keywords = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
+                flags = {flag: keywords.pop(flag, False) for flag in ("one_pass", "benchmark")}
+                found[name] = {"kind": kind, "help": text, **flags, "arguments": keywords}
+    return dict(sorted(found.items()))
+
+
+def preset_names(*kinds: str, one_pass: bool = False) -> list[str]:
+    """The names of the presets of `kinds` (all kinds when none given), only those of `one_pass` sampling if asked."""
+    return [
+        name
+        for name, declared in declared_presets().items()
+        if (not kinds or declared["kind"] in kinds) and (declared["one_pass"] or not one_pass)
+    ]
+
+
+def presets_help(names: list[str], arguments: bool = True) -> str:
+    """One line `name  help [default arguments]` for each of `names`, for a parser's epilog (raw text)."""
+
+    def shown(value: Any) -> str:
+        return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+
+    width, lines = max(map(len, names)), []
+    for name in names:
+        declared = declared_presets()[name]
+        given = " ".join(f"{key}={shown(value)}" for key, value in declared["arguments"].items())
+        lines.append(f"  {name:<{width}}  {declared['help']}" + (f" [{given}]" if arguments and given else ""))
+    return "\n".join(lines).replace("%", "%%")
