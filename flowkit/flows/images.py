@@ -133,7 +133,7 @@ def _glow_steps(
 @preset(
     "glow",
     "image",
-    "Glow: multiscale ActNorm, 1x1 convolutions and affine couplings",
+    "multiscale ActNorm, 1x1 convolutions and affine couplings",
     levels=2,
     steps=4,
     hidden=(64, 64),
@@ -231,7 +231,7 @@ class Glow(Flow):
 @preset(
     "eiw",
     "image",
-    "EIW-Flow: Glow with a learned channel shuffle before each split",
+    "Glow with a learned channel shuffle before each split",
     levels=2,
     steps=4,
     hidden=(64, 64),

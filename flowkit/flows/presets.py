@@ -199,9 +199,7 @@ def _break_symmetry(layers: Sequence[Bijector], generator: torch.Generator | Non
                 last.bias.add_(scale * (2 * noise - 1).to(last.bias.device))
 
 
-@preset(
-    "realnvp", "vector", "RealNVP: affine couplings", one_pass=True, benchmark=True, transforms=8, hidden=(128, 128)
-)
+@preset("realnvp", "vector", "affine couplings", one_pass=True, benchmark=True, transforms=8, hidden=(128, 128))
 class RealNVP(Flow):
     """RealNVP: affine couplings with alternating masks, over a standard normal by default.
 

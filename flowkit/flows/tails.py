@@ -394,7 +394,7 @@ class COMET(Flow):
 preset(
     "comet",
     "data",
-    "COMET: fitted marginals with Pareto tails, then spline couplings",
+    "fitted marginals with Pareto tails, then spline couplings",
     transforms=5,
     hidden=(64, 64),
     bins=8,
