@@ -240,7 +240,7 @@ def test_every_preset_is_declared_once_and_the_command_line_and_the_cases_derive
 
     presets = {**registry.PRESETS, **registry.DATA_PRESETS, **registry.IMAGE_PRESETS}
     # What the command line reads from the source (without torch) is what the families' modules register.
-    fields = ("kind", "help", "one_pass", "benchmark", "arguments")
+    fields = ("kind", "help", "one_pass", "bench", "arguments")
     assert declared_presets() == {name: {f: getattr(p, f) for f in fields} for name, p in sorted(presets.items())}
     assert set(FLOW_PRESETS) == set(presets), "every declared preset has its case in tests/cases.py, and no other"
     parser = build_parser()
@@ -251,7 +251,7 @@ def test_every_preset_is_declared_once_and_the_command_line_and_the_cases_derive
     assert [n for n in _option(parser, "boltzmann", "--flow").choices if n not in RENAMED_FLOWS] == one_pass
     assert set(RENAMED_FLOWS.values()) <= set(one_pass)
     assert list(MODELS) == [f"flowkit-{name}" for name in vectors]
-    assert DEFAULT_MODELS == tuple(f"flowkit-{name}" for name, p in registry.PRESETS.items() if p.benchmark)
+    assert DEFAULT_MODELS == tuple(f"flowkit-{name}" for name, p in registry.PRESETS.items() if p.bench)
     fit_help, boltzmann_help = (" ".join(_option(parser, c).format_help().split()) for c in ("fit", "boltzmann"))
     for name, p in presets.items():
         assert f"{name} {p.help}" in fit_help, f"flowkit fit --help does not show {name}'s declared help"

@@ -17,7 +17,7 @@ def presets_table() -> str:
     from flowkit.flows import registry
 
     rows = ["| name | kind | flow | default arguments |", "|---|---|---|---|"]
-    marks = {"one_pass": "one pass", "benchmark": "benchmark"}
+    marks = {"one_pass": "one pass", "bench": "benchmark"}
     presets = {**registry.PRESETS, **registry.IMAGE_PRESETS, **registry.DATA_PRESETS}
     for name, preset in presets.items():
         path = preset.build.__qualname__

@@ -71,8 +71,8 @@ def flowkit_model(
 MODELS: dict[str, Builder] = {f"flowkit-{name}": partial(flowkit_model, name) for name in PRESET_NAMES}
 """Model name -> builder: `flowkit-NAME` for each flowkit preset."""
 
-DEFAULT_MODELS: tuple[str, ...] = tuple(f"flowkit-{name}" for name, preset in PRESETS.items() if preset.benchmark)
-"""Models run by default: the presets declared `benchmark=True`, which this benchmark compares with zuko, nflows and
+DEFAULT_MODELS: tuple[str, ...] = tuple(f"flowkit-{name}" for name, preset in PRESETS.items() if preset.bench)
+"""Models run by default: the presets declared `bench=True`, which this benchmark compares with zuko, nflows and
 normflows. The other presets run when named with `--models`; the families have their own benchmarks against their
 peers (`bench/families.py`, `bench/continuous.py`)."""
 

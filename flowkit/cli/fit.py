@@ -189,9 +189,7 @@ def _objective(args: argparse.Namespace, flow: Any) -> Any:
     regularize, training = getattr(args, "regularize", None), getattr(args, "train", "likelihood")
     if not flow.trains_by_likelihood:
         if regularize or training != "likelihood":
-            raise ValueError(
-                f"{type(flow).__name__} trains by free-form maximum likelihood: no --regularize or --train"
-            )
+            raise ValueError(f"{type(flow).__name__} trains by free-form likelihood: no --regularize or --train")
         return FreeFormLikelihood(beta=getattr(args, "beta", 10.0))
     continuous = bool(continuous_layers(flow))
     if (regularize or training == "flow-matching") and not continuous:
@@ -220,7 +218,7 @@ def fit_dataset(args: argparse.Namespace) -> dict[str, Any]:
     from .. import io
     from ..data import evaluate_nll, load, standardize, training_data
     from ..distributions import StudentT
-    from ..flows.registry import build_flow, count_parameters, parse_hidden
+    from ..flows.registry import build_data_flow, build_flow, build_image_flow, count_parameters, parse_hidden
     from ..train import default_threads, fit
 
     if args.no_standardize and args.robust_standardize:
@@ -238,11 +236,15 @@ def fit_dataset(args: argparse.Namespace) -> dict[str, Any]:
     if args.transforms is not None and not {"transforms", "steps"} & set(declared["arguments"]):
         sizes = ", ".join(f"--{size}" for size in ("hidden", "bins") if size in declared["arguments"])
         raise ValueError(f"--transforms does not apply to --model {name}: size it with {sizes}")
-    vectors = declared["kind"] in ("vector", "lattice")
-    if declared["kind"] == "data":
-        flow = _tail_flow(args, name, data, hidden)
-    elif declared["kind"] == "image":
-        flow = _image_flow(args, name, data, hidden)
+    kind = declared["kind"]
+    vectors, images = kind in ("vector", "lattice"), "image data (digits-images, fashion-mnist, fashion-mnist-28)"
+    dims = {"data": (2, "tabular data of shape (N, D)"), "image": (4, images)}.get(kind)
+    if dims and data.train.dim() != dims[0]:
+        raise ValueError(f"--model {name} needs {dims[1]}")
+    if kind == "data":  # fitted to the training split: the tail flows and COMET scale the data themselves
+        flow = build_data_flow(name, data.train, transforms=args.transforms, hidden=hidden, bins=args.bins)
+    elif kind == "image":  # images in [0, 1], not standardised: the flow's logit layer preprocesses them
+        flow = build_image_flow(name, data.train.shape[1:], levels=args.levels, steps=args.transforms, hidden=hidden)
     else:
         flow = build_flow(name, data.features, transforms=args.transforms, hidden=hidden, bins=args.bins)
         if getattr(args, "base", "normal") == "student-t":
@@ -356,26 +358,6 @@ def prepare_output(
         path = out / name
         shutil.rmtree(path) if path.is_dir() else path.unlink()
     return None
-
-
-def _tail_flow(args: argparse.Namespace, name: str, data: Any, hidden: Any) -> Any:
-    """The `--model` flow for heavy tails, fitted to the training split."""
-    from ..flows.registry import build_data_flow
-
-    if data.train.dim() != 2:
-        raise ValueError(f"--model {name} needs tabular data of shape (N, D)")
-    flow = build_data_flow(name, data.train, transforms=args.transforms, hidden=hidden, bins=args.bins)
-    return flow  # tail-adaptive flows standardise by median and IQR themselves, COMET's marginals scale the data
-
-
-def _image_flow(args: argparse.Namespace, name: str, data: Any, hidden: Any) -> Any:
-    """The `--model` image flow (images in `[0, 1]`, no standardisation: its logit layer preprocesses)."""
-    from ..flows.registry import build_image_flow
-
-    if data.train.dim() != 4:
-        raise ValueError(f"--model {name} needs image data (digits-images, fashion-mnist, fashion-mnist-28)")
-    shape = tuple(data.train.shape[1:])
-    return build_image_flow(name, shape, levels=args.levels, steps=args.transforms, hidden=hidden)
 
 
 def _plots(flow: Any, history: Any, data: Any, out: Path) -> None:

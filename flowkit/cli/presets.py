@@ -1,10 +1,8 @@
-"""The flow presets as the command line offers them: read from their declarations, before torch is imported.
+"""The flow presets as the command line offers them, read from their declarations before torch is imported.
 
-Each family declares its presets once, beside its code, with
-[`@preset(name, kind, help, ...)`][flowkit.flows.preset]; importing `flowkit.flows` to read them would import
-torch, which `flowkit fit --help` and the checks of option values do without. So this module reads the
-declarations from the source of `flowkit/flows` (their arguments are literals), and `tests/test_architecture.py`
-checks that what it reads is what `flowkit.flows.registry` registers.
+Each family declares its presets once, beside its code, with [`@preset(...)`][flowkit.flows.preset]; importing
+`flowkit.flows` would import torch, which `flowkit fit --help` does without, so this module reads the (literal)
+declarations from the source; `tests/test_architecture.py` checks that it reads what the registry registers.
 """
 
 from __future__ import annotations
@@ -19,25 +17,22 @@ __all__ = ["declared_presets", "preset_names", "presets_help"]
 
 @functools.cache
 def declared_presets() -> dict[str, dict[str, Any]]:
-    """Every declared preset, by name (sorted): its `kind`, `help`, `one_pass`, `benchmark` and `arguments`."""
+    """Every declared preset, by name (sorted): its `kind`, `help`, `one_pass`, `bench` and `arguments`."""
     found = {}
     for path in sorted((Path(__file__).parents[1] / "flows").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "preset":
-                name, kind, text = (ast.literal_eval(arg) for arg in node.args)
+                name, text = (ast.literal_eval(arg) for arg in node.args)
                 keywords = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
-                flags = {flag: keywords.pop(flag, False) for flag in ("one_pass", "benchmark")}
-                found[name] = {"kind": kind, "help": text, **flags, "arguments": keywords}
+                flags = {flag: keywords.pop(flag, False) for flag in ("one_pass", "bench")}
+                found[name] = {"kind": keywords.pop("kind", "vector"), "help": text, **flags, "arguments": keywords}
     return dict(sorted(found.items()))
 
 
 def preset_names(*kinds: str, one_pass: bool = False) -> list[str]:
-    """The names of the presets of `kinds` (all kinds when none given), only those of `one_pass` sampling if asked."""
-    return [
-        name
-        for name, declared in declared_presets().items()
-        if (not kinds or declared["kind"] in kinds) and (declared["one_pass"] or not one_pass)
-    ]
+    """The names of the presets of `kinds` (None given: all), only those that sample in one pass if `one_pass`."""
+    presets = declared_presets().items()
+    return [name for name, p in presets if (not kinds or p["kind"] in kinds) and (p["one_pass"] or not one_pass)]
 
 
 def presets_help(names: list[str], arguments: bool = True) -> str:

@@ -18,7 +18,7 @@ from .rigid import RigidBodyFlow
 from .tails import COMET, TailAdaptive
 
 # isort: split
-# Last: the modules above declare their presets in the registry's tables as they run.
+# Last: the modules above fill the registry's tables as they run.
 from .registry import DATA_PRESETS, PRESET_NAMES, PRESETS, Preset, build_data_flow, build_flow, parse_hidden, preset
 
 __all__ = [

@@ -112,11 +112,7 @@ class FlowModel(Configurable, nn.Module, ABC):
         """The sum of the layers' regularisers, added to the objective by the fit loop (None: none)."""
 
     def with_base(self, base: nn.Module) -> FlowModel:
-        """The same layers over the latent distribution `base` (a `Flow`'s bijector, shared).
-
-        Raises:
-            ValueError: for a model that is not a bijector over a base distribution.
-        """
+        """The same layers (shared) over the latent distribution `base`; a ValueError where there are none."""
         raise ValueError(f"{type(self).__name__} is not a bijector over a base distribution: its base stays")
 
 

@@ -14,13 +14,7 @@ from .registry import preset
 __all__ = ["CNF"]
 
 
-@preset(
-    "cnf",
-    "vector",
-    "continuous normalizing flow (FFJORD), trained by likelihood or flow matching",
-    transforms=1,
-    hidden=(64, 64),
-)
+@preset("cnf", "continuous normalizing flow (FFJORD)", transforms=1, hidden=(64, 64))
 class CNF(Flow):
     r"""Continuous normalizing flow (FFJORD): `transforms` ODE blocks with MLP vector fields.
 

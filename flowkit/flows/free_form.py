@@ -450,6 +450,6 @@ class InjectiveFlow(_EncoderDecoderFlow):
         return (x - self.reconstruct(x)).norm(dim=-1)
 
 
-@preset("free-form", "vector", "free-form flow: encoder and decoder residual MLPs (2 blocks each)", hidden=(64, 64))
+@preset("free-form", "free-form flow: residual MLPs as encoder and decoder", hidden=(64, 64))
 def _free_form_flow(features: int, hidden: Sequence[int]) -> FreeFormFlow:
     return FreeFormFlow(ResidualMLP(features, hidden), ResidualMLP(features, hidden), features)

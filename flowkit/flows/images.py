@@ -130,14 +130,7 @@ def _glow_steps(
     return build
 
 
-@preset(
-    "glow",
-    "image",
-    "multiscale ActNorm, 1x1 convolutions and affine couplings",
-    levels=2,
-    steps=4,
-    hidden=(64, 64),
-)
+@preset("glow", "multiscale ActNorm, 1x1 convolutions, couplings", kind="image", levels=2, steps=4, hidden=(64, 64))
 class Glow(Flow):
     r"""Glow: a multiscale flow of ActNorm, invertible 1x1 convolutions and affine couplings, for images in `[0, 1]`.
 
@@ -228,14 +221,7 @@ class Glow(Flow):
         return math.prod(self.event_shape)
 
 
-@preset(
-    "eiw",
-    "image",
-    "Glow with a learned channel shuffle before each split",
-    levels=2,
-    steps=4,
-    hidden=(64, 64),
-)
+@preset("eiw", "Glow with learned channel shuffles", kind="image", levels=2, steps=4, hidden=(64, 64))
 class EIW(Glow):
     r"""EIW-Flow (per reference code): [`Glow`][flowkit.flows.Glow] with a learned channel shuffle before each split.
 

@@ -128,15 +128,7 @@ class LatticeFlow(Flow):
         super().__init__(Chain(*layers), StandardNormal(torch.Size(shape)) if base is None else base)
 
 
-@preset(
-    "lattice",
-    "lattice",
-    "LatticeFlow: checkerboard couplings of periodic convolutions, on an L x L lattice",
-    one_pass=True,
-    transforms=16,
-    hidden=(8, 8),
-    z2=False,
-)
+@preset("lattice", "checkerboard couplings", kind="lattice", one_pass=True, transforms=16, hidden=(8, 8), z2=False)
 def _lattice_flow(lattice: int | Sequence[int], **arguments: object) -> Flow:
     """`LatticeFlow` on the `(L, L)` lattice `lattice`, or on vectors of `lattice = D = L^2` features."""
     if not isinstance(lattice, int):

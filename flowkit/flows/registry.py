@@ -1,10 +1,8 @@
 """Flow presets by name: each family declares its presets once, beside its code, with [`preset`][flowkit.flows.preset].
 
 A declaration gives the name users type (`flowkit fit --flow NAME`, `flowkit boltzmann --flow NAME`,
-`flowkit-NAME` in `flowkit bench likelihood`), its kind, its default sizes and a one-line help; the tables
-below, the command line's choices and help (`flowkit fit --help` lists them with their sizes) and the table
-of presets in the command-line guide are all read from the declarations. Adding a family is one
-`@preset(...)` in its own module.
+`flowkit-NAME` in `flowkit bench likelihood`), its kind, default sizes and a one-line help; the tables below,
+the command line's choices and help and the guide's table of presets are all read from the declarations.
 
 Example:
     ```python
@@ -38,13 +36,9 @@ __all__ = [
     "build_image_flow",
 ]
 
-#: The kinds of preset: what the first argument of `build` is.
-KINDS = {
-    "vector": "features D (vectors of shape (D,))",
-    "lattice": "an (L, L) lattice, or D = L^2 features of vectors",
-    "image": "an image shape (C, H, W), images in [0, 1]",
-    "data": "training data x of shape (N, D), to which the flow is fitted",
-}
+#: The kinds of preset, by what `build` takes first: features `D`; an `(L, L)` lattice (or `D = L^2` features);
+#: an image shape `(C, H, W)` (images in `[0, 1]`); training data `x` `(N, D)`, to which the flow is fitted.
+KINDS = ("vector", "lattice", "image", "data")
 
 
 @dataclass(frozen=True)
@@ -53,13 +47,13 @@ class Preset:
 
     Attributes:
         name: the name users type (lower case; `-` between words).
-        kind: a key of `KINDS`: what `build` takes first.
+        kind: one of `KINDS`: what `build` takes first.
         help: one line for `--help` and the docs.
         build: the constructor, `build(first, **arguments)`.
         arguments: the keyword arguments of `build`: default sizes (`transforms`, `hidden`, ...) and options.
         one_pass: the flow samples in one differentiable pass of its exact inverse (coupling layers): what
             reverse-KL training needs (`flowkit boltzmann --flow` offers these).
-        benchmark: run by default by `flowkit bench likelihood` (the presets compared with zuko and nflows).
+        bench: run by default by `flowkit bench likelihood` (the presets compared with zuko and nflows).
     """
 
     name: str
@@ -68,12 +62,10 @@ class Preset:
     build: Callable[..., Any]
     arguments: dict[str, Any] = field(default_factory=dict)
     one_pass: bool = False
-    benchmark: bool = False
+    bench: bool = False
 
     def __call__(self, first: Any, **sizes: Any) -> Any:
-        """Build the preset on `first` (see `kind`) with `sizes` in place of its arguments (None: the default).
-
-        Sizes the preset does not take are ignored (`bins` for a flow without splines).
+        """Build on `first` (see `kind`) with `sizes` for its arguments (None, or one it does not take: ignored).
 
         Raises:
             ValueError: for a number of transforms below 1, or bad hidden sizes.
@@ -81,13 +73,11 @@ class Preset:
         given = {k: v for k, v in sizes.items() if v is not None and k in self.arguments}
         if "hidden" in given:
             given["hidden"] = parse_hidden(given["hidden"])
-        for key in ("transforms", "steps", "levels"):
-            if given.get(key, 1) < 1:
-                raise ValueError(f"{key} must be at least 1, got {given[key]}")
+        if given.get("transforms", 1) < 1:
+            raise ValueError(f"transforms must be at least 1, got {given['transforms']}")
         return self.build(first, **{**self.arguments, **given})
 
 
-#: The tables the declarations fill, by kind.
 PRESETS: dict[str, Preset] = {}
 """Presets on vectors (and lattices as vectors), by name: [`build_flow`][flowkit.flows.build_flow] builds them."""
 
@@ -107,24 +97,23 @@ Built = TypeVar("Built", bound=Callable[..., Any])
 
 
 def preset(
-    name: str, kind: str, help: str, *, one_pass: bool = False, benchmark: bool = False, **arguments: Any
+    name: str, help: str, kind: str = "vector", *, one_pass: bool = False, bench: bool = False, **arguments: Any
 ) -> Callable[[Built], Built]:
     """Declare the decorated constructor (a flow class or a factory) a preset; returns it unchanged.
 
-    The declaration is read both here, when its module runs, and by the command line from the source without
-    importing it (`flowkit fit --help` imports no torch): give every argument as a literal.
+    The command line reads declarations from the source, without torch: give every argument as a literal.
 
     Arguments:
         name: the name users type.
-        kind: a key of `KINDS`.
         help: one line.
+        kind: one of `KINDS`.
         one_pass: see [`Preset`][flowkit.flows.Preset].
-        benchmark: see [`Preset`][flowkit.flows.Preset].
-        **arguments: the keyword arguments of the constructor: default sizes and fixed options.
+        bench: see [`Preset`][flowkit.flows.Preset].
+        **arguments: the constructor's keyword arguments: default sizes and options.
 
     Example:
         ```python
-        @preset("maf", "vector", "masked autoregressive flow of affine MADE layers", transforms=5, hidden=(64, 64))
+        @preset("maf", "masked autoregressive flow of affine MADE layers", transforms=5, hidden=(64, 64))
         class MAF(Flow): ...
         ```
     """
@@ -133,10 +122,9 @@ def preset(
 
     def declare(build: Built) -> Built:
         table = _TABLES[kind]
-        table[name] = Preset(name, kind, help, build, arguments, one_pass, benchmark)
-        ordered = sorted(table.items())  # by name, as the command line lists them
+        ordered = sorted({**table, name: Preset(name, kind, help, build, arguments, one_pass, bench)}.items())
         table.clear()
-        table.update(ordered)
+        table.update(ordered)  # by name, as the command line lists them
         return build
 
     return declare

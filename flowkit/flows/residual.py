@@ -62,7 +62,7 @@ class ResidualFlow(Flow):
         super().__init__(Chain(*layers), _base(base, features))
 
 
-@preset("planar", "vector", "planar flow: a stack of planar layers", transforms=16)
+@preset("planar", "planar flow: a stack of planar layers", transforms=16)
 class PlanarFlow(Flow):
     """Planar flow: `transforms` planar layers.
 
@@ -80,8 +80,6 @@ class PlanarFlow(Flow):
         super().__init__(Chain(*(Planar(features) for _ in range(transforms))), _base(base, features))
 
 
-@preset(
-    "residual", "vector", "residual flow: exact log-det up to 4 features, series above", transforms=5, hidden=(64, 64)
-)
+@preset("residual", "residual flow (exact log-det up to 4 features)", transforms=5, hidden=(64, 64))
 def _residual_flow(features: int, **sizes: object) -> ResidualFlow:
     return ResidualFlow(features, logdet="exact" if features <= 4 else "series", **sizes)

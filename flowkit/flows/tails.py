@@ -391,29 +391,12 @@ class COMET(Flow):
         return flow.to(x.dtype).fit_marginals(x)
 
 
-preset(
-    "comet",
-    "data",
-    "fitted marginals with Pareto tails, then spline couplings",
-    transforms=5,
-    hidden=(64, 64),
-    bins=8,
-)(COMET.from_data)
-preset("gtaf", "data", "gTAF: Student-t marginals, all trained", variant="gtaf", transforms=5, hidden=(64, 64), bins=8)(
-    TailAdaptive.from_data
-)
-preset(
-    "mtaf",
-    "data",
-    "mTAF: Student-t tails estimated per feature, trained",
-    variant="mtaf",
-    transforms=5,
-    hidden=(64, 64),
-    bins=8,
-)(TailAdaptive.from_data)
-preset(
-    "mtaf-fix", "data", "mTAF with the estimated tails fixed", variant="mtaf-fix", transforms=5, hidden=(64, 64), bins=8
-)(TailAdaptive.from_data)
-preset("tail-adaptive", "data", "the same as mtaf", variant="mtaf", transforms=5, hidden=(64, 64), bins=8)(
-    TailAdaptive.from_data
-)
+preset("comet", "copula NSF, fitted marginals", kind="data", transforms=5, hidden=(64, 64), bins=8)(COMET.from_data)
+
+
+@preset("gtaf", "gTAF: Student-t marginals", kind="data", variant="gtaf", transforms=5, hidden=(64, 64), bins=8)
+@preset("mtaf", "mTAF: estimated Student-t tails", kind="data", variant="mtaf", transforms=5, hidden=(64, 64), bins=8)
+@preset("mtaf-fix", "mTAF, tails fixed", kind="data", variant="mtaf-fix", transforms=5, hidden=(64, 64), bins=8)
+@preset("tail-adaptive", "the same as mtaf", kind="data", variant="mtaf", transforms=5, hidden=(64, 64), bins=8)
+def _tail_adaptive(x: Tensor, **arguments: object) -> TailAdaptive:
+    return TailAdaptive.from_data(x, **arguments)  # type: ignore[arg-type]
