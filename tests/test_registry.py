@@ -56,13 +56,13 @@ def test_a_declaration_registers_its_constructor_unchanged():
         return features
 
     try:
-        assert preset("test-only", "vector", "a test preset", transforms=2, hidden=(3,))(build) is build
+        assert preset("test-only", "a test preset", transforms=2, hidden=(3,))(build) is build
         assert PRESETS["test-only"](5, transforms=4, hidden=None) == 5
         assert calls == [(5, {"transforms": 4, "hidden": (3,)})]
     finally:
         del PRESETS["test-only"]
     with pytest.raises(ValueError, match="kind must be one of vector, lattice, image, data, got 'tabular'"):
-        preset("x", "tabular", "no such kind")
+        preset("x", "no such kind", kind="tabular")
 
 
 def test_unknown_name_is_a_clear_error_listing_the_names():

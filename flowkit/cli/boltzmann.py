@@ -267,12 +267,8 @@ def train_boltzmann(args: argparse.Namespace) -> dict[str, Any]:
 
     spec = TARGET_SPECS[args.target]
     if args.flow in RENAMED_FLOWS:  # the name of another flow in flowkit fit
-        new = RENAMED_FLOWS[args.flow]
-        meaning = f"it will mean the {args.flow} of flowkit fit"
-        warnings.warn(
-            f"--flow {args.flow} is the preset {new}; {meaning}: use --flow {new}", FutureWarning, stacklevel=2
-        )
-        args.flow = new
+        args.flow, old = RENAMED_FLOWS[args.flow], args.flow
+        warnings.warn(f"--flow {old} is {args.flow}; it will mean the {old} of flowkit fit", FutureWarning, 2)
     for name, value in {**DEFAULTS, **spec.defaults}.items():  # the options the user left out
         if getattr(args, name) is None:
             setattr(args, name, value)

@@ -210,7 +210,7 @@ def test_flow_nsf_is_still_the_coupling_nsf_with_a_future_warning(tmp_path, monk
         with pytest.raises(_Stop):
             main([*args, "--flow", name, "--out", str(tmp_path / name)])
     err = capsys.readouterr().err
-    assert "flowkit boltzmann: warning: --flow nsf is the preset nsf-coupling; it will mean the nsf of" in err
+    assert "flowkit boltzmann: warning: --flow nsf is nsf-coupling; it will mean the nsf of flowkit fit" in err
     assert err.count("warning") == 1
     old, new = (flow.state_dict() for flow in built)
     assert old.keys() == new.keys() and all(torch.equal(old[k], new[k]) for k in old)  # the same flow, bit for bit
