@@ -19,7 +19,7 @@ __all__ = ["declared_presets", "preset_names", "presets_help"]
 def declared_presets() -> dict[str, dict[str, Any]]:
     """Every declared preset, by name (sorted): its `kind`, `help`, `one_pass`, `bench` and `arguments`."""
     found = {}
-    for path in sorted((Path(__file__).parents[1] / "flows").glob("*.py")):
+    for path in sorted((Path(__file__).parents[1] / "flows").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "preset":
                 name, text = (ast.literal_eval(arg) for arg in node.args)
