@@ -37,13 +37,9 @@ def preset_names(*kinds: str, one_pass: bool = False) -> list[str]:
 
 def presets_help(names: list[str], arguments: bool = True) -> str:
     """One line `name  help [default arguments]` for each of `names`, for a parser's epilog (raw text)."""
-
-    def shown(value: Any) -> str:
-        return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
-
     width, lines = max(map(len, names)), []
     for name in names:
         declared = declared_presets()[name]
-        given = " ".join(f"{key}={shown(value)}" for key, value in declared["arguments"].items())
+        given = ", ".join(f"{key}={value}" for key, value in declared["arguments"].items())
         lines.append(f"  {name:<{width}}  {declared['help']}" + (f" [{given}]" if arguments and given else ""))
     return "\n".join(lines).replace("%", "%%")

@@ -2,14 +2,8 @@
 
 A declaration gives the name users type (`flowkit fit --flow NAME`, `flowkit boltzmann --flow NAME`,
 `flowkit-NAME` in `flowkit bench likelihood`), its kind, default sizes and a one-line help; the tables below,
-the command line's choices and help and the guide's table of presets are all read from the declarations.
-
-Example:
-    ```python
-    from flowkit.flows import build_flow, parse_hidden
-
-    flow = build_flow("maf", 3, transforms=2, hidden=parse_hidden("16,16"))
-    ```
+the command line's choices and help and the guide's table of presets are all read from the declarations:
+`build_flow("maf", 3, transforms=2, hidden=parse_hidden("16,16"))` builds the `maf` preset.
 """
 
 from __future__ import annotations
