@@ -33,7 +33,7 @@ from ..data.toy import TOY_DATASETS, toy_splits
 from ..flows import Flow
 from ..flows.registry import PRESET_NAMES, PRESETS, build_flow, count_parameters, parse_hidden
 from ..train import MaximumLikelihood, fit
-from .arguments import positive_float, positive_int
+from .arguments import add_threads, positive_float, positive_int
 
 __all__ = [
     "MODELS",
@@ -119,12 +119,7 @@ def add_arguments(
     parser.add_argument(
         "--root", default=None, help="data directory of the tabular sets (default $FLOWKIT_DATA or ./data)"
     )
-    parser.add_argument(
-        "--threads",
-        type=positive_int,
-        default=None,
-        help="torch CPU threads (default: 1 for data of at most 16 features)",
-    )
+    add_threads(parser, "default 1 for data of at most 16 features")
     parser.add_argument("--out", default="bench/results/likelihood.json", help="JSON output file")
     return parser
 

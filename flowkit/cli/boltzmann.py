@@ -41,7 +41,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from .arguments import int_at_least, non_negative_float, non_negative_int, positive_float, positive_int
+from .arguments import add_threads, int_at_least, non_negative_float, non_negative_int, positive_float, positive_int
 from .fit import prepare_output
 from .presets import presets_help
 from .targets import FLOWS, RENAMED_FLOWS, TARGET_SPECS, Evaluation
@@ -209,13 +209,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--imh-steps", type=int_at_least(2), default=10_000, help="length of the IMH chain (default 10000)"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed (default 0; also the GMM means)")
-    parser.add_argument(
-        "--threads",
-        type=positive_int,
-        default=1,
-        help="torch CPU threads (default 1: these flows are small, and more threads make them many times slower "
-        "on a busy machine)",
-    )
+    add_threads(parser, "default 1: more threads make these small flows slower on a busy machine", 1)
     parser.add_argument("--out", default=None, help="output directory (default runs/boltzmann-<target>)")
     parser.add_argument(
         "--force", action="store_true", help="replace the run in --out (its model, metrics, history and plots)"

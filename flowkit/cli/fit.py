@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .arguments import non_negative_float, positive_float, positive_int
+from .arguments import add_threads, non_negative_float, positive_float, positive_int
 from .presets import declared_presets, preset_names, presets_help
 
 __all__ = ["add_parser", "run", "fit_dataset", "prepare_output", "OUTPUTS"]
@@ -131,13 +131,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--root", default=None, help="data directory of the tabular benchmarks (default $FLOWKIT_DATA or ./data)"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of initialisation, data order and splits (default 0)")
-    parser.add_argument(
-        "--threads",
-        type=positive_int,
-        default=None,
-        help="torch CPU threads (default: 1 for data with at most 16 features, else torch's choice; "
-        "more threads make small flows many times slower on a busy machine)",
-    )
+    add_threads(parser, "default 1 for data of at most 16 features, else torch's; more slow small flows down")
     parser.add_argument(
         "--out", default=None, help="output directory (default runs/<dataset>); an existing run is refused"
     )
