@@ -1,8 +1,7 @@
-"""The flow presets as the command line offers them, read from their declarations before torch is imported.
+"""The flow presets the command line offers, read from their declarations ([`preset`][flowkit.flows.preset]).
 
-Each family declares its presets once, beside its code, with [`@preset(...)`][flowkit.flows.preset]; importing
-`flowkit.flows` would import torch, which `flowkit fit --help` does without, so this module reads the (literal)
-declarations from the source; `tests/test_architecture.py` checks that it reads what the registry registers.
+Read from the source: importing `flowkit.flows` would import torch, which `flowkit fit --help` does without
+(`tests/test_architecture.py` checks that what is read here is what the registry registers).
 """
 
 from __future__ import annotations

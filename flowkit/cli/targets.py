@@ -221,10 +221,7 @@ def _md_samples(args: argparse.Namespace, target: Any) -> Any:
 
 
 def _preset_flow(args: argparse.Namespace, target: Any, samples: Any) -> Any:
-    """The `--flow` preset on the target: a lattice flow on its lattice, or a flow on its events as vectors.
-
-    A flow on vectors is standardised by the samples when given; a lattice target's events are flattened for it.
-    """
+    """The `--flow` preset on the target's lattice, or on its events as vectors (standardised by the samples)."""
     from ..bijectors import Chain, Reshape
     from ..data import standardize
     from ..distributions import StandardNormal
