@@ -4,10 +4,12 @@ Each entry maps a case name to a function that builds the object (and, for
 bijectors, an input batch), so importing this table is cheap and every test
 builds its cases afresh under the suite's seed (see ``conftest.py``).
 
-A new public bijector, stochastic block, transformer or base distribution
-needs one entry here: the completeness tests (``tests/bijectors/test_sweep.py``,
-``tests/flows/test_stochastic.py``, ``tests/transformers/test_base.py``,
-``tests/distributions/test_sweep.py``) fail for a concrete public class that no case builds.
+A new public bijector, stochastic block, transformer, base distribution or
+flow preset (an ``@preset`` declaration) needs one entry here: the completeness
+tests (``tests/bijectors/test_sweep.py``, ``tests/flows/test_stochastic.py``,
+``tests/transformers/test_base.py``, ``tests/distributions/test_sweep.py``) fail for a
+concrete public class that no case builds, and ``tests/test_architecture.py``
+for a declared preset without a case.
 """
 
 from __future__ import annotations
@@ -70,8 +72,9 @@ from flowkit.distributions import (
     TailAdaptiveBase,
 )
 from flowkit.domains import Circle
-from flowkit.flows import LangevinBlock, MetropolisBlock
+from flowkit.flows import FlowModel, LangevinBlock, MetropolisBlock
 from flowkit.flows.images import EIW
+from flowkit.flows.registry import build_data_flow, build_flow, build_image_flow
 from flowkit.lattice import Z2Equivariant
 from flowkit.nn import MLP, ConvNet, VectorField
 from flowkit.testing import randomize
@@ -408,6 +411,50 @@ DISTRIBUTIONS: dict[str, Callable[[], Distribution]] = {
     "StudentT": lambda: StudentT(2, df=[1.5, 4.0]),
     "StudentT(learn_df)": lambda: randomize(StudentT(1, df=3.0, learn_df=True, min_df=0.5)),
     "TailAdaptiveBase": lambda: TailAdaptiveBase([None, 2.5], learn_df=True),
+}
+
+
+def _heavy_tailed() -> Tensor:
+    """2000 points of two features with tail indices 2 and 5 (`z u^{-1/a}`): enough for the data presets' fits."""
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(2000, 2, generator=g) * torch.rand(2000, 2, generator=g).pow(-1 / torch.tensor([2.0, 5.0]))
+
+
+def _vector(name: str, features: int = 3, **sizes: object) -> tuple[FlowModel, Tensor]:
+    return build_flow(name, features, **{"hidden": (8,), **sizes}), torch.randn(6, features)
+
+
+def _image(name: str) -> tuple[FlowModel, Tensor]:
+    return build_image_flow(name, (1, 4, 4), levels=2, steps=1, hidden=(4,)), torch.rand(6, 1, 4, 4)
+
+
+def _fitted(name: str) -> tuple[FlowModel, Tensor]:
+    x = _heavy_tailed()
+    return build_data_flow(name, x, transforms=1, hidden=(4,), bins=4), x[:6]
+
+
+#: Flow presets, one per ``@preset`` declaration: name -> ``() -> (flow, x)`` at small sizes; see
+#: tests/test_registry.py.
+FLOW_PRESETS: dict[str, Callable[[], tuple[FlowModel, Tensor]]] = {
+    "bnaf": lambda: _vector("bnaf", transforms=2, hidden=(4,)),
+    "cnf": lambda: _vector("cnf"),
+    "free-form": lambda: _vector("free-form"),
+    "lattice": lambda: _vector("lattice", 16, transforms=2),
+    "maf": lambda: _vector("maf", transforms=2),
+    "naf": lambda: _vector("naf", transforms=2),
+    "nsf": lambda: _vector("nsf", transforms=2, bins=4),
+    "nsf-coupling": lambda: _vector("nsf-coupling", transforms=2, bins=4),
+    "planar": lambda: _vector("planar", transforms=2),
+    "realnvp": lambda: _vector("realnvp", transforms=2),
+    "residual": lambda: _vector("residual", transforms=2),
+    "unaf": lambda: _vector("unaf", transforms=2),
+    "eiw": lambda: _image("eiw"),
+    "glow": lambda: _image("glow"),
+    "comet": lambda: _fitted("comet"),
+    "gtaf": lambda: _fitted("gtaf"),
+    "mtaf": lambda: _fitted("mtaf"),
+    "mtaf-fix": lambda: _fitted("mtaf-fix"),
+    "tail-adaptive": lambda: _fitted("tail-adaptive"),
 }
 
 

@@ -2,6 +2,7 @@
 
 import __future__
 
+import argparse
 import ast
 import importlib
 import pkgutil
@@ -262,16 +263,6 @@ def test_the_tests_mirror_the_package_layout():
     assert subpackages - folders == set(), f"subpackages without a test folder: {sorted(subpackages - folders)}"
 
 
-#: The `isinstance` tests on a flow class that remain outside `flowkit/flows/` and `flowkit/io.py`, by (module,
-#: function). Each belongs to another part of issue 39, which makes it ask the flow contract; empty this after
-#: merging them: `train/dependent.py` (the dependent-data objective), `cli/fit.py` (the presets), and the
-#: standardisation (`data/standardize.py`, the fit loop's `_standardize`).
-FLOW_ISINSTANCE_ALLOWED = {
-    ("flowkit.cli.fit", "_objective"),
-    ("flowkit.cli.fit", "fit_dataset"),
-}
-
-
 def _flow_classes() -> set[str]:
     """The names of `FlowModel` and all its subclasses (`CompiledFlow` among them)."""
     from flowkit.flows.base import FlowModel
@@ -319,7 +310,50 @@ def test_no_isinstance_on_a_flow_class_outside_flows():
         tree = ast.parse(path.read_text())
         own = {node.name for node in tree.body if isinstance(node, ast.ClassDef)}
         found |= {(module, function) for function, name in _class_tests(tree, classes) if name not in own}
-    unexpected = sorted(found - FLOW_ISINSTANCE_ALLOWED)
-    assert not unexpected, f"isinstance on a flow class (ask the flow contract instead) in {unexpected}"
-    stale = sorted(FLOW_ISINSTANCE_ALLOWED - found)
-    assert not stale, f"FLOW_ISINSTANCE_ALLOWED names sites that no longer test a flow class: {stale}"
+    assert not found, f"isinstance on a flow class (ask the flow contract instead) in {sorted(found)}"
+
+
+def _option(parser: argparse.ArgumentParser, *path: str) -> argparse.ArgumentParser | argparse.Action:
+    """The subparser at `path` (`"fit"`, `"bench", "likelihood"`), or its action `--NAME` when `path` ends with one."""
+    for name in path:
+        if name.startswith("--"):
+            return next(a for a in parser._actions if name in a.option_strings)
+        parser = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[name]
+    return parser
+
+
+def test_every_preset_is_declared_once_and_the_command_line_and_the_cases_derive_from_it():
+    """Issue 39: a preset's name, help and registry case come from its `@preset` declaration, and from nowhere else."""
+    from cases import FLOW_PRESETS
+
+    from flowkit.cli import build_parser
+    from flowkit.cli.bench import DEFAULT_MODELS, MODELS
+    from flowkit.cli.presets import declared_presets
+    from flowkit.cli.targets import RENAMED_FLOWS
+    from flowkit.flows import registry
+
+    presets = {**registry.PRESETS, **registry.DATA_PRESETS, **registry.IMAGE_PRESETS}
+    # What the command line reads from the source (without torch) is what the families' modules register.
+    fields = ("kind", "help", "one_pass", "bench", "arguments")
+    assert declared_presets() == {name: {f: getattr(p, f) for f in fields} for name, p in sorted(presets.items())}
+    assert set(FLOW_PRESETS) == set(presets), "every declared preset has its case in tests/cases.py, and no other"
+    parser = build_parser()
+    vectors = list(registry.PRESETS)
+    one_pass = [name for name, p in registry.PRESETS.items() if p.one_pass]
+    assert list(_option(parser, "fit", "--model").choices) == sorted(presets)
+    assert list(_option(parser, "fit", "--flow").choices) == vectors
+    assert [n for n in _option(parser, "boltzmann", "--flow").choices if n not in RENAMED_FLOWS] == one_pass
+    assert set(RENAMED_FLOWS.values()) <= set(one_pass)
+    assert list(MODELS) == [f"flowkit-{name}" for name in vectors]
+    assert DEFAULT_MODELS == tuple(f"flowkit-{name}" for name, p in registry.PRESETS.items() if p.bench)
+    fit_help, boltzmann_help = (" ".join(_option(parser, c).format_help().split()) for c in ("fit", "boltzmann"))
+    for name, p in presets.items():
+        assert f"{name} {p.help}" in fit_help, f"flowkit fit --help does not show {name}'s declared help"
+        assert (f"{name} {p.help}" in boltzmann_help) == (name in one_pass), name
+    # No table of preset names in the command line: no tuple, list, set or dict keys naming two or more.
+    names = set(presets) | {f"flowkit-{name}" for name in presets}
+    for path in sorted((ROOT / "cli").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            items = node.keys if isinstance(node, ast.Dict) else getattr(node, "elts", [])
+            named = [i.value for i in items if isinstance(i, ast.Constant) and i.value in names]
+            assert len(named) < 2, f"{path.name}:{node.lineno} lists presets {named}: read their declarations"

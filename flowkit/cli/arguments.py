@@ -14,7 +14,7 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
-__all__ = ["positive_int", "non_negative_int", "int_at_least", "positive_float", "non_negative_float"]
+__all__ = ["positive_int", "non_negative_int", "int_at_least", "positive_float", "non_negative_float", "add_threads"]
 
 
 def _checked(convert: Callable[[str], T], allowed: Callable[[T], bool], rule: str) -> Callable[[str], T]:
@@ -56,3 +56,8 @@ non_negative_int = _integer(0, "a non-negative integer")
 positive_float = _real(True, "a positive number")
 #: Finite numbers >= 0 (0 for off, e.g. `--clip 0`).
 non_negative_float = _real(False, "a non-negative number")
+
+
+def add_threads(parser: argparse.ArgumentParser, default_help: str, default: int | None = None) -> None:
+    """Add the option `--threads` (torch CPU threads) with its `default`, which `default_help` explains."""
+    parser.add_argument("--threads", type=positive_int, default=default, help=f"torch CPU threads ({default_help})")

@@ -31,9 +31,9 @@ import torch
 from ..data import Splits, available_tabular, evaluate_nll, load, standardize, training_data
 from ..data.toy import TOY_DATASETS, toy_splits
 from ..flows import Flow
-from ..flows.registry import PRESET_NAMES, build_flow, count_parameters, parse_hidden
+from ..flows.registry import PRESET_NAMES, PRESETS, build_flow, count_parameters, parse_hidden
 from ..train import MaximumLikelihood, fit
-from .arguments import positive_float, positive_int
+from .arguments import add_threads, positive_float, positive_int
 
 __all__ = [
     "MODELS",
@@ -71,10 +71,10 @@ def flowkit_model(
 MODELS: dict[str, Builder] = {f"flowkit-{name}": partial(flowkit_model, name) for name in PRESET_NAMES}
 """Model name -> builder: `flowkit-NAME` for each flowkit preset."""
 
-DEFAULT_MODELS: tuple[str, ...] = ("flowkit-nsf", "flowkit-nsf-coupling", "flowkit-realnvp", "flowkit-maf")
-"""Models run by default: the discrete-flow presets this benchmark compares with zuko, nflows and normflows. The
-other presets run when named with `--models`; the families have their own benchmarks against their peers
-(`bench/families.py` for NAF, UNAF, BNAF, residual, planar and free-form flows, `bench/continuous.py` for the CNF)."""
+DEFAULT_MODELS: tuple[str, ...] = tuple(f"flowkit-{name}" for name, preset in PRESETS.items() if preset.bench)
+"""Models run by default: the presets declared `bench=True`, which this benchmark compares with zuko, nflows and
+normflows. The other presets run when named with `--models`; the families have their own benchmarks against their
+peers (`bench/families.py`, `bench/continuous.py`)."""
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -119,12 +119,7 @@ def add_arguments(
     parser.add_argument(
         "--root", default=None, help="data directory of the tabular sets (default $FLOWKIT_DATA or ./data)"
     )
-    parser.add_argument(
-        "--threads",
-        type=positive_int,
-        default=None,
-        help="torch CPU threads (default: 1 for data of at most 16 features)",
-    )
+    add_threads(parser, "default 1 for data of at most 16 features")
     parser.add_argument("--out", default="bench/results/likelihood.json", help="JSON output file")
     return parser
 

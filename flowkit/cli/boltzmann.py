@@ -37,12 +37,14 @@ import argparse
 import json
 import math
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
-from .arguments import int_at_least, non_negative_float, non_negative_int, positive_float, positive_int
+from .arguments import add_threads, int_at_least, non_negative_float, non_negative_int, positive_float, positive_int
 from .fit import prepare_output
-from .targets import FLOWS, TARGET_SPECS, Evaluation
+from .presets import presets_help
+from .targets import FLOWS, RENAMED_FLOWS, TARGET_SPECS, Evaluation
 
 __all__ = ["add_parser", "run", "TARGETS", "OUTPUTS", "DEFAULTS"]
 
@@ -73,11 +75,14 @@ TARGETS = tuple(TARGET_SPECS)
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register the `flowkit boltzmann` subcommand."""
+    flows = [name for name in FLOWS if name not in RENAMED_FLOWS]
     parser = subparsers.add_parser(
         "boltzmann",
         help="train a Boltzmann generator on a target energy",
         description="Train a flow on a target energy (reverse KL, optionally with ML on exact samples); "
         "write the model, metrics.json (ESS, log Z, IMH acceptance), history and plots.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=f"flows (--flow NAME; --transforms and --hidden size them):\n{presets_help(flows, arguments=False)}",
     )
     parser.add_argument("target", metavar="TARGET", choices=TARGETS, help=", ".join(TARGETS))
     parser.add_argument(
@@ -103,7 +108,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--flow",
         default="realnvp",
         choices=list(FLOWS),
-        help="realnvp, nsf (coupling) or lattice (phi4: checkerboard conv couplings); default realnvp",
+        metavar="NAME",
+        help="a flow that samples in one pass (the list below; default realnvp); "
+        + ", ".join(f"{old}: deprecated, the old name of {new}" for old, new in RENAMED_FLOWS.items()),
     )
     parser.add_argument("--transforms", type=positive_int, default=6, help="coupling layers (default 6)")
     parser.add_argument("--hidden", default="64,64", help="hidden sizes (default 64,64)")
@@ -202,13 +209,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--imh-steps", type=int_at_least(2), default=10_000, help="length of the IMH chain (default 10000)"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed (default 0; also the GMM means)")
-    parser.add_argument(
-        "--threads",
-        type=positive_int,
-        default=1,
-        help="torch CPU threads (default 1: these flows are small, and more threads make them many times slower "
-        "on a busy machine)",
-    )
+    add_threads(parser, "default 1: more threads make these small flows slower on a busy machine", 1)
     parser.add_argument("--out", default=None, help="output directory (default runs/boltzmann-<target>)")
     parser.add_argument(
         "--force", action="store_true", help="replace the run in --out (its model, metrics, history and plots)"
@@ -259,6 +260,9 @@ def train_boltzmann(args: argparse.Namespace) -> dict[str, Any]:
     from ..train import fit
 
     spec = TARGET_SPECS[args.target]
+    if args.flow in RENAMED_FLOWS:  # the name of another flow in flowkit fit
+        args.flow, old = RENAMED_FLOWS[args.flow], args.flow
+        warnings.warn(f"--flow {old} is {args.flow}; it will mean the {old} of flowkit fit", FutureWarning, 2)
     for name, value in {**DEFAULTS, **spec.defaults}.items():  # the options the user left out
         if getattr(args, name) is None:
             setattr(args, name, value)

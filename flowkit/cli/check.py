@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TextIO
 
-from .arguments import positive_float, positive_int
+from .arguments import add_threads, positive_float, positive_int
 
 __all__ = ["add_parser", "run", "progress"]
 
@@ -41,12 +41,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--mass-tol", type=positive_float, default=1e-2, help="tolerance on the total mass in 1-D/2-D (default 0.01)"
     )
-    parser.add_argument(
-        "--threads",
-        type=positive_int,
-        default=None,
-        help="torch CPU threads (default: 1 for events of at most 16 numbers)",
-    )
+    add_threads(parser, "default 1 for events of at most 16 numbers")
     parser.set_defaults(func=run)
     return parser
 

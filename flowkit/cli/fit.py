@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .arguments import non_negative_float, positive_float, positive_int
+from .arguments import add_threads, non_negative_float, positive_float, positive_int
+from .presets import declared_presets, preset_names, presets_help
 
 __all__ = ["add_parser", "run", "fit_dataset", "prepare_output", "OUTPUTS"]
 
@@ -44,10 +45,16 @@ DEFAULT_REGULARIZATION = 0.01
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register the `flowkit fit` subcommand."""
+    vectors, images, fitted = (preset_names(*kinds) for kinds in (("vector", "lattice"), ("image",), ("data",)))
     parser = subparsers.add_parser(
         "fit",
         help="fit a flow to data (built-in name or CSV/TSV/NPY file)",
         description="Fit a flow to a dataset by maximum likelihood; write the model, metrics.json, history and plots.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=f"flows on vectors (--flow NAME or --model NAME), at their default sizes [the options change them]:\n"
+        f"{presets_help(vectors)}\nimage flows (--model NAME for digits-images, fashion-mnist, fashion-mnist-28; "
+        f"--transforms: steps per level):\n{presets_help(images)}\nflows fitted to the training data (--model NAME; "
+        f"for heavy tails, they scale the data themselves):\n{presets_help(fitted)}",
     )
     parser.add_argument(
         "data",
@@ -57,18 +64,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "digits-images, fashion-mnist, fashion-mnist-28) or a .csv/.tsv/.npy file",
     )
     parser.add_argument(
-        "--flow",
-        default="nsf",
-        help="nsf, nsf-coupling, realnvp, maf, naf, unaf, bnaf, residual, planar, free-form or cnf (default: nsf)",
+        "--flow", default="nsf", type=str.lower, choices=vectors, metavar="NAME", help="a flow on vectors (default nsf)"
     )
     parser.add_argument(
         "--model",
         default=None,
-        help="a flow preset by name (any --flow name, and the families registered in flowkit.flows.PRESETS); "
-        "or a multiscale image flow (glow, eiw) for digits-images, fashion-mnist or fashion-mnist-28 "
-        "(--levels: default 2; --transforms: steps per level, default 4; --hidden: default 64,64); or a flow "
-        "for heavy tails fitted to the training data: tail-adaptive (= mtaf), mtaf-fix, gtaf, comet "
-        "(--transforms default 5, --hidden default 64,64, --bins; they scale the data themselves)",
+        type=str.lower,
+        choices=preset_names(),
+        metavar="NAME",
+        help="any flow of the lists below, in place of --flow",
     )
     parser.add_argument(
         "--base",
@@ -77,23 +81,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="latent distribution of a --flow preset: standard normal, or Student-t with trained df (see --df)",
     )
     parser.add_argument("--df", type=positive_float, default=5.0, help="starting df of --base student-t (default 5)")
-    parser.add_argument(
-        "--levels", type=positive_int, default=None, help="levels of the --model image flow (default 2)"
-    )
-    parser.add_argument(
-        "--coupling", action="store_true", help="NSF with coupling layers instead of autoregressive ones"
-    )
-    parser.add_argument(
-        "--transforms", type=positive_int, default=None, help="number of layers (default 5; 8 for realnvp)"
-    )
-    parser.add_argument("--hidden", default=None, help="hidden sizes, e.g. 128,128 (default 128,128; 64,64 for maf)")
-    parser.add_argument("--bins", type=positive_int, default=8, help="spline bins (nsf; default 8)")
+    parser.add_argument("--levels", type=positive_int, default=None, help="levels of an image flow (default: its own)")
+    parser.add_argument("--coupling", action="store_true", help="the preset NAME-coupling of --flow NAME")
+    parser.add_argument("--transforms", type=positive_int, default=None, help="number of layers (default: the flow's)")
+    parser.add_argument("--hidden", default=None, help="hidden sizes, e.g. 128,128 (default: the flow's)")
+    parser.add_argument("--bins", type=positive_int, default=None, help="spline bins (default: the flow's)")
     parser.add_argument(
         "--beta",
         type=float,
         default=10.0,
-        help="weight of the reconstruction error of --model free-form, which trains by free-form maximum "
-        "likelihood (flowkit.train.FreeFormLikelihood; default 10)",
+        help="weight of the reconstruction error of a free-form flow (--model free-form), which trains by free-form "
+        "maximum likelihood (flowkit.train.FreeFormLikelihood; default 10)",
     )
     parser.add_argument("--steps", type=positive_int, default=2000, help="optimisation steps (default 2000)")
     parser.add_argument("--batch-size", type=positive_int, default=256, help="batch size (default 256)")
@@ -133,13 +131,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--root", default=None, help="data directory of the tabular benchmarks (default $FLOWKIT_DATA or ./data)"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of initialisation, data order and splits (default 0)")
-    parser.add_argument(
-        "--threads",
-        type=positive_int,
-        default=None,
-        help="torch CPU threads (default: 1 for data with at most 16 features, else torch's choice; "
-        "more threads make small flows many times slower on a busy machine)",
-    )
+    add_threads(parser, "default 1 for data of at most 16 features, else torch's; more slow small flows down")
     parser.add_argument(
         "--out", default=None, help="output directory (default runs/<dataset>); an existing run is refused"
     )
@@ -181,17 +173,17 @@ def _regularizers(text: str | None) -> dict[str, float]:
 def _objective(args: argparse.Namespace, flow: Any) -> Any:
     """The objective of `--train` and `--regularize`: maximum likelihood, RNODE-regularised for a continuous flow.
 
-    A free-form flow trains by [`FreeFormLikelihood`][flowkit.train.FreeFormLikelihood] with `--beta`.
+    A flow that maximum likelihood does not train (a free-form flow) trains by
+    [`FreeFormLikelihood`][flowkit.train.FreeFormLikelihood] with `--beta`.
     """
     from ..bijectors.continuous import continuous_layers
-    from ..flows import FreeFormFlow
     from ..train import FreeFormLikelihood, MaximumLikelihood
     from ..train.continuous import FlowMatching, RegularizedLikelihood
 
     regularize, training = getattr(args, "regularize", None), getattr(args, "train", "likelihood")
-    if isinstance(flow, FreeFormFlow):
+    if flow.free_form:
         if regularize or training != "likelihood":
-            raise ValueError("--model free-form trains by free-form maximum likelihood: no --regularize or --train")
+            raise ValueError(f"{type(flow).__name__} trains by free-form likelihood: no --regularize or --train")
         return FreeFormLikelihood(beta=getattr(args, "beta", 10.0))
     continuous = bool(continuous_layers(flow))
     if (regularize or training == "flow-matching") and not continuous:
@@ -204,16 +196,13 @@ def _objective(args: argparse.Namespace, flow: Any) -> Any:
 
 
 def _preset_name(flow: str, coupling: bool) -> str:
-    """The preset of `--flow FLOW` with or without `--coupling` (`nsf` with `--coupling` is `nsf-coupling`)."""
-    from ..flows.registry import PRESETS
-
+    """The preset of `--flow NAME` with or without `--coupling` (`NAME-coupling`, for `nsf`: `nsf-coupling`)."""
     name = flow.lower()
-    if not coupling or name not in PRESETS or name == "nsf-coupling":
+    if not coupling or name.endswith("-coupling"):
         return name
-    if name != "nsf":
-        always = "always" if name == "realnvp" else "never"
-        raise ValueError(f"--coupling applies to nsf only ({name} is {always} coupling)")
-    return "nsf-coupling"
+    if f"{name}-coupling" not in declared_presets():
+        raise ValueError(f"--coupling: there is no preset {name}-coupling (--flow NAME names the flow itself)")
+    return f"{name}-coupling"
 
 
 def fit_dataset(args: argparse.Namespace) -> dict[str, Any]:
@@ -223,8 +212,7 @@ def fit_dataset(args: argparse.Namespace) -> dict[str, Any]:
     from .. import io
     from ..data import evaluate_nll, load, standardize, training_data
     from ..distributions import StudentT
-    from ..flows import Flow, FreeFormFlow
-    from ..flows.registry import build_flow, count_parameters, parse_hidden
+    from ..flows.registry import build_data_flow, build_flow, build_image_flow, count_parameters, parse_hidden
     from ..train import default_threads, fit
 
     if args.no_standardize and args.robust_standardize:
@@ -237,21 +225,27 @@ def fit_dataset(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.out or Path("runs") / Path(data.name).stem)
     resumed_from = prepare_output(out, force=args.force, resume=args.resume, steps=args.steps)
     torch.manual_seed(args.seed)
-    model = _model_kind(args.model)
-    if model == "tails":
-        name, flow = args.model, _tail_flow(args, data, hidden)
-    elif model == "image":
-        name, flow = args.model, _image_flow(args, data, hidden)
+    name = _preset_name(args.model or args.flow, args.coupling)
+    declared = declared_presets()[name]
+    if args.transforms is not None and not {"transforms", "steps"} & set(declared["arguments"]):
+        sizes = ", ".join(f"--{size}" for size in ("hidden", "bins") if size in declared["arguments"])
+        raise ValueError(f"--transforms does not apply to --model {name}: size it with {sizes}")
+    kind = declared["kind"]
+    vectors, images = kind in ("vector", "lattice"), "image data (digits-images, fashion-mnist, fashion-mnist-28)"
+    dims = {"data": (2, "tabular data of shape (N, D)"), "image": (4, images)}.get(kind)
+    if dims and data.train.dim() != dims[0]:
+        raise ValueError(f"--model {name} needs {dims[1]}")
+    if kind == "data":  # fitted to the training split: the tail flows and COMET scale the data themselves
+        flow = build_data_flow(name, data.train, transforms=args.transforms, hidden=hidden, bins=args.bins)
+    elif kind == "image":  # images in [0, 1], not standardised: the flow's logit layer preprocesses them
+        flow = build_image_flow(name, data.train.shape[1:], levels=args.levels, steps=args.transforms, hidden=hidden)
     else:
-        name = _preset_name(args.model or args.flow, args.coupling)
         flow = build_flow(name, data.features, transforms=args.transforms, hidden=hidden, bins=args.bins)
-        free_form = isinstance(flow, FreeFormFlow)
-        if free_form and args.transforms is not None:
-            raise ValueError("--transforms does not apply to --model free-form (two networks): size it with --hidden")
         if getattr(args, "base", "normal") == "student-t":
-            if free_form:
-                raise ValueError("--base student-t applies to the bijective presets, not to --model free-form")
-            flow = Flow(flow.bijector, StudentT(flow.event_shape, df=args.df, learn_df=True))
+            try:
+                flow = flow.with_base(StudentT(flow.event_shape, df=args.df, learn_df=True))
+            except ValueError as error:
+                raise ValueError(f"--base student-t applies to the bijective presets: {error}") from None
         if not args.no_standardize:
             flow = standardize(flow, data.train, robust=args.robust_standardize)
     out.mkdir(parents=True, exist_ok=True)
@@ -288,8 +282,8 @@ def fit_dataset(args: argparse.Namespace) -> dict[str, Any]:
         "best_step": history.best_step,
         "skipped_steps": len(history.skipped),
         "train_seconds": round(seconds, 2),
-        "standardized": not args.no_standardize and model == "preset",
-        "robust_standardized": args.robust_standardize and model == "preset",
+        "standardized": not args.no_standardize and vectors,
+        "robust_standardized": args.robust_standardize and vectors,
         "seed": args.seed,
         "objective": type(objective).__name__,
     }
@@ -358,40 +352,6 @@ def prepare_output(
         path = out / name
         shutil.rmtree(path) if path.is_dir() else path.unlink()
     return None
-
-
-def _model_kind(model: str | None) -> str:
-    """What `--model` names: `"tails"`, `"image"`, or `"preset"` (none given, or a `build_flow` preset)."""
-    from ..flows.registry import DATA_PRESETS, IMAGE_PRESETS, PRESET_NAMES
-
-    if model is None or model in PRESET_NAMES:
-        return "preset"
-    if model in DATA_PRESETS:
-        return "tails"
-    if model in IMAGE_PRESETS:
-        return "image"
-    known = ", ".join((*PRESET_NAMES, *IMAGE_PRESETS, *DATA_PRESETS))
-    raise ValueError(f"unknown --model {model!r}; choose one of {known}")
-
-
-def _tail_flow(args: argparse.Namespace, data: Any, hidden: Any) -> Any:
-    """The `--model` flow for heavy tails, fitted to the training split."""
-    from ..flows.registry import build_data_flow
-
-    if data.train.dim() != 2:
-        raise ValueError(f"--model {args.model} needs tabular data of shape (N, D)")
-    flow = build_data_flow(args.model, data.train, transforms=args.transforms, hidden=hidden, bins=args.bins)
-    return flow  # tail-adaptive flows standardise by median and IQR themselves, COMET's marginals scale the data
-
-
-def _image_flow(args: argparse.Namespace, data: Any, hidden: Any) -> Any:
-    """The `--model` image flow (images in `[0, 1]`, no standardisation: its logit layer preprocesses)."""
-    from ..flows.registry import build_image_flow
-
-    if data.train.dim() != 4:
-        raise ValueError(f"--model {args.model} needs image data (digits-images, fashion-mnist, fashion-mnist-28)")
-    shape = tuple(data.train.shape[1:])
-    return build_image_flow(args.model, shape, levels=args.levels, steps=args.transforms, hidden=hidden)
 
 
 def _plots(flow: Any, history: Any, data: Any, out: Path) -> None:

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .arguments import positive_int
+from .arguments import add_threads, positive_int
 
 __all__ = ["add_parser", "run", "model_directory", "column_names"]
 
@@ -37,12 +37,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("-n", type=positive_int, default=1000, help="number of samples (default 1000)")
     parser.add_argument("--out", default="-", help="output file, .npy, .csv or .tsv (default -: CSV on stdout)")
     parser.add_argument("--seed", type=int, default=None, help="seed of the draw")
-    parser.add_argument(
-        "--threads",
-        type=positive_int,
-        default=None,
-        help="torch CPU threads (default: 1 for events of at most 16 numbers)",
-    )
+    add_threads(parser, "default 1 for events of at most 16 numbers")
     parser.set_defaults(func=run)
     return parser
 

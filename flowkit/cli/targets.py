@@ -2,7 +2,7 @@
 
 `TARGET_SPECS` maps each `TARGET` name to what the command needs of it: the target, the flow, the
 maximum-likelihood samples, the target's own metrics and its plots. The targets on vectors and lattices take
-their flow from `FLOWS` by `--flow` name; the others bring their own (rigid bodies a
+the flow preset named by `--flow` (those that sample in one pass: `FLOWS`); the others bring their own (rigid bodies a
 [`RigidBodyFlow`][flowkit.flows.RigidBodyFlow], the molecule an internal-coordinate flow) and ignore `--flow`.
 A new target is one entry in `TARGET_SPECS` (the command's `TARGET` choices are its keys); a plot file it
 writes must also be in `flowkit.cli.boltzmann.OUTPUTS`, which `--force` clears.
@@ -17,11 +17,12 @@ import argparse
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TargetSpec", "Evaluation", "TARGET_SPECS", "FLOWS"]
+from .presets import preset_names
+
+__all__ = ["TargetSpec", "Evaluation", "TARGET_SPECS", "FLOWS", "RENAMED_FLOWS"]
 
 
 def _exact_samples(args: argparse.Namespace, target: Any) -> Any:
@@ -219,16 +220,21 @@ def _md_samples(args: argparse.Namespace, target: Any) -> Any:
 # --- flows
 
 
-def _coupling_flow(preset: str, args: argparse.Namespace, target: Any, samples: Any) -> Any:
-    """A coupling preset on the target's vectors (standardised by the samples when given), lattices flattened."""
+def _preset_flow(args: argparse.Namespace, target: Any, samples: Any) -> Any:
+    """The `--flow` preset on the target's lattice, or on its events as vectors (standardised by the samples)."""
     from ..bijectors import Chain, Reshape
     from ..data import standardize
     from ..distributions import StandardNormal
-    from ..flows import Flow, build_flow, parse_hidden
+    from ..flows import PRESETS, Flow
 
-    shape = tuple(target.event_shape)
+    shape, preset = tuple(target.event_shape), PRESETS[RENAMED_FLOWS.get(args.flow, args.flow)]
+    sizes = {"transforms": args.transforms, "hidden": args.hidden}
+    if preset.kind == "lattice":
+        if len(shape) != 2:
+            raise ValueError(f"--flow {args.flow} needs a lattice target (phi4, yukawa), got {args.target}")
+        return preset(shape, z2=bool(getattr(args, "z2", False)), **sizes)
     features = math.prod(shape)
-    flow = build_flow(preset, features, transforms=args.transforms, hidden=parse_hidden(args.hidden))
+    flow = preset(features, **sizes)
     if samples is not None:
         flow = standardize(flow, samples.reshape(samples.shape[0], -1))
     if len(shape) == 1:
@@ -237,27 +243,13 @@ def _coupling_flow(preset: str, args: argparse.Namespace, target: Any, samples: 
     return Flow(bijector, StandardNormal(shape))
 
 
-def _lattice_flow(args: argparse.Namespace, target: Any, samples: Any) -> Any:
-    """A [`LatticeFlow`][flowkit.flows.LatticeFlow] of checkerboard conv couplings (`--z2`: Z2-symmetric)."""
-    from ..flows import LatticeFlow, parse_hidden
+#: Names `--flow` took with another meaning than in `flowkit fit`, and the preset each meant (with a FutureWarning).
+RENAMED_FLOWS = {"nsf": "nsf-coupling"}
 
-    shape = tuple(target.event_shape)
-    if len(shape) != 2:
-        raise ValueError(f"--flow lattice needs a lattice target (phi4), got {args.target}")
-    hidden = parse_hidden(args.hidden)
-    return LatticeFlow(shape, transforms=args.transforms, hidden=hidden, z2=bool(getattr(args, "z2", False)))
-
-
-FLOWS: dict[str, Callable[[argparse.Namespace, Any, Any], Any]] = {
-    "realnvp": partial(_coupling_flow, "realnvp"),
-    "nsf": partial(_coupling_flow, "nsf-coupling"),
-    "lattice": _lattice_flow,
-}
-"""`--flow` name -> `(args, target, samples) -> flow`, for the targets on vectors and lattices."""
-
-
-def _flow_by_name(args: argparse.Namespace, target: Any, samples: Any) -> Any:
-    return FLOWS[args.flow](args, target, samples)
+FLOWS: dict[str, Callable[[argparse.Namespace, Any, Any], Any]] = dict.fromkeys(
+    [*preset_names("vector", "lattice", one_pass=True), *RENAMED_FLOWS], _preset_flow
+)
+"""`--flow` name -> `(args, target, samples) -> flow`: the presets that sample in one pass (reverse KL needs it)."""
 
 
 def _rigid_flow(args: argparse.Namespace, target: Any, samples: Any) -> Any:
@@ -490,19 +482,19 @@ def _orientation_plot(run: Evaluation, out: Path) -> None:
 _DENSITY_FILES = ("density.png", "target.png")
 
 TARGET_SPECS: dict[str, TargetSpec] = {
-    "double-well": TargetSpec(_double_well, _flow_by_name, plots=_density_plots, plot_files=_DENSITY_FILES),
-    "many-well": TargetSpec(_many_well, _flow_by_name, plots=_density_plots, plot_files=_DENSITY_FILES),
-    "gmm": TargetSpec(_gmm, _flow_by_name, plots=_density_plots, plot_files=_DENSITY_FILES, metrics=_modes_covered),
+    "double-well": TargetSpec(_double_well, _preset_flow, plots=_density_plots, plot_files=_DENSITY_FILES),
+    "many-well": TargetSpec(_many_well, _preset_flow, plots=_density_plots, plot_files=_DENSITY_FILES),
+    "gmm": TargetSpec(_gmm, _preset_flow, plots=_density_plots, plot_files=_DENSITY_FILES, metrics=_modes_covered),
     "phi4": TargetSpec(
         _phi4,
-        _flow_by_name,
+        _preset_flow,
         plots=_lattice_plots,
         plot_files=("configurations.png", "magnetization.png", "autocorrelation.png"),
         metrics=_lattice_observables,
     ),
     "yukawa": TargetSpec(
         _yukawa,
-        _flow_by_name,
+        _preset_flow,
         plots=_lattice_plots,
         plot_files=("configurations.png", "magnetization.png", "autocorrelation.png"),
         metrics=_yukawa_observables,

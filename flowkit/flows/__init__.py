@@ -13,11 +13,14 @@ from .lattice import LatticeFlow
 from .molecules import internal_coordinate_flow
 from .neural import BNAF, NAF, UNAF
 from .presets import MAF, NSF, RealNVP
-from .registry import DATA_PRESETS, PRESET_NAMES, PRESETS, build_data_flow, build_flow, parse_hidden
 from .residual import PlanarFlow, ResidualFlow
 from .rigid import RigidBodyFlow
 from .stochastic import LangevinBlock, MetropolisBlock, StochasticBlock, StochasticFlow
 from .tails import COMET, TailAdaptive
+
+# isort: split
+# Last: the modules above fill the registry's tables as they run.
+from .registry import DATA_PRESETS, PRESET_NAMES, PRESETS, Preset, build_data_flow, build_flow, parse_hidden, preset
 
 __all__ = [
     "FlowModel",
@@ -47,6 +50,8 @@ __all__ = [
     "internal_coordinate_flow",
     "TailAdaptive",
     "COMET",
+    "Preset",
+    "preset",
     "PRESETS",
     "PRESET_NAMES",
     "build_flow",

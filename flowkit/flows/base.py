@@ -27,6 +27,7 @@ it and ask its abilities (`exact_log_prob`, `samples_match_density`, `bijective`
 | `samples_match_density` | True[^random] | True | False | False | False |
 | `bijective` | True | False | False | False | False |
 | `free_form` | False | False | False | True | True |
+| `with_base(base)` | yes | raises | raises | raises | raises |
 
 [^random]: False when a layer's log-determinant is a random estimate (`ladj_is_exact` False: a
     [`ContinuousFlow`][flowkit.bijectors.ContinuousFlow] with Hutchinson's trace), unbiased for training
@@ -194,6 +195,10 @@ class FlowModel(Configurable, nn.Module, ABC):
         """The largest bound `B` of the splines the data meet unscaled (the identity outside `[-B, B]`), else None."""
         bounds = [float(m.bound) for m in self.modules() if isinstance(getattr(m, "bound", None), (int, float))]
         return max(bounds) if bounds else None
+
+    def with_base(self, base: nn.Module) -> FlowModel:
+        """The same layers (shared) over the latent distribution `base`; a ValueError where there are none."""
+        raise ValueError(f"{type(self).__name__} is not a bijector over a base distribution: its base stays")
 
 
 def draw_latent(flow: nn.Module, shape: int | Sequence[int], context: Tensor | None, where: str) -> Tensor:

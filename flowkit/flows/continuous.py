@@ -9,10 +9,12 @@ from ..distributions import Distribution
 from ..nn import VectorField
 from .flow import Flow
 from .presets import _base
+from .registry import preset
 
 __all__ = ["CNF"]
 
 
+@preset("cnf", "continuous normalizing flow (FFJORD)", transforms=1, hidden=(64, 64))
 class CNF(Flow):
     r"""Continuous normalizing flow (FFJORD): `transforms` ODE blocks with MLP vector fields.
 

@@ -54,6 +54,7 @@ from ..nn import MLP
 from ..utils import as_shape
 from .base import FlowModel
 from .flow import FlowDistribution, data_standardization
+from .registry import preset
 
 __all__ = ["FreeFormFlow", "InjectiveFlow", "ResidualMLP", "jacobian"]
 
@@ -422,3 +423,8 @@ class InjectiveFlow(_EncoderDecoderFlow):
     def distance_to_manifold(self, x: Tensor) -> Tensor:
         """`|x - g(f(x))|`: the distance of `x` to its projection onto the learned manifold, batch shape."""
         return (x - self.reconstruct(x)).norm(dim=-1)
+
+
+@preset("free-form", "free-form flow: residual MLPs as encoder and decoder", hidden=(64, 64))
+def _free_form_flow(features: int, hidden: Sequence[int]) -> FreeFormFlow:
+    return FreeFormFlow(ResidualMLP(features, hidden), ResidualMLP(features, hidden), features)

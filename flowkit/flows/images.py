@@ -43,6 +43,7 @@ from ..utils import aggregates_auxiliary_loss, auxiliary_loss, into_open_unit_in
 from .base import FlowModel
 from .flow import Flow
 from .presets import ConditionerFactory, _checked
+from .registry import preset
 
 __all__ = ["Glow", "EIW", "multiscale", "Dequantized", "VariationalDequantizer"]
 
@@ -129,6 +130,7 @@ def _glow_steps(
     return build
 
 
+@preset("glow", "multiscale ActNorm, 1x1 convolutions, couplings", kind="image", levels=2, steps=4, hidden=(64, 64))
 class Glow(Flow):
     r"""Glow: a multiscale flow of ActNorm, invertible 1x1 convolutions and affine couplings, for images in `[0, 1]`.
 
@@ -219,6 +221,7 @@ class Glow(Flow):
         return math.prod(self.event_shape)
 
 
+@preset("eiw", "Glow with learned channel shuffles", kind="image", levels=2, steps=4, hidden=(64, 64))
 class EIW(Glow):
     r"""EIW-Flow (per reference code): [`Glow`][flowkit.flows.Glow] with a learned channel shuffle before each split.
 

@@ -14,16 +14,18 @@ invariant under $\phi \to -\phi$.
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Sequence
 
 import torch
 
 from .._validation import check_number
-from ..bijectors import Chain, MaskedCoupling
+from ..bijectors import Chain, MaskedCoupling, Reshape
 from ..distributions import Distribution, StandardNormal
 from ..transformers import Affine, Transformer
 from .flow import Flow
 from .presets import ConditionerFactory, _checked
+from .registry import preset
 
 __all__ = ["LatticeFlow"]
 
@@ -124,3 +126,15 @@ class LatticeFlow(Flow):
                 )
             )
         super().__init__(Chain(*layers), StandardNormal(torch.Size(shape)) if base is None else base)
+
+
+@preset("lattice", "checkerboard couplings", kind="lattice", one_pass=True, transforms=16, hidden=(8, 8), z2=False)
+def _lattice_flow(lattice: int | Sequence[int], **arguments: object) -> Flow:
+    """`LatticeFlow` on the `(L, L)` lattice `lattice`, or on vectors of `lattice = D = L^2` features."""
+    if not isinstance(lattice, int):
+        return LatticeFlow(lattice, **arguments)  # type: ignore[arg-type]
+    L = math.isqrt(lattice)
+    if L < 2 or L * L != lattice:
+        raise ValueError(f"lattice needs a square number L * L of features with L >= 2, got {lattice}")
+    flow = LatticeFlow(L, **arguments)  # type: ignore[arg-type]
+    return Flow(Chain(Reshape((lattice,), (L, L)), flow.bijector), flow.base)

@@ -16,10 +16,12 @@ from ..distributions import Distribution
 from ..transformers import MonotonicMLP, UnconstrainedMonotonic
 from .flow import Flow
 from .presets import ConditionerFactory, _autoregressive, _base, _checked, _with_permutations
+from .registry import preset
 
 __all__ = ["NAF", "UNAF", "BNAF"]
 
 
+@preset("naf", "neural autoregressive flow: deep sigmoidal flows from MADEs", transforms=3, hidden=(64, 64))
 class NAF(Flow):
     """Neural autoregressive flow: MADE layers emitting deep sigmoidal flows, reversals in between.
 
@@ -64,6 +66,7 @@ class NAF(Flow):
         super().__init__(_with_permutations(chain, features, random=False), _base(base, features))
 
 
+@preset("unaf", "unconstrained NAF: integrals of positive networks", transforms=3, hidden=(64, 64))
 class UNAF(Flow):
     """Unconstrained neural autoregressive flow: MADE layers emitting integrals of positive networks (UMNN).
 
@@ -111,6 +114,7 @@ class UNAF(Flow):
         super().__init__(_with_permutations(chain, features, random=False), _base(base, features))
 
 
+@preset("bnaf", "block neural autoregressive flow (hidden: per feature)", transforms=3, hidden=(16,))
 class BNAF(Flow):
     """Block neural autoregressive flow: block autoregressive layers with reversals in between.
 

@@ -47,6 +47,7 @@ from ..bijectors.coupling import coupling_mask
 from ..distributions import Distribution, StandardNormal
 from ..transformers import Affine, RationalQuadraticSpline, Transformer
 from .flow import Flow
+from .registry import preset
 
 __all__ = ["RealNVP", "MAF", "NSF"]
 
@@ -198,6 +199,7 @@ def _break_symmetry(layers: Sequence[Bijector], generator: torch.Generator | Non
                 last.bias.add_(scale * (2 * noise - 1).to(last.bias.device))
 
 
+@preset("realnvp", "affine couplings", one_pass=True, bench=True, transforms=8, hidden=(128, 128))
 class RealNVP(Flow):
     """RealNVP: affine couplings with alternating masks, over a standard normal by default.
 
@@ -239,6 +241,7 @@ class RealNVP(Flow):
         super().__init__(Chain(*layers), _base(base, features))
 
 
+@preset("maf", "masked autoregressive flow of affine MADE layers", bench=True, transforms=5, hidden=(64, 64))
 class MAF(Flow):
     """Masked autoregressive flow: affine MADE layers with reversals in between, over a standard normal by default.
 
@@ -287,6 +290,10 @@ class MAF(Flow):
         super().__init__(_with_permutations(layers, features, random=False), _base(base, features))
 
 
+@preset("nsf", "autoregressive NSF (neural spline flow)", bench=True, transforms=5, hidden=(128, 128), bins=8)
+@preset(
+    "nsf-coupling", "coupling NSF", one_pass=True, bench=True, transforms=5, hidden=(128, 128), bins=8, coupling=True
+)
 class NSF(Flow):
     r"""Neural spline flow: rational-quadratic spline layers (autoregressive or coupling) over a standard normal.
 

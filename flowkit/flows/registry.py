@@ -1,50 +1,24 @@
-"""Flow presets by name, at the sizes the command line uses.
+"""Flow presets by name: each family declares its presets once, beside its code, with [`preset`][flowkit.flows.preset].
 
-`flowkit fit --flow NAME`, `flowkit boltzmann --flow NAME` and
-`flowkit bench likelihood --models flowkit-NAME` build their flows here:
-
-| name | preset | default size |
-|---|---|---|
-| `nsf` | [`NSF`][flowkit.flows.NSF], autoregressive | 5 layers, hidden `(128, 128)`, 8 bins |
-| `nsf-coupling` | [`NSF`][flowkit.flows.NSF] with `coupling=True` | 5 layers, hidden `(128, 128)`, 8 bins |
-| `realnvp` | [`RealNVP`][flowkit.flows.RealNVP] | 8 layers, hidden `(128, 128)` |
-| `maf` | [`MAF`][flowkit.flows.MAF] | 5 layers, hidden `(64, 64)` |
-| `lattice` | [`LatticeFlow`][flowkit.flows.LatticeFlow] on `D = L^2` features (an `L x L` lattice) | 16, `(8, 8)` |
-| `naf` | [`NAF`][flowkit.flows.NAF], deep sigmoidal flows from MADEs | 3 layers, hidden `(64, 64)`, 16 units |
-| `unaf` | [`UNAF`][flowkit.flows.UNAF], integrals of positive networks from MADEs | 3 layers, hidden `(64, 64)` |
-| `bnaf` | [`BNAF`][flowkit.flows.BNAF], block neural autoregressive layers | 3 layers, hidden `(16,)` per feature |
-| `residual` | [`ResidualFlow`][flowkit.flows.ResidualFlow] (series log-det above 4 features) | 5, `(64, 64)` |
-| `planar` | [`PlanarFlow`][flowkit.flows.PlanarFlow] | 16 layers |
-| `cnf` | [`CNF`][flowkit.flows.CNF], a continuous normalizing flow (FFJORD) | 1 ODE block, hidden `(64, 64)` |
-| `free-form` | [`FreeFormFlow`][flowkit.flows.FreeFormFlow] of residual MLPs | hidden `(64, 64)`, 2 blocks |
-
-Example:
-    ```python
-    from flowkit.flows import build_flow, parse_hidden
-
-    flow = build_flow("maf", 3, transforms=2, hidden=parse_hidden("16,16"))
-    ```
+A declaration gives the name users type (`flowkit fit --flow NAME`, `flowkit boltzmann --flow NAME`,
+`flowkit-NAME` in `flowkit bench likelihood`), its kind, default sizes and a one-line help; the tables below,
+the command line's choices and help and the guide's table of presets are all read from the declarations:
+`build_flow("maf", 3, transforms=2, hidden=parse_hidden("16,16"))` builds the `maf` preset.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
-from functools import partial
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from torch import Tensor, nn
 
-from .continuous import CNF
 from .flow import Flow
-from .free_form import FreeFormFlow, ResidualMLP
-from .images import EIW, Glow
-from .lattice import LatticeFlow
-from .neural import BNAF, NAF, UNAF
-from .presets import MAF, NSF, RealNVP
-from .residual import PlanarFlow, ResidualFlow
-from .tails import COMET, TailAdaptive
 
 __all__ = [
+    "Preset",
+    "preset",
     "PRESETS",
     "PRESET_NAMES",
     "build_flow",
@@ -56,85 +30,111 @@ __all__ = [
     "build_image_flow",
 ]
 
-
-def _nsf(
-    features: int, transforms: int | None, hidden: Sequence[int] | None, bins: int, coupling: bool = False
-) -> Flow:
-    return NSF(features, transforms=transforms or 5, bins=bins, hidden=tuple(hidden or (128, 128)), coupling=coupling)
+#: The kinds of preset, by what `build` takes first: features `D`; an `(L, L)` lattice (or `D = L^2` features);
+#: an image shape `(C, H, W)` (images in `[0, 1]`); training data `x` `(N, D)`, to which the flow is fitted.
+KINDS = ("vector", "lattice", "image", "data")
 
 
-def _realnvp(features: int, transforms: int | None, hidden: Sequence[int] | None, bins: int) -> Flow:
-    if features < 2:
-        raise ValueError(f"realnvp needs at least 2 features, got {features}")
-    return RealNVP(features, transforms=transforms or 8, hidden=tuple(hidden or (128, 128)))
+@dataclass(frozen=True)
+class Preset:
+    """A flow preset: a family's constructor with its name, kind, default sizes and a one-line help.
+
+    Attributes:
+        name: the name users type (lower case; `-` between words).
+        kind: one of `KINDS`: what `build` takes first.
+        help: one line for `--help` and the docs.
+        build: the constructor, `build(first, **arguments)`.
+        arguments: the keyword arguments of `build`: default sizes (`transforms`, `hidden`, ...) and options.
+        one_pass: the flow samples in one differentiable pass of its exact inverse (coupling layers): what
+            reverse-KL training needs (`flowkit boltzmann --flow` offers these).
+        bench: run by default by `flowkit bench likelihood` (the presets compared with zuko and nflows).
+    """
+
+    name: str
+    kind: str
+    help: str
+    build: Callable[..., Any]
+    arguments: dict[str, Any] = field(default_factory=dict)
+    one_pass: bool = False
+    bench: bool = False
+
+    def __call__(self, first: Any, **sizes: Any) -> Any:
+        """Build on `first` (see `kind`) with `sizes` for its arguments (None, or one it does not take: ignored).
+
+        Raises:
+            ValueError: for a number of transforms below 1, or bad hidden sizes.
+        """
+        given = {k: v for k, v in sizes.items() if v is not None and k in self.arguments}
+        if "hidden" in given:
+            given["hidden"] = parse_hidden(given["hidden"])
+        if given.get("transforms", 1) < 1:
+            raise ValueError(f"transforms must be at least 1, got {given['transforms']}")
+        return self.build(first, **{**self.arguments, **given})
 
 
-def _maf(features: int, transforms: int | None, hidden: Sequence[int] | None, bins: int) -> Flow:
-    return MAF(features, transforms=transforms or 5, hidden=tuple(hidden or (64, 64)))
+PRESETS: dict[str, Preset] = {}
+"""Presets on vectors (and lattices as vectors), by name: [`build_flow`][flowkit.flows.build_flow] builds them."""
+
+DATA_PRESETS: dict[str, Preset] = {}
+"""Presets fitted to training data `x` of shape `(N, D)`, by name: [`build_data_flow`][flowkit.flows.build_data_flow]
+builds them (heavy tails: [`TailAdaptive`][flowkit.flows.TailAdaptive], [`COMET`][flowkit.flows.COMET])."""
+
+IMAGE_PRESETS: dict[str, Preset] = {}
+"""Multiscale image flows for images in `[0, 1]`, by name: `build_image_flow` builds them."""
+
+PRESET_NAMES: tuple[str, ...]  # served by __getattr__ below
+"""The names [`build_flow`][flowkit.flows.build_flow] accepts: the keys of `PRESETS`, in order."""
+
+_TABLES = {"vector": PRESETS, "lattice": PRESETS, "data": DATA_PRESETS, "image": IMAGE_PRESETS}
+
+Built = TypeVar("Built", bound=Callable[..., Any])
 
 
-def _lattice(features: int, transforms: int | None, hidden: Sequence[int] | None, bins: int) -> Flow:
-    from ..bijectors import Chain, Reshape
+def preset(
+    name: str, help: str, kind: str = "vector", *, one_pass: bool = False, bench: bool = False, **arguments: Any
+) -> Callable[[Built], Built]:
+    """Declare the decorated constructor (a flow class or a factory) a preset; returns it unchanged.
 
-    L = math.isqrt(features)
-    if L < 2 or L * L != features:
-        raise ValueError(f"lattice needs a square number L * L of features with L >= 2, got {features}")
-    flow = LatticeFlow(L, transforms=transforms or 16, hidden=tuple(hidden or (8, 8)))
-    return Flow(Chain(Reshape((features,), (L, L)), flow.bijector), flow.base)
+    The command line reads declarations from the source, without torch: give every argument as a literal.
 
+    Arguments:
+        name: the name users type.
+        help: one line.
+        kind: one of `KINDS`.
+        one_pass: see [`Preset`][flowkit.flows.Preset].
+        bench: see [`Preset`][flowkit.flows.Preset].
+        **arguments: the constructor's keyword arguments: default sizes and options.
 
-def _cnf(features: int, transforms: int | None, hidden: Sequence[int] | None, bins: int) -> Flow:
-    return CNF(features, transforms=transforms or 1, hidden=tuple(hidden or (64, 64)))
+    Example:
+        ```python
+        @preset("maf", "masked autoregressive flow of affine MADE layers", transforms=5, hidden=(64, 64))
+        class MAF(Flow): ...
+        ```
+    """
+    if kind not in KINDS:
+        raise ValueError(f"preset {name!r}: kind must be one of {', '.join(KINDS)}, got {kind!r}")
 
+    def declare(build: Built) -> Built:
+        table = _TABLES[kind]
+        ordered = sorted({**table, name: Preset(name, kind, help, build, arguments, one_pass, bench)}.items())
+        table.clear()
+        table.update(ordered)  # by name, as the command line lists them
+        return build
 
-def _residual(features: int, transforms: int | None, hidden: Sequence[int] | None, bins: int) -> Flow:
-    logdet = "exact" if features <= 4 else "series"
-    return ResidualFlow(features, transforms=transforms or 5, hidden=tuple(hidden or (64, 64)), logdet=logdet)
-
-
-def _planar(features: int, transforms: int | None, hidden: Sequence[int] | None, bins: int) -> Flow:
-    return PlanarFlow(features, transforms=transforms or 16)
-
-
-def _free_form(features: int, transforms: int | None, hidden: Sequence[int] | None, bins: int) -> FreeFormFlow:
-    # `transforms` does not apply: one encoder and one decoder network (2 residual blocks each), sized by `hidden`.
-    hidden = tuple(hidden or (64, 64))
-    return FreeFormFlow(ResidualMLP(features, hidden), ResidualMLP(features, hidden), features)
-
-
-def _naf(features: int, transforms: int | None, hidden: Sequence[int] | None, bins: int) -> Flow:
-    return NAF(features, transforms=transforms or 3, hidden=tuple(hidden or (64, 64)))
-
-
-def _unaf(features: int, transforms: int | None, hidden: Sequence[int] | None, bins: int) -> Flow:
-    return UNAF(features, transforms=transforms or 3, hidden=tuple(hidden or (64, 64)))
+    return declare
 
 
-def _bnaf(features: int, transforms: int | None, hidden: Sequence[int] | None, bins: int) -> Flow:
-    return BNAF(features, transforms=transforms or 3, hidden=tuple(hidden or (16,)))
+def __getattr__(name: str) -> Any:
+    if name == "PRESET_NAMES":  # read when asked: the families declare their presets as their modules run
+        return tuple(PRESETS)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-PRESETS: dict[str, Callable[[int, int | None, Sequence[int] | None, int], Flow]] = {
-    "nsf": _nsf,
-    "nsf-coupling": partial(_nsf, coupling=True),
-    "realnvp": _realnvp,
-    "maf": _maf,
-    "lattice": _lattice,
-    "naf": _naf,
-    "unaf": _unaf,
-    "bnaf": _bnaf,
-    "residual": _residual,
-    "planar": _planar,
-    "cnf": _cnf,
-    "free-form": _free_form,
-}
-"""Preset name -> constructor `(features, transforms, hidden, bins) -> Flow`.
-
-`None` sizes take the defaults listed at [`build_flow`][flowkit.flows.build_flow].
-"""
-
-PRESET_NAMES: tuple[str, ...] = tuple(PRESETS)
-"""The names [`build_flow`][flowkit.flows.build_flow] accepts, in the order of `PRESETS`."""
+def _build(table: dict[str, Preset], what: str, name: str, first: Any, **sizes: Any) -> Any:
+    key = name.lower() if isinstance(name, str) else None
+    if key not in table:
+        raise ValueError(f"unknown {what} {name!r}; choose one of {', '.join(table)}")
+    return table[key](first, **sizes)
 
 
 def build_flow(
@@ -143,29 +143,24 @@ def build_flow(
     *,
     transforms: int | None = None,
     hidden: Sequence[int] | None = None,
-    bins: int = 8,
+    bins: int | None = None,
 ) -> Flow:
-    """Build the preset called `name` (case-insensitive; one of `PRESET_NAMES`).
+    """Build the preset called `name` (case-insensitive; one of `PRESET_NAMES`) on vectors of `features`.
 
     Arguments:
-        name: a name of `PRESETS` (the table of the module: `nsf`, `nsf-coupling`, `realnvp`, `maf`, ...).
+        name: a name of `PRESETS`.
         features: data dimension `D`.
-        transforms: number of layers (default 5; 8 for `realnvp`, 16 for `lattice`).
-        hidden: conditioner hidden sizes (default `(128, 128)`; `(64, 64)` for `maf`, `(8, 8)` for `lattice`).
-        bins: spline bins (the NSF presets only).
+        transforms: number of layers (None: the preset's default, in `PRESETS[name].arguments`).
+        hidden: conditioner hidden sizes (None: the preset's).
+        bins: spline bins (the presets with splines; None: the preset's).
 
     Returns:
-        An unconditional flow on vectors `(D,)` over a standard normal.
+        An unconditional flow on vectors `(D,)`.
 
     Raises:
         ValueError: for an unknown name (the message lists the known ones) or bad sizes.
     """
-    key = name.lower() if isinstance(name, str) else None
-    if key not in PRESETS:
-        raise ValueError(f"unknown flow {name!r}; choose one of {', '.join(PRESET_NAMES)}")
-    if transforms is not None and transforms < 1:
-        raise ValueError(f"transforms must be at least 1, got {transforms}")
-    return PRESETS[key](features, transforms, None if hidden is None else parse_hidden(hidden), bins)
+    return _build(PRESETS, "flow", name, features, transforms=transforms, hidden=hidden, bins=bins)
 
 
 def parse_hidden(text: str | Sequence[int]) -> tuple[int, ...]:
@@ -191,54 +186,15 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-def _tail_adaptive(variant: str, x: Tensor, transforms: int | None, hidden: Sequence[int] | None, bins: int) -> Flow:
-    return TailAdaptive.from_data(x, variant, transforms=transforms or 5, hidden=tuple(hidden or (64, 64)), bins=bins)
-
-
-def _comet(x: Tensor, transforms: int | None, hidden: Sequence[int] | None, bins: int) -> Flow:
-    return COMET.from_data(x, transforms=transforms or 5, hidden=tuple(hidden or (64, 64)), bins=bins)
-
-
-DATA_PRESETS: dict[str, Callable[[Tensor, int | None, Sequence[int] | None, int], Flow]] = {
-    "tail-adaptive": partial(_tail_adaptive, "mtaf"),
-    "mtaf": partial(_tail_adaptive, "mtaf"),
-    "mtaf-fix": partial(_tail_adaptive, "mtaf-fix"),
-    "gtaf": partial(_tail_adaptive, "gtaf"),
-    "comet": _comet,
-}
-"""Presets fitted to training data: name -> constructor `(x, transforms, hidden, bins) -> Flow`.
-
-`tail-adaptive` (= `mtaf`), `mtaf-fix` and `gtaf` are [`TailAdaptive`][flowkit.flows.TailAdaptive]
-flows whose tails are estimated on `x`; `comet` is a [`COMET`][flowkit.flows.COMET] flow with its
-marginals fitted to `x`. Default sizes: 5 layers, hidden `(64, 64)`.
-"""
-
-
 def build_data_flow(
-    name: str, x: Tensor, *, transforms: int | None = None, hidden: Sequence[int] | None = None, bins: int = 8
+    name: str, x: Tensor, *, transforms: int | None = None, hidden: Sequence[int] | None = None, bins: int | None = None
 ) -> Flow:
     """Build the preset called `name` (one of `DATA_PRESETS`) from training data `x` of shape `(N, D)`.
 
     Raises:
         ValueError: for an unknown name, bad sizes or data the tail estimates or marginal fits refuse.
     """
-    key = name.lower() if isinstance(name, str) else None
-    if key not in DATA_PRESETS:
-        raise ValueError(f"unknown data-fitted flow {name!r}; choose one of {', '.join(DATA_PRESETS)}")
-    if transforms is not None and transforms < 1:
-        raise ValueError(f"transforms must be at least 1, got {transforms}")
-    return DATA_PRESETS[key](x, transforms, None if hidden is None else parse_hidden(hidden), bins)
-
-
-IMAGE_PRESETS: dict[str, Callable[[tuple[int, int, int], int | None, int | None, Sequence[int] | None], Flow]] = {
-    "glow": lambda shape, levels, steps, hidden: Glow(shape, levels or 2, steps or 4, tuple(hidden or (64, 64))),
-    "eiw": lambda shape, levels, steps, hidden: EIW(shape, levels or 2, steps or 4, tuple(hidden or (64, 64))),
-}
-"""Multiscale image flows: name -> constructor `(shape, levels, steps, hidden) -> Flow` for images in `[0, 1]`.
-
-`glow` is [`Glow`][flowkit.flows.Glow], `eiw` is [`EIW`][flowkit.flows.EIW]; default sizes: 2 levels of
-4 steps, conditioners with hidden channels `(64, 64)`.
-"""
+    return _build(DATA_PRESETS, "data-fitted flow", name, x, transforms=transforms, hidden=hidden, bins=bins)
 
 
 def build_image_flow(
@@ -254,7 +210,4 @@ def build_image_flow(
     Raises:
         ValueError: for an unknown name or bad sizes.
     """
-    key = name.lower() if isinstance(name, str) else None
-    if key not in IMAGE_PRESETS:
-        raise ValueError(f"unknown image flow {name!r}; choose one of {', '.join(IMAGE_PRESETS)}")
-    return IMAGE_PRESETS[key](tuple(shape), levels, steps, None if hidden is None else parse_hidden(hidden))
+    return _build(IMAGE_PRESETS, "image flow", name, tuple(shape), levels=levels, steps=steps, hidden=hidden)

@@ -14,6 +14,7 @@ from ..bijectors import ActNorm, Chain, Planar, Residual
 from ..distributions import Distribution
 from .flow import Flow
 from .presets import _base, _checked
+from .registry import preset
 
 __all__ = ["ResidualFlow", "PlanarFlow"]
 
@@ -61,6 +62,7 @@ class ResidualFlow(Flow):
         super().__init__(Chain(*layers), _base(base, features))
 
 
+@preset("planar", "planar flow: a stack of planar layers", transforms=16)
 class PlanarFlow(Flow):
     """Planar flow: `transforms` planar layers.
 
@@ -76,3 +78,8 @@ class PlanarFlow(Flow):
     def __init__(self, features: int, transforms: int = 16, *, base: Distribution | None = None) -> None:
         _checked("PlanarFlow", None, None, {"features": (features, 1), "transforms": (transforms, 1)}, ())
         super().__init__(Chain(*(Planar(features) for _ in range(transforms))), _base(base, features))
+
+
+@preset("residual", "residual flow (exact log-det up to 4 features)", transforms=5, hidden=(64, 64))
+def _residual_flow(features: int, **sizes: object) -> ResidualFlow:
+    return ResidualFlow(features, logdet="exact" if features <= 4 else "series", **sizes)

@@ -20,6 +20,7 @@ from ..distributions import Distribution, TailAdaptiveBase
 from ..transformers import RationalQuadraticSpline, Transformer
 from .flow import Flow
 from .presets import NSF, ConditionerFactory, _autoregressive, _base, _checked
+from .registry import preset
 
 __all__ = ["TailAdaptive", "COMET", "TAIL_VARIANTS"]
 
@@ -388,3 +389,14 @@ class COMET(Flow):
         x = _floating(x)
         flow = cls(x.shape[1], **kwargs)  # type: ignore[arg-type]
         return flow.to(x.dtype).fit_marginals(x)
+
+
+preset("comet", "copula NSF, fitted marginals", kind="data", transforms=5, hidden=(64, 64), bins=8)(COMET.from_data)
+
+
+@preset("gtaf", "gTAF: Student-t marginals", kind="data", variant="gtaf", transforms=5, hidden=(64, 64), bins=8)
+@preset("mtaf", "mTAF: estimated Student-t tails", kind="data", variant="mtaf", transforms=5, hidden=(64, 64), bins=8)
+@preset("mtaf-fix", "mTAF, tails fixed", kind="data", variant="mtaf-fix", transforms=5, hidden=(64, 64), bins=8)
+@preset("tail-adaptive", "the same as mtaf", kind="data", variant="mtaf", transforms=5, hidden=(64, 64), bins=8)
+def _tail_adaptive(x: Tensor, **arguments: object) -> TailAdaptive:
+    return TailAdaptive.from_data(x, **arguments)  # type: ignore[arg-type]

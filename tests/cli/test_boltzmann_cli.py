@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 import flowkit
 from flowkit.cli import main
@@ -111,7 +112,8 @@ def test_every_target_spec_has_what_the_command_needs():
     plot_files = {f for spec in TARGET_SPECS.values() for f in spec.plot_files}
     data_files = {f for spec in TARGET_SPECS.values() for f in spec.data_files}
     assert set(OUTPUTS) == {"model", "metrics.json", "history.csv"} | plot_files | data_files  # no stale output name
-    assert all(callable(build) for build in FLOWS.values()) and set(FLOWS) == {"realnvp", "nsf", "lattice"}
+    assert all(callable(build) for build in FLOWS.values())
+    assert set(FLOWS) == {"realnvp", "nsf-coupling", "lattice", "nsf"}  # nsf: the deprecated name of nsf-coupling
 
 
 def test_the_cli_guide_lists_every_target():
@@ -158,7 +160,7 @@ def test_boltzmann_help_imports_no_torch():
 @pytest.mark.parametrize(
     ("argv", "plots"),
     [
-        (["gmm", "--flow", "nsf", "--samples", "200"], {"density.png", "target.png"}),
+        (["gmm", "--flow", "nsf-coupling", "--samples", "200"], {"density.png", "target.png"}),
         (["many-well", "--dim", "4"], set()),  # many-well: no plot
     ],
 )
@@ -193,6 +195,26 @@ def test_boltzmann_clips_at_the_objective_default_unless_told(tmp_path, monkeypa
     with pytest.raises(_Stop):
         main([*args, *option, "--out", str(tmp_path / "run")])
     assert seen == [clip]
+
+
+def test_flow_nsf_is_still_the_coupling_nsf_with_a_future_warning(tmp_path, monkeypatch, capsys):
+    """Issue 39: `--flow nsf` was the coupling NSF here and the autoregressive one in `flowkit fit`."""
+    built = []
+
+    def fit(flow, objective, **kwargs):
+        built.append(flow)
+        raise _Stop
+
+    monkeypatch.setattr(flowkit.train, "fit", fit)
+    args = ["boltzmann", "double-well", "--steps", "2", "--transforms", "2", "--hidden", "4", "--no-progress"]
+    for name in ("nsf", "nsf-coupling"):
+        with pytest.raises(_Stop):
+            main([*args, "--flow", name, "--out", str(tmp_path / name)])
+    err = capsys.readouterr().err
+    assert "flowkit boltzmann: warning: --flow nsf is nsf-coupling; it will mean the nsf of flowkit fit" in err
+    assert err.count("warning") == 1
+    old, new = (flow.state_dict() for flow in built)
+    assert old.keys() == new.keys() and all(torch.equal(old[k], new[k]) for k in old)  # the same flow, bit for bit
 
 
 def test_boltzmann_refuses_a_negative_clip(tmp_path, usage_error):

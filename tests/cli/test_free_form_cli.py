@@ -40,7 +40,7 @@ def test_free_form_refuses_what_does_not_apply(tmp_path, capsys):
     base = ["fit", "moons", "--model", "free-form", "--steps", "2", "--no-plots", *SMALL]
     for extra, message in (
         (["--transforms", "2"], "--transforms does not apply"),
-        (["--base", "student-t"], "student-t applies to the bijective presets"),
+        (["--base", "student-t"], "student-t applies to the bijective presets: FreeFormFlow is not a bijector"),
         (["--beta", "-1"], "beta must be"),
     ):
         assert main([*base, *extra, "--out", str(tmp_path / extra[0][2:])]) != 0
