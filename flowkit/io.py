@@ -117,7 +117,7 @@ SAVEABLE_MODULES = ("bijectors", "distributions", "flows", "lattice", "nn", "tar
 
 
 def register_every_class() -> None:
-    """Import every module of [`SAVEABLE_MODULES`][flowkit.io.SAVEABLE_MODULES]: their classes are then registered.
+    """Import every module of `SAVEABLE_MODULES`: their classes are then registered.
 
     The subpackages load on first use (`import flowkit` does not import torch), so a config may name a class
     whose module is not loaded yet. They are imported by name, at run time: `io` sits below `train`, whose
