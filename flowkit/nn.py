@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -61,6 +62,14 @@ def broadcast_context(h: Tensor, context: Tensor | None) -> Tensor:
         return h
     batch = broadcast_shapes(h.shape[:-1], context.shape[:-1])
     return torch.cat([h.expand(*batch, h.shape[-1]), context.expand(*batch, context.shape[-1])], dim=-1)
+
+
+def _stack(sizes: Sequence[int], activation_name: str, layer: Callable[..., nn.Module] = nn.Linear) -> list[nn.Module]:
+    """`layer(a, b)` for consecutive `sizes`, with the named activation between them."""
+    layers: list[nn.Module] = []
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
+        layers += [activation(activation_name), layer(a, b)] if i else [layer(a, b)]
+    return layers
 
 
 def _zero_linear(layer: nn.Linear | nn.Conv2d, bias: Tensor | None) -> None:
@@ -203,13 +212,7 @@ class MLP(Conditioner, nn.Sequential):
                 f"MLP needs a non-empty input, out_features >= 1 and positive hidden sizes, got in_features="
                 f"{in_features}, context={context}, out_features={out_features}, hidden={tuple(hidden)}"
             )
-        sizes = [(2 if periodic else 1) * in_features + context, *hidden, out_features]
-        layers: list[nn.Module] = []
-        for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
-            if i:
-                layers.append(globals()["activation"](activation))
-            layers.append(nn.Linear(a, b))
-        super().__init__(*layers)
+        super().__init__(*_stack([(2 if periodic else 1) * in_features + context, *hidden, out_features], activation))
         self.in_features = int(in_features)
         self.out_features = int(out_features)
         self.context_features = int(context)
@@ -290,12 +293,8 @@ class ConvNet(Conditioner):
         self.out_features = self.out_channels = int(out_channels)
         self.context_features = int(context)
         sizes = [self.in_channels + self.context_features, *hidden, self.out_channels]
-        layers: list[nn.Module] = []
-        for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
-            if i:
-                layers.append(globals()["activation"](activation))
-            layers.append(nn.Conv2d(a, b, kernel, padding=kernel // 2, padding_mode=padding_mode))
-        self.net = nn.Sequential(*layers)
+        conv = partial(nn.Conv2d, kernel_size=kernel, padding=kernel // 2, padding_mode=padding_mode)
+        self.net = nn.Sequential(*_stack(sizes, activation, conv))
 
     def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
         """Outputs `(..., out_channels, H, W)` for a grid `(..., in_channels, H, W)` and the context."""
@@ -326,12 +325,7 @@ class MaskedLinear(nn.Linear):
         self.register_buffer("mask", mask.bool(), persistent=False)
 
     def masked_weight(self) -> Tensor:
-        r"""The effective weight $W \odot M$.
-
-        A selection rather than a product: the masked-out entries get a zero
-        gradient even where the dense gradient overflows (a product would give
-        `inf * 0 = nan` there, in float32 at extreme inputs).
-        """
+        r"""The effective weight $W \odot M$, a selection: masked entries get a zero gradient, never `inf * 0`."""
         return torch.where(self.mask, self.weight, 0.0)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -445,21 +439,12 @@ class MADE(Conditioner):
         return self.act(h)
 
     def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
-        """Outputs `(..., D * params_per_feature)` for inputs `(..., D)` and the context.
-
-        The output is feature-major: the block of feature `i` is contiguous.
-        """
+        """Outputs `(..., D * params_per_feature)`, feature-major, for inputs `(..., D)` and the context."""
         weights = self.masked_weights()
         return F.linear(self.trunk(F.linear(broadcast_context(x, context), *weights[0]), weights), *weights[-1])
 
     def _sorted_weights(self) -> tuple[list[tuple[Tensor, Tensor]], list[list[int]]]:
-        """Masked weights with the hidden units sorted by degree, and the prefix each output needs.
-
-        Returns the weights of [`masked_weights`][flowkit.nn.MADE.masked_weights] with the units
-        of every hidden layer in increasing degree, and for each rank `r = 1..D` the number of
-        units of each hidden layer with degree `< r`: output block of rank `r` depends only on
-        those, which after sorting are a prefix of each layer.
-        """
+        """[`masked_weights`][flowkit.nn.MADE.masked_weights], hidden units by increasing degree, and the prefixes."""
         weights = self.masked_weights()
         device = weights[0][0].device
         perms = [order.to(device) for order in self._unit_order]
@@ -543,24 +528,16 @@ _DERIVATIVES: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
 def _time_field_net(
     name: str, features: int, hidden: Sequence[int], activation_name: str, context: int, frequencies: int, out: int
 ) -> nn.Sequential:
-    """The MLP of a time-dependent field: `[x, time embedding, context] -> out`, `activation_name` between layers.
-
-    Raises:
-        ValueError: for features < 1, context or frequencies < 0, or a hidden size < 1 (the message names `name`).
-    """
+    """The MLP `[x, time embedding, context] -> out` of a time-dependent field (`name` in its errors)."""
     hidden = [int(h) for h in hidden]
     if features < 1 or context < 0 or frequencies < 0 or any(h < 1 for h in hidden):
         raise ValueError(
             f"{name} needs features >= 1, context >= 0, frequencies >= 0 and positive hidden sizes, "
             f"got features={features}, context={context}, frequencies={frequencies}, hidden={tuple(hidden)}"
         )
-    sizes = [int(features) + 1 + 2 * int(frequencies) + int(context), *hidden, out]
-    layers: list[nn.Module] = []
-    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
-        if i:
-            layers.append(activation(activation_name))
-        layers.append(nn.Linear(a, b))
-    return nn.Sequential(*layers)
+    return nn.Sequential(
+        *_stack([int(features) + 1 + 2 * int(frequencies) + int(context), *hidden, out], activation_name)
+    )
 
 
 class VectorField(Conditioner):
@@ -572,10 +549,8 @@ class VectorField(Conditioner):
     $[x, \tau(t), c]$, where $\tau(t) = (t, \cos \pi k t, \sin \pi k t)_{k=1}^{F}$
     is a Fourier time embedding ([`time_embedding`][flowkit.nn.time_embedding]) and $c$
     the context. The default activation is smooth (`tanh`): an ODE solver's
-    error control assumes a smooth field, and a kink (ReLU) costs function evaluations.
-    It also has to bend where the data are: with softplus (the default until 2026-12) a
-    likelihood-trained field stayed at the best Gaussian for hundreds of steps (measured on the
-    docs' continuous flows page).
+    error control assumes a smooth field, and a kink (ReLU) costs function evaluations
+    (softplus, the default until 2026-12, left a likelihood-trained field Gaussian for hundreds of steps).
 
     With a smooth activation (`softplus`, `tanh`, `elu`, `silu`),
     [`velocity_and_jacobian`][flowkit.nn.VectorField.velocity_and_jacobian] also returns
@@ -629,10 +604,7 @@ class VectorField(Conditioner):
         return self.activation_name in _DERIVATIVES
 
     def _first(self, x: Tensor, context: Tensor | None, t: Tensor | float) -> Tensor:
-        r"""The first layer's pre-activation on $[x, \tau(t), c]$, without concatenating them.
-
-        At one time for the whole batch (an ODE solve), the embedding's part is a bias of the layer.
-        """
+        r"""The first layer's pre-activation on $[x, \tau(t), c]$ without concatenating (one time: a bias)."""
         first = self.net[0]
         d, e = self.features, 1 + 2 * self.frequencies
         weight = first.weight
@@ -661,10 +633,7 @@ class VectorField(Conditioner):
     def _propagate(
         self, x: Tensor, context: Tensor | None, t: Tensor | float, directions: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
-        """The last hidden activation `(..., H)` and its derivatives `(..., K, H)` along `directions` `(..., K, D)`.
-
-        Without directions, along the `D` unit vectors (the transposed Jacobian, `K = D`).
-        """
+        """The last hidden activation `(..., H)`, its derivatives `(..., K, H)` along `directions` (default: units)."""
         if not self.jacobian_available:
             raise ValueError(
                 f"VectorField: the forward Jacobian needs one of the activations {sorted(_DERIVATIVES)}, "

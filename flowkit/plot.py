@@ -58,7 +58,10 @@ def _subsample(data: np.ndarray, n: int, seed: int = 0) -> np.ndarray:
     return data[np.random.default_rng(seed).choice(len(data), n, replace=False)]
 
 
-def _flow_samples(flow: Any, n: int) -> np.ndarray:
+def _flow_samples(flow: Any, n: int) -> Any:
+    """`n` samples of a flow (in eval mode) as an array, or `flow` itself when it is already samples."""
+    if not hasattr(flow, "sample"):
+        return flow
     was_training = flow.training
     flow.eval()
     try:
@@ -88,11 +91,6 @@ def _positive(value: Any, name: str, where: str, minimum: int = 1) -> None:
         raise ValueError(f"{where}: {name} must be an integer of at least {minimum}, got {value!r}")
 
 
-def _check_2d(data: np.ndarray, where: str) -> None:
-    if data.ndim != 2 or data.shape[1] != 2:
-        raise ValueError(f"{where}: needs 2-D points of shape (N, 2), got shape {data.shape}")
-
-
 def density(
     flow: Any,
     data: Tensor | np.ndarray | None = None,
@@ -118,9 +116,8 @@ def density(
     where = "plot.density"
     if not hasattr(flow, "log_prob"):
         raise ValueError(f"{where}: flow must have a log_prob method, got {type(flow).__name__}")
-    points = None if data is None else _points(data, where)
-    if points is not None:
-        _check_2d(points, where)
+    if (points := None if data is None else _points(data, where)) is not None and points.shape[1] != 2:
+        raise ValueError(f"{where}: needs 2-D points of shape (N, 2), got shape {points.shape}")
     if tuple(getattr(flow, "event_shape", (2,))) != (2,):
         raise ValueError(f"{where}: the flow's events have shape {tuple(flow.event_shape)}, not (2,)")
     _positive(resolution, "resolution", where, minimum=2)
@@ -186,16 +183,14 @@ def samples_vs_data(
         labels: names of the `D` dimensions (default `x_1`, ..., `x_D`).
     """
     where = "plot.samples_vs_data"
-    pts = _points(data, where)
-    if pts.shape[1] < 2:
+    if (pts := _points(data, where)).shape[1] < 2:
         raise ValueError(f"{where}: data must have shape (N, D) with D >= 2, got {pts.shape}")
     _positive(n, "n", where)
     if len(dims) != 2 or any(
         isinstance(d, bool) or not isinstance(d, (int, np.integer)) or not 0 <= d < pts.shape[1] for d in dims
     ):
         raise ValueError(f"{where}: dims must be two indices of the {pts.shape[1]} dimensions, got {tuple(dims)}")
-    samples = _flow_samples(flow_or_samples, n) if hasattr(flow_or_samples, "sample") else flow_or_samples
-    samples = _points(samples, where, "samples")
+    samples = _points(_flow_samples(flow_or_samples, n), where, "samples")
     if samples.shape[1] != pts.shape[1]:
         raise ValueError(f"{where}: samples have shape {samples.shape} but data {pts.shape}")
     i, j = dims
@@ -240,7 +235,7 @@ def pairwise(
     for name, value in (("n", n), ("bins", bins), ("max_dims", max_dims)):
         _positive(value, name, where)
     if samples is not None:
-        samples = _points(_flow_samples(samples, n) if hasattr(samples, "sample") else samples, where, "samples")
+        samples = _points(_flow_samples(samples, n), where, "samples")
         if samples.shape[1] != pts.shape[1]:
             raise ValueError(f"plot.pairwise: samples have shape {samples.shape} but data {pts.shape}")
     dims = list(range(min(max_dims, pts.shape[1]))) if dims is None else list(dims)
@@ -336,13 +331,8 @@ def training_curves(
     ax.plot(xs, ys, color="C0", alpha=0.35 if smooth > 1 else 1.0, lw=0.8, label="train")
     if smooth > 1 and len(ys) >= smooth:
         kernel = np.ones(smooth) / smooth
-        ax.plot(
-            xs[smooth - 1 :],
-            np.convolve(ys, kernel, mode="valid"),
-            color="C0",
-            lw=1.5,
-            label=f"train ({smooth}-step mean)",
-        )
+        mean = np.convolve(ys, kernel, mode="valid")
+        ax.plot(xs[smooth - 1 :], mean, color="C0", lw=1.5, label=f"train ({smooth}-step mean)")
     val_steps = _column(history, "val_step") or steps  # History keeps validations apart from steps
     vx, vy = _finite_pairs(val_steps, val)
     if vx:
@@ -509,15 +499,8 @@ def magnetization_histogram(chains: Mapping[str, Tensor], *, bins: int = 50, tit
     fig = Figure(figsize=(5, 3.5), layout="constrained")
     ax = fig.add_subplot()
     for i, (label, m) in enumerate(values.items()):
-        ax.hist(
-            m,
-            bins=edges,
-            density=True,
-            histtype="stepfilled" if i == 0 else "step",
-            alpha=0.4 if i == 0 else 1,
-            label=label,
-            linewidth=1.5,
-        )
+        style = {"histtype": "step"} if i else {"histtype": "stepfilled", "alpha": 0.4}
+        ax.hist(m, bins=edges, density=True, label=label, linewidth=1.5, **style)
     ax.set(xlabel="magnetisation $M$", ylabel="density", title=title or "magnetisation")
     ax.legend()
     return fig
@@ -658,19 +641,15 @@ def orientations(
         if q.dim() != 2 or q.shape[1] != 4:
             raise ValueError(f"orientations: {name!r} must have shape (n, 4), got {tuple(q.shape)}")
         matrices = quaternion_to_matrix(q).numpy()
-        weights = None
-        if name in log_weights:
-            lw = torch.as_tensor(log_weights[name]).detach().double()
-            weights = torch.softmax(lw, 0).numpy()
+        lw = log_weights.get(name)
+        weights = None if lw is None else torch.softmax(torch.as_tensor(lw).detach().double(), 0).numpy()
         for col, k in enumerate(axes):
             ax: Axes = grid[row][col]
             xy = equal_area(matrices[:, :, k])
             hist, _, _ = np.histogram2d(xy[:, 0], xy[:, 1], bins=[edges, edges], weights=weights, density=True)
             ax.pcolormesh(edges, edges, hist.T, cmap="magma", shading="auto")
             ax.plot(2 * np.cos(circle), 2 * np.sin(circle), color="0.6", lw=0.8)
-            ax.set_aspect("equal")
-            ax.set_xticks([])
-            ax.set_yticks([])
+            ax.set(aspect="equal", xticks=[], yticks=[])
             ax.set_title(f"{name}: body axis {'xyz'[k]}", fontsize=9)
     if title:
         fig.suptitle(title)
