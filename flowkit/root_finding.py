@@ -76,8 +76,7 @@ def _worst(excess: Tensor) -> int:
 def check_converged(root: Tensor, target: Tensor, residual: Tensor, slope: Tensor, where: str) -> None:
     r"""Raise [`ConvergenceError`][flowkit.root_finding.ConvergenceError] unless every root passes the residual test.
 
-    The test (module docstring) is $|r| \le \tau\,(\max(1, |y|) + f'(x) \max(1, |x|))$ with $\tau$ =
-    `tolerance(dtype)`; a NaN residual fails it. Skipped while `torch.compile` traces (it synchronises).
+    The test is the module docstring's; a NaN residual fails it. Skipped while `torch.compile` traces.
 
     Arguments:
         root: the roots $x$.
@@ -118,17 +117,14 @@ def solve_monotone(
 ) -> Tensor:
     r"""The root $u \in [0, 1]$ of $f(u) = $ `target` for increasing `fn`, with a fixed number of steps.
 
-    `fn(u, cells, slope)` returns `(f(u), f'(u))` (`f'` only when `slope`, else None) for
-    `u` of the shape of `target` with (`cells` > 0) or without (`cells` = 0) a trailing
-    grid dimension of that size.
-    The root must lie in `[0, 1]` (`f(0) <= target <= f(1)`). The bracket comes
-    from counting the grid values below the target, `bisection_steps` halve it,
-    and `newton_steps` safeguarded Newton steps finish (a step that leaves the
-    bracket becomes the bracket's midpoint). Runs without gradients. The root is then checked
-    ([`check_converged`][flowkit.root_finding.check_converged], one more evaluation of `fn`).
+    The root must lie in `[0, 1]`. The bracket comes from counting the grid values below the target,
+    `bisection_steps` halve it, and `newton_steps` safeguarded Newton steps finish (a step that leaves the
+    bracket becomes its midpoint). Runs without gradients; the root is then checked
+    ([`check_converged`][flowkit.root_finding.check_converged]).
 
     Arguments:
-        fn: the map and its derivative, see above.
+        fn: `fn(u, cells, slope)` returns `(f(u), f'(u))` (`f'` only when `slope`, else None) for `u` of
+            the shape of `target` with (`cells` > 0) or without (`cells` = 0) a trailing grid dimension.
         target: the values to invert.
         grid: number of bracketing cells `M` (the bracket starts `1/M` wide).
         bisection_steps: number of halvings.
@@ -174,8 +170,8 @@ def implicit_newton_step(root: Tensor, residual: Tensor, slope: Tensor, low: Ten
     r"""One Newton step from a root found without gradients, carrying the graph: the implicit derivatives.
 
     With `residual` $= f(x^*) - y$ and `slope` $= f'(x^*)$ evaluated *with* their graph at the detached
-    root $x^*$, the result $x^* - r / f'$ has value $pprox x^*$ and the derivatives
-    $\partial x / \partial	heta = -(\partial f / \partial	heta) / f'$ of the implicit-function rule.
+    root $x^*$, the result $x^* - r / f'$ has value $\approx x^*$ and the derivatives
+    $\partial x / \partial \theta = -(\partial f / \partial \theta) / f'$ of the implicit-function rule.
     Where the step would leave the bracket `[low, high]` (a solve cut short) or $f'$ is not positive,
     the value stays `root` and only the graph of the step is kept; both branches stay finite, so neither
     poisons the other's gradient.
@@ -208,18 +204,11 @@ def monotone_inverse(
 ) -> Tensor:
     """Solve `f(x) = y` elementwise for a strictly increasing `f` with `low < x < high`.
 
-    Safeguarded Newton (Numerical Recipes' `rtsafe`): each step keeps a
-    bracket `[low, high]` that contains the root, takes the Newton step
-    when it lands inside the bracket and shrinks the step at least twice as
-    fast as bisection, and bisects otherwise, so it converges for any
-    increasing `f` (at least one bit per two steps) and quadratically near the root. The loop runs a
-    fixed number of steps on the whole tensor (no data-dependent branching).
-
-    The solve runs without autograd; one final Newton step is taken with
-    autograd on, which at the root gives the exact implicit derivative
-    `dx/dy = 1 / f'(x)` (and the right derivatives for the parameters of `f`). Where that step
-    would leave the bracket (too few iterations, or `f'` vanishing at the iterate) the value stays the
-    bracketed iterate, with the same derivative. The root is then checked
+    Safeguarded Newton (Numerical Recipes' `rtsafe`): each step keeps a bracket `[low, high]` around the
+    root, takes the Newton step when it lands inside and shrinks at least twice as fast as bisection, and
+    bisects otherwise: at least one bit per two steps, quadratic near the root. The solve runs without
+    autograd; one final [`implicit_newton_step`][flowkit.root_finding.implicit_newton_step] with it gives
+    the implicit derivatives `dx/dy = 1 / f'(x)` (and those of `f`'s parameters). The root is then checked
     ([`check_converged`][flowkit.root_finding.check_converged]).
 
     Arguments:
@@ -271,12 +260,9 @@ def expand_bracket(
 ) -> tuple[Tensor, Tensor]:
     r"""A bracket `[low, high]` with `f(low) <= y <= f(high)` for an increasing `f`, by doubling its width.
 
-    Each step evaluates `f` at both ends; where `f(low) > y` the root lies below: the old `low` becomes
-    the upper end and the lower end moves down by twice the width, $[\ell - 2w, \ell]$ (and alike
-    above, $[h, h + 2w]$), so the width doubles per step and after `k` steps the bracket reaches
-    about $2^{k+1} w_0$ from the start: a root at distance $r$ is bracketed after about
-    $\log_2(r / w_0)$ steps. A fixed number of steps on the whole tensor, without gradients; the
-    bracket is then checked.
+    Where `f(low) > y` the interval becomes $[\ell - 2w, \ell]$ (alike above, $[h, h + 2w]$): the width
+    doubles per step, and a root at distance $r$ is bracketed after about $\log_2(r / w_0)$ steps. Runs
+    without gradients; the bracket is then checked.
 
     Arguments:
         f: the increasing map, elementwise.
@@ -291,8 +277,7 @@ def expand_bracket(
 
     Raises:
         ConvergenceError: where `steps` doublings found no bracket (a target beyond the map's range, or
-            beyond $2^{\text{steps}+1} w_0$ from the start), naming the element, its target and the
-            values at the last interval's ends.
+            beyond $2^{\text{steps}+1} w_0$ from the start), naming the element.
     """
     with torch.no_grad():
         yd = y.detach()

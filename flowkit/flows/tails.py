@@ -39,8 +39,11 @@ def _group_permutation(light: int, features: int, seed: int) -> Permutation:
     return layer
 
 
-def _floating(x: Tensor) -> Tensor:
-    """Floating `x` as it is; integer or boolean `x` in the default floating dtype."""
+def _training_data(x: Tensor, where: str) -> Tensor:
+    """A real `(N, D)` tensor as it is if floating, else in the default floating dtype; or a `ValueError`."""
+    if not isinstance(x, Tensor) or x.dim() != 2 or x.is_complex():
+        shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+        raise ValueError(f"{where}: x must be a real tensor of shape (N, D), got {shape}")
     return x if x.is_floating_point() else x.to(torch.get_default_dtype())
 
 
@@ -155,10 +158,8 @@ class TailAdaptive(Flow):
     def df(self) -> Tensor:
         """The base's degrees of freedom (`inf` for a light feature), put back in the data's order by the first sort.
 
-        The permutations within the heavy group between layers (and `TailLU`'s heavy block) mix the heavy
-        latents, as in the reference, so with several heavy features a feature's entry is the df of the
-        latent in its sorted position: each heavy output's tail is the heaviest of the heavy latents it
-        depends on, not necessarily its own entry.
+        The layers mix the heavy latents (as in the reference), so a heavy output's tail is the heaviest of the
+        heavy latents it depends on, not necessarily its own entry.
         """
         sort = next(layer for layer in self.bijector if isinstance(layer, Permutation)).perm
         return self.base.df.detach()[torch.argsort(sort)]
@@ -166,12 +167,9 @@ class TailAdaptive(Flow):
     def parameter_groups(self, lr: float, df_lr: float | None = None) -> list[dict]:
         r"""Optimizer parameter groups: the layers at `lr`, the base's degrees of freedom at `df_lr`.
 
-        Adam moves each parameter by at most about its learning rate per step, and
-        $\partial\nu / \partial\hat\nu = \sigma(\hat\nu) \approx 1$ away from the floor, so at a
-        learning rate of `1e-3` a trained $\nu$ travels at most about one unit per thousand steps
-        (less under a decaying schedule): gTAF, started at 10, cannot reach a tail index of 2 in a
-        short run. The reference trains $\nu$ with its own learning rate (0.005 against 1e-5 for
-        the layers, Laszkiewicz et al. 2022, code `synthetic_experiments/main.py`).
+        Adam moves each parameter by about its learning rate per step, so at `1e-3` a trained $\nu$
+        travels about one unit per thousand steps: gTAF, started at 10, cannot reach 2 in a short run. The
+        reference trains $\nu$ at its own learning rate (0.005 against 1e-5 for the layers).
 
         Arguments:
             lr: learning rate of the layers.
@@ -216,16 +214,12 @@ class TailAdaptive(Flow):
         [`estimate_tails`][flowkit.stats.estimate_tails]; a $\nu_j$ below the floor is raised to
         `1.05 * min_df`. gTAF estimates nothing.
 
-        With `standardize`, the flow starts with a fixed robust standardisation (`loc` the median,
-        `scale` the interquartile range / 1.349, per feature, by
-        [`Standardization.statistics`][flowkit.bijectors.standardization.Standardization.statistics]
-        with `robust=True`): the bases have unit scale, and a
-        standard deviation is dominated by (or, at $\nu \le 2$, does not exist for) the very tails the
-        flow should model; scaling by it squeezes the body of a heavy marginal and leaves the base's
-        tail far too wide. Do not standardise the data again around this flow.
-
-        The flow takes the dtype of floating `x` (float64 data gives a float64 flow); integer data is converted
-        to the default floating dtype.
+        With `standardize`, the flow starts with a fixed robust standardisation (`loc` the median, `scale` the
+        interquartile range / 1.349, per feature, by
+        [`Standardization.statistics`][flowkit.bijectors.standardization.Standardization.statistics]`(robust=True)`):
+        a standard deviation is dominated by (at $\nu \le 2$ does not exist for) the very tails the flow
+        should model. Do not standardise the data again around this flow. The flow takes the dtype of floating
+        `x`; integer data is converted to the default floating dtype.
 
         Arguments:
             x: training data, `(N, D)`.
@@ -243,10 +237,7 @@ class TailAdaptive(Flow):
         from ..stats import estimate_tails
 
         where = "TailAdaptive.from_data"
-        if not isinstance(x, Tensor) or x.dim() != 2 or x.is_complex():
-            shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-            raise ValueError(f"{where}: x must be a real tensor of shape (N, D), got {shape}")
-        x = _floating(x.detach())
+        x = _training_data(x, where).detach()
         if not bool(torch.isfinite(x).all()):
             raise ValueError(f"{where}: x contains {int((~torch.isfinite(x)).sum())} non-finite value(s)")
         constant = torch.nonzero((x == x[:1]).all(0)).flatten().tolist() if x.shape[0] else []
@@ -371,8 +362,7 @@ class COMET(Flow):
     def from_data(cls, x: Tensor, **kwargs: object) -> COMET:
         """A COMET flow on the features of `x` (`(N, D)`) with its marginals fitted to `x`.
 
-        The flow takes the dtype of floating `x`; integer (or boolean) data, such as counts, is converted to
-        the default floating dtype (`torch.get_default_dtype()`), and the flow is built in it.
+        The flow takes the dtype of floating `x`; integer (or boolean) data is converted to the default dtype.
 
         Arguments:
             x: training data.
@@ -382,9 +372,6 @@ class COMET(Flow):
             ValueError: for `x` that is not a real tensor of shape `(N, D)`, or whose features cannot be fitted
                 (see [`MarginalTailCDF.fit`][flowkit.bijectors.MarginalTailCDF.fit]).
         """
-        if not isinstance(x, Tensor) or x.dim() != 2 or x.is_complex():
-            shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-            raise ValueError(f"COMET.from_data: x must be a real tensor of shape (N, D), got {shape}")
-        x = _floating(x)
+        x = _training_data(x, "COMET.from_data")
         flow = cls(x.shape[1], **kwargs)  # type: ignore[arg-type]
         return flow.to(x.dtype).fit_marginals(x)

@@ -86,6 +86,14 @@ def _as_array(x: object, where: str, *, dims: int = 1) -> np.ndarray:
     return array
 
 
+def _paired(samples: object, data: object, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """Model samples `(M, D)` and data `(N, D)` as arrays, refusing different `D`."""
+    s, d = _as_array(samples, where, dims=2), _as_array(data, where, dims=2)
+    if s.shape[1] != d.shape[1]:
+        raise ValueError(f"{where}: samples have {s.shape[1]} dimensions but data have {d.shape[1]}")
+    return s, d
+
+
 def _order_statistics(x: object, where: str) -> np.ndarray:
     """Descending order statistics of the positive values of `|x|` (at least `MIN_POINTS`)."""
     values = np.abs(_as_array(x, where))
@@ -359,10 +367,7 @@ def quantile_coverage(
     Returns:
         An array of shape `(len(levels), D)`.
     """
-    s = _as_array(samples, "quantile_coverage", dims=2)
-    d = _as_array(data, "quantile_coverage", dims=2)
-    if s.shape[1] != d.shape[1]:
-        raise ValueError(f"quantile_coverage: samples have {s.shape[1]} dimensions but data have {d.shape[1]}")
+    s, d = _paired(samples, data, "quantile_coverage")
     for level in levels:
         check_number(level, "every level", where="quantile_coverage", positive=True, below=1)
     quantiles = np.quantile(s, np.asarray(levels), axis=0)
@@ -411,16 +416,11 @@ def loglog_tail_distance(samples: object, data: object, tail: float = 0.1, point
     Returns:
         An array of shape `(D,)`.
     """
-    s = np.abs(_as_array(samples, "loglog_tail_distance", dims=2))
-    d = np.abs(_as_array(data, "loglog_tail_distance", dims=2))
-    if s.shape[1] != d.shape[1]:
-        raise ValueError(f"loglog_tail_distance: samples have {s.shape[1]} dimensions but data have {d.shape[1]}")
+    s, d = (np.abs(a) for a in _paired(samples, data, "loglog_tail_distance"))
     check_number(tail, "tail", where="loglog_tail_distance", positive=True, below=1)
     check_number(points, "points", where="loglog_tail_distance", integer=True, low=2)
     grid = np.linspace(-math.log(tail), math.log(d.shape[0]), points)
     p = 1 - np.exp(-grid)
     tiny = np.finfo(np.float64).tiny
-    gap = np.abs(
-        np.log(np.maximum(np.quantile(s, p, axis=0), tiny)) - np.log(np.maximum(np.quantile(d, p, axis=0), tiny))
-    )
-    return np.trapezoid(gap, grid, axis=0)
+    log_s, log_d = (np.log(np.maximum(np.quantile(a, p, axis=0), tiny)) for a in (s, d))
+    return np.trapezoid(np.abs(log_s - log_d), grid, axis=0)
