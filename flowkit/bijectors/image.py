@@ -1,12 +1,9 @@
 r"""Bijectors on images `(C, H, W)`: squeeze, invertible 1x1 convolution, factoring out, and EIW's shuffle.
 
-These are the pieces of multiscale flows (RealNVP, Glow, EIW-Flow): a level
-squeezes space into channels, runs flow steps, and factors half of the
-channels out into the latent, where the base scores them; the other half
-continues to the next level. [`FactorOut`][flowkit.bijectors.FactorOut] keeps
-the factored channels in place, so the whole flow has *one* full-dimensional
-latent of the data's shape, one base distribution and an exact `log_prob`.
-The presets are [`Glow`][flowkit.flows.Glow] and [`EIW`][flowkit.flows.EIW].
+The pieces of multiscale flows (RealNVP, Glow, EIW-Flow): a level squeezes space into channels, runs
+flow steps, and factors half of the channels out into the latent; [`FactorOut`][flowkit.bijectors.FactorOut]
+keeps them in place, so the flow has one latent of the data's shape and an exact `log_prob`. The presets
+are [`Glow`][flowkit.flows.Glow] and [`EIW`][flowkit.flows.EIW].
 """
 
 from __future__ import annotations
@@ -21,7 +18,7 @@ from .._validation import check_number
 from ..utils import as_shape
 from .base import Bijector
 from .linear import LULinear
-from .permutations import _show
+from .permutations import _check_permutation
 
 __all__ = ["Squeeze", "Conv1x1", "FactorOut", "EIWShuffle", "image_shape"]
 
@@ -93,11 +90,8 @@ class Conv1x1(Bijector):
 
     $$\log|\det \partial z / \partial x| = H W \sum_c s_c,$$
 
-    which costs $O(C)$ and does not depend on `x` (`ladj_is_constant`). `W`
-    starts as a random orthogonal matrix (that of `LULinear`), so a fresh layer keeps
-    lengths. The layer is a matrix product over the channel axis (a 1x1
-    convolution); the inverse applies $W^{-1}$, formed from two triangular solves of
-    the `C x C` identity.
+    which costs $O(C)$ and does not depend on `x`. `W` starts as a random orthogonal matrix (that of
+    `LULinear`); the inverse applies $W^{-1}$, formed from two triangular solves.
 
     Arguments:
         event_shape: `(C, H, W)`.
@@ -165,12 +159,9 @@ class FactorOut(Bijector):
 
     $$z = (g(x_1), x_2), \qquad \log|\det \partial z / \partial x| = \log|\det \partial g / \partial x_1|,$$
 
-    so $x_2$ is scored by the base directly (the factored-out half of a
-    multiscale level) and $x_1$ continues through the next levels `g`. `inner`
-    must return latents of its input's shape (end a level that squeezes with
-    `Invert(Squeeze(...))`), so the flow keeps one full-dimensional latent in the
-    data's layout, one base, and an exact `log_prob`. The context, if any, is
-    passed to `inner`.
+    so $x_2$ is scored by the base directly and $x_1$ continues through the next levels `g` (with the
+    context, if any). `inner` must return latents of its input's shape (end a level that squeezes with
+    `Invert(Squeeze(...))`).
 
     Arguments:
         inner: the rest of the flow, on `(C_1, H, W)` with `C_1 < C`.
@@ -226,11 +217,9 @@ class FactorOut(Bijector):
 class EIWShuffle(Bijector):
     r"""EIW-Flow's channel Shuffle before a multiscale split, *as in the reference code*.
 
-    **What it is.** A learned but *input-independent* permutation of the
-    channels. The paper (Chen et al.) calls the operation feature-dependent; in
-    the public reference code (`studying910/EIW-Flow`, `InvertibleTransition`
-    and `SENet.py`) the map itself does not depend on the input, and this layer
-    reproduces the code:
+    A learned but *input-independent* permutation of the channels: the paper calls it feature-dependent,
+    but in the reference code (`studying910/EIW-Flow`, `InvertibleTransition` and `SENet.py`) the map does
+    not depend on the input, and this layer reproduces the code:
 
     1. global weights $w = \operatorname{softmax}(\mathrm{MLP}(C))$, an MLP
        (`Linear(1, C/2, no bias)`, ReLU, `Linear(C/2, C)`) applied to the
@@ -246,25 +235,16 @@ class EIWShuffle(Bijector):
        to the objective. This is a proper KL divergence of log-probabilities (the
        reference passes probabilities to `KLDivLoss`, which is not a KL).
 
-    The sort is not differentiable: $w$ learns only through the regulariser,
-    and the SE head affects only the regulariser, never the map. Under Adam the
-    weight $\lambda$ does not slow $w$ down (its only gradient is the
-    regulariser's, which Adam rescales), and once two weights come close $\pi$
-    flips back and forth, changing which channels are factored out: in an
-    `EIW((1, 14, 14), 2, 4, hidden=(8, 8))` on Fashion-MNIST (Adam at 1e-3, batches
-    of 64) it changed 32 times in 150 steps, every step or two towards the end. $\pi$ is a
-    buffer: refreshed from $\operatorname{argsort}(w)$ at each forward call in
-    training mode, used as it is otherwise (eval mode, and every inverse), and
-    saved with the weights, so the map is the same in train and eval mode at
-    the same parameters, frozen at eval, and identical after
-    [`flowkit.io.load`][flowkit.io.load].
+    The sort is not differentiable: $w$ learns only through the regulariser (which Adam rescales, so
+    $\lambda$ does not slow it), and once two weights come close $\pi$ flips back and forth (32 times in
+    150 steps of an `EIW` on Fashion-MNIST). $\pi$ is a saved buffer, refreshed from
+    $\operatorname{argsort}(w)$ at each forward call in training mode and used as it is otherwise.
 
     Arguments:
         event_shape: `(C, H, W)`.
         reduction: the SE head's reduction ratio $r$ (hidden width `max(1, C // r)`).
-        weight: the regulariser's weight $\lambda$ (the reference's `--sigma`, 1e-3). The
-            reference adds it to a loss in bits/dim; flowkit's likelihood objective is in nats
-            per image, so the same $\lambda$ weighs the regulariser less, relatively.
+        weight: the regulariser's weight $\lambda$ (the reference's `--sigma`, 1e-3, added to a loss in
+            bits/dim; flowkit's is in nats per image, so the same $\lambda$ weighs less).
 
     References:
         Chen, Du, Li, Zeng & Paisley, *EIW-Flow*, Pattern Recognition (2025), arXiv:2407.04958;
@@ -317,10 +297,7 @@ class EIWShuffle(Bijector):
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
         perm = state_dict.get(prefix + "perm")
         if isinstance(perm, Tensor) and not perm.is_meta and perm.shape == self.perm.shape:
-            if perm.is_floating_point() or perm.dtype in (torch.bool, torch.complex64, torch.complex128):
-                raise ValueError(f"EIWShuffle: the loaded perm must hold integers, got dtype {perm.dtype}")
-            if not torch.equal(torch.sort(perm.cpu()).values, torch.arange(len(self.perm))):
-                raise ValueError(f"EIWShuffle: the loaded perm is not a permutation of the channels: {_show(perm)}")
+            _check_permutation(perm, len(self.perm), "EIWShuffle (channels)")
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def __getstate__(self) -> dict[str, Any]:
