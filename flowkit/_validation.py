@@ -9,6 +9,7 @@ The finiteness check synchronises with the device; turn all checks off with
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import numbers
 import operator
@@ -199,13 +200,8 @@ def check_context(
 
 def module_dtype(module: nn.Module) -> torch.dtype | None:
     """The floating dtype of a module's first floating parameter (else buffer), or None."""
-    for tensor in module.parameters():
-        if tensor.is_floating_point():
-            return tensor.dtype
-    for tensor in module.buffers():
-        if tensor.is_floating_point():
-            return tensor.dtype
-    return None
+    tensors = (t for t in itertools.chain(module.parameters(), module.buffers()) if t.is_floating_point())
+    return next((t.dtype for t in tensors), None)
 
 
 def check_point(bijector: nn.Module, x: object, context: object, direction: str, where: str) -> None:
