@@ -525,22 +525,27 @@ _DERIVATIVES: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
 }
 
 
-def _time_field_net(
-    name: str, features: int, hidden: Sequence[int], activation_name: str, context: int, frequencies: int, out: int
-) -> nn.Sequential:
-    """The MLP `[x, time embedding, context] -> out` of a time-dependent field (`name` in its errors)."""
-    hidden = [int(h) for h in hidden]
-    if features < 1 or context < 0 or frequencies < 0 or any(h < 1 for h in hidden):
-        raise ValueError(
-            f"{name} needs features >= 1, context >= 0, frequencies >= 0 and positive hidden sizes, "
-            f"got features={features}, context={context}, frequencies={frequencies}, hidden={tuple(hidden)}"
-        )
-    return nn.Sequential(
-        *_stack([int(features) + 1 + 2 * int(frequencies) + int(context), *hidden, out], activation_name)
-    )
+class _TimeField(Conditioner):
+    """What the time-dependent fields share: the MLP `net`, `[x, time embedding, context] -> out`, and the sizes."""
+
+    def __init__(
+        self, features: int, hidden: Sequence[int], activation_name: str, context: int, frequencies: int, out: int
+    ) -> None:
+        super().__init__()
+        hidden = [int(h) for h in hidden]
+        if features < 1 or context < 0 or frequencies < 0 or any(h < 1 for h in hidden):
+            raise ValueError(
+                f"{type(self).__name__} needs features >= 1, context >= 0, frequencies >= 0 and positive hidden "
+                f"sizes, got features={features}, context={context}, frequencies={frequencies}, hidden={tuple(hidden)}"
+            )
+        sizes = [int(features) + 1 + 2 * int(frequencies) + int(context), *hidden, out]
+        self.net = nn.Sequential(*_stack(sizes, activation_name))
+        self.in_features = self.out_features = self.features = int(features)
+        self.context_features = int(context)
+        self.frequencies = int(frequencies)
 
 
-class VectorField(Conditioner):
+class VectorField(_TimeField):
     r"""Time-dependent MLP vector field $f(x, t, c)$ for [`ContinuousFlow`][flowkit.bijectors.ContinuousFlow].
 
     A [`Conditioner`][flowkit.nn.Conditioner] with `in_features = out_features = D`
@@ -591,11 +596,7 @@ class VectorField(Conditioner):
         context: int = 0,
         frequencies: int = 3,
     ) -> None:
-        super().__init__()
-        self.net = _time_field_net("VectorField", features, hidden, activation, context, frequencies, features)
-        self.in_features = self.out_features = self.features = int(features)
-        self.context_features = int(context)
-        self.frequencies = int(frequencies)
+        super().__init__(features, hidden, activation, context, frequencies, features)
         self.activation_name = activation
 
     @property
@@ -702,7 +703,7 @@ class VectorField(Conditioner):
         _zero_linear(self.net[-1], bias)
 
 
-class PotentialField(Conditioner):
+class PotentialField(_TimeField):
     r"""The gradient field $f = -\nabla_x \Phi(x, t, c)$ of a scalar potential (OT-Flow's form).
 
     $\Phi$ is an MLP on $[x, \tau(t), c]$ (the time embedding of
@@ -746,11 +747,7 @@ class PotentialField(Conditioner):
         context: int = 0,
         frequencies: int = 3,
     ) -> None:
-        super().__init__()
-        self.net = _time_field_net("PotentialField", features, hidden, activation, context, frequencies, 1)
-        self.in_features = self.out_features = self.features = int(features)
-        self.context_features = int(context)
-        self.frequencies = int(frequencies)
+        super().__init__(features, hidden, activation, context, frequencies, 1)
         self.quadratic = nn.Parameter(torch.zeros(self.features, self.features))
 
     def potential(self, x: Tensor, context: Tensor | None = None, *, t: Tensor | float) -> Tensor:

@@ -43,13 +43,10 @@ class Coupling(Bijector):
 
     $$z_{m=0} = x_{m=0}, \qquad z_{m=1} = \tau(x_{m=1}; c(x_{m=0}, \text{context})),$$
 
-    so $\log|\det \partial z / \partial x| = \sum \log|\tau'|$. The conditioner
-    $c$ is an [`MLP`][flowkit.nn.MLP] built from `hidden` and `activation`
-    unless `conditioner` is given (any [`Conditioner`][flowkit.nn.Conditioner]
-    from the `n_identity` kept features and the context to
-    `n_transformed * transformer.params_per_element` numbers). Its last layer
-    starts at zero weights and the transformer's identity parameters, so the
-    layer starts as the identity.
+    so $\log|\det \partial z / \partial x| = \sum \log|\tau'|$. The conditioner $c$ is an
+    [`MLP`][flowkit.nn.MLP] unless `conditioner` is given (any [`Conditioner`][flowkit.nn.Conditioner] from the
+    kept features and the context to `n_transformed * transformer.params_per_element` numbers). Its last
+    layer starts at zero weights and the transformer's identity parameters: the layer starts as the identity.
 
     Arguments:
         transformer: the elementwise map (e.g. [`Affine`][flowkit.transformers.Affine]).
@@ -163,8 +160,6 @@ def AffineCoupling(
     conditioner: nn.Module | None = None,
 ) -> Coupling:
     """RealNVP affine coupling: a [`Coupling`][flowkit.bijectors.Coupling] with an affine transformer.
-
-    The transformer is an [`Affine`][flowkit.transformers.Affine] map.
 
     Arguments:
         features: number of features `D`.

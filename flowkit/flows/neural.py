@@ -112,9 +112,7 @@ class UNAF(Flow):
 
 
 class BNAF(Flow):
-    """Block neural autoregressive flow: block autoregressive layers with reversals in between.
-
-    The layers are [`BlockNeuralAutoregressive`][flowkit.bijectors.BlockNeuralAutoregressive].
+    """BNAF: [`BlockNeuralAutoregressive`][flowkit.bijectors.BlockNeuralAutoregressive] layers, reversals in between.
 
     Arguments:
         features: number of features `D`.

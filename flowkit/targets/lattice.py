@@ -27,20 +27,16 @@ class Phi4(Target):
     S(\phi) = \sum_x \Big[\sum_{\mu=1,2} (\phi_{x+\hat\mu} - \phi_x)^2 + m^2 \phi_x^2 + \lambda \phi_x^4\Big],
     $$
 
-    which equals the form $\sum_x \phi_x \sum_\mu(2\phi_x - \phi_{x+\hat\mu} - \phi_{x-\hat\mu}) + \dots$
-    of Albergo et al. For the free field (`lam = 0`, `m2 > 0`) the density
-    is Gaussian with precision $2(-\Delta + m^2)$, diagonal in Fourier
-    space, so $\log Z$ is exact at any `L`,
+    (the form of Albergo et al.). For the free field (`lam = 0`, `m2 > 0`) the density is Gaussian with
+    precision $2(-\Delta + m^2)$, diagonal in Fourier space, so $\log Z$ is exact at any `L`,
 
     $$
     \log Z = \frac V2 \log 2\pi - \frac12 \sum_k \log\Big[2\Big(m^2 + \sum_\mu 4\sin^2\frac{\pi k_\mu}{L}\Big)\Big],
     $$
 
-    exact samples are white noise filtered in Fourier space, and the
-    propagator is known ([`free_propagator`][flowkit.targets.lattice.Phi4.free_propagator]).
-    The same theory in the hopping parametrisation is
-    [`Phi4Hopping`][flowkit.targets.Phi4Hopping]; [`hopping`][flowkit.targets.lattice.Phi4.hopping]
-    gives its couplings.
+    exact samples are filtered white noise, and the propagator is known
+    ([`free_propagator`][flowkit.targets.lattice.Phi4.free_propagator]). The same theory in the hopping
+    parametrisation is [`Phi4Hopping`][flowkit.targets.Phi4Hopping] ([`hopping`][flowkit.targets.lattice.Phi4.hopping]).
 
     Arguments:
         L: lattice size.
@@ -111,8 +107,7 @@ class Phi4(Target):
 
     def _sample(self, n: int, generator: torch.Generator | None) -> Tensor:
         noise = torch.randn(n, self.L, self.L, generator=generator, dtype=torch.float64)
-        field = torch.fft.ifft2(torch.fft.fft2(noise) / self._precision_eigenvalues().sqrt()).real
-        return field
+        return torch.fft.ifft2(torch.fft.fft2(noise) / self._precision_eigenvalues().sqrt()).real
 
     @staticmethod
     def magnetization(x: Tensor) -> Tensor:
