@@ -92,16 +92,11 @@ class Conditioner(Configurable, nn.Module):
     Layers call [`zero_last`][flowkit.nn.Conditioner.zero_last] once, so that
     they start as the identity.
 
-    An *autoregressive* conditioner (one for
-    [`MaskedAutoregressive`][flowkit.bijectors.MaskedAutoregressive]) has
-    `in_features = D`, sets `order` (a permutation of `range(D)`), and its
-    output block `i` depends only on the features before `i` in `order` and on
-    the context. [`invert`][flowkit.nn.Conditioner.invert] then solves the
-    layer's inverse one feature at a time; the generic version here costs `D`
-    full passes, and [`MADE.invert`][flowkit.nn.MADE.invert] is incremental.
-
-    Subclasses are registered with [`flowkit.io`][flowkit.io], so a model built
-    with an explicit conditioner saves and loads.
+    An *autoregressive* conditioner (for [`MaskedAutoregressive`][flowkit.bijectors.MaskedAutoregressive]) has
+    `in_features = D`, sets `order` (a permutation of `range(D)`), and its output block `i` depends only on
+    the features before `i` in `order` and on the context; [`invert`][flowkit.nn.Conditioner.invert] solves
+    the layer's inverse one feature at a time (`D` full passes here, incrementally in
+    [`MADE.invert`][flowkit.nn.MADE.invert]). Subclasses are registered with [`flowkit.io`][flowkit.io].
 
     Attributes:
         in_features: size of the conditioning input `x`.
@@ -170,10 +165,8 @@ def _check_conditioner(
 class MLP(Conditioner, nn.Sequential):
     r"""Multi-layer perceptron `in (+ context) -> hidden... -> out`, a [`Conditioner`][flowkit.nn.Conditioner].
 
-    Layers are `nn.Linear` modules interleaved with activations (state-dict
-    keys `0.weight`, `2.weight`, ...). With `periodic=True` the inputs are
-    angles and enter as $(\cos x, \sin x)$, so the output is continuous across
-    $-\pi = \pi$ in every coordinate (the conditioner of circular couplings).
+    `nn.Linear` layers interleaved with activations (state-dict keys `0.weight`, `2.weight`, ...). With
+    `periodic=True` the inputs are angles and enter as $(\cos x, \sin x)$ (circular couplings).
 
     Arguments:
         in_features: input size (before the periodic embedding).
@@ -238,14 +231,10 @@ class MLP(Conditioner, nn.Sequential):
 class ConvNet(Conditioner):
     r"""Convolutional [`Conditioner`][flowkit.nn.Conditioner] on `(..., C, H, W)` grids (images and lattices).
 
-    `Conv2d(kernel, same padding)` layers with activations in between map
-    `in_channels` to `out_channels` channels and keep the spatial size. With
-    `padding_mode="circular"` the grid is a torus: the network commutes with
-    every translation of the lattice (periodic boundary conditions, as lattice
-    field theory needs); `"zeros"` is the usual image padding. A context vector
-    `(..., context)` enters as constant extra input channels. The output
-    is channel-major for [`MaskedCoupling`][flowkit.bijectors.MaskedCoupling]:
-    parameter `p` of input channel `c` is output channel `c * P + p`.
+    `Conv2d(kernel, same padding)` layers with activations in between keep the spatial size. With
+    `padding_mode="circular"` the grid is a torus and the network commutes with every translation (lattice
+    field theory); `"zeros"` is the usual image padding. A context vector enters as constant extra input
+    channels. The output is channel-major for [`MaskedCoupling`][flowkit.bijectors.MaskedCoupling].
 
     Arguments:
         in_channels: channels of the input grid.
@@ -335,18 +324,11 @@ class MaskedLinear(nn.Linear):
 class MADE(Conditioner):
     r"""Masked autoencoder for distribution estimation: an autoregressive [`Conditioner`][flowkit.nn.Conditioner].
 
-    Output block `i` (`params_per_feature` numbers for feature `i`)
-    depends only on the features that come before `i` in `order` and on the
-    context, through masks built from degrees: inputs get their rank in
-    `order` (1..D), context inputs degree 0, hidden units cycle through
-    `1..D-1` (`0..D-1` with context, so that the first feature's
-    parameters depend on the context too; nflows' MADE leaves them constant);
-    a hidden unit sees inputs of lower or equal degree and an output sees
-    hidden units of strictly lower degree.
-
-    With `residual=True` each hidden layer is followed by a residual block
-    $h + L_2(\sigma(L_1(\sigma(h))))$ with masks that keep the degrees (the
-    residual MADE of Durkan et al.).
+    Output block `i` depends only on the features before `i` in `order` and on the context, through masks
+    built from degrees: inputs get their rank in `order` (1..D), context inputs 0, hidden units cycle through
+    `1..D-1` (`0..D-1` with context, so that the first feature's parameters depend on it); a hidden unit sees
+    inputs of lower or equal degree, an output hidden units of strictly lower degree. With `residual=True`
+    each hidden layer is followed by a masked residual block $h + L_2(\sigma(L_1(\sigma(h))))$ (Durkan et al.).
 
     Arguments:
         features: number of features `D`.
@@ -463,13 +445,9 @@ class MADE(Conditioner):
     def invert(self, solve: Callable[[int, Tensor], Tensor], z: Tensor, context: Tensor | None = None) -> Tensor:
         """The incremental version of [`Conditioner.invert`][flowkit.nn.Conditioner.invert].
 
-        The masked weights are computed once, with the hidden units sorted by
-        degree; each newly solved feature enters the first layer's
-        pre-activation as a rank-one update instead of a full matrix product;
-        and the feature of rank `r` is computed from the hidden units of
-        degree `< r` only (a prefix of each layer: the others do not reach its
-        output), so step `r` costs about `(r / D)^2` of a full pass through the
-        hidden layers.
+        The masked weights are computed once, with the hidden units sorted by degree; each solved feature
+        enters the first pre-activation as a rank-one update, and the feature of rank `r` uses the hidden
+        units of degree `< r` only (a prefix of each layer): step `r` costs about `(r / D)^2` of a full pass.
         """
         n, d = self.params_per_feature, self.features
         weights, prefixes = self._sorted_weights()
@@ -548,23 +526,17 @@ class _TimeField(Conditioner):
 class VectorField(_TimeField):
     r"""Time-dependent MLP vector field $f(x, t, c)$ for [`ContinuousFlow`][flowkit.bijectors.ContinuousFlow].
 
-    A [`Conditioner`][flowkit.nn.Conditioner] with `in_features = out_features = D`
-    whose `forward` also takes the time `t` (keyword, a number or a tensor that
-    broadcasts to the batch shape). The network sees
-    $[x, \tau(t), c]$, where $\tau(t) = (t, \cos \pi k t, \sin \pi k t)_{k=1}^{F}$
-    is a Fourier time embedding ([`time_embedding`][flowkit.nn.time_embedding]) and $c$
-    the context. The default activation is smooth (`tanh`): an ODE solver's
-    error control assumes a smooth field, and a kink (ReLU) costs function evaluations
-    (softplus, the default until 2026-12, left a likelihood-trained field Gaussian for hundreds of steps).
+    A [`Conditioner`][flowkit.nn.Conditioner] with `in_features = out_features = D` whose `forward` also
+    takes the time `t` (keyword; a number or a tensor broadcasting to the batch shape). The network sees
+    $[x, \tau(t), c]$ with the Fourier time embedding $\tau(t) = (t, \cos \pi k t, \sin \pi k t)_{k=1}^{F}$
+    ([`time_embedding`][flowkit.nn.time_embedding]). The default activation is smooth (`tanh`), as an ODE
+    solver's error control assumes (softplus, the default until 2026-12, trained far more slowly).
 
     With a smooth activation (`softplus`, `tanh`, `elu`, `silu`),
-    [`velocity_and_jacobian`][flowkit.nn.VectorField.velocity_and_jacobian] also returns
-    the exact Jacobian $\partial f / \partial x$, propagated forward through the layers,
-    $J_1 = W_1^{(x)}$, $J_{k+1} = W_{k+1} \operatorname{diag}(\sigma'(a_k)) J_k$: one
-    batched product per layer instead of `D` vector-Jacobian products, and
-    [`velocity_and_divergence`][flowkit.nn.VectorField.velocity_and_divergence] its trace
-    without the last product; [`ContinuousFlow`][flowkit.bijectors.ContinuousFlow]'s exact
-    trace uses them.
+    [`velocity_and_jacobian`][flowkit.nn.VectorField.velocity_and_jacobian] also returns the exact Jacobian,
+    propagated forward, $J_1 = W_1^{(x)}$, $J_{k+1} = W_{k+1} \operatorname{diag}(\sigma'(a_k)) J_k$ (one
+    batched product per layer), and [`velocity_and_divergence`][flowkit.nn.VectorField.velocity_and_divergence]
+    its trace, for [`ContinuousFlow`][flowkit.bijectors.ContinuousFlow]'s exact trace.
 
     Arguments:
         features: the event size `D` (input and output).
@@ -675,8 +647,7 @@ class VectorField(_TimeField):
     ) -> tuple[Tensor, Tensor]:
         r"""The velocity `(..., D)` and the Jacobian-vector product $(\partial f / \partial x)\, \epsilon$ `(..., D)`.
 
-        Forward-mode, one extra product per layer: with it, Hutchinson's estimate
-        $\epsilon^\top (\partial f / \partial x) \epsilon$ needs no backward pass.
+        Forward-mode: Hutchinson's estimate $\epsilon^\top (\partial f / \partial x) \epsilon$ needs no backward pass.
         """
         last = self.net[-1]
         if len(self.net) == 1:
@@ -706,19 +677,12 @@ class VectorField(_TimeField):
 class PotentialField(_TimeField):
     r"""The gradient field $f = -\nabla_x \Phi(x, t, c)$ of a scalar potential (OT-Flow's form).
 
-    $\Phi$ is an MLP on $[x, \tau(t), c]$ (the time embedding of
-    [`VectorField`][flowkit.nn.VectorField]) plus a quadratic $\tfrac12 x^\top (L L^\top) x$
-    term's learnable factor $L$ (zero at the start). Optimal-transport fields are of this
-    form (Benamou–Brenier): the OT map's velocity is the gradient of a potential that solves
-    the Hamilton–Jacobi equation $\partial_t \Phi - \tfrac12 \|\nabla_x \Phi\|^2 = 0$.
-    [`ContinuousFlow`][flowkit.bijectors.ContinuousFlow] takes the exact trace of
-    $\partial_x f = -\nabla_x^2 \Phi$ (the Hessian's, by `D` vector-Jacobian products) or
-    Hutchinson's, and [`RegularizedLikelihood`][flowkit.train.continuous.RegularizedLikelihood]`(hjb=...)`
-    integrates $|\partial_t \Phi - \tfrac12 \|\nabla_x \Phi\|^2|$ along the trajectories
-    ([`hjb_residual`][flowkit.nn.PotentialField.hjb_residual]).
-
-    The field is a gradient, computed with `create_graph=True` whatever the grad mode, so that
-    the solve can differentiate it once more.
+    $\Phi$ is an MLP on $[x, \tau(t), c]$ (as [`VectorField`][flowkit.nn.VectorField]) plus a quadratic
+    $\tfrac12 x^\top (L L^\top) x$ with learnable $L$ (zero at the start). Optimal-transport fields are of
+    this form (Benamou–Brenier), with $\Phi$ solving $\partial_t \Phi - \tfrac12 \|\nabla_x \Phi\|^2 = 0$;
+    [`RegularizedLikelihood`][flowkit.train.continuous.RegularizedLikelihood]`(hjb=...)` integrates that
+    residual ([`hjb_residual`][flowkit.nn.PotentialField.hjb_residual]) along the trajectories. The field is
+    computed with `create_graph=True` whatever the grad mode, so that the solve can differentiate it.
 
     Arguments:
         features: the event size `D`.

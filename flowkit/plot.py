@@ -40,6 +40,12 @@ __all__ = [
 ]
 
 
+def _figure(width: float, height: float, *grid: int, **options: Any) -> tuple[Figure, Any]:
+    """A figure with constrained layout and its axes: one `Axes`, or `fig.subplots(*grid, **options)`."""
+    fig = Figure(figsize=(width, height), layout="constrained")
+    return fig, fig.subplots(*grid, **options) if grid else fig.add_subplot()
+
+
 def _numpy(x: Tensor | np.ndarray) -> np.ndarray:
     if isinstance(x, Tensor):
         return x.detach().cpu().double().numpy()
@@ -134,8 +140,7 @@ def density(
     from .data.evaluation import log_prob_batched
 
     logp = log_prob_batched(flow, torch.as_tensor(grid, dtype=dtype)).double().numpy().reshape(resolution, resolution)
-    fig = Figure(figsize=(5, 4.4), layout="constrained")
-    ax = fig.add_subplot()
+    fig, ax = _figure(5, 4.4)
     mesh = ax.pcolormesh(xs, ys, np.exp(logp), shading="auto", cmap="viridis")
     fig.colorbar(mesh, ax=ax, label="p(x)")
     if points is not None:
@@ -199,8 +204,7 @@ def samples_vs_data(
     names = _axis_labels(labels, [i, j], where)
     # Equal-aspect panels: the figure's height follows the data's aspect ratio, without empty bands.
     aspect = (bounds[1][1] - bounds[1][0]) / (bounds[0][1] - bounds[0][0])
-    fig = Figure(figsize=(8, float(np.clip(3.6 * aspect, 2.0, 7.0)) + 0.8), layout="constrained")
-    left, right = fig.subplots(1, 2, sharex=True, sharey=True)
+    fig, (left, right) = _figure(8, float(np.clip(3.6 * aspect, 2.0, 7.0)) + 0.8, 1, 2, sharex=True, sharey=True)
     _scatter_panel(left, pts, bounds, "data", "C0", names)
     _scatter_panel(right, samples, bounds, "flow samples", "C1", names)
     return fig
@@ -245,8 +249,7 @@ def pairwise(
     names = _axis_labels(labels, dims, where)
     bounds = _bounds(pts[:, dims])
     shown = _subsample(pts, n)
-    fig = Figure(figsize=(1.9 * k + 1, 1.9 * k + 1), layout="constrained")
-    axes = np.asarray(fig.subplots(k, k, squeeze=False))
+    fig, axes = _figure(1.9 * k + 1, 1.9 * k + 1, k, k, squeeze=False)
     for r, dr in enumerate(dims):
         for c, dc in enumerate(dims):
             ax = axes[r, c]
@@ -324,8 +327,8 @@ def training_curves(
     steps = _column(history, "step", "steps") or list(range(1, len(loss) + 1))
     val = _column(history, "val_loss")
     lr = _column(history, "lr")
-    fig = Figure(figsize=(7, 5.5 if lr else 4), layout="constrained")
-    axes = fig.subplots(2 if lr else 1, 1, sharex=True, squeeze=False)[:, 0]
+    fig, axes = _figure(7, 5.5 if lr else 4, 2 if lr else 1, 1, sharex=True, squeeze=False)
+    axes = axes[:, 0]
     ax = axes[0]
     xs, ys = _finite_pairs(steps, loss)
     ax.plot(xs, ys, color="C0", alpha=0.35 if smooth > 1 else 1.0, lw=0.8, label="train")
@@ -391,8 +394,7 @@ def ramachandran(
     if len(titles) < len(panels):
         raise ValueError(f"{where}: {len(panels)} panels need {len(panels)} titles, got {len(titles)}")
     edges = np.linspace(-math.pi, math.pi, bins + 1)
-    fig = Figure(figsize=(4.6 * len(panels), 4), layout="constrained")
-    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    fig, (axes,) = _figure(4.6 * len(panels), 4, 1, len(panels), squeeze=False)
     for ax, (a, b, lw), title in zip(axes, panels, titles, strict=False):
         if a.shape != b.shape or not (np.isfinite(a).all() and np.isfinite(b).all()):
             raise ValueError(f"{where}: phi and psi must be finite and of one shape, got {a.shape} and {b.shape}")
@@ -434,8 +436,7 @@ def free_energy_profiles(
     where = "plot.free_energy_profiles"
     if not profiles:
         raise ValueError(f"{where}: profiles must name at least one profile")
-    fig = Figure(figsize=(5.5, 3.8), layout="constrained")
-    ax = fig.add_subplot()
+    fig, ax = _figure(5.5, 3.8)
     for name, profile in profiles.items():
         if not all(hasattr(profile, a) for a in ("edges", "free_energy", "error")):
             raise ValueError(f"{where}: profile {name!r} is not a FreeEnergyProfile, got {type(profile).__name__}")
@@ -467,8 +468,7 @@ def lattice_configurations(configurations: Tensor, *, n: int = 4, title: str | N
     _positive(n, "n", "lattice_configurations")
     shown = x[: min(n, len(x))]
     scale = float(np.abs(shown).max()) or 1.0
-    fig = Figure(figsize=(2.1 * len(shown) + 0.8, 2.3), layout="constrained")
-    axes = fig.subplots(1, len(shown), squeeze=False)[0]
+    fig, (axes,) = _figure(2.1 * len(shown) + 0.8, 2.3, 1, len(shown), squeeze=False)
     for i, (ax, phi) in enumerate(zip(axes, shown, strict=True)):
         image = ax.imshow(phi, cmap="RdBu_r", vmin=-scale, vmax=scale)
         ax.set(xticks=[], yticks=[], title=f"#{i}")
@@ -496,8 +496,7 @@ def magnetization_histogram(chains: Mapping[str, Tensor], *, bins: int = 50, tit
         values[label] = m.mean((-1, -2)).ravel()
     _positive(bins, "bins", "magnetization_histogram")
     edges = np.histogram_bin_edges(np.concatenate(list(values.values())), bins=bins)
-    fig = Figure(figsize=(5, 3.5), layout="constrained")
-    ax = fig.add_subplot()
+    fig, ax = _figure(5, 3.5)
     for i, (label, m) in enumerate(values.items()):
         style = {"histtype": "step"} if i else {"histtype": "stepfilled", "alpha": 0.4}
         ax.hist(m, bins=edges, density=True, label=label, linewidth=1.5, **style)
@@ -521,8 +520,7 @@ def autocorrelation(series: Mapping[str, Tensor], *, max_lag: int = 50, title: s
     if not series:
         raise ValueError("autocorrelation: give at least one series")
     _positive(max_lag, "max_lag", "autocorrelation")
-    fig = Figure(figsize=(5, 3.5), layout="constrained")
-    ax = fig.add_subplot()
+    fig, ax = _figure(5, 3.5)
     for label, values in series.items():
         x = torch.as_tensor(values)
         rho = acf(x).numpy()[: max_lag + 1]
@@ -560,8 +558,7 @@ def image_grid(
     for i, image in enumerate(np.clip(array, 0.0, 1.0)):
         r, q = divmod(i, columns)
         canvas[r * (h + 1) : r * (h + 1) + h, q * (w + 1) : q * (w + 1) + w] = image.transpose(1, 2, 0)
-    fig = Figure(figsize=(max(2.0, columns * 0.6), max(2.0, rows * 0.6)), layout="constrained")
-    ax = fig.subplots()
+    fig, ax = _figure(max(2.0, columns * 0.6), max(2.0, rows * 0.6))
     ax.imshow(canvas[..., 0] if c == 1 else canvas, cmap=cmap if c == 1 else None, vmin=0.0, vmax=1.0)
     ax.set_axis_off()
     if title:
@@ -632,8 +629,7 @@ def orientations(
     _positive(bins, "bins", "orientations", minimum=2)
     log_weights = dict(log_weights or {})
     names = list(quaternions)
-    fig = Figure(figsize=(3.0 * len(axes), 3.0 * len(names)), layout="constrained")
-    grid = fig.subplots(len(names), len(axes), squeeze=False)
+    fig, grid = _figure(3.0 * len(axes), 3.0 * len(names), len(names), len(axes), squeeze=False)
     edges = np.linspace(-2, 2, bins + 1)
     circle = np.linspace(0, 2 * np.pi, 200)
     for row, name in enumerate(names):
