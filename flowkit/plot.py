@@ -1,8 +1,7 @@
 """Matplotlib figures for fitted flows: density heatmaps, samples against data, marginals, training curves.
 
-Every function returns a `matplotlib.figure.Figure` built without
-pyplot (so nothing is shown or kept alive behind your back); save it with
-`fig.savefig("out.png")` or let Jupyter display it.
+Every function returns a `matplotlib.figure.Figure` built without pyplot (nothing is shown or kept alive);
+save it with `fig.savefig("out.png")` or let Jupyter display it.
 
 Examples:
     >>> import flowkit, flowkit.plot
@@ -112,8 +111,7 @@ def density(
     Arguments:
         flow: a flow with two-dimensional events (anything with `log_prob`).
         data: points of shape `(N, 2)` to overlay (at most `max_points` are drawn).
-        bounds: `[(xmin, xmax), (ymin, ymax)]`; by default the data's range
-            plus a margin, or `[-4, 4]^2` without data.
+        bounds: `[(xmin, xmax), (ymin, ymax)]`; by default the data's range plus a margin, or `[-4, 4]^2`.
         resolution: grid points per axis.
         max_points: number of data points drawn.
         title: axes title.
@@ -222,8 +220,8 @@ def pairwise(
 ) -> Figure:
     """Pairwise marginals (a corner plot) of data and, optionally, flow samples, for `D > 2`.
 
-    The diagonal shows 1-D histograms (data filled, samples as a line); the
-    lower triangle shows data points, the upper triangle samples.
+    The diagonal shows 1-D histograms (data filled, samples as a line), the lower triangle data points, the
+    upper triangle samples.
 
     Arguments:
         data: data points `(N, D)`.
@@ -310,16 +308,13 @@ def training_curves(
     """Training (and validation) loss against the step, with the learning rate in a second panel.
 
     Arguments:
-        history: a [`flowkit.train.History`][flowkit.train.History] (or a mapping with `loss`
-            and optionally `step`, `lr`, `val_loss` lists, and
-            `val_step` when validation losses are not one per step).
+        history: a [`flowkit.train.History`][flowkit.train.History] (or a mapping with `loss` and optionally
+            `step`, `lr`, `val_loss` and `val_step` lists).
         smooth: width of a moving average applied to the training loss (0: none).
         title: title of the loss panel.
-        ylabel: label of the loss axis, with its unit (for maximum likelihood `"NLL (nats)"`,
-            the mean negative log-likelihood per point).
-        bits_per_dim: `(D, K)` for an NLL in nats of dequantised data with `D` dimensions of `K`
-            levels: a second axis on the right gives it in bits/dim,
-            `(NLL + D log K) / (D ln 2)` ([`flowkit.data.bits_per_dim`][flowkit.data.bits_per_dim]).
+        ylabel: label of the loss axis, with its unit (for maximum likelihood `"NLL (nats)"`).
+        bits_per_dim: `(D, K)` for an NLL in nats of dequantised data with `D` dimensions of `K` levels: a
+            second axis gives it in bits/dim ([`flowkit.data.bits_per_dim`][flowkit.data.bits_per_dim]).
     """
     loss = _column(history, "loss", "train_loss")
     if not loss:
@@ -423,10 +418,9 @@ def free_energy_profiles(
     r"""Free-energy profiles $F(s) = -\log p(s)$ in kT with their error bars, one line per profile.
 
     Arguments:
-        profiles: name -> [`FreeEnergyProfile`][flowkit.stats.FreeEnergyProfile] (e.g. of
-            [`flowkit.stats.free_energy_profile`][flowkit.stats.free_energy_profile]: the reweighted flow
-            samples with bootstrap errors, MD frames with blocked errors), all drawn as they are (no shift).
-            Empty bins are left out; a profile without errors is drawn without bars.
+        profiles: name -> [`FreeEnergyProfile`][flowkit.stats.FreeEnergyProfile] (of
+            [`flowkit.stats.free_energy_profile`][flowkit.stats.free_energy_profile]), drawn as they are
+            (no shift, empty bins left out).
         xlabel: the coordinate's label.
         title: the figure title.
 
@@ -569,8 +563,7 @@ def image_grid(
 def bits_per_dim_curve(history: Any, dims: int, levels: int, *, smooth: int = 25, title: str | None = None) -> Figure:
     """[`training_curves`][flowkit.plot.training_curves] in bits/dim of dequantised data with `levels` levels.
 
-    The losses (mean NLL in nats per point, plus any auxiliary loss) become
-    `(loss + dims log K) / (dims ln 2)`, as [`flowkit.data.bits_per_dim`][flowkit.data.bits_per_dim].
+    The losses become `(loss + dims log K) / (dims ln 2)`, as [`flowkit.data.bits_per_dim`][flowkit.data.bits_per_dim].
     """
     from .data import bits_per_dim
 
@@ -591,9 +584,8 @@ def bits_per_dim_curve(history: Any, dims: int, levels: int, *, smooth: int = 25
 def equal_area(v: Tensor | np.ndarray) -> np.ndarray:
     r"""Lambert azimuthal equal-area projection of unit vectors `(..., 3)` onto the disc of radius 2.
 
-    $(x, y, z) \mapsto \sqrt{2 / (1 + z)}\, (x, y)$: the north pole goes to the centre, the
-    south pole to the rim, and equal areas on the sphere to equal areas in the disc (so a
-    uniform distribution on the sphere looks uniform).
+    $(x, y, z) \mapsto \sqrt{2 / (1 + z)}\, (x, y)$: the north pole goes to the centre, the south pole to the
+    rim, and equal areas on the sphere to equal areas in the disc.
     """
     v = _numpy(v)
     scale = np.sqrt(2.0 / np.clip(1.0 + v[..., 2], 1e-12, None))
@@ -610,10 +602,9 @@ def orientations(
 ) -> Figure:
     r"""Orientation marginals: where the body axes point, in equal-area projection, for several sample sets.
 
-    For unit quaternions $q$ (scalar first) the body axis $k$ points along $R(q) e_k$, a
-    point of $S^2$; each panel is the (weighted) histogram of one axis over one sample set in
-    the [`equal_area`][flowkit.plot.equal_area] projection (north pole at the centre), so
-    flow samples (raw or reweighted) can be set against target samples or an MCMC chain.
+    For unit quaternions $q$ (scalar first) the body axis $k$ points along $R(q) e_k \in S^2$; each panel is
+    the (weighted) histogram of one axis over one sample set in the [`equal_area`][flowkit.plot.equal_area]
+    projection.
 
     Arguments:
         quaternions: name -> quaternions `(n, 4)` (one rigid body: slice a layout first).

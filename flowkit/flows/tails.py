@@ -52,22 +52,19 @@ class TailAdaptive(Flow):
 
     With `df[j]` `None` for a light-tailed feature and $\nu_j$ for a heavy-tailed one, the flow
 
-    1. (optionally) standardises each feature with a fixed `loc` and `scale`, then permutes the
-       features so that the light ones come first (undone when sampling);
-    2. applies `transforms` masked autoregressive layers (rational-quadratic splines on
-       $[-B, B]$ with identity tails, natural order), with, between consecutive layers, a
-       permutation within each group and a [`TailLU`][flowkit.bijectors.TailLU];
+    1. (optionally) standardises each feature with a fixed `loc` and `scale`, then puts the light
+       features first (undone when sampling);
+    2. applies `transforms` masked autoregressive layers (rational-quadratic splines on $[-B, B]$ with
+       identity tails), with a permutation within each group and a [`TailLU`][flowkit.bijectors.TailLU]
+       between consecutive layers;
     3. ends at a [`TailAdaptiveBase`][flowkit.distributions.TailAdaptiveBase]: $\mathcal N(0, 1)$ on the
        light dimensions, $t_{\nu_j}$ on the heavy ones.
 
-    Every layer is triangular with the light features first and Lipschitz, so the light marginals
-    depend on light base marginals only and each output marginal keeps its base marginal's tail
-    (Laszkiewicz et al. 2022, Theorem 4). Build it from data with
-    [`from_data`][flowkit.flows.TailAdaptive.from_data], which estimates the tails.
-
-    Variants: `"mtaf-fix"` keeps the degrees of freedom fixed, `"mtaf"` trains them from their
-    given values, and `"gtaf"` makes every marginal Student-t with trained degrees of freedom
-    (starting at `df`, a number; 10 by default).
+    Every layer is Lipschitz and triangular with the light features first, so each output marginal keeps
+    its base marginal's tail (Laszkiewicz et al. 2022, Theorem 4). Build it from data with
+    [`from_data`][flowkit.flows.TailAdaptive.from_data], which estimates the tails. Variants: `"mtaf-fix"`
+    keeps the degrees of freedom fixed, `"mtaf"` trains them, and `"gtaf"` makes every marginal Student-t
+    with trained degrees of freedom (starting at `df`, a number; 10 by default).
 
     Arguments:
         features: number of features `D`.
@@ -262,18 +259,16 @@ class COMET(Flow):
     r"""COMET flow: fitted marginal CDFs with generalized Pareto tails, then a coupling flow on the copula.
 
     $x \mapsto z_0 = \Phi^{-1}(F(x))$ per feature through a fixed
-    [`MarginalTailCDF`][flowkit.bijectors.MarginalTailCDF] (kernel density body, generalized Pareto
-    tails; `output="logit"` uses a logit as the reference does), then `transforms` rational-quadratic
-    spline couplings ([`NSF`][flowkit.flows.NSF] with `coupling=True`, identity outside $[-B, B]$) to the
-    base. The marginals are fitted, not trained: call
-    [`fit_marginals`][flowkit.flows.COMET.fit_marginals] on the training data before training (or build
-    with [`from_data`][flowkit.flows.COMET.from_data]); they are saved and loaded with the weights.
-    SoftFlow noise, which the reference adds to its couplings, is not used.
+    [`MarginalTailCDF`][flowkit.bijectors.MarginalTailCDF] (kernel density body, generalized Pareto tails;
+    `output="logit"` uses a logit as the reference does), then `transforms` rational-quadratic spline
+    couplings ([`NSF`][flowkit.flows.NSF] with `coupling=True`) to the base. The marginals are fitted, not
+    trained: call [`fit_marginals`][flowkit.flows.COMET.fit_marginals] before training (or build with
+    [`from_data`][flowkit.flows.COMET.from_data]); they are saved with the weights. The reference's SoftFlow
+    noise is not used.
 
     Arguments:
-        features: number of features `D`. With one feature there is nothing to couple (the one-dimensional
-            copula is the base itself): the flow is the fitted marginal alone, takes no context and has
-            nothing to train.
+        features: number of features `D`. With one feature the flow is the fitted marginal alone (no
+            context, nothing to train).
         transforms: number of coupling layers.
         bins: spline bins.
         hidden: hidden sizes of each conditioner.
