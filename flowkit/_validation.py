@@ -1,8 +1,7 @@
 """Input checks shared by bijectors, distributions and flows.
 
-The checks run at the *public* entry point only (a bijector called by another
-bijector is not re-checked), and are skipped while `torch.compile` traces.
-The finiteness check synchronises with the device; turn all checks off with
+The checks run at the *public* entry point only (a bijector called by another bijector is not re-checked), and are
+skipped while `torch.compile` traces. The finiteness check synchronises with the device; turn all checks off with
 `set_validation` in production loops that need every microsecond.
 """
 

@@ -1,11 +1,9 @@
 """Save and load flows as a JSON config plus safetensors weights; loading never unpickles.
 
-A saved model is a directory holding `config.json` (the constructor
-arguments of every flowkit object in the model, nested) and
-`weights.safetensors` (the state dict). [`load`][flowkit.io.load] rebuilds the model
-*only* from classes in flowkit's registry: a config naming anything else is
-refused, and nothing is imported by name from the file. A model directory from an untrusted
-source can at worst be refused (see [`load`][flowkit.io.load]'s errors).
+A saved model is a directory holding `config.json` (the constructor arguments of every flowkit object in the model,
+nested) and `weights.safetensors` (the state dict). [`load`][flowkit.io.load] rebuilds the model *only* from classes in
+flowkit's registry: a config naming anything else is refused, and nothing is imported by name from the file. A model
+directory from an untrusted source can at worst be refused (see [`load`][flowkit.io.load]'s errors).
 """
 
 from __future__ import annotations

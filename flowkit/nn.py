@@ -1,13 +1,10 @@
 r"""Conditioners: the networks that emit the parameters of coupling and autoregressive layers.
 
-A *conditioner* maps the part of the input a layer conditions on (the
-identity half of a coupling, all features of an autoregressive layer) and the
-context to the transformer's parameters. [`Conditioner`][flowkit.nn.Conditioner]
-states the contract in one place; [`MLP`][flowkit.nn.MLP] (optionally with a
-$(\cos x, \sin x)$ embedding for angles) and [`MADE`][flowkit.nn.MADE] (masked,
-autoregressive) implement it, and any other module that does (a convolutional
-net for images or lattices) plugs into
-[`Coupling`][flowkit.bijectors.Coupling] and
+A *conditioner* maps the part of the input a layer conditions on (the identity half of a coupling, all features of an
+autoregressive layer) and the context to the transformer's parameters. [`Conditioner`][flowkit.nn.Conditioner] states
+the contract in one place; [`MLP`][flowkit.nn.MLP] (optionally with a $(\cos x, \sin x)$ embedding for angles) and
+[`MADE`][flowkit.nn.MADE] (masked, autoregressive) implement it, and any other module that does (a convolutional net for
+images or lattices) plugs into [`Coupling`][flowkit.bijectors.Coupling] and
 [`MaskedAutoregressive`][flowkit.bijectors.MaskedAutoregressive] the same way.
 """
 
@@ -84,13 +81,10 @@ def _zero_linear(layer: nn.Linear | nn.Conv2d, bias: Tensor | None) -> None:
 class Conditioner(Configurable, nn.Module):
     r"""The contract between a layer and the network that parametrises its transformer.
 
-    A conditioner maps inputs `x` of shape `(..., in_features)` and an optional
-    context `(..., context_features)` (batch dimensions broadcast) to
-    `(..., out_features)` numbers, feature-major: the
-    `params_per_element` parameters of transformed element `j` are the
-    contiguous block `[j * params_per_element, (j + 1) * params_per_element)`.
-    Layers call [`zero_last`][flowkit.nn.Conditioner.zero_last] once, so that
-    they start as the identity.
+    A conditioner maps inputs `x` of shape `(..., in_features)` and an optional context `(..., context_features)` (batch
+    dimensions broadcast) to `(..., out_features)` numbers, feature-major: the `params_per_element` parameters of
+    transformed element `j` are the contiguous block `[j * params_per_element, (j + 1) * params_per_element)`. Layers
+    call [`zero_last`][flowkit.nn.Conditioner.zero_last] once, so that they start as the identity.
 
     An *autoregressive* conditioner (for [`MaskedAutoregressive`][flowkit.bijectors.MaskedAutoregressive]) has
     `in_features = D`, sets `order` (a permutation of `range(D)`), and its output block `i` depends only on

@@ -371,8 +371,7 @@ def ramachandran(
         bins: histogram bins per axis.
         reference: `(phi, psi)` of reference samples (molecular dynamics), drawn in the last panel.
         raw: with `log_weights`, also draw the unweighted samples, in a first panel.
-        titles: panel titles (default `("samples", "reference")`, or `("raw", "reweighted", "reference")`
-            with `raw`).
+        titles: panel titles (default `("samples", "reference")`, or `("raw", "reweighted", "reference")` with `raw`).
 
     Returns:
         The figure: the panels (raw samples, samples, reference) side by side.
@@ -602,9 +601,8 @@ def orientations(
 ) -> Figure:
     r"""Orientation marginals: where the body axes point, in equal-area projection, for several sample sets.
 
-    For unit quaternions $q$ (scalar first) the body axis $k$ points along $R(q) e_k \in S^2$; each panel is
-    the (weighted) histogram of one axis over one sample set in the [`equal_area`][flowkit.plot.equal_area]
-    projection.
+    For unit quaternions $q$ (scalar first) the body axis $k$ points along $R(q) e_k \in S^2$; each panel is the
+    (weighted) histogram of one axis over one sample set in the [`equal_area`][flowkit.plot.equal_area] projection.
 
     Arguments:
         quaternions: name -> quaternions `(n, 4)` (one rigid body: slice a layout first).

@@ -2,24 +2,22 @@ r"""Root finders for monotone maps without closed-form inverses, with implicit g
 
 Two solvers and the step that gives both their derivatives:
 
-- [`solve_monotone`][flowkit.root_finding.solve_monotone]: a fixed-step solve on `[0, 1]` (grid bracketing,
-  bisection, safeguarded Newton) for maps that evaluate cheaply on a grid (smooth mixtures, the sphere's
-  convex Moebius maps);
-- [`monotone_inverse`][flowkit.root_finding.monotone_inverse]: safeguarded Newton (`rtsafe`) on a given
-  bracket, for elementwise activations;
-- [`expand_bracket`][flowkit.root_finding.expand_bracket]: a bracket for a map of unknown range, found
-  by doubling a starting interval's width;
-- [`implicit_newton_step`][flowkit.root_finding.implicit_newton_step]: one Newton step taken with the graph
-  from a root found without one, whose derivatives are those of the implicit-function theorem,
+- [`solve_monotone`][flowkit.root_finding.solve_monotone]: a fixed-step solve on `[0, 1]` (grid bracketing, bisection,
+  safeguarded Newton) for maps that evaluate cheaply on a grid (smooth mixtures, the sphere's convex Moebius maps);
+- [`monotone_inverse`][flowkit.root_finding.monotone_inverse]: safeguarded Newton (`rtsafe`) on a given bracket, for
+  elementwise activations;
+- [`expand_bracket`][flowkit.root_finding.expand_bracket]: a bracket for a map of unknown range, found by doubling a
+  starting interval's width;
+- [`implicit_newton_step`][flowkit.root_finding.implicit_newton_step]: one Newton step taken with the graph from a root
+  found without one, whose derivatives are those of the implicit-function theorem,
   $\partial x / \partial \theta = -(\partial f / \partial \theta) / f'$.
 
 Every loop runs a fixed number of steps on the whole tensor (no host synchronisation), so the solvers compile.
 
-*Convergence.* A solve that ran out of steps, or a bracket that does not hold the root, must not
-return a wrong answer silently: at the end each solver checks its result (one host synchronisation;
-skipped while `torch.compile` traces) and raises [`ConvergenceError`][flowkit.root_finding.ConvergenceError],
-naming the worst point and its residual. A root $x$ of $f(x) = y$ is accepted when its residual is
-within the rounding of evaluating $f$ near the root,
+*Convergence.* A solve that ran out of steps, or a bracket that does not hold the root, must not return a wrong answer
+silently: at the end each solver checks its result (one host synchronisation; skipped while `torch.compile` traces) and
+raises [`ConvergenceError`][flowkit.root_finding.ConvergenceError], naming the worst point and its residual. A root $x$
+of $f(x) = y$ is accepted when its residual is within the rounding of evaluating $f$ near the root,
 
 $$
 |f(x) - y| \le \tau \big(\max(1, |y|) + f'(x) \max(1, |x|)\big), \qquad \tau = 2^{10} \varepsilon
@@ -117,10 +115,9 @@ def solve_monotone(
 ) -> Tensor:
     r"""The root $u \in [0, 1]$ of $f(u) = $ `target` for increasing `fn`, with a fixed number of steps.
 
-    The root must lie in `[0, 1]`. The bracket comes from counting the grid values below the target,
-    `bisection_steps` halve it, and `newton_steps` safeguarded Newton steps finish (a step that leaves the
-    bracket becomes its midpoint). Runs without gradients; the root is then checked
-    ([`check_converged`][flowkit.root_finding.check_converged]).
+    The root must lie in `[0, 1]`. The bracket comes from counting the grid values below the target, `bisection_steps`
+    halve it, and `newton_steps` safeguarded Newton steps finish (a step that leaves the bracket becomes its midpoint).
+    Runs without gradients; the root is then checked ([`check_converged`][flowkit.root_finding.check_converged]).
 
     Arguments:
         fn: `fn(u, cells, slope)` returns `(f(u), f'(u))` (`f'` only when `slope`, else None) for `u` of
@@ -169,12 +166,11 @@ def solve_monotone(
 def implicit_newton_step(root: Tensor, residual: Tensor, slope: Tensor, low: Tensor, high: Tensor) -> Tensor:
     r"""One Newton step from a root found without gradients, carrying the graph: the implicit derivatives.
 
-    With `residual` $= f(x^*) - y$ and `slope` $= f'(x^*)$ evaluated *with* their graph at the detached
-    root $x^*$, the result $x^* - r / f'$ has value $\approx x^*$ and the derivatives
-    $\partial x / \partial \theta = -(\partial f / \partial \theta) / f'$ of the implicit-function rule.
-    Where the step would leave the bracket `[low, high]` (a solve cut short) or $f'$ is not positive,
-    the value stays `root` and only the graph of the step is kept; both branches stay finite, so neither
-    poisons the other's gradient.
+    With `residual` $= f(x^*) - y$ and `slope` $= f'(x^*)$ evaluated *with* their graph at the detached root $x^*$, the
+    result $x^* - r / f'$ has value $\approx x^*$ and the derivatives
+    $\partial x / \partial \theta = -(\partial f / \partial \theta) / f'$ of the implicit-function rule. Where the step
+    would leave the bracket `[low, high]` (a solve cut short) or $f'$ is not positive, the value stays `root` and only
+    the graph of the step is kept; both branches stay finite, so neither poisons the other's gradient.
 
     Arguments:
         root: the root $x^*$, without a graph.

@@ -30,8 +30,7 @@ _MAX_SLOPE = 1e6
 class Elementwise(Bijector):
     """Base of elementwise bijectors `z_i = f(x_i)` with `f` smooth and strictly increasing.
 
-    Subclasses implement `_f`, `_log_df` (`log f'`) and
-    `_bracket` (bounds on `f^{-1}(y)`); the inverse is
+    Subclasses implement `_f`, `_log_df` (`log f'`) and `_bracket` (bounds on `f^{-1}(y)`); the inverse is
     [`monotone_inverse`][flowkit.root_finding.monotone_inverse].
 
     Arguments:
@@ -119,9 +118,8 @@ class SmoothLeakyReLU(Elementwise):
 class SmoothTanh(Elementwise):
     """Tanh with a linear leak, `f(x) = tanh(a x) + b x`.
 
-    `f'(x) = b + a / cosh^2(a x)` lies in `(b, a + b]`; since `|tanh| < 1`
-    the inverse lies in `[(y - 1) / b, (y + 1) / b]` and is found by
-    [`monotone_inverse`][flowkit.root_finding.monotone_inverse].
+    `f'(x) = b + a / cosh^2(a x)` lies in `(b, a + b]`; since `|tanh| < 1` the inverse lies in
+    `[(y - 1) / b, (y + 1) / b]` and is found by [`monotone_inverse`][flowkit.root_finding.monotone_inverse].
 
     Arguments:
         event_shape: `D` or a shape such as `(C, H, W)`.
@@ -167,10 +165,9 @@ class Logit(Bijector):
     `log|dz/dx| = log(1 - 2 alpha) - log p - log(1 - p)` with `p = alpha + (1 - 2 alpha) x`.
 
     The map is a bijection from its [`domain`][flowkit.domains.Interval], the open interval
-    $I_\alpha = \big(-\tfrac{\alpha}{1 - 2\alpha}, \tfrac{1 - \alpha}{1 - 2\alpha}\big)$ (where
-    $p \in (0, 1)$), onto the real line: with `alpha > 0` a flow on it puts some mass just outside `[0, 1]`.
-    EBFlow keeps this map outside the model trained by score matching (see
-    `flowkit.train.score_matching.log_prob_with_preprocessing`).
+    $I_\alpha = \big(-\tfrac{\alpha}{1 - 2\alpha}, \tfrac{1 - \alpha}{1 - 2\alpha}\big)$ (where $p \in (0, 1)$), onto
+    the real line: with `alpha > 0` a flow on it puts some mass just outside `[0, 1]`. EBFlow keeps this map outside the
+    model trained by score matching (see `flowkit.train.score_matching.log_prob_with_preprocessing`).
 
     Arguments:
         event_shape: `D` or a shape such as `(C, H, W)`.

@@ -6,9 +6,8 @@ depend on the features before it and on the context,
 $$z_i = \tau(x_i; c_i(x_{<i}, \text{context})), \qquad \log|\det J| = \sum_i \log|\tau'(x_i)|,$$
 
 where the conditioner $c$ is one pass of an autoregressive [`Conditioner`][flowkit.nn.Conditioner]
-([`MADE`][flowkit.nn.MADE] by default). The forward (density) direction is one pass; the inverse
-(sampling) direction needs $D$ sequential steps, which the conditioner runs
-([`MADE.invert`][flowkit.nn.MADE.invert], incrementally).
+([`MADE`][flowkit.nn.MADE] by default). The forward (density) direction is one pass; the inverse (sampling) direction
+needs $D$ sequential steps, which the conditioner runs ([`MADE.invert`][flowkit.nn.MADE.invert], incrementally).
 
 References:
     Papamakarios, Pavlakou & Murray, *Masked Autoregressive Flow for Density

@@ -1,10 +1,9 @@
 r"""Block neural autoregressive flow (BNAF): one autoregressive network whose Jacobian is triangular by construction.
 
-The layer is a network $z = W_L \circ \sigma \circ W_{L-1} \circ \dots \circ \sigma \circ W_1 (x)$ of `D`
-features, whose hidden layers hold `a_l` units per feature. Each weight matrix $W_l$ of shape
-$(D a_l) \times (D a_{l-1})$ is block lower triangular: the block $(d, e)$ (rows of feature `d`,
-columns of feature `e`) is zero for $e > d$, free for $e < d$ and positive on the diagonal,
-$B_{dd} = \exp(V_{dd})$, and every row is weight-normalised,
+The layer is a network $z = W_L \circ \sigma \circ W_{L-1} \circ \dots \circ \sigma \circ W_1 (x)$ of `D` features,
+whose hidden layers hold `a_l` units per feature. Each weight matrix $W_l$ of shape $(D a_l) \times (D a_{l-1})$ is
+block lower triangular: the block $(d, e)$ (rows of feature `d`, columns of feature `e`) is zero for $e > d$, free for
+$e < d$ and positive on the diagonal, $B_{dd} = \exp(V_{dd})$, and every row is weight-normalised,
 
 $$
 W_l = \mathrm{diag}(e^{g}) \, \frac{\hat W}{\lVert \hat W \rVert_\text{row}}, \qquad

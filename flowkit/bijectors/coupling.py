@@ -51,8 +51,7 @@ class Coupling(Bijector):
     Arguments:
         transformer: the elementwise map (e.g. [`Affine`][flowkit.transformers.Affine]).
         features: number of features `D`.
-        mask: which features are transformed (1) or conditioned on (0); by
-            default `parity` picks every other feature.
+        mask: which features are transformed (1) or conditioned on (0); by default `parity` picks every other feature.
         parity: 0 transforms the even-indexed features (0, 2, ...), 1 the odd-indexed ones.
         hidden: hidden sizes of the default conditioner MLP.
         context: number of context features (0 for an unconditional layer).

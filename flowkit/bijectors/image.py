@@ -38,9 +38,8 @@ def _batch(x: Tensor) -> torch.Size:
 class Squeeze(Bijector):
     r"""Space to channels: each `f x f` block of pixels becomes `f^2` channels, `(C, H, W) -> (C f^2, H/f, W/f)`.
 
-    Output channel $c f^2 + i f + j$ at $(h, w)$ is input channel $c$ at
-    $(h f + i, w f + j)$ (Glow's order). A permutation of the elements:
-    `log|det| = 0`.
+    Output channel $c f^2 + i f + j$ at $(h, w)$ is input channel $c$ at $(h f + i, w f + j)$ (Glow's order). A
+    permutation of the elements: `log|det| = 0`.
 
     Arguments:
         event_shape: `(C, H, W)`, with `H` and `W` divisible by `factor`.
@@ -84,9 +83,8 @@ class Squeeze(Bijector):
 class Conv1x1(Bijector):
     r"""Invertible 1x1 convolution: the same `C x C` matrix applied to the channels of every pixel.
 
-    $z_{:, h, w} = W x_{:, h, w}$ with $W = P L U$ LU-factorised as in
-    [`LULinear`][flowkit.bijectors.LULinear] ($P$ a fixed signed permutation, $L$ unit
-    lower triangular, $U$ upper triangular with diagonal $e^{s}$), so
+    $z_{:, h, w} = W x_{:, h, w}$ with $W = P L U$ LU-factorised as in [`LULinear`][flowkit.bijectors.LULinear] ($P$ a
+    fixed signed permutation, $L$ unit lower triangular, $U$ upper triangular with diagonal $e^{s}$), so
 
     $$\log|\det \partial z / \partial x| = H W \sum_c s_c,$$
 
@@ -154,14 +152,12 @@ class Conv1x1(Bijector):
 class FactorOut(Bijector):
     r"""Factor channels out of a multiscale flow: `inner` transforms the first channels, the rest go to the latent.
 
-    For $x = (x_1, x_2)$ split along the channels, with $x_1$ the first
-    `inner.event_shape[0]` channels,
+    For $x = (x_1, x_2)$ split along the channels, with $x_1$ the first `inner.event_shape[0]` channels,
 
     $$z = (g(x_1), x_2), \qquad \log|\det \partial z / \partial x| = \log|\det \partial g / \partial x_1|,$$
 
-    so $x_2$ is scored by the base directly and $x_1$ continues through the next levels `g` (with the
-    context, if any). `inner` must return latents of its input's shape (end a level that squeezes with
-    `Invert(Squeeze(...))`).
+    so $x_2$ is scored by the base directly and $x_1$ continues through the next levels `g` (with the context, if any).
+    `inner` must return latents of its input's shape (end a level that squeezes with `Invert(Squeeze(...))`).
 
     Arguments:
         inner: the rest of the flow, on `(C_1, H, W)` with `C_1 < C`.
@@ -221,19 +217,16 @@ class EIWShuffle(Bijector):
     but in the reference code (`studying910/EIW-Flow`, `InvertibleTransition` and `SENet.py`) the map does
     not depend on the input, and this layer reproduces the code:
 
-    1. global weights $w = \operatorname{softmax}(\mathrm{MLP}(C))$, an MLP
-       (`Linear(1, C/2, no bias)`, ReLU, `Linear(C/2, C)`) applied to the
-       constant channel count $C$;
-    2. $\pi = \operatorname{argsort}(w)$ in descending order, and
-       $z_{c} = x_{\pi_c}$: `log|det| = 0` for every input;
-    3. a squeeze-excitation head on the permuted input gives per-sample
-       weights $\hat w(x) = \operatorname{softmax}(\mathrm{FC}(\mathrm{ReLU}(\mathrm{FC}(\operatorname{avgpool}(z)))))$
-       (hidden width $C / r$);
-    4. the regulariser $\lambda\, \mathbb{E}_x \mathrm{KL}(\hat w(x) \,\|\, w_\pi)$, with
-       $w_\pi$ the global weights in the permuted order, is returned by
-       [`auxiliary_loss`][flowkit.bijectors.EIWShuffle.auxiliary_loss], which the fit loop adds
-       to the objective. This is a proper KL divergence of log-probabilities (the
-       reference passes probabilities to `KLDivLoss`, which is not a KL).
+    1. global weights $w = \operatorname{softmax}(\mathrm{MLP}(C))$, an MLP (`Linear(1, C/2, no bias)`, ReLU,
+       `Linear(C/2, C)`) applied to the constant channel count $C$;
+    2. $\pi = \operatorname{argsort}(w)$ in descending order, and $z_{c} = x_{\pi_c}$: `log|det| = 0` for every input;
+    3. a squeeze-excitation head on the permuted input gives per-sample weights
+       $\hat w(x) = \operatorname{softmax}(\mathrm{FC}(\mathrm{ReLU}(\mathrm{FC}(\operatorname{avgpool}(z)))))$ (hidden
+       width $C / r$);
+    4. the regulariser $\lambda\, \mathbb{E}_x \mathrm{KL}(\hat w(x) \,\|\, w_\pi)$, with $w_\pi$ the global weights in
+       the permuted order, is returned by [`auxiliary_loss`][flowkit.bijectors.EIWShuffle.auxiliary_loss], which the fit
+       loop adds to the objective. This is a proper KL divergence of log-probabilities (the reference passes
+       probabilities to `KLDivLoss`, which is not a KL).
 
     The sort is not differentiable: $w$ learns only through the regulariser (which Adam rescales, so
     $\lambda$ does not slow it), and once two weights come close $\pi$ flips back and forth (32 times in

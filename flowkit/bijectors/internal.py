@@ -1,10 +1,9 @@
 r"""Internal coordinates of a molecule: a Z-matrix of bonds, angles and dihedrals with three Cartesian anchor atoms.
 
-Each non-anchor atom $i$ of the Z-matrix has three partners $(b, a, d)$ placed
-before it; it is described by the bond length $r = |x_i - x_b|$, the angle
-$\theta = \angle(x_i, x_b, x_a)$ and the dihedral $\varphi$ of $(x_i, x_b, x_a, x_d)$.
-Three anchor atoms $(c_0, c_1, c_2)$ fix the frame ($c_0$ at the origin, $c_1$ on the positive $x$ axis,
-$c_2$ in the $xy$ plane with $y > 0$) and keep the bonds $|x_{c_1} - x_{c_0}|$, $|x_{c_2} - x_{c_0}|$ and the
+Each non-anchor atom $i$ of the Z-matrix has three partners $(b, a, d)$ placed before it; it is described by the bond
+length $r = |x_i - x_b|$, the angle $\theta = \angle(x_i, x_b, x_a)$ and the dihedral $\varphi$ of
+$(x_i, x_b, x_a, x_d)$. Three anchor atoms $(c_0, c_1, c_2)$ fix the frame ($c_0$ at the origin, $c_1$ on the positive
+$x$ axis, $c_2$ in the $xy$ plane with $y > 0$) and keep the bonds $|x_{c_1} - x_{c_0}|$, $|x_{c_2} - x_{c_0}|$ and the
 angle $\angle(x_{c_1}, x_{c_0}, x_{c_2})$: a molecule of $n$ atoms has $3n - 6$ coordinates.
 
 Log-Jacobian (the map from the $3n - 6$ free Cartesian coordinates of the anchored frame
@@ -15,11 +14,10 @@ $$
 \log\left|\det \frac{\partial q}{\partial x}\right| = -\sum_{\text{rows}} \log(r^2 \sin\theta) - \log r_{c_2}.
 $$
 
-The coordinates are normalised around a reference (minimum-energy) frame: bonds and angles as
-$(q - q_{ref}) / s$, dihedrals as $w(\varphi - \varphi_{ref}) / s$ with $w$ the wrap into $[-\pi, \pi)$,
-except the *circular* dihedrals, which keep the scale 1 (model them with
-[`CircularSplineCoupling`][flowkit.bijectors.CircularSplineCoupling]). Latent layout: the bonds (rows, then
-the two anchor bonds), the angles (rows, then the anchor angle), the dihedrals (rows).
+The coordinates are normalised around a reference (minimum-energy) frame: bonds and angles as $(q - q_{ref}) / s$,
+dihedrals as $w(\varphi - \varphi_{ref}) / s$ with $w$ the wrap into $[-\pi, \pi)$, except the *circular* dihedrals,
+which keep the scale 1 (model them with [`CircularSplineCoupling`][flowkit.bijectors.CircularSplineCoupling]). Latent
+layout: the bonds (rows, then the two anchor bonds), the angles (rows, then the anchor angle), the dihedrals (rows).
 
 References:
     Noé, Olsson, Köhler & Wu, *Boltzmann generators*, Science 365 (2019) (arXiv:1812.01729);

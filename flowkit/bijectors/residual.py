@@ -105,11 +105,10 @@ class SpectralLinear(nn.Module):
     step of `ResidualFlow(2)` with one power iteration).
 
     With an integer `iterations`, in training mode $\sigma(W)$ is the power-iteration estimate $u^\top W v$,
-    `iterations` steps per call warm-started from the last call's vectors (100 on a layer's first call), with
-    the gradient of `torch.nn.utils.spectral_norm` (Behrmann et al. 2019, algorithm 1). The estimate lags below
-    $\sigma(W)$ when the top singular values are close, as training makes them (one step let `ResidualFlow(2)`'s
-    layers reach norm 1.23 against $c = 0.97$). In eval mode $\sigma(W)$ is exact. The vectors $u, v$ are
-    saved buffers in both settings.
+    `iterations` steps per call warm-started from the last call's vectors (100 on a layer's first call), with the
+    gradient of `torch.nn.utils.spectral_norm` (Behrmann et al. 2019, algorithm 1). The estimate lags below $\sigma(W)$
+    when the top singular values are close, as training makes them (one step let `ResidualFlow(2)`'s layers reach norm
+    1.23 against $c = 0.97$). In eval mode $\sigma(W)$ is exact. The vectors $u, v$ are saved buffers in both settings.
 
     Arguments:
         in_features: input size.
@@ -208,40 +207,36 @@ class Residual(Bijector):
 
     **Log-determinant.** $\log|\det(I + J_g(x))|$ is computed
 
-    - `logdet="exact"`: from the Jacobian $J_g = W_L \operatorname{diag}(\phi'(a_{L-1})) W_{L-1} \cdots
-      \operatorname{diag}(\phi'(a_1)) W_1$ assembled layer by layer and `slogdet` (deterministic; costs
-      $O(D^3)$ per point, meant for small $D$);
-    - `logdet="series"` (training mode only): by the power series
-      $\sum_{k \ge 1} (-1)^{k+1} v^\top J_g^k v / k$ with one Gaussian Hutchinson probe $v$, truncated after
-      `exact_terms` $+ N$ terms where $N$ is drawn once per call (geometric, $P(N = n) = p(1-p)^n$, or
-      Poisson with mean `rate`), term $k$ weighted by $1 / P(N \ge k - n_\text{exact})$: the Russian-roulette
-      estimator, unbiased for the log-determinant (Chen et al. 2019, theorem 1). With `neumann=True` its
-      gradient comes from the Neumann series
-      $\partial \log\det(I + J) = \sum_{m \ge 0} (-1)^m \operatorname{tr}(J^m \, \partial J)$ with the same
-      weights, evaluated as one vector-Jacobian product with a graph, $w^\top \partial J \, v$ with
-      $w^\top = \sum_m (-1)^m c_{m+1} v^\top J^m$ built without one: memory does not grow with the number
-      of terms (Chen et al. 2019, section 3.2). With `neumann=False` autograd differentiates the truncated
-      series itself.
+    - `logdet="exact"`: from the Jacobian
+      $J_g = W_L \operatorname{diag}(\phi'(a_{L-1})) W_{L-1} \cdots \operatorname{diag}(\phi'(a_1)) W_1$ assembled layer
+      by layer and `slogdet` (deterministic; costs $O(D^3)$ per point, meant for small $D$);
+    - `logdet="series"` (training mode only): by the power series $\sum_{k \ge 1} (-1)^{k+1} v^\top J_g^k v / k$ with
+      one Gaussian Hutchinson probe $v$, truncated after `exact_terms` $+ N$ terms where $N$ is drawn once per call
+      (geometric, $P(N = n) = p(1-p)^n$, or Poisson with mean `rate`), term $k$ weighted by
+      $1 / P(N \ge k - n_\text{exact})$: the Russian-roulette estimator, unbiased for the log-determinant (Chen et al.
+      2019, theorem 1). With `neumann=True` its gradient comes from the Neumann series
+      $\partial \log\det(I + J) = \sum_{m \ge 0} (-1)^m \operatorname{tr}(J^m \, \partial J)$ with the same weights,
+      evaluated as one vector-Jacobian product with a graph, $w^\top \partial J \, v$ with
+      $w^\top = \sum_m (-1)^m c_{m+1} v^\top J^m$ built without one: memory does not grow with the number of terms (Chen
+      et al. 2019, section 3.2). With `neumann=False` autograd differentiates the truncated series itself.
 
     In eval mode (`flow.eval()`, as in `check_bijector`) the log-determinant is always the exact one, so
     `log_prob` is deterministic whatever `logdet` says.
 
-    **Initialisation.** The last linear layer starts at a tenth of its default scale (near the identity) and
-    every LipSwish at $\beta$ = `beta` = 32. On unit-scale inputs
-    $\phi_\beta(x) \approx x / 2.2 + \beta x^2 / 8.8$ for $|\beta x| \lesssim 1$, so at Chen et al.'s
-    $\beta \approx 0.97$ the network is nearly linear on the data and the `ResidualFlow` preset stayed at
-    the Gaussian fit (checkerboard test NLL 2.81 after 1000 steps; 2.22 with $\beta = 32$, as well with 16
-    to 64; flowkit issue 38). $\beta$ does not change the Lipschitz bound.
+    **Initialisation.** The last linear layer starts at a tenth of its default scale (near the identity) and every
+    LipSwish at $\beta$ = `beta` = 32. On unit-scale inputs $\phi_\beta(x) \approx x / 2.2 + \beta x^2 / 8.8$ for
+    $|\beta x| \lesssim 1$, so at Chen et al.'s $\beta \approx 0.97$ the network is nearly linear on the data and the
+    `ResidualFlow` preset stayed at the Gaussian fit (checkerboard test NLL 2.81 after 1000 steps; 2.22 with
+    $\beta = 32$, as well with 16 to 64; flowkit issue 38). $\beta$ does not change the Lipschitz bound.
 
     **Inverse.** The fixed-point iteration $x_{k+1} = z - g(x_k)$ from $x_0 = z$, a contraction with rate
-    $\mathrm{Lip}(g) \le c$, runs until $\max |x_{k+1} - x_k| \le$ `tolerance` (or, below that, the dtype's
-    rounding floor $8 \varepsilon \max(1, |z|)$), at most `max_iterations` times; the result is then within
-    $c / (1 - c) \cdot$ `tolerance` of the exact inverse. An iteration (or the backward pass's adjoint solve)
-    still above its tolerance after `max_iterations` steps raises
-    [`ConvergenceError`][flowkit.root_finding.ConvergenceError] naming the point. Gradients of the inverse are
-    the implicit ones, $\partial x / \partial z = (I + J_g)^{-1}$ and
-    $\partial x / \partial \theta = -(I + J_g)^{-1} \partial g / \partial \theta$, applied by the same
-    fixed-point iteration on the incoming gradient.
+    $\mathrm{Lip}(g) \le c$, runs until $\max |x_{k+1} - x_k| \le$ `tolerance` (or, below that, the dtype's rounding
+    floor $8 \varepsilon \max(1, |z|)$), at most `max_iterations` times; the result is then within $c / (1 - c) \cdot$
+    `tolerance` of the exact inverse. An iteration (or the backward pass's adjoint solve) still above its tolerance
+    after `max_iterations` steps raises [`ConvergenceError`][flowkit.root_finding.ConvergenceError] naming the point.
+    Gradients of the inverse are the implicit ones, $\partial x / \partial z = (I + J_g)^{-1}$ and
+    $\partial x / \partial \theta = -(I + J_g)^{-1} \partial g / \partial \theta$, applied by the same fixed-point
+    iteration on the incoming gradient.
 
     Arguments:
         features: number of features `D`.

@@ -1,20 +1,17 @@
 r"""Dependent data sets: training points that are correlated, as in Kirchler et al., ICML 2023.
 
-The synthetic sets follow the paper's: a latent pair per point, jointly Gaussian
-over the points, $\operatorname{vec}(Z) \sim \mathcal N(0, \Sigma \otimes I_2)$, pushed
-through a fixed 2-D map (`abs`, `sign`, `cres`, `sine`, `ccube`, after the paper's
-`to_abs`, ...). Two kinds of $\Sigma$:
+The synthetic sets follow the paper's: a latent pair per point, jointly Gaussian over the points,
+$\operatorname{vec}(Z) \sim \mathcal N(0, \Sigma \otimes I_2)$, pushed through a fixed 2-D map (`abs`, `sign`, `cres`,
+`sine`, `ccube`, after the paper's `to_abs`, ...). Two kinds of $\Sigma$:
 
-- [`equicorrelated_groups`][flowkit.data.equicorrelated_groups]: groups of Pareto
-  sizes, correlation $\rho_g$ within group $g$, one $\rho$ for all groups or, as the
-  paper's `equi_*` sets, $\rho_g \sim U(0.5, 0.99)$ per group (`rho=(0.5, 0.99)`);
-- [`random_kinship`][flowkit.data.random_kinship]: $\Sigma = \lambda I + (1 - \lambda) K$
-  with a random dense correlation matrix $K$ (built as scikit-learn's
-  `make_sparse_spd_matrix`, like the paper's `rm_*` sets).
+- [`equicorrelated_groups`][flowkit.data.equicorrelated_groups]: groups of Pareto sizes, correlation $\rho_g$ within
+  group $g$, one $\rho$ for all groups or, as the paper's `equi_*` sets, $\rho_g \sim U(0.5, 0.99)$ per group
+  (`rho=(0.5, 0.99)`);
+- [`random_kinship`][flowkit.data.random_kinship]: $\Sigma = \lambda I + (1 - \lambda) K$ with a random dense
+  correlation matrix $K$ (built as scikit-learn's `make_sparse_spd_matrix`, like the paper's `rm_*` sets).
 
-Validation and test points are independent draws of the same marginal, so a
-flow that mistakes the training set's correlations for density pays on them.
-[`stock_pairs`][flowkit.data.stock_pairs] is a real grouped set: the S&P 500 and
+Validation and test points are independent draws of the same marginal, so a flow that mistakes the training set's
+correlations for density pays on them. [`stock_pairs`][flowkit.data.stock_pairs] is a real grouped set: the S&P 500 and
 NASDAQ indices on each trading day, from the files that ship with the `arch` package.
 """
 
@@ -118,10 +115,9 @@ def equicorrelated_groups(
 ) -> DependentSplits:
     r"""Equicorrelated groups of points (the paper's `equi_*` sets).
 
-    Group sizes are $1 + \operatorname{round}(\operatorname{Pareto}(\alpha))$, capped at
-    `max_group`, until `n` points; within group $g$ the latents are
-    $z_i = \sqrt{\rho_g}\, u_g + \sqrt{1 - \rho_g}\, e_i$ (correlation $\rho_g$), and the data
-    are `DEPENDENT_SHAPES[shape](z)`. The paper's sets draw $\rho_g \sim U(0.5, 0.99)$ per group
+    Group sizes are $1 + \operatorname{round}(\operatorname{Pareto}(\alpha))$, capped at `max_group`, until `n` points;
+    within group $g$ the latents are $z_i = \sqrt{\rho_g}\, u_g + \sqrt{1 - \rho_g}\, e_i$ (correlation $\rho_g$), and
+    the data are `DEPENDENT_SHAPES[shape](z)`. The paper's sets draw $\rho_g \sim U(0.5, 0.99)$ per group
     (`rho=(0.5, 0.99)`; `truth["rho"]` is then the list of the $\rho_g$, in the order of `groups`' labels).
 
     Arguments:

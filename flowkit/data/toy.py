@@ -1,8 +1,7 @@
 """Two-dimensional toy densities, generated in code from a seed (nothing is downloaded).
 
-The shapes follow the usual flow benchmarks (FFJORD, NSF): two moons, two
-circles, a checkerboard, eight Gaussians, a pinwheel, two spirals and four
-concentric rings, all scaled to lie roughly in `[-4, 4]^2`.
+The shapes follow the usual flow benchmarks (FFJORD, NSF): two moons, two circles, a checkerboard, eight Gaussians, a
+pinwheel, two spirals and four concentric rings, all scaled to lie roughly in `[-4, 4]^2`.
 """
 
 from __future__ import annotations
@@ -95,8 +94,7 @@ def toy(name: str, n: int = 10_000, seed: int = 0) -> np.ndarray:
     The points are shuffled, so any slice `toy(name, n)[:k]` is a sample of the whole density.
 
     Arguments:
-        name: one of `moons`, `circles`, `checkerboard`, `8gaussians`,
-            `pinwheel`, `spirals`, `rings`.
+        name: one of `moons`, `circles`, `checkerboard`, `8gaussians`, `pinwheel`, `spirals`, `rings`.
         n: number of points.
         seed: seed of the generator (the same seed gives the same points).
     """

@@ -1,18 +1,15 @@
 r"""Multiscale image flows: [`Glow`][flowkit.flows.Glow] and [`EIW`][flowkit.flows.EIW].
 
-A flow on images `(C, H, W)` in `[0, 1]` (dequantised pixels): a
-[`Logit`][flowkit.bijectors.Logit] preprocessing layer (its log-determinant is part of
-`log_prob`), then `levels` levels. Level `l` squeezes `2 x 2` blocks into
-channels (when the grid is even), runs `steps` flow steps
+A flow on images `(C, H, W)` in `[0, 1]` (dequantised pixels): a [`Logit`][flowkit.bijectors.Logit] preprocessing layer
+(its log-determinant is part of `log_prob`), then `levels` levels. Level `l` squeezes `2 x 2` blocks into channels (when
+the grid is even), runs `steps` flow steps
 
 $$\text{ActNorm} \to \text{Conv1x1} \to \text{affine coupling (channel mask, convolutional conditioner)},$$
 
-and, except at the last level, factors half of the channels out
-([`FactorOut`][flowkit.bijectors.FactorOut]); [`EIW`][flowkit.flows.EIW] puts an
-[`EIWShuffle`][flowkit.bijectors.EIWShuffle] before each split. The latent has
-the data's shape and one standard normal base scores all of it, so `log_prob`
-is exact and bits/dim follow from it for any number of levels
-([`flowkit.data.bits_per_dim`][flowkit.data.bits_per_dim] with `dims = C H W`).
+and, except at the last level, factors half of the channels out ([`FactorOut`][flowkit.bijectors.FactorOut]);
+[`EIW`][flowkit.flows.EIW] puts an [`EIWShuffle`][flowkit.bijectors.EIWShuffle] before each split. The latent has the
+data's shape and one standard normal base scores all of it, so `log_prob` is exact and bits/dim follow from it for any
+number of levels ([`flowkit.data.bits_per_dim`][flowkit.data.bits_per_dim] with `dims = C H W`).
 
 Example:
     ```python
@@ -142,12 +139,11 @@ class Glow(Flow):
         hidden: hidden channels of each coupling's convolutional conditioner.
         kernel: kernel size of the conditioners.
         activation: conditioner activation.
-        alpha: the [`Logit`][flowkit.bijectors.Logit] squeeze `alpha`; `None` for data on the
-            real line (no preprocessing). The default 0 maps `(0, 1)` onto the real line (a pixel at
-            exactly 0 or 1 is a `ValueError`). A positive `alpha` (RealNVP's 0.05) makes the flow a
-            density on the logit's wider domain $(-\alpha / (1 - 2\alpha), (1 - \alpha) / (1 - 2\alpha))$,
-            with mass outside `[0, 1]`, and learns much more slowly (5.81 test bits/dim against 4.73 on
-            Fashion-MNIST after 120 steps).
+        alpha: the [`Logit`][flowkit.bijectors.Logit] squeeze `alpha`; `None` for data on the real line (no
+            preprocessing). The default 0 maps `(0, 1)` onto the real line (a pixel at exactly 0 or 1 is a
+            `ValueError`). A positive `alpha` (RealNVP's 0.05) makes the flow a density on the logit's wider domain
+            $(-\alpha / (1 - 2\alpha), (1 - \alpha) / (1 - 2\alpha))$, with mass outside `[0, 1]`, and learns much more
+            slowly (5.81 test bits/dim against 4.73 on Fashion-MNIST after 120 steps).
         transformer: the coupling transformer instead of [`Affine`][flowkit.transformers.Affine]
             (e.g. a [`RationalQuadraticSpline`][flowkit.transformers.RationalQuadraticSpline]).
         conditioner: a factory `conditioner(in_channels, out_channels, context=0)` for each

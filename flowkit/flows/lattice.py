@@ -1,10 +1,9 @@
 r"""A preset for scalar fields on periodic lattices: checkerboard couplings with circular convolutions.
 
-[`LatticeFlow`][flowkit.flows.LatticeFlow] is the architecture of Albergo, Kanwar & Shanahan (2019): couplings
-on alternating checkerboards of an `L x L` (or `C x L x L`) lattice, each conditioned by a small convolutional
-network with circular padding, over a standard normal. The density is invariant under the translations by
-$(a, b)$ with $a + b$ even; with `z2=True` ([`Z2Equivariant`][flowkit.lattice.Z2Equivariant]) also under
-$\phi \to -\phi$.
+[`LatticeFlow`][flowkit.flows.LatticeFlow] is the architecture of Albergo, Kanwar & Shanahan (2019): couplings on
+alternating checkerboards of an `L x L` (or `C x L x L`) lattice, each conditioned by a small convolutional network with
+circular padding, over a standard normal. The density is invariant under the translations by $(a, b)$ with $a + b$ even;
+with `z2=True` ([`Z2Equivariant`][flowkit.lattice.Z2Equivariant]) also under $\phi \to -\phi$.
 """
 
 from __future__ import annotations

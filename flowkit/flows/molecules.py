@@ -27,12 +27,11 @@ def internal_coordinate_flow(
 ) -> Flow:
     r"""A Boltzmann-generator flow on Cartesian positions through internal coordinates.
 
-    The [`InternalCoordinates`][flowkit.bijectors.InternalCoordinates] map, then `blocks` blocks of four
-    couplings: each splits the real coordinates and the circular dihedrals into random halves and transforms
-    each half in turn (rational-quadratic splines on `[-bound, bound]`, and
-    [`CircularSplineCoupling`][flowkit.bijectors.CircularSplineCoupling]), conditioned on all the others
-    through a periodic MLP. The base is uniform on the circular coordinates and standard normal on the
-    others (FAB's `gauss-uni`).
+    The [`InternalCoordinates`][flowkit.bijectors.InternalCoordinates] map, then `blocks` blocks of four couplings: each
+    splits the real coordinates and the circular dihedrals into random halves and transforms each half in turn
+    (rational-quadratic splines on `[-bound, bound]`, and
+    [`CircularSplineCoupling`][flowkit.bijectors.CircularSplineCoupling]), conditioned on all the others through a
+    periodic MLP. The base is uniform on the circular coordinates and standard normal on the others (FAB's `gauss-uni`).
 
     Arguments:
         internal: the internal-coordinate bijector (e.g.

@@ -2,20 +2,15 @@
 
 Every preset takes, besides its sizes, three keyword-only arguments:
 
-- `transformer=`: a [`Transformer`][flowkit.transformers.Transformer] used
-  (copied) in every layer instead of the preset's own;
-- `conditioner=`: a factory that builds each layer's
-  [`Conditioner`][flowkit.nn.Conditioner] instead of the default network from
-  `hidden=` and `activation=`. Coupling layers call it as
-  `conditioner(in_features, out_features, context=context)` (the signature of
-  [`MLP`][flowkit.nn.MLP]), autoregressive layers as
-  `conditioner(features, params_per_feature, context=context)` (that of
-  [`MADE`][flowkit.nn.MADE]; it must build an autoregressive conditioner).
-  A registered class or a `functools.partial` of one with keyword arguments,
-  such as `functools.partial(flowkit.nn.MLP, hidden=(256, 256))`, saves and
-  loads with [`flowkit.io`][flowkit.io];
-- `base=`: the latent distribution, any flowkit
-  [`Distribution`][flowkit.distributions.Distribution] with event shape
+- `transformer=`: a [`Transformer`][flowkit.transformers.Transformer] used (copied) in every layer instead of the
+  preset's own;
+- `conditioner=`: a factory that builds each layer's [`Conditioner`][flowkit.nn.Conditioner] instead of the default
+  network from `hidden=` and `activation=`. Coupling layers call it as
+  `conditioner(in_features, out_features, context=context)` (the signature of [`MLP`][flowkit.nn.MLP]), autoregressive
+  layers as `conditioner(features, params_per_feature, context=context)` (that of [`MADE`][flowkit.nn.MADE]; it must
+  build an autoregressive conditioner). A registered class or a `functools.partial` of one with keyword arguments, such
+  as `functools.partial(flowkit.nn.MLP, hidden=(256, 256))`, saves and loads with [`flowkit.io`][flowkit.io];
+- `base=`: the latent distribution, any flowkit [`Distribution`][flowkit.distributions.Distribution] with event shape
   `(features,)` (a [`StandardNormal`][flowkit.distributions.StandardNormal] by default).
 
 Example:
@@ -232,10 +227,9 @@ class MAF(Flow):
         activation: conditioner activation.
         transformer: the transformer instead of [`Affine`][flowkit.transformers.Affine] (any
             transformer on the real line).
-        conditioner: a factory `conditioner(features, params_per_feature, context=context)` that
-            builds an autoregressive conditioner for each layer, e.g.
-            `functools.partial(flowkit.nn.MADE, hidden=(256, 256))` (`hidden`, `residual` and
-            `activation` are then unused).
+        conditioner: a factory `conditioner(features, params_per_feature, context=context)` that builds an
+            autoregressive conditioner for each layer, e.g. `functools.partial(flowkit.nn.MADE, hidden=(256, 256))`
+            (`hidden`, `residual` and `activation` are then unused).
         base: the latent distribution (a standard normal by default).
 
     References:
@@ -269,23 +263,21 @@ class MAF(Flow):
 class NSF(Flow):
     r"""Neural spline flow: rational-quadratic spline layers (autoregressive or coupling) over a standard normal.
 
-    Autoregressive layers (the default) are more expressive per layer and
-    evaluate densities in one pass, but sample in `D` sequential steps;
-    coupling layers (`coupling=True`, masks over contiguous halves that alternate
-    from layer to layer, as in zuko's and RealNVP's couplings) are fast both ways.
-    Each spline has `bins` bins on `[-bound, bound]` and is the identity outside.
+    Autoregressive layers (the default) are more expressive per layer and evaluate densities in one pass, but sample in
+    `D` sequential steps; coupling layers (`coupling=True`, masks over contiguous halves that alternate from layer to
+    layer, as in zuko's and RealNVP's couplings) are fast both ways. Each spline has `bins` bins on `[-bound, bound]`
+    and is the identity outside.
 
     The default starts were measured (issue 38, `docs/benchmarks.md`, against zuko's NSF on the 2-D sets
     and the earlier default on tabular sets and digits):
 
-    - autoregressive layers start near the identity (`"near"`): zero last weights, last biases the
-      spline's identity parameters plus $U(-1/\sqrt{n}, 1/\sqrt{n})$ offsets for `n` inputs, off the
-      symmetric point (all bins equal) that training escapes slowly (the exact start was behind zuko on
-      `8gaussians` and `spirals`);
+    - autoregressive layers start near the identity (`"near"`): zero last weights, last biases the spline's identity
+      parameters plus $U(-1/\sqrt{n}, 1/\sqrt{n})$ offsets for `n` inputs, off the symmetric point (all bins equal) that
+      training escapes slowly (the exact start was behind zuko on `8gaussians` and `spirals`);
     - coupling layers at `D = 2` start where zuko's start (`"random"`: last weights and offsets as a fresh
       `nn.Linear`'s), with alternating masks (other starts were behind on `spirals`);
-    - coupling layers above `D = 2` start exactly at the identity (`"identity"`; near it was worse on
-      `macrodata` and digits).
+    - coupling layers above `D = 2` start exactly at the identity (`"identity"`; near it was worse on `macrodata` and
+      digits).
 
     All but `"identity"` draw from torch's global generator, and only the default conditioners and
     rational-quadratic splines are moved.
@@ -304,21 +296,18 @@ class NSF(Flow):
             `bound` are then unused), e.g. one with other minimum bin sizes.
         conditioner: a factory for each layer's conditioner: called as
             `conditioner(in_features, out_features, context=context)` for coupling layers,
-            `conditioner(features, params_per_feature, context=context)` for autoregressive
-            ones, where it must build an autoregressive conditioner (`hidden`, `residual`
-            and `activation` are then unused).
+            `conditioner(features, params_per_feature, context=context)` for autoregressive ones, where it must build an
+            autoregressive conditioner (`hidden`, `residual` and `activation` are then unused).
         base: the latent distribution (a standard normal by default).
-        permutations: between coupling layers, `"auto"` (the default: `"alternate"` at `D = 2`,
-            `"random"` above), `"random"` (seeded random permutations, which mix the features across
-            the halves; at `D = 2` the swaps cancel the alternating masks, and were behind zuko on
-            `pinwheel`) or `"alternate"` (the identity: each layer transforms the features the layer
-            before conditioned on, as in zuko and RealNVP). Each is a
-            [`Permutation`][flowkit.bijectors.Permutation] module whose `perm` is saved with the
-            weights. Unused by autoregressive layers (reversals in between).
+        permutations: between coupling layers, `"auto"` (the default: `"alternate"` at `D = 2`, `"random"` above),
+            `"random"` (seeded random permutations, which mix the features across the halves; at `D = 2` the swaps
+            cancel the alternating masks, and were behind zuko on `pinwheel`) or `"alternate"` (the identity: each layer
+            transforms the features the layer before conditioned on, as in zuko and RealNVP). Each is a
+            [`Permutation`][flowkit.bijectors.Permutation] module whose `perm` is saved with the weights. Unused by
+            autoregressive layers (reversals in between).
         near_identity: `True` for `start="near"`, `False` for `start="identity"`; `None` (the
             default) leaves the choice to `start`.
-        start: where every layer starts: `"identity"`, `"near"`, `"random"` (see above) or `None`
-            (the defaults above).
+        start: where every layer starts: `"identity"`, `"near"`, `"random"` (see above) or `None` (the defaults above).
 
     Examples:
         >>> import torch, flowkit

@@ -1,10 +1,9 @@
 r"""Flows for heavy-tailed data: marginal tail-adaptive flows (mTAF, gTAF) and COMET copula flows.
 
-A flow with a Gaussian base and Lipschitz layers (splines with identity tails) has Gaussian tails,
-whatever it is trained on. [`TailAdaptive`][flowkit.flows.TailAdaptive] gives the heavy-tailed
-marginals a Student-t base and keeps them from leaking into the light ones;
-[`COMET`][flowkit.flows.COMET] models each marginal with a fitted CDF whose tails are generalized
-Pareto, and the dependence with a coupling flow on the Gaussian copula.
+A flow with a Gaussian base and Lipschitz layers (splines with identity tails) has Gaussian tails, whatever it is
+trained on. [`TailAdaptive`][flowkit.flows.TailAdaptive] gives the heavy-tailed marginals a Student-t base and keeps
+them from leaking into the light ones; [`COMET`][flowkit.flows.COMET] models each marginal with a fitted CDF whose tails
+are generalized Pareto, and the dependence with a coupling flow on the Gaussian copula.
 """
 
 from __future__ import annotations
@@ -52,13 +51,12 @@ class TailAdaptive(Flow):
 
     With `df[j]` `None` for a light-tailed feature and $\nu_j$ for a heavy-tailed one, the flow
 
-    1. (optionally) standardises each feature with a fixed `loc` and `scale`, then puts the light
-       features first (undone when sampling);
-    2. applies `transforms` masked autoregressive layers (rational-quadratic splines on $[-B, B]$ with
-       identity tails), with a permutation within each group and a [`TailLU`][flowkit.bijectors.TailLU]
-       between consecutive layers;
-    3. ends at a [`TailAdaptiveBase`][flowkit.distributions.TailAdaptiveBase]: $\mathcal N(0, 1)$ on the
-       light dimensions, $t_{\nu_j}$ on the heavy ones.
+    1. (optionally) standardises each feature with a fixed `loc` and `scale`, then puts the light features first (undone
+       when sampling);
+    2. applies `transforms` masked autoregressive layers (rational-quadratic splines on $[-B, B]$ with identity tails),
+       with a permutation within each group and a [`TailLU`][flowkit.bijectors.TailLU] between consecutive layers;
+    3. ends at a [`TailAdaptiveBase`][flowkit.distributions.TailAdaptiveBase]: $\mathcal N(0, 1)$ on the light
+       dimensions, $t_{\nu_j}$ on the heavy ones.
 
     Every layer is Lipschitz and triangular with the light features first, so each output marginal keeps
     its base marginal's tail (Laszkiewicz et al. 2022, Theorem 4). Build it from data with
@@ -207,9 +205,8 @@ class TailAdaptive(Flow):
     ) -> TailAdaptive:
         r"""Estimate each feature's tail on training data `x` (`(N, D)`) and build the flow.
 
-        The light/heavy decision and $\nu_j = 1/\hat\xi_j$ come from
-        [`estimate_tails`][flowkit.stats.estimate_tails]; a $\nu_j$ below the floor is raised to
-        `1.05 * min_df`. gTAF estimates nothing.
+        The light/heavy decision and $\nu_j = 1/\hat\xi_j$ come from [`estimate_tails`][flowkit.stats.estimate_tails]; a
+        $\nu_j$ below the floor is raised to `1.05 * min_df`. gTAF estimates nothing.
 
         With `standardize`, the flow starts with a fixed robust standardisation (`loc` the median, `scale` the
         interquartile range / 1.349, per feature, by
@@ -258,12 +255,11 @@ class TailAdaptive(Flow):
 class COMET(Flow):
     r"""COMET flow: fitted marginal CDFs with generalized Pareto tails, then a coupling flow on the copula.
 
-    $x \mapsto z_0 = \Phi^{-1}(F(x))$ per feature through a fixed
-    [`MarginalTailCDF`][flowkit.bijectors.MarginalTailCDF] (kernel density body, generalized Pareto tails;
-    `output="logit"` uses a logit as the reference does), then `transforms` rational-quadratic spline
-    couplings ([`NSF`][flowkit.flows.NSF] with `coupling=True`) to the base. The marginals are fitted, not
-    trained: call [`fit_marginals`][flowkit.flows.COMET.fit_marginals] before training (or build with
-    [`from_data`][flowkit.flows.COMET.from_data]); they are saved with the weights. The reference's SoftFlow
+    $x \mapsto z_0 = \Phi^{-1}(F(x))$ per feature through a fixed [`MarginalTailCDF`][flowkit.bijectors.MarginalTailCDF]
+    (kernel density body, generalized Pareto tails; `output="logit"` uses a logit as the reference does), then
+    `transforms` rational-quadratic spline couplings ([`NSF`][flowkit.flows.NSF] with `coupling=True`) to the base. The
+    marginals are fitted, not trained: call [`fit_marginals`][flowkit.flows.COMET.fit_marginals] before training (or
+    build with [`from_data`][flowkit.flows.COMET.from_data]); they are saved with the weights. The reference's SoftFlow
     noise is not used.
 
     Arguments:

@@ -17,20 +17,18 @@ time links that wrap around ($\mu = 0$, $x_0 = L - 1$: antiperiodic in time), $+
 
 - $D^\dagger = D^T = -K + M$ and $\epsilon D \epsilon = D^\dagger$ with $\epsilon_x = (-1)^{x_0 + x_1}$
   ($\gamma_5$-hermiticity, since $K$ only links sites of opposite parity);
-- $\det D$ is real (non-real eigenvalues come in conjugate pairs) but **not** positive in general (for
-  $K \to 0$ it is $\prod_x (m + g\phi_x)$): one flavour has a sign problem. Two degenerate flavours have the
-  weight $\det D^2 = |\det D|^2 = \det(D D^\dagger) \ge 0$, the convention of
+- $\det D$ is real (non-real eigenvalues come in conjugate pairs) but **not** positive in general (for $K \to 0$ it is
+  $\prod_x (m + g\phi_x)$): one flavour has a sign problem. Two degenerate flavours have the weight
+  $\det D^2 = |\det D|^2 = \det(D D^\dagger) \ge 0$, the convention of
   [`YukawaStaggered`][flowkit.targets.YukawaStaggered];
-- $D D^\dagger = M^2 - K^2 + [K, M]$ is symmetric positive definite when $D$ is invertible; for constant
-  $M = m$ (the free theory, $g = 0$) its eigenvalues are $m^2 + \sin^2 p_0 + \sin^2 p_1$ with
-  $p_0 = 2\pi(n_0 + \frac12)/L$ (antiperiodic) and $p_1 = 2\pi n_1/L$
-  ([`free_spectrum`][flowkit.lattice.fermions.free_spectrum]).
+- $D D^\dagger = M^2 - K^2 + [K, M]$ is symmetric positive definite when $D$ is invertible; for constant $M = m$ (the
+  free theory, $g = 0$) its eigenvalues are $m^2 + \sin^2 p_0 + \sin^2 p_1$ with $p_0 = 2\pi(n_0 + \frac12)/L$
+  (antiperiodic) and $p_1 = 2\pi n_1/L$ ([`free_spectrum`][flowkit.lattice.fermions.free_spectrum]).
 
 The operator is applied matrix-free by shifts of the field
 ([`StaggeredDirac.apply`][flowkit.lattice.StaggeredDirac.apply], $O(V)$ per vector);
-[`StaggeredDirac.dense`][flowkit.lattice.StaggeredDirac.dense] builds the $V \times V$
-matrix for exact determinants and propagators. Linear systems with $D D^\dagger$ are solved by
-[`conjugate_gradient`][flowkit.lattice.conjugate_gradient].
+[`StaggeredDirac.dense`][flowkit.lattice.StaggeredDirac.dense] builds the $V \times V$ matrix for exact determinants and
+propagators. Linear systems with $D D^\dagger$ are solved by [`conjugate_gradient`][flowkit.lattice.conjugate_gradient].
 
 Observables from the exact propagator $D^{-1}$, per flavour and configuration:
 

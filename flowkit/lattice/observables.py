@@ -10,10 +10,9 @@ For configurations $\phi$ of a periodic `L x L` lattice ($V = L^2$):
   $m_{eff}(t) = \operatorname{arccosh}\frac{C(t-1) + C(t+1)}{2C(t)}$ and the pole mass, their mean over a
   plateau, with the correlation length $\xi = 1/m_p$.
 
-Chains are correlated in time, so errors come from a *blocked jackknife*
-([`jackknife`][flowkit.lattice.jackknife]): the chain is cut into contiguous
-blocks (all chains of a batch together), each left out in turn. Blocks much
-longer than the integrated autocorrelation time give honest errors.
+Chains are correlated in time, so errors come from a *blocked jackknife* ([`jackknife`][flowkit.lattice.jackknife]): the
+chain is cut into contiguous blocks (all chains of a batch together), each left out in turn. Blocks much longer than the
+integrated autocorrelation time give honest errors.
 
 References:
     Albergo, Kanwar & Shanahan, PRD 100, 034515 (2019) (observables, arXiv:1904.12072);
@@ -81,9 +80,8 @@ def effective_mass(C: Tensor) -> Tensor:
 def jackknife(estimator: Callable[..., Tensor], *series: Tensor, blocks: int = 20) -> tuple[Tensor, Tensor]:
     r"""Blocked-jackknife estimate and standard error of a function of means.
 
-    Each series has time as its first axis (any further axes, such as chains or
-    lattice sites, are averaged together with time). The `n` time steps are cut
-    into `blocks` contiguous blocks (a remainder at the start is dropped); with
+    Each series has time as its first axis (any further axes, such as chains or lattice sites, are averaged together
+    with time). The `n` time steps are cut into `blocks` contiguous blocks (a remainder at the start is dropped); with
     $\hat\theta_{-b}$ the estimator on the means without block $b$,
 
     $$\sigma^2 = \frac{B - 1}{B} \sum_b (\hat\theta_{-b} - \bar\theta)^2,$$

@@ -11,12 +11,11 @@ on bins $b$ of width $h$ (no shift is fitted; an empty bin has $F = +\infty$).
 
 Errors per bin, chosen by what the samples are:
 
-* `"bootstrap"` (independent samples, e.g. flow samples): the standard deviation of $\hat F_b$ over
-  bootstrap resamples of the $(s_i, w_i)$ pairs (Efron & Tibshirani 1993), which carries the
-  variance of the self-normalised weights;
-* `"blocks"` (a time series, e.g. MD frames): the standard error of the mean of $\hat F_b$ over
-  contiguous blocks, $\mathrm{sd}_B(\hat F_b) / \sqrt B$, valid when the blocks are longer than the
-  autocorrelation time (Flyvbjerg & Petersen 1989).
+* `"bootstrap"` (independent samples, e.g. flow samples): the standard deviation of $\hat F_b$ over bootstrap resamples
+  of the $(s_i, w_i)$ pairs (Efron & Tibshirani 1993), which carries the variance of the self-normalised weights;
+* `"blocks"` (a time series, e.g. MD frames): the standard error of the mean of $\hat F_b$ over contiguous blocks,
+  $\mathrm{sd}_B(\hat F_b) / \sqrt B$, valid when the blocks are longer than the autocorrelation time (Flyvbjerg &
+  Petersen 1989).
 
 [`blocked_mean`][flowkit.stats.blocked_mean] is the same blocking for the mean of an observable (e.g.
 $P(\phi > 0)$ of an MD run).
@@ -61,8 +60,7 @@ class FreeEnergyProfile:
     Attributes:
         edges: bin edges, `(bins + 1,)`.
         free_energy: $F$ per bin in kT, `(bins,)` (`inf` in an empty bin).
-        error: its standard error per bin, `(bins,)` (NaN where it cannot be estimated; all NaN
-            for `error=None`).
+        error: its standard error per bin, `(bins,)` (NaN where it cannot be estimated; all NaN for `error=None`).
         method: how the error was estimated: `"bootstrap"`, `"blocks"` or None.
     """
 

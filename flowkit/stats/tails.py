@@ -6,22 +6,20 @@ descending order statistics $X_{(1)} \ge X_{(2)} \ge \dots$ of $|x|$, with $L_i 
 the log-excess moments $M_j(k) = \frac1k \sum_{i \le k} (L_i - L_{k+1})^j$:
 
 - Hill: $\hat\xi_H(k) = M_1(k)$ (consistent for $\xi > 0$);
-- moments (Dekkers, Einmahl & de Haan 1989): $\hat\xi_M(k) = M_1 + 1 - \frac12 (1 - M_1^2 / M_2)^{-1}$,
-  consistent for every real $\xi$ (0 for Gaussian tails, negative for bounded ones);
+- moments (Dekkers, Einmahl & de Haan 1989): $\hat\xi_M(k) = M_1 + 1 - \frac12 (1 - M_1^2 / M_2)^{-1}$, consistent for
+  every real $\xi$ (0 for Gaussian tails, negative for bounded ones);
 - kernel type: with the spacings $D_i = X_{(i)} - X_{(i+1)}$, the biweight kernel
-  $K_h(u) = \frac{15}{8h}(1 - (u/h)^2)^2$ on $[0, h]$ and $u_i = i/n$,
-  $\hat\xi_K = q_2 / q_1 - 1$ where $q_1 = \sum_i u_i^{a} K_h(u_i) D_i$ and
-  $q_2 = \sum_i \frac{d}{du}\big[u^{a+1} K_h(u)\big]_{u_i} D_i$ ($a = 2$). Integration by parts
-  gives $q_2 / q_1 \to 1 + \xi$ for every real $\xi < a$ (the construction of Groeneboom, Lopuhaä
-  & de Wolf 2003, in a simpler form).
+  $K_h(u) = \frac{15}{8h}(1 - (u/h)^2)^2$ on $[0, h]$ and $u_i = i/n$, $\hat\xi_K = q_2 / q_1 - 1$ where
+  $q_1 = \sum_i u_i^{a} K_h(u_i) D_i$ and $q_2 = \sum_i \frac{d}{du}\big[u^{a+1} K_h(u)\big]_{u_i} D_i$ ($a = 2$).
+  Integration by parts gives $q_2 / q_1 \to 1 + \xi$ for every real $\xi < a$ (the construction of Groeneboom, Lopuhaä &
+  de Wolf 2003, in a simpler form).
 
-The number $k$ of order statistics (the threshold) comes from the double bootstrap of Danielsson,
-de Haan, Peng & de Vries (2001): the bootstrap mean squared error of a statistic whose mean is 0
-(for Hill $M_2 - 2M_1^2$; for the moments estimator the difference of two moment-type estimators,
-after Draisma et al. 1999) is minimised at $k_1$ in resamples of size $n_1 = n\sqrt{t}$ and at $k_2$ in
-resamples of size $n_2 = n t$ ($t = 1/2$), and
-$k^* = \frac{k_1^2}{k_2}\left(\frac{\log k_1}{2 \log n_1 - \log k_1}\right)^{2(\log n_1 - \log k_1)/\log n_1}$.
-The kernel estimator's bandwidth is $h = k^*_M / n$.
+The number $k$ of order statistics (the threshold) comes from the double bootstrap of Danielsson, de Haan, Peng & de
+Vries (2001): the bootstrap mean squared error of a statistic whose mean is 0 (for Hill $M_2 - 2M_1^2$; for the moments
+estimator the difference of two moment-type estimators, after Draisma et al. 1999) is minimised at $k_1$ in resamples of
+size $n_1 = n\sqrt{t}$ and at $k_2$ in resamples of size $n_2 = n t$ ($t = 1/2$), and
+$k^* = \frac{k_1^2}{k_2}\left(\frac{\log k_1}{2 \log n_1 - \log k_1}\right)^{2(\log n_1 - \log k_1)/\log n_1}$. The
+kernel estimator's bandwidth is $h = k^*_M / n$.
 
 **Decision** (mTAF): a marginal is light when both the moments and the kernel estimate are at most
 `light_below` (0 in exact arithmetic; a small positive default absorbs their noise on Gaussian
@@ -29,9 +27,8 @@ data); otherwise it is heavy with $\nu = 1 / \hat\xi$, taking $\hat\xi$ from Hil
 else the kernel estimate (the first that is positive).
 
 **Metrics**: [`quantile_coverage`][flowkit.stats.quantile_coverage],
-[`tail_value_at_risk`][flowkit.stats.tail_value_at_risk],
-[`loglog_tail_distance`][flowkit.stats.loglog_tail_distance], and
-[`estimate_tails`][flowkit.stats.estimate_tails] on model samples against data.
+[`tail_value_at_risk`][flowkit.stats.tail_value_at_risk], [`loglog_tail_distance`][flowkit.stats.loglog_tail_distance],
+and [`estimate_tails`][flowkit.stats.estimate_tails] on model samples against data.
 
 References:
     Hill, *A simple general approach to inference about the tail of a distribution*, Ann. Stat. 1975;
@@ -156,8 +153,7 @@ def double_bootstrap(
 
     Arguments:
         x: one marginal's values (their absolute values are used).
-        discrepancy: `"hill"` ($M_2 - 2M_1^2$) or `"moments"` (the difference of two moment-type
-            estimators).
+        discrepancy: `"hill"` ($M_2 - 2M_1^2$) or `"moments"` (the difference of two moment-type estimators).
         bootstraps: resamples per stage (the reference uses 500).
         t: the second stage's resample size $n_2 = t n$ (the first's is $n_1 = \sqrt{t}\, n$).
         max_fraction: the largest $k$ considered, as a fraction of the resample size; $k^*$ is also

@@ -126,13 +126,11 @@ class Phi4Hopping(Target):
     + (1 - 2\lambda)\tilde\phi_x^2 + \lambda \tilde\phi_x^4\Big].
     $$
 
-    With $\phi = \sqrt\kappa\,\tilde\phi$ this is the action of
-    [`Phi4`][flowkit.targets.Phi4] at $m^2 = (1 - 2\lambda)/\kappa - 4$,
-    $\lambda_m = \lambda / \kappa^2$: `Phi4Hopping(L, kappa, lam).energy(phi_t)`
+    With $\phi = \sqrt\kappa\,\tilde\phi$ this is the action of [`Phi4`][flowkit.targets.Phi4] at
+    $m^2 = (1 - 2\lambda)/\kappa - 4$, $\lambda_m = \lambda / \kappa^2$: `Phi4Hopping(L, kappa, lam).energy(phi_t)`
     equals `Phi4(L, m2, lam_m).energy(sqrt(kappa) * phi_t)`
-    ([`mass_form`][flowkit.targets.lattice.Phi4Hopping.mass_form] builds that target).
-    The densities differ by the Jacobian of the rescaling, so
-    $\log Z = \log Z_m - \frac V2 \log\kappa$ (exact at `lam = 0`).
+    ([`mass_form`][flowkit.targets.lattice.Phi4Hopping.mass_form] builds that target). The densities differ by the
+    Jacobian of the rescaling, so $\log Z = \log Z_m - \frac V2 \log\kappa$ (exact at `lam = 0`).
 
     Arguments:
         L: lattice size.

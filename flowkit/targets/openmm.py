@@ -91,8 +91,7 @@ class OpenMMEnergy(Target):
         system: an `openmm.System` (build it without constraints: a constrained system has
             no density in Cartesian space).
         temperature: temperature $T$ in kelvin.
-        platform: `"Reference"` (fastest for small systems in vacuum) or `"CPU"`
-            (faster for implicit solvent).
+        platform: `"Reference"` (fastest for small systems in vacuum) or `"CPU"` (faster for implicit solvent).
         energy_cut: reduced energy $u_c$ above which energies are damped logarithmically.
         energy_max: reduced energy $u_{max}$ at which energies are capped (non-finite ones too).
         threads: CPU threads of the `"CPU"` platform (its default when None).

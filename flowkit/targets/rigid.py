@@ -1,12 +1,11 @@
 r"""Rigid-body targets on unit quaternions with exact normalising constants, and rigid dipoles in a periodic box.
 
-Configurations are unit quaternions $q \in S^3$ (scalar first) standing for
-rotations $R(q)$; energies depend on $R$ only, so the densities are antipodally
-symmetric. `log_Z` is the log normaliser of $e^{-u}$ against the *area measure*
+Configurations are unit quaternions $q \in S^3$ (scalar first) standing for rotations $R(q)$; energies depend on $R$
+only, so the densities are antipodally symmetric. `log_Z` is the log normaliser of $e^{-u}$ against the *area measure*
 of $S^3$ (total $2\pi^2$) per quaternion, which is what a flow over
-[`SphereUniform`][flowkit.distributions.SphereUniform] estimates; against the unit Haar measure
-of SO(3) subtract $\log 2\pi^2$ per body (the `log_normalizer` of
-[`MatrixFisher`][flowkit.targets.rigid.MatrixFisher] and [`Octupole`][flowkit.targets.rigid.Octupole]).
+[`SphereUniform`][flowkit.distributions.SphereUniform] estimates; against the unit Haar measure of SO(3) subtract
+$\log 2\pi^2$ per body (the `log_normalizer` of [`MatrixFisher`][flowkit.targets.rigid.MatrixFisher] and
+[`Octupole`][flowkit.targets.rigid.Octupole]).
 
 References:
     Köhler, Invernizzi, de Haan & Noé, *Rigid body flows for sampling molecular
@@ -106,11 +105,10 @@ def bingham_matrix(F: Sequence[Sequence[float]] | np.ndarray) -> np.ndarray:
 class MatrixFisher(Target):
     r"""The matrix Fisher distribution $p(R) \propto e^{\mathrm{tr}(F^\top R)}$ on SO(3), as a Bingham density on $S^3$.
 
-    Energy $u(q) = -q^\top A q$ ([`bingham_matrix`][flowkit.targets.rigid.bingham_matrix]),
-    `log_Z` $= \log c(F) + \log 2\pi^2$ exactly
-    ([`matrix_fisher_log_normalizer`][flowkit.targets.rigid.matrix_fisher_log_normalizer]),
-    `log_normalizer` $= \log c(F)$. Exact samples by rejection from an angular
-    central Gaussian envelope (Kent, Ganeiber & Mardia 2018).
+    Energy $u(q) = -q^\top A q$ ([`bingham_matrix`][flowkit.targets.rigid.bingham_matrix]), `log_Z`
+    $= \log c(F) + \log 2\pi^2$ exactly
+    ([`matrix_fisher_log_normalizer`][flowkit.targets.rigid.matrix_fisher_log_normalizer]), `log_normalizer`
+    $= \log c(F)$. Exact samples by rejection from an angular central Gaussian envelope (Kent, Ganeiber & Mardia 2018).
 
     $A$ is kept in float64, so a float64 target or input has the energy to float64 rounding, as `log_Z`.
 
@@ -190,11 +188,10 @@ def _bingham_samples(a: np.ndarray, n: int, generator: torch.Generator | None) -
 class Octupole(Target):
     r"""A tetrahedral "octupole" in a field: $u(R) = -\kappa \sum_{i=1}^4 ((R b_i) \cdot \hat e)^3$, four modes.
 
-    The $b_i$ are the unit bonds of a regular tetrahedron (`TETRAHEDRON`), $\hat e$ the field axis
-    (`axis`, $\hat y$ by default). The energy depends on $v = R^\top \hat e$ alone and is lowest when a
-    bond points along the field: four modes of equal mass, each a circle of rotations about the field axis
-    ([`mode`][flowkit.targets.rigid.Octupole.mode] says which). Since $v$ is uniform on $S^2$ when $R$ is
-    Haar distributed,
+    The $b_i$ are the unit bonds of a regular tetrahedron (`TETRAHEDRON`), $\hat e$ the field axis (`axis`, $\hat y$ by
+    default). The energy depends on $v = R^\top \hat e$ alone and is lowest when a bond points along the field: four
+    modes of equal mass, each a circle of rotations about the field axis ([`mode`][flowkit.targets.rigid.Octupole.mode]
+    says which). Since $v$ is uniform on $S^2$ when $R$ is Haar distributed,
 
     $$
     c = \int_{SO(3)} e^{-u(R)}\, dR = \frac1{4\pi} \int_0^{2\pi}\!\!\int_0^\pi

@@ -71,10 +71,8 @@ def write_pdb(path: str | os.PathLike, topology: Any, positions: Any) -> None:
 
     Arguments:
         path: the file to write.
-        topology: an `openmm.app.Topology` (e.g.
-            [`AlanineDipeptide.topology`][flowkit.targets.AlanineDipeptide]).
-        positions: one frame in nm, `(3 n_atoms,)` or `(n_atoms, 3)`; of several frames `(n, 3 n_atoms)`,
-            the first.
+        topology: an `openmm.app.Topology` (e.g. [`AlanineDipeptide.topology`][flowkit.targets.AlanineDipeptide]).
+        positions: one frame in nm, `(3 n_atoms,)` or `(n_atoms, 3)`; of several frames `(n, 3 n_atoms)`, the first.
 
     Raises:
         ValueError: when OpenMM is missing, the positions do not fit the topology or are not finite, or a

@@ -1,9 +1,8 @@
 r"""Double-well energies: the 2-D double well of Boltzmann generators and FAB's many-well.
 
-One well is $u(x_1, x_2) = c x_1^4 + b x_1^2 + a x_1 + \tfrac12 x_2^2$. Its
-normalising constant factorises into a 1-D integral over $x_1$, done here
-by quadrature, times $\sqrt{2\pi}$; exact samples of $x_1$ come from
-rejection sampling with a two-Gaussian proposal.
+One well is $u(x_1, x_2) = c x_1^4 + b x_1^2 + a x_1 + \tfrac12 x_2^2$. Its normalising constant factorises into a 1-D
+integral over $x_1$, done here by quadrature, times $\sqrt{2\pi}$; exact samples of $x_1$ come from rejection sampling
+with a two-Gaussian proposal.
 """
 
 from __future__ import annotations

@@ -244,9 +244,8 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     load) is checked by the objective's [`load_state_dict`][flowkit.train.objective.Objective.load_state_dict].
 
     Raises:
-        ValueError: if the file is not a flowkit checkpoint, its header is corrupt, or a field is
-            missing or of the wrong kind (a step that is not a non-negative integer, no RNG state, ...);
-            the message names the field.
+        ValueError: if the file is not a flowkit checkpoint, its header is corrupt, or a field is missing or of the
+            wrong kind (a step that is not a non-negative integer, no RNG state, ...); the message names the field.
     """
     saved = load_state(path)
     if not isinstance(saved, dict):

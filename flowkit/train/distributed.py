@@ -6,13 +6,12 @@ Launch any script that calls [`fit`][flowkit.train.fit] with `torchrun`:
 torchrun --nproc_per_node=4 train.py
 ```
 
-and the fit loop notices the launcher's environment (`WORLD_SIZE > 1`), initialises the process group if
-the script has not (`nccl` with CUDA, `gloo` on CPU), wraps the loss computation in
-`torch.nn.parallel.DistributedDataParallel`, shards the data like a `DistributedSampler`, seeds each rank
-differently, averages the logged metrics and writes files from rank 0 only. After the first step the
-parameters and buffers are broadcast from rank 0 once more, so that data-initialised layers
-([`ActNorm`][flowkit.bijectors.ActNorm]) agree. Each rank draws `batch_size` points per step: a step on
-`N` ranks equals a single-process step on the union of their batches.
+and the fit loop notices the launcher's environment (`WORLD_SIZE > 1`), initialises the process group if the script has
+not (`nccl` with CUDA, `gloo` on CPU), wraps the loss computation in `torch.nn.parallel.DistributedDataParallel`, shards
+the data like a `DistributedSampler`, seeds each rank differently, averages the logged metrics and writes files from
+rank 0 only. After the first step the parameters and buffers are broadcast from rank 0 once more, so that
+data-initialised layers ([`ActNorm`][flowkit.bijectors.ActNorm]) agree. Each rank draws `batch_size` points per step: a
+step on `N` ranks equals a single-process step on the union of their batches.
 """
 
 from __future__ import annotations
@@ -120,9 +119,8 @@ class DistributedContext:
 def setup_distributed(module: nn.Module) -> DistributedContext:
     """Join the launcher's process group (initialising it if needed) and place `module` on this rank's device.
 
-    Without a launcher this returns a single-process context and leaves
-    `module` where it is. Under `nccl` a flow on the CPU is moved to
-    `cuda:LOCAL_RANK`.
+    Without a launcher this returns a single-process context and leaves `module` where it is. Under `nccl` a flow on the
+    CPU is moved to `cuda:LOCAL_RANK`.
 
     Raises:
         ValueError: when `WORLD_SIZE > 1` but `torch.distributed` is unavailable.

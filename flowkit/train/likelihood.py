@@ -87,9 +87,8 @@ class MaximumLikelihood(Objective):
 class ForwardKLPathGradient(MaximumLikelihood):
     r"""Maximum likelihood on target samples with the forward-KL path gradient (GDReG).
 
-    The same objective as `MaximumLikelihood(target=target)`, under the name of
-    its estimator. With $z = f_\theta(x)$ the normalizing map,
-    $KL(p \| q_\theta) = KL(f_\theta{}_\# p \| q_0)$, whose path gradient is
+    The same objective as `MaximumLikelihood(target=target)`, under the name of its estimator. With $z = f_\theta(x)$
+    the normalizing map, $KL(p \| q_\theta) = KL(f_\theta{}_\# p \| q_0)$, whose path gradient is
 
     $$
     \nabla_\theta \approx E_{x \sim p}\big[(\nabla_z \log p_Z(z) - \nabla_z \log q_0(z))

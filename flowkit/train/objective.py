@@ -17,9 +17,8 @@ __all__ = ["Objective", "as_objective", "objective_name", "check_state"]
 class Objective(Configurable):
     """A training objective for [`fit`][flowkit.train.fit].
 
-    Subclasses implement [`loss`][flowkit.train.objective.Objective.loss]; the other
-    hooks have defaults. The fit loop knows nothing of a particular objective:
-    it hands each batch to `loss`, minimises the returned scalar, logs
+    Subclasses implement [`loss`][flowkit.train.objective.Objective.loss]; the other hooks have defaults. The fit loop
+    knows nothing of a particular objective: it hands each batch to `loss`, minimises the returned scalar, logs
     `metrics()` and validates with `validation_loss`.
 
     **State.** An objective may keep state: anything besides the flow and the optimiser that its future

@@ -19,9 +19,8 @@ and couplings have closed-form ones. A faster rule is registered with
 [`register_score_rule`][flowkit.train.score_rules.register_score_rule], without touching the bijector.
 
 A coupling's rule needs, of its transformer, the output, the elementwise log-derivative $L$ and
-$\partial L / \partial x$: [`forward_and_ladj_derivative`][flowkit.train.score_rules.forward_and_ladj_derivative]
-(and its inverse twin), in closed form for [`Affine`][flowkit.transformers.Affine] and the splines, by
-autograd otherwise.
+$\partial L / \partial x$: [`forward_and_ladj_derivative`][flowkit.train.score_rules.forward_and_ladj_derivative] (and
+its inverse twin), in closed form for [`Affine`][flowkit.transformers.Affine] and the splines, by autograd otherwise.
 
 References:
     Vaitl, Winkler, Richter & Kessel, *Fast and unified path gradient estimators
