@@ -14,19 +14,16 @@ Two solvers and the step that gives both their derivatives:
 
 Every loop runs a fixed number of steps on the whole tensor (no host synchronisation), so the solvers compile.
 
-*Convergence.* A solve that ran out of steps, or a bracket that does not hold the root, must not return a wrong answer
-silently: at the end each solver checks its result (one host synchronisation; skipped while `torch.compile` traces) and
-raises [`ConvergenceError`][flowkit.root_finding.ConvergenceError], naming the worst point and its residual. A root $x$
-of $f(x) = y$ is accepted when its residual is within the rounding of evaluating $f$ near the root,
+*Convergence.* At the end each solver checks its result (one host synchronisation; skipped while `torch.compile`
+traces) and raises [`ConvergenceError`][flowkit.root_finding.ConvergenceError], naming the worst point, rather than
+return a wrong answer. A root $x$ of $f(x) = y$ is accepted when its residual is within the rounding of $f$ near it,
 
 $$
 |f(x) - y| \le \tau \big(\max(1, |y|) + f'(x) \max(1, |x|)\big), \qquad \tau = 2^{10} \varepsilon
 $$
 
-(`tolerance(dtype)`: $2.3 \cdot 10^{-13}$ in float64, $1.2 \cdot 10^{-4}$ in float32), that is, when $x$ is
-the exact root of a $y$ perturbed by $\tau \max(1, |y|)$, or within $\tau \max(1, |x|)$ of the exact root
-(a backward-error test). The *forward* error of the root is then about $\tau \max(1, |y|) / f'(x)$: a
-flat map ($f'$ small) is ill conditioned, and no solver can recover $x$ better than its conditioning allows.
+(`tolerance(dtype)`: $2.3 \cdot 10^{-13}$ in float64, $1.2 \cdot 10^{-4}$ in float32), a backward-error test. The
+*forward* error is then about $\tau \max(1, |y|) / f'(x)$: a flat map is ill conditioned.
 
 References:
     Press, Teukolsky, Vetterling & Flannery, *Numerical Recipes*, 3rd ed., section 9.4 (`rtsafe`);

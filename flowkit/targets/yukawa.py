@@ -85,16 +85,10 @@ class YukawaStaggered(Target):
       - \log\det\big(D[\phi] D[\phi]^\dagger\big),
     $$
 
-    with $D_{xy} = \frac12\sum_\mu \eta_\mu(x)[b_\mu(x)\delta_{y,x+\hat\mu} - b_\mu(x-\hat\mu)\delta_{y,x-\hat\mu}]
-    + (m_f + g\phi_x)\delta_{xy}$ (see [`flowkit.lattice.fermions`][flowkit.lattice.fermions]):
-    Kogut-Susskind phases $\eta_0 = 1$, $\eta_1(x) = (-1)^{x_0}$, time (axis `-2`) antiperiodic.
-
-    **Sign conventions.** $D$ is real and $\gamma_5$-hermitian ($\epsilon D \epsilon = D^\dagger = D^T$,
-    $\epsilon_x = (-1)^{x_0+x_1}$), so $\det D$ is real, but it changes sign across configurations once
-    $|g\phi|$ is of order one. Following Albergo et al. (2021) the model has $N_f = 2$ degenerate flavours:
-    the fermion weight is $\det D^2 = |\det D|^2 = \det(D D^\dagger) > 0$, with no sign problem. The scalar
-    action is flowkit's $\phi^4$ parametrisation (that of [`Phi4`][flowkit.targets.Phi4]; its
-    [`hopping`][flowkit.targets.lattice.Phi4.hopping] gives $(\kappa, \lambda)$ of the hopping form).
+    with $D$ the staggered operator of [`flowkit.lattice.fermions`][flowkit.lattice.fermions] (time, axis `-2`,
+    antiperiodic). **Sign conventions.** $\det D$ is real but changes sign once $|g\phi|$ is of order one;
+    following Albergo et al. (2021) the model has $N_f = 2$ degenerate flavours, with the weight
+    $\det D^2 = \det(D D^\dagger) > 0$ (no sign problem). The scalar action is [`Phi4`][flowkit.targets.Phi4]'s.
 
     **Energy and force.** [`energy`][flowkit.targets.base.Target.energy] is exact (dense LU, differentiable)
     for `L <= 16`; larger lattices raise a `ValueError` there and use the pseudofermion forms
