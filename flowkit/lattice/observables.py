@@ -162,9 +162,8 @@ def measure(
     if not times or any(not 1 <= t <= L - 2 for t in times):
         raise ValueError(f"measure: plateau times must lie in 1..{L - 2}, got {times}")
     index = torch.tensor(times) - 1
-    m = magnetization(x).double().mean(1)  # chain-averaged per time step
-    m2 = magnetization(x).double().square().mean(1)
-    m_abs = magnetization(x).double().abs().mean(1)
+    M = magnetization(x).double()
+    m, m2, m_abs = M.mean(1), M.square().mean(1), M.abs().mean(1)  # chain-averaged per time step
     G = two_point(x.double()).mean(1)
 
     def connected(G_mean: Tensor, m_mean: Tensor) -> Tensor:
@@ -173,7 +172,7 @@ def measure(
     def mass(G_mean: Tensor, m_mean: Tensor) -> Tensor:
         return effective_mass(zero_momentum_correlator(connected(G_mean, m_mean)))
 
-    out = {
+    return {
         "M": jackknife(lambda a: a, m, blocks=blocks),
         "abs_M": jackknife(lambda a: a, m_abs, blocks=blocks),
         "phi2": jackknife(lambda g: g[0, 0], G, blocks=blocks),
@@ -184,4 +183,3 @@ def measure(
         "pole_mass": jackknife(lambda g, a: mass(g, a)[index].mean(), G, m, blocks=blocks),
         "correlation_length": jackknife(lambda g, a: 1 / mass(g, a)[index].mean(), G, m, blocks=blocks),
     }
-    return out
