@@ -101,14 +101,13 @@ class SpectralLinear(nn.Module):
 
     With `iterations=None` (the default) $\sigma(W)$ is the exact largest singular value in every mode, so
     $\|\tilde W\|_2 \le c$ holds to rounding at every training step; the gradient flows through it
-    ($\partial \sigma / \partial W = u_1 v_1^\top$), for an SVD per call (15.9 ms against 13.6 ms a training
-    step of `ResidualFlow(2)` with one power iteration).
+    ($\partial \sigma / \partial W = u_1 v_1^\top$), for an SVD per call.
 
     With an integer `iterations`, in training mode $\sigma(W)$ is the power-iteration estimate $u^\top W v$,
     `iterations` steps per call warm-started from the last call's vectors (100 on a layer's first call), with the
     gradient of `torch.nn.utils.spectral_norm` (Behrmann et al. 2019, algorithm 1). The estimate lags below $\sigma(W)$
-    when the top singular values are close, as training makes them (one step let `ResidualFlow(2)`'s layers reach norm
-    1.23 against $c = 0.97$). In eval mode $\sigma(W)$ is exact. The vectors $u, v$ are saved buffers in both settings.
+    when the top singular values are close, as training makes them. In eval mode $\sigma(W)$ is exact. The vectors
+    $u, v$ are saved buffers in both settings.
 
     Arguments:
         in_features: input size.
@@ -224,10 +223,9 @@ class Residual(Bijector):
     `log_prob` is deterministic whatever `logdet` says.
 
     **Initialisation.** The last linear layer starts at a tenth of its default scale (near the identity) and every
-    LipSwish at $\beta$ = `beta` = 32. On unit-scale inputs $\phi_\beta(x) \approx x / 2.2 + \beta x^2 / 8.8$ for
-    $|\beta x| \lesssim 1$, so at Chen et al.'s $\beta \approx 0.97$ the network is nearly linear on the data and the
-    `ResidualFlow` preset stayed at the Gaussian fit (checkerboard test NLL 2.81 after 1000 steps; 2.22 with
-    $\beta = 32$, as well with 16 to 64; flowkit issue 38). $\beta$ does not change the Lipschitz bound.
+    LipSwish at $\beta$ = `beta` = 32: $\phi_\beta(x) \approx x / 2.2 + \beta x^2 / 8.8$ for $|\beta x| \lesssim 1$, so
+    at Chen et al.'s $\beta \approx 0.97$ the network is nearly linear on unit-scale data (and stayed at the Gaussian
+    fit; flowkit issue 38). $\beta$ does not change the Lipschitz bound.
 
     **Inverse.** The fixed-point iteration $x_{k+1} = z - g(x_k)$ from $x_0 = z$, a contraction with rate
     $\mathrm{Lip}(g) \le c$, runs until $\max |x_{k+1} - x_k| \le$ `tolerance` (or, below that, the dtype's rounding

@@ -268,19 +268,11 @@ class NSF(Flow):
     layer, as in zuko's and RealNVP's couplings) are fast both ways. Each spline has `bins` bins on `[-bound, bound]`
     and is the identity outside.
 
-    The default starts were measured (issue 38, `docs/benchmarks.md`, against zuko's NSF on the 2-D sets
-    and the earlier default on tabular sets and digits):
-
-    - autoregressive layers start near the identity (`"near"`): zero last weights, last biases the spline's identity
-      parameters plus $U(-1/\sqrt{n}, 1/\sqrt{n})$ offsets for `n` inputs, off the symmetric point (all bins equal) that
-      training escapes slowly (the exact start was behind zuko on `8gaussians` and `spirals`);
-    - coupling layers at `D = 2` start where zuko's start (`"random"`: last weights and offsets as a fresh
-      `nn.Linear`'s), with alternating masks (other starts were behind on `spirals`);
-    - coupling layers above `D = 2` start exactly at the identity (`"identity"`; near it was worse on `macrodata` and
-      digits).
-
-    All but `"identity"` draw from torch's global generator, and only the default conditioners and
-    rational-quadratic splines are moved.
+    The default starts, measured in issue 38 (`docs/benchmarks.md`): autoregressive layers start near the identity
+    (`"near"`: zero last weights, last biases the spline's identity parameters plus $U(-1/\sqrt{n}, 1/\sqrt{n})$ offsets
+    for `n` inputs, off the symmetric point that training escapes slowly); coupling layers at `D = 2` where zuko's start
+    (`"random"`: last weights and offsets as a fresh `nn.Linear`'s), exactly at the identity above (`"identity"`). All
+    but `"identity"` draw from torch's global generator, and move only default conditioners and splines.
 
     Arguments:
         features: number of features `D`.
@@ -300,11 +292,9 @@ class NSF(Flow):
             autoregressive conditioner (`hidden`, `residual` and `activation` are then unused).
         base: the latent distribution (a standard normal by default).
         permutations: between coupling layers, `"auto"` (the default: `"alternate"` at `D = 2`, `"random"` above),
-            `"random"` (seeded random permutations, which mix the features across the halves; at `D = 2` the swaps
-            cancel the alternating masks, and were behind zuko on `pinwheel`) or `"alternate"` (the identity: each layer
-            transforms the features the layer before conditioned on, as in zuko and RealNVP). Each is a
-            [`Permutation`][flowkit.bijectors.Permutation] module whose `perm` is saved with the weights. Unused by
-            autoregressive layers (reversals in between).
+            `"random"` (seeded random permutations; at `D = 2` the swaps cancel the alternating masks) or `"alternate"`
+            (the identity, as in zuko and RealNVP); saved [`Permutation`][flowkit.bijectors.Permutation] modules either
+            way. Unused by autoregressive layers (reversals in between).
         near_identity: `True` for `start="near"`, `False` for `start="identity"`; `None` (the
             default) leaves the choice to `start`.
         start: where every layer starts: `"identity"`, `"near"`, `"random"` (see above) or `None` (the defaults above).
