@@ -139,12 +139,7 @@ def _shape_str(shape: Sequence[int]) -> str:
 
 
 def check_tensor(
-    x: object,
-    event_shape: Sequence[int],
-    *,
-    name: str = "input",
-    dtype: torch.dtype | None = None,
-    where: str = "",
+    x: object, event_shape: Sequence[int], *, name: str = "input", dtype: torch.dtype | None = None, where: str = ""
 ) -> None:
     """Raise `ValueError` unless `x` is a finite floating tensor ending in `event_shape`."""
     where = f"{where}: " if where else ""

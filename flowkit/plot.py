@@ -408,12 +408,7 @@ def ramachandran(
     return fig
 
 
-def free_energy_profiles(
-    profiles: Mapping[str, Any],
-    *,
-    xlabel: str = r"$\phi$",
-    title: str | None = None,
-) -> Figure:
+def free_energy_profiles(profiles: Mapping[str, Any], *, xlabel: str = r"$\phi$", title: str | None = None) -> Figure:
     r"""Free-energy profiles $F(s) = -\log p(s)$ in kT with their error bars, one line per profile.
 
     Arguments:

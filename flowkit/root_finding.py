@@ -103,12 +103,7 @@ def check_converged(root: Tensor, target: Tensor, residual: Tensor, slope: Tenso
 
 
 def solve_monotone(
-    fn: Any,
-    target: Tensor,
-    grid: int,
-    bisection_steps: int,
-    newton_steps: int,
-    where: str = "solve_monotone",
+    fn: Any, target: Tensor, grid: int, bisection_steps: int, newton_steps: int, where: str = "solve_monotone"
 ) -> Tensor:
     r"""The root $u \in [0, 1]$ of $f(u) = $ `target` for increasing `fn`, with a fixed number of steps.
 
@@ -244,12 +239,7 @@ def monotone_inverse(
 
 
 def expand_bracket(
-    f: Callable[[Tensor], Tensor],
-    y: Tensor,
-    low: Tensor,
-    high: Tensor,
-    steps: int,
-    where: str = "expand_bracket",
+    f: Callable[[Tensor], Tensor], y: Tensor, low: Tensor, high: Tensor, steps: int, where: str = "expand_bracket"
 ) -> tuple[Tensor, Tensor]:
     r"""A bracket `[low, high]` with `f(low) <= y <= f(high)` for an increasing `f`, by doubling its width.
 

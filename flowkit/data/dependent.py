@@ -173,13 +173,7 @@ def _random_correlation(n: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def random_kinship(
-    shape: str = "cres",
-    n: int = 2000,
-    lam: float = 0.5,
-    *,
-    n_val: int = 1000,
-    n_test: int = 5000,
-    seed: int = 0,
+    shape: str = "cres", n: int = 2000, lam: float = 0.5, *, n_val: int = 1000, n_test: int = 5000, seed: int = 0
 ) -> DependentSplits:
     r"""Points related by a random kinship matrix (the paper's `rm_*` sets).
 

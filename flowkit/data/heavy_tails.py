@@ -95,11 +95,7 @@ def _mixture_quantile(marginal: dict, g: np.ndarray) -> np.ndarray:
 
 
 def mtaf_synthetic(
-    features: int = 8,
-    heavy: int = 1,
-    df: float = 2.0,
-    seed: int = 0,
-    sizes: tuple[int, int, int] | None = None,
+    features: int = 8, heavy: int = 1, df: float = 2.0, seed: int = 0, sizes: tuple[int, int, int] | None = None
 ) -> Splits:
     """The mTAF synthetic copula data (see the module docstring), as train/val/test splits.
 

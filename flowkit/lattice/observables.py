@@ -29,14 +29,7 @@ from torch import Tensor
 
 from .._validation import check_number
 
-__all__ = [
-    "magnetization",
-    "two_point",
-    "zero_momentum_correlator",
-    "effective_mass",
-    "jackknife",
-    "measure",
-]
+__all__ = ["magnetization", "two_point", "zero_momentum_correlator", "effective_mass", "jackknife", "measure"]
 
 
 def _field(phi: Tensor, where: str) -> Tensor:

@@ -294,13 +294,7 @@ class TailEstimate:
     df: float | None
 
 
-def estimate_tail(
-    x: object,
-    *,
-    light_below: float = 0.1,
-    bootstraps: int = 200,
-    seed: int = 0,
-) -> TailEstimate:
+def estimate_tail(x: object, *, light_below: float = 0.1, bootstraps: int = 200, seed: int = 0) -> TailEstimate:
     r"""Estimate one marginal's tail: Hill, moments and kernel estimates and the mTAF light/heavy decision.
 
     Arguments:

@@ -233,7 +233,7 @@ _FIT_CHECKPOINT_OPTIONAL: dict[str, tuple[_Check, str]] = {
     "objective": (
         lambda v: isinstance(v, list) and len(v) > 0 and _list_of(_dict)(v),
         "one objective state dict (string keys) per process",
-    ),
+    )
 }
 
 

@@ -362,9 +362,7 @@ for _spline in (RationalQuadraticSpline, CircularSpline):
     inverse_and_ladj_derivative.register(_spline)(lambda t, y, p: t.with_ladj_derivative(y, p, inverse=True))
 
 register_score_rule(
-    Coupling,
-    forward=_coupling_rule(forward_and_ladj_derivative),
-    inverse=_coupling_rule(inverse_and_ladj_derivative),
+    Coupling, forward=_coupling_rule(forward_and_ladj_derivative), inverse=_coupling_rule(inverse_and_ladj_derivative)
 )
 
 
