@@ -1,8 +1,7 @@
 """flowkit: normalizing flows in PyTorch, with the checks that make them trustworthy.
 
-The subpackages load on first use (`flowkit.flows`, `from flowkit import train`), so that
-`import flowkit` and `flowkit --help` do not import torch; `flowkit.io.load` imports them all
-before it builds a model from its config.
+The subpackages load on first use (`flowkit.flows`, `from flowkit import train`), so that `import flowkit` and
+`flowkit --help` do not import torch; `flowkit.io.load` imports them all before it builds a model from its config.
 """
 
 import importlib as _importlib

@@ -1,9 +1,8 @@
 """Constructor-argument recording and the class registry behind [`flowkit.io`][flowkit.io].
 
-Every flowkit module that can be saved derives from `Configurable`. The
-arguments of its constructor are recorded when it is built, so that a model can
-be written as a JSON config plus its weights, and rebuilt later *only* from the
-classes registered here: a config never names a Python path to import.
+Every flowkit module that can be saved derives from `Configurable`: the arguments of its constructor are
+recorded when it is built, so that a model can be written as a JSON config plus its weights, and rebuilt
+*only* from the classes registered here (a config never names a Python path to import).
 """
 
 from __future__ import annotations
@@ -26,10 +25,8 @@ registry: dict[str, type] = {}
 class Configurable:
     """Mixin that records the arguments a module was built with.
 
-    Subclasses are registered by class name. The arguments of the outermost
-    `__init__` call are kept in `_flowkit_config` as a mapping from
-    parameter names to values; nested `super().__init__` calls do not
-    overwrite them.
+    Subclasses are registered by class name. The arguments of the outermost `__init__` call are kept in
+    `_flowkit_config` (parameter names to values); nested `super().__init__` calls do not overwrite them.
     """
 
     _flowkit_register: ClassVar[bool] = True
@@ -98,9 +95,8 @@ def json_depth(value: Any, limit: int = MAX_DEPTH) -> int:
 def read_json(text: str, what: str, *, allow_nan: bool = False) -> Any:
     """Parse JSON from a file, raising `ValueError` (naming `what`) for anything but plain, finite, shallow JSON.
 
-    Refuses malformed JSON, nesting deeper than `MAX_DEPTH` levels and, unless
-    `allow_nan`, the non-standard literals `NaN`, `Infinity` and `-Infinity` and numbers that overflow to
-    infinity (`1e400`).
+    Refuses malformed JSON, nesting deeper than `MAX_DEPTH` levels and, unless `allow_nan`, `NaN`, `Infinity`,
+    `-Infinity` and numbers that overflow to infinity (`1e400`).
     """
 
     def refuse(literal: str) -> float:

@@ -1,11 +1,8 @@
 """Rewrite model configs saved by older flowkit versions into today's format.
 
-[`flowkit.io.load`][flowkit.io.load] passes every config through
-`migrate` before building it. Each
-`Rule` names what it rewrites and maps one node
-`{"class": name, "args": {...}}` to a node in today's format; the weights
-are untouched, so a rule must lead to a model with the same state-dict keys (or one that renames
-them as it loads).
+[`flowkit.io.load`][flowkit.io.load] passes every config through `migrate` before building it. Each `Rule`
+maps one node `{"class": name, "args": {...}}` to a node in today's format; the weights are untouched, so a
+rule must lead to a model with the same state-dict keys (or one that renames them as it loads).
 """
 
 from __future__ import annotations
@@ -93,10 +90,7 @@ _STOCHASTIC_BLOCKS = ("MetropolisBlock", "LangevinBlock")
 
 
 def _stochastic_flow(config: Config) -> Config:
-    """A `Flow` over a `Chain` holding stochastic blocks (before 2026-12) as a `StochasticFlow` of the chain's layers.
-
-    The weights' keys `bijector.layers.i` are renamed by `StochasticFlow` when they load.
-    """
+    """A `Flow` over a `Chain` of stochastic blocks (before 2026-12) as a `StochasticFlow` (which renames keys)."""
     bijector = config["args"].get("bijector")
     layers = bijector["args"].get("*bijectors") if _is_node(bijector) and bijector["class"] == "Chain" else None
     if not isinstance(layers, list) or not any(_is_node(v) and v["class"] in _STOCHASTIC_BLOCKS for v in layers):
@@ -134,8 +128,7 @@ def _is_node(value: Any) -> bool:
 def migrate(config: Any) -> Any:
     """Return `config` (a saved model config, as JSON) with every rule of `RULES` applied; the input is not changed.
 
-    Values that are not configs (numbers, strings, `{"__dict__": ...}` dicts,
-    malformed nodes) are walked into or passed through as they are, so that
+    Values that are not configs are walked into or passed through as they are, so that
     [`from_config`][flowkit.io.from_config] reports any problem.
     """
     if isinstance(config, list):

@@ -1,14 +1,14 @@
 """Input checks shared by bijectors, distributions and flows.
 
-The checks run at the *public* entry point only (a bijector called by another
-bijector is not re-checked), and are skipped while `torch.compile` traces.
-The finiteness check synchronises with the device; turn all checks off with
+The checks run at the *public* entry point only (a bijector called by another bijector is not re-checked), and are
+skipped while `torch.compile` traces. The finiteness check synchronises with the device; turn all checks off with
 `set_validation` in production loops that need every microsecond.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import numbers
 import operator
@@ -139,12 +139,7 @@ def _shape_str(shape: Sequence[int]) -> str:
 
 
 def check_tensor(
-    x: object,
-    event_shape: Sequence[int],
-    *,
-    name: str = "input",
-    dtype: torch.dtype | None = None,
-    where: str = "",
+    x: object, event_shape: Sequence[int], *, name: str = "input", dtype: torch.dtype | None = None, where: str = ""
 ) -> None:
     """Raise `ValueError` unless `x` is a finite floating tensor ending in `event_shape`."""
     where = f"{where}: " if where else ""
@@ -199,13 +194,8 @@ def check_context(
 
 def module_dtype(module: nn.Module) -> torch.dtype | None:
     """The floating dtype of a module's first floating parameter (else buffer), or None."""
-    for tensor in module.parameters():
-        if tensor.is_floating_point():
-            return tensor.dtype
-    for tensor in module.buffers():
-        if tensor.is_floating_point():
-            return tensor.dtype
-    return None
+    tensors = (t for t in itertools.chain(module.parameters(), module.buffers()) if t.is_floating_point())
+    return next((t.dtype for t in tensors), None)
 
 
 def check_point(bijector: nn.Module, x: object, context: object, direction: str, where: str) -> None:

@@ -1,21 +1,9 @@
 """Save and load flows as a JSON config plus safetensors weights; loading never unpickles.
 
-A saved model is a directory holding `config.json` (the constructor
-arguments of every flowkit object in the model, nested) and
-`weights.safetensors` (the state dict). [`load`][flowkit.io.load] rebuilds the model
-*only* from classes in flowkit's registry: a config naming anything else is
-refused, and nothing is imported by name from the file.
-
-A model directory from an untrusted source can at worst be refused: `load` raises
-`ValueError` for non-standard JSON (`NaN`, `Infinity`), configs nested deeper than 100
-levels, a config that describes a bigger model than its weights file holds (checked
-against the file's header while the model is built, so that a few bytes of config cannot
-make `load` allocate gigabytes or build for minutes), weights whose dtype is not the
-model's, non-finite weights, values a layer cannot hold (each layer checks what it
-loads: a [`Permutation`][flowkit.bijectors.Permutation] must hold a permutation, an
-[`LULinear`][flowkit.bijectors.LULinear] a signed permutation matrix), and finite weights too large
-to compute with: a float32, float64 or bfloat16 value whose square overflows its dtype (beyond
-the square root of its largest value, 1.8e19 in float32, 1.3e154 in float64), which would make every density NaN.
+A saved model is a directory holding `config.json` (the constructor arguments of every flowkit object in the model,
+nested) and `weights.safetensors` (the state dict). [`load`][flowkit.io.load] rebuilds the model *only* from classes in
+flowkit's registry: a config naming anything else is refused, and nothing is imported by name from the file. A model
+directory from an untrusted source can at worst be refused (see [`load`][flowkit.io.load]'s errors).
 """
 
 from __future__ import annotations
@@ -76,13 +64,10 @@ def _check_buildable(module: Configurable, where: str) -> None:
     """Refuse to save a flowkit object that [`load`][flowkit.io.load] would refuse to build (an `Energy`, say)."""
     cls = type(module)
     if registry.get(cls.__name__) is not cls:
-        kind = (
-            "a target defined by user code, which a config cannot hold"
-            if hasattr(module, "energy")
-            else "not a model class"
-        )
+        kind = "a target defined by user code, which a config cannot hold" if hasattr(module, "energy") else ""
         raise TypeError(
-            f"cannot save {where}: {cls.__name__} is {kind} (a flowkit config builds registered model classes only)"
+            f"cannot save {where}: {cls.__name__} is {kind or 'not a model class'} (a flowkit config builds "
+            "registered model classes only)"
         )
 
 
@@ -213,14 +198,10 @@ class _TooMuchWork(ValueError):
 class _WorkBudget(TorchFunctionMode):
     """Stops a model's build once it allocates more than its weights file can account for.
 
-    A config is a few bytes, but `transforms=200000` or `LULinear(30000)` in it would
-    build for minutes or allocate gigabytes. A model built from a config holds the
-    tensors of its weights file, whose header gives their number and total size; the
-    constructors of flowkit's layers allocate about that much (once more for temporaries)
-    in at most about ten torch operations per tensor. Each tensor a factory (`randn`, `empty`,
-    `eye`, ...) would create is first sized on the `meta` device, and the build stops
-    before an allocation past four times the file's elements plus $2^{20}$, or past
-    32 operations per tensor plus 1000.
+    A few bytes of config (`transforms=200000`) could build for minutes or allocate gigabytes. Each
+    tensor a factory (`randn`, `empty`, ...) would create is first sized on the `meta` device, and the
+    build stops before an allocation past four times the file's elements plus $2^{20}$, or past 32 torch
+    operations per tensor plus 1000 (layers allocate about their weights, in about ten operations each).
     """
 
     def __init__(self, elements: int, tensors: int) -> None:
@@ -284,10 +265,9 @@ def _weights_header(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
 
 
 def _dtype_checks(model: nn.Module, weights: Path, mixed: bool) -> list[Any]:
-    """Pre-hooks that refuse, as each module loads, a saved tensor whose dtype differs from the model's.
+    """Pre-hooks refusing a saved tensor whose dtype is not its model tensor's (`load_state_dict` would cast it).
 
-    A saved tensor must have its model tensor's dtype (the config's dtype, for floats), or, in a
-    mixed-precision model, be floating where the model's is; `load_state_dict` would cast it silently.
+    In a mixed-precision model, a saved tensor need only be floating where the model's is.
     """
 
     def check(module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
@@ -311,11 +291,9 @@ _MAGNITUDE_CHECKED = (torch.float32, torch.float64, torch.bfloat16)
 
 
 def _check_magnitudes(model: nn.Module, weights: Path) -> None:
-    """Refuse a loaded float32, float64 or bfloat16 value whose square overflows its dtype.
+    """Refuse a loaded float32, float64 or bfloat16 value whose square overflows its dtype (every density NaN).
 
-    Such a weight is finite but no density can be computed with it: its first product overflows to inf and
-    the next sum to NaN (a model whose every weight is 3e38 gave NaN log densities). float16, whose range is
-    too narrow for that margin (the bound would be 256), is checked for non-finite values only.
+    float16, whose range is too narrow for that margin (the bound would be 256), is checked for non-finite values only.
     """
     for key, tensor in model.state_dict().items():
         if tensor.dtype not in _MAGNITUDE_CHECKED or not tensor.numel():
@@ -342,8 +320,7 @@ def save(model: nn.Module, path: str | os.PathLike) -> Path:
     if not isinstance(model, Configurable):
         raise ValueError(f"save: {type(model).__name__} is not a flowkit model")
     directory = Path(path)
-    where = file_in_the_way(directory)
-    if where is not None:
+    if (where := file_in_the_way(directory)) is not None:
         raise ValueError(
             f"save: {directory} {where} an existing file; a model is saved as a directory "
             f"(new or existing) holding {CONFIG_FILE} and {WEIGHTS_FILE}: give a directory path"
@@ -364,12 +341,7 @@ def save(model: nn.Module, path: str | os.PathLike) -> Path:
 
 
 def write_safetensors(tensors: dict[str, torch.Tensor], path: str | os.PathLike, metadata: dict[str, str]) -> None:
-    """Write `tensors` as a safetensors file with the permissions of any other file (0644 under umask 022).
-
-    `safetensors.torch.save_file` creates its files 0600, so that a model's weights and a run's checkpoint
-    could not be read by the group that reads its metrics and plots; the bytes are written here with `open`,
-    which honours the umask like every other output.
-    """
+    """Write `tensors` as a safetensors file honouring the umask (`safetensors.torch.save_file` makes it 0600)."""
     with open(path, "wb") as file:
         file.write(_safetensors_bytes(tensors, metadata=metadata))
 
@@ -379,9 +351,9 @@ def load(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> n
 
     Nothing is unpickled or imported by name: the config may name registered flowkit classes
     only, it must agree with the weights file (checked against the file's header while the model
-    is built, so a tiny config cannot make `load` allocate or compute much more than the file
-    holds), and each layer checks the values it loads (a [`Permutation`][flowkit.bijectors.Permutation]
-    must hold a permutation, say).
+    is built, so a tiny config cannot make `load` allocate gigabytes or build for minutes), and each
+    layer checks the values it loads (a [`Permutation`][flowkit.bijectors.Permutation] must hold a
+    permutation, an [`LULinear`][flowkit.bijectors.LULinear] a signed permutation matrix).
 
     Arguments:
         path: the model directory.

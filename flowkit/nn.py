@@ -1,13 +1,10 @@
 r"""Conditioners: the networks that emit the parameters of coupling and autoregressive layers.
 
-A *conditioner* maps the part of the input a layer conditions on (the
-identity half of a coupling, all features of an autoregressive layer) and the
-context to the transformer's parameters. [`Conditioner`][flowkit.nn.Conditioner]
-states the contract in one place; [`MLP`][flowkit.nn.MLP] (optionally with a
-$(\cos x, \sin x)$ embedding for angles) and [`MADE`][flowkit.nn.MADE] (masked,
-autoregressive) implement it, and any other module that does (a convolutional
-net for images or lattices) plugs into
-[`Coupling`][flowkit.bijectors.Coupling] and
+A *conditioner* maps the part of the input a layer conditions on (the identity half of a coupling, all features of an
+autoregressive layer) and the context to the transformer's parameters. [`Conditioner`][flowkit.nn.Conditioner] states
+the contract in one place; [`MLP`][flowkit.nn.MLP] (optionally with a $(\cos x, \sin x)$ embedding for angles) and
+[`MADE`][flowkit.nn.MADE] (masked, autoregressive) implement it, and any other module that does (a convolutional net for
+images or lattices) plugs into [`Coupling`][flowkit.bijectors.Coupling] and
 [`MaskedAutoregressive`][flowkit.bijectors.MaskedAutoregressive] the same way.
 """
 
@@ -15,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -64,6 +62,14 @@ def broadcast_context(h: Tensor, context: Tensor | None) -> Tensor:
     return torch.cat([h.expand(*batch, h.shape[-1]), context.expand(*batch, context.shape[-1])], dim=-1)
 
 
+def _stack(sizes: Sequence[int], activation_name: str, layer: Callable[..., nn.Module] = nn.Linear) -> list[nn.Module]:
+    """`layer(a, b)` for consecutive `sizes`, with the named activation between them."""
+    layers: list[nn.Module] = []
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
+        layers += [activation(activation_name), layer(a, b)] if i else [layer(a, b)]
+    return layers
+
+
 def _zero_linear(layer: nn.Linear | nn.Conv2d, bias: Tensor | None) -> None:
     with torch.no_grad():
         layer.weight.zero_()
@@ -76,24 +82,16 @@ def _zero_linear(layer: nn.Linear | nn.Conv2d, bias: Tensor | None) -> None:
 class Conditioner(Configurable, nn.Module):
     r"""The contract between a layer and the network that parametrises its transformer.
 
-    A conditioner maps inputs `x` of shape `(..., in_features)` and an optional
-    context `(..., context_features)` (batch dimensions broadcast) to
-    `(..., out_features)` numbers, feature-major: the
-    `params_per_element` parameters of transformed element `j` are the
-    contiguous block `[j * params_per_element, (j + 1) * params_per_element)`.
-    Layers call [`zero_last`][flowkit.nn.Conditioner.zero_last] once, so that
-    they start as the identity.
+    A conditioner maps inputs `x` of shape `(..., in_features)` and an optional context `(..., context_features)` (batch
+    dimensions broadcast) to `(..., out_features)` numbers, feature-major: the `params_per_element` parameters of
+    transformed element `j` are the contiguous block `[j * params_per_element, (j + 1) * params_per_element)`. Layers
+    call [`zero_last`][flowkit.nn.Conditioner.zero_last] once, so that they start as the identity.
 
-    An *autoregressive* conditioner (one for
-    [`MaskedAutoregressive`][flowkit.bijectors.MaskedAutoregressive]) has
-    `in_features = D`, sets `order` (a permutation of `range(D)`), and its
-    output block `i` depends only on the features before `i` in `order` and on
-    the context. [`invert`][flowkit.nn.Conditioner.invert] then solves the
-    layer's inverse one feature at a time; the generic version here costs `D`
-    full passes, and [`MADE.invert`][flowkit.nn.MADE.invert] is incremental.
-
-    Subclasses are registered with [`flowkit.io`][flowkit.io], so a model built
-    with an explicit conditioner saves and loads.
+    An *autoregressive* conditioner (for [`MaskedAutoregressive`][flowkit.bijectors.MaskedAutoregressive]) has
+    `in_features = D`, sets `order` (a permutation of `range(D)`), and its output block `i` depends only on
+    the features before `i` in `order` and on the context; [`invert`][flowkit.nn.Conditioner.invert] solves
+    the layer's inverse one feature at a time (`D` full passes here, incrementally in
+    [`MADE.invert`][flowkit.nn.MADE.invert]). Subclasses are registered with [`flowkit.io`][flowkit.io].
 
     Attributes:
         in_features: size of the conditioning input `x`.
@@ -174,10 +172,8 @@ def check_conditioner(
 class MLP(Conditioner, nn.Sequential):
     r"""Multi-layer perceptron `in (+ context) -> hidden... -> out`, a [`Conditioner`][flowkit.nn.Conditioner].
 
-    Layers are `nn.Linear` modules interleaved with activations (state-dict
-    keys `0.weight`, `2.weight`, ...). With `periodic=True` the inputs are
-    angles and enter as $(\cos x, \sin x)$, so the output is continuous across
-    $-\pi = \pi$ in every coordinate (the conditioner of circular couplings).
+    `nn.Linear` layers interleaved with activations (state-dict keys `0.weight`, `2.weight`, ...). With
+    `periodic=True` the inputs are angles and enter as $(\cos x, \sin x)$ (circular couplings).
 
     Arguments:
         in_features: input size (before the periodic embedding).
@@ -216,13 +212,7 @@ class MLP(Conditioner, nn.Sequential):
                 f"MLP needs a non-empty input, out_features >= 1 and positive hidden sizes, got in_features="
                 f"{in_features}, context={context}, out_features={out_features}, hidden={tuple(hidden)}"
             )
-        sizes = [(2 if periodic else 1) * in_features + context, *hidden, out_features]
-        layers: list[nn.Module] = []
-        for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
-            if i:
-                layers.append(globals()["activation"](activation))
-            layers.append(nn.Linear(a, b))
-        super().__init__(*layers)
+        super().__init__(*_stack([(2 if periodic else 1) * in_features + context, *hidden, out_features], activation))
         self.in_features = int(in_features)
         self.out_features = int(out_features)
         self.context_features = int(context)
@@ -248,14 +238,10 @@ class MLP(Conditioner, nn.Sequential):
 class ConvNet(Conditioner):
     r"""Convolutional [`Conditioner`][flowkit.nn.Conditioner] on `(..., C, H, W)` grids (images and lattices).
 
-    `Conv2d(kernel, same padding)` layers with activations in between map
-    `in_channels` to `out_channels` channels and keep the spatial size. With
-    `padding_mode="circular"` the grid is a torus: the network commutes with
-    every translation of the lattice (periodic boundary conditions, as lattice
-    field theory needs); `"zeros"` is the usual image padding. A context vector
-    `(..., context)` enters as constant extra input channels. The output
-    is channel-major for [`MaskedCoupling`][flowkit.bijectors.MaskedCoupling]:
-    parameter `p` of input channel `c` is output channel `c * P + p`.
+    `Conv2d(kernel, same padding)` layers with activations in between keep the spatial size. With
+    `padding_mode="circular"` the grid is a torus and the network commutes with every translation (lattice
+    field theory); `"zeros"` is the usual image padding. A context vector enters as constant extra input
+    channels. The output is channel-major for [`MaskedCoupling`][flowkit.bijectors.MaskedCoupling].
 
     Arguments:
         in_channels: channels of the input grid.
@@ -303,12 +289,8 @@ class ConvNet(Conditioner):
         self.out_features = self.out_channels = int(out_channels)
         self.context_features = int(context)
         sizes = [self.in_channels + self.context_features, *hidden, self.out_channels]
-        layers: list[nn.Module] = []
-        for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
-            if i:
-                layers.append(globals()["activation"](activation))
-            layers.append(nn.Conv2d(a, b, kernel, padding=kernel // 2, padding_mode=padding_mode))
-        self.net = nn.Sequential(*layers)
+        conv = partial(nn.Conv2d, kernel_size=kernel, padding=kernel // 2, padding_mode=padding_mode)
+        self.net = nn.Sequential(*_stack(sizes, activation, conv))
 
     def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
         """Outputs `(..., out_channels, H, W)` for a grid `(..., in_channels, H, W)` and the context."""
@@ -339,12 +321,7 @@ class MaskedLinear(nn.Linear):
         self.register_buffer("mask", mask.bool(), persistent=False)
 
     def masked_weight(self) -> Tensor:
-        r"""The effective weight $W \odot M$.
-
-        A selection rather than a product: the masked-out entries get a zero
-        gradient even where the dense gradient overflows (a product would give
-        `inf * 0 = nan` there, in float32 at extreme inputs).
-        """
+        r"""The effective weight $W \odot M$, a selection: masked entries get a zero gradient, never `inf * 0`."""
         return torch.where(self.mask, self.weight, 0.0)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -354,18 +331,11 @@ class MaskedLinear(nn.Linear):
 class MADE(Conditioner):
     r"""Masked autoencoder for distribution estimation: an autoregressive [`Conditioner`][flowkit.nn.Conditioner].
 
-    Output block `i` (`params_per_feature` numbers for feature `i`)
-    depends only on the features that come before `i` in `order` and on the
-    context, through masks built from degrees: inputs get their rank in
-    `order` (1..D), context inputs degree 0, hidden units cycle through
-    `1..D-1` (`0..D-1` with context, so that the first feature's
-    parameters depend on the context too; nflows' MADE leaves them constant);
-    a hidden unit sees inputs of lower or equal degree and an output sees
-    hidden units of strictly lower degree.
-
-    With `residual=True` each hidden layer is followed by a residual block
-    $h + L_2(\sigma(L_1(\sigma(h))))$ with masks that keep the degrees (the
-    residual MADE of Durkan et al.).
+    Output block `i` depends only on the features before `i` in `order` and on the context, through masks
+    built from degrees: inputs get their rank in `order` (1..D), context inputs 0, hidden units cycle through
+    `1..D-1` (`0..D-1` with context, so that the first feature's parameters depend on it); a hidden unit sees
+    inputs of lower or equal degree, an output hidden units of strictly lower degree. With `residual=True`
+    each hidden layer is followed by a masked residual block $h + L_2(\sigma(L_1(\sigma(h))))$ (Durkan et al.).
 
     Arguments:
         features: number of features `D`.
@@ -458,21 +428,12 @@ class MADE(Conditioner):
         return self.act(h)
 
     def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
-        """Outputs `(..., D * params_per_feature)` for inputs `(..., D)` and the context.
-
-        The output is feature-major: the block of feature `i` is contiguous.
-        """
+        """Outputs `(..., D * params_per_feature)`, feature-major, for inputs `(..., D)` and the context."""
         weights = self.masked_weights()
         return F.linear(self.trunk(F.linear(broadcast_context(x, context), *weights[0]), weights), *weights[-1])
 
     def _sorted_weights(self) -> tuple[list[tuple[Tensor, Tensor]], list[list[int]]]:
-        """Masked weights with the hidden units sorted by degree, and the prefix each output needs.
-
-        Returns the weights of [`masked_weights`][flowkit.nn.MADE.masked_weights] with the units
-        of every hidden layer in increasing degree, and for each rank `r = 1..D` the number of
-        units of each hidden layer with degree `< r`: output block of rank `r` depends only on
-        those, which after sorting are a prefix of each layer.
-        """
+        """[`masked_weights`][flowkit.nn.MADE.masked_weights], hidden units by increasing degree, and the prefixes."""
         weights = self.masked_weights()
         device = weights[0][0].device
         perms = [order.to(device) for order in self._unit_order]
@@ -491,13 +452,9 @@ class MADE(Conditioner):
     def invert(self, solve: Callable[[int, Tensor], Tensor], z: Tensor, context: Tensor | None = None) -> Tensor:
         """The incremental version of [`Conditioner.invert`][flowkit.nn.Conditioner.invert].
 
-        The masked weights are computed once, with the hidden units sorted by
-        degree; each newly solved feature enters the first layer's
-        pre-activation as a rank-one update instead of a full matrix product;
-        and the feature of rank `r` is computed from the hidden units of
-        degree `< r` only (a prefix of each layer: the others do not reach its
-        output), so step `r` costs about `(r / D)^2` of a full pass through the
-        hidden layers.
+        The masked weights are computed once, with the hidden units sorted by degree; each solved feature
+        enters the first pre-activation as a rank-one update, and the feature of rank `r` uses the hidden
+        units of degree `< r` only (a prefix of each layer): step `r` costs about `(r / D)^2` of a full pass.
         """
         n, d = self.params_per_feature, self.features
         weights, prefixes = self._sorted_weights()
@@ -553,51 +510,40 @@ _DERIVATIVES: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
 }
 
 
-def _time_field_net(
-    name: str, features: int, hidden: Sequence[int], activation_name: str, context: int, frequencies: int, out: int
-) -> nn.Sequential:
-    """The MLP of a time-dependent field: `[x, time embedding, context] -> out`, `activation_name` between layers.
+class _TimeField(Conditioner):
+    """What the time-dependent fields share: the MLP `net`, `[x, time embedding, context] -> out`, and the sizes."""
 
-    Raises:
-        ValueError: for features < 1, context or frequencies < 0, or a hidden size < 1 (the message names `name`).
-    """
-    hidden = [int(h) for h in hidden]
-    if features < 1 or context < 0 or frequencies < 0 or any(h < 1 for h in hidden):
-        raise ValueError(
-            f"{name} needs features >= 1, context >= 0, frequencies >= 0 and positive hidden sizes, "
-            f"got features={features}, context={context}, frequencies={frequencies}, hidden={tuple(hidden)}"
-        )
-    sizes = [int(features) + 1 + 2 * int(frequencies) + int(context), *hidden, out]
-    layers: list[nn.Module] = []
-    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
-        if i:
-            layers.append(activation(activation_name))
-        layers.append(nn.Linear(a, b))
-    return nn.Sequential(*layers)
+    def __init__(
+        self, features: int, hidden: Sequence[int], activation_name: str, context: int, frequencies: int, out: int
+    ) -> None:
+        super().__init__()
+        hidden = [int(h) for h in hidden]
+        if features < 1 or context < 0 or frequencies < 0 or any(h < 1 for h in hidden):
+            raise ValueError(
+                f"{type(self).__name__} needs features >= 1, context >= 0, frequencies >= 0 and positive hidden "
+                f"sizes, got features={features}, context={context}, frequencies={frequencies}, hidden={tuple(hidden)}"
+            )
+        sizes = [int(features) + 1 + 2 * int(frequencies) + int(context), *hidden, out]
+        self.net = nn.Sequential(*_stack(sizes, activation_name))
+        self.in_features = self.out_features = self.features = int(features)
+        self.context_features = int(context)
+        self.frequencies = int(frequencies)
 
 
-class VectorField(Conditioner):
+class VectorField(_TimeField):
     r"""Time-dependent MLP vector field $f(x, t, c)$ for [`ContinuousFlow`][flowkit.bijectors.ContinuousFlow].
 
-    A [`Conditioner`][flowkit.nn.Conditioner] with `in_features = out_features = D`
-    whose `forward` also takes the time `t` (keyword, a number or a tensor that
-    broadcasts to the batch shape). The network sees
-    $[x, \tau(t), c]$, where $\tau(t) = (t, \cos \pi k t, \sin \pi k t)_{k=1}^{F}$
-    is a Fourier time embedding ([`time_embedding`][flowkit.nn.time_embedding]) and $c$
-    the context. The default activation is smooth (`tanh`): an ODE solver's
-    error control assumes a smooth field, and a kink (ReLU) costs function evaluations.
-    It also has to bend where the data are: with softplus (the default until 2026-12) a
-    likelihood-trained field stayed at the best Gaussian for hundreds of steps (measured on the
-    docs' continuous flows page).
+    A [`Conditioner`][flowkit.nn.Conditioner] with `in_features = out_features = D` whose `forward` also
+    takes the time `t` (keyword; a number or a tensor broadcasting to the batch shape). The network sees
+    $[x, \tau(t), c]$ with the Fourier time embedding $\tau(t) = (t, \cos \pi k t, \sin \pi k t)_{k=1}^{F}$
+    ([`time_embedding`][flowkit.nn.time_embedding]). The default activation is smooth (`tanh`), as an ODE
+    solver's error control assumes (softplus, the default until 2026-12, trained far more slowly).
 
     With a smooth activation (`softplus`, `tanh`, `elu`, `silu`),
-    [`velocity_and_jacobian`][flowkit.nn.VectorField.velocity_and_jacobian] also returns
-    the exact Jacobian $\partial f / \partial x$, propagated forward through the layers,
-    $J_1 = W_1^{(x)}$, $J_{k+1} = W_{k+1} \operatorname{diag}(\sigma'(a_k)) J_k$: one
-    batched product per layer instead of `D` vector-Jacobian products, and
-    [`velocity_and_divergence`][flowkit.nn.VectorField.velocity_and_divergence] its trace
-    without the last product; [`ContinuousFlow`][flowkit.bijectors.ContinuousFlow]'s exact
-    trace uses them.
+    [`velocity_and_jacobian`][flowkit.nn.VectorField.velocity_and_jacobian] also returns the exact Jacobian,
+    propagated forward, $J_1 = W_1^{(x)}$, $J_{k+1} = W_{k+1} \operatorname{diag}(\sigma'(a_k)) J_k$ (one
+    batched product per layer), and [`velocity_and_divergence`][flowkit.nn.VectorField.velocity_and_divergence]
+    its trace, for [`ContinuousFlow`][flowkit.bijectors.ContinuousFlow]'s exact trace.
 
     Arguments:
         features: the event size `D` (input and output).
@@ -629,11 +575,7 @@ class VectorField(Conditioner):
         context: int = 0,
         frequencies: int = 3,
     ) -> None:
-        super().__init__()
-        self.net = _time_field_net("VectorField", features, hidden, activation, context, frequencies, features)
-        self.in_features = self.out_features = self.features = int(features)
-        self.context_features = int(context)
-        self.frequencies = int(frequencies)
+        super().__init__(features, hidden, activation, context, frequencies, features)
         self.activation_name = activation
 
     @property
@@ -642,10 +584,7 @@ class VectorField(Conditioner):
         return self.activation_name in _DERIVATIVES
 
     def _first(self, x: Tensor, context: Tensor | None, t: Tensor | float) -> Tensor:
-        r"""The first layer's pre-activation on $[x, \tau(t), c]$, without concatenating them.
-
-        At one time for the whole batch (an ODE solve), the embedding's part is a bias of the layer.
-        """
+        r"""The first layer's pre-activation on $[x, \tau(t), c]$ without concatenating (one time: a bias)."""
         first = self.net[0]
         d, e = self.features, 1 + 2 * self.frequencies
         weight = first.weight
@@ -674,10 +613,7 @@ class VectorField(Conditioner):
     def _propagate(
         self, x: Tensor, context: Tensor | None, t: Tensor | float, directions: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
-        """The last hidden activation `(..., H)` and its derivatives `(..., K, H)` along `directions` `(..., K, D)`.
-
-        Without directions, along the `D` unit vectors (the transposed Jacobian, `K = D`).
-        """
+        """The last hidden activation `(..., H)`, its derivatives `(..., K, H)` along `directions` (default: units)."""
         if not self.jacobian_available:
             raise ValueError(
                 f"VectorField: the forward Jacobian needs one of the activations {sorted(_DERIVATIVES)}, "
@@ -718,8 +654,7 @@ class VectorField(Conditioner):
     ) -> tuple[Tensor, Tensor]:
         r"""The velocity `(..., D)` and the Jacobian-vector product $(\partial f / \partial x)\, \epsilon$ `(..., D)`.
 
-        Forward-mode, one extra product per layer: with it, Hutchinson's estimate
-        $\epsilon^\top (\partial f / \partial x) \epsilon$ needs no backward pass.
+        Forward-mode: Hutchinson's estimate $\epsilon^\top (\partial f / \partial x) \epsilon$ needs no backward pass.
         """
         last = self.net[-1]
         if len(self.net) == 1:
@@ -746,22 +681,15 @@ class VectorField(Conditioner):
         _zero_linear(self.net[-1], bias)
 
 
-class PotentialField(Conditioner):
+class PotentialField(_TimeField):
     r"""The gradient field $f = -\nabla_x \Phi(x, t, c)$ of a scalar potential (OT-Flow's form).
 
-    $\Phi$ is an MLP on $[x, \tau(t), c]$ (the time embedding of
-    [`VectorField`][flowkit.nn.VectorField]) plus a quadratic $\tfrac12 x^\top (L L^\top) x$
-    term's learnable factor $L$ (zero at the start). Optimal-transport fields are of this
-    form (Benamou–Brenier): the OT map's velocity is the gradient of a potential that solves
-    the Hamilton–Jacobi equation $\partial_t \Phi - \tfrac12 \|\nabla_x \Phi\|^2 = 0$.
-    [`ContinuousFlow`][flowkit.bijectors.ContinuousFlow] takes the exact trace of
-    $\partial_x f = -\nabla_x^2 \Phi$ (the Hessian's, by `D` vector-Jacobian products) or
-    Hutchinson's, and [`RegularizedLikelihood`][flowkit.train.continuous.RegularizedLikelihood]`(hjb=...)`
-    integrates $|\partial_t \Phi - \tfrac12 \|\nabla_x \Phi\|^2|$ along the trajectories
-    ([`hjb_residual`][flowkit.nn.PotentialField.hjb_residual]).
-
-    The field is a gradient, computed with `create_graph=True` whatever the grad mode, so that
-    the solve can differentiate it once more.
+    $\Phi$ is an MLP on $[x, \tau(t), c]$ (as [`VectorField`][flowkit.nn.VectorField]) plus a quadratic
+    $\tfrac12 x^\top (L L^\top) x$ with learnable $L$ (zero at the start). Optimal-transport fields are of
+    this form (Benamou–Brenier), with $\Phi$ solving $\partial_t \Phi - \tfrac12 \|\nabla_x \Phi\|^2 = 0$;
+    [`RegularizedLikelihood`][flowkit.train.continuous.RegularizedLikelihood]`(hjb=...)` integrates that
+    residual ([`hjb_residual`][flowkit.nn.PotentialField.hjb_residual]) along the trajectories. The field is
+    computed with `create_graph=True` whatever the grad mode, so that the solve can differentiate it.
 
     Arguments:
         features: the event size `D`.
@@ -790,11 +718,7 @@ class PotentialField(Conditioner):
         context: int = 0,
         frequencies: int = 3,
     ) -> None:
-        super().__init__()
-        self.net = _time_field_net("PotentialField", features, hidden, activation, context, frequencies, 1)
-        self.in_features = self.out_features = self.features = int(features)
-        self.context_features = int(context)
-        self.frequencies = int(frequencies)
+        super().__init__(features, hidden, activation, context, frequencies, 1)
         self.quadratic = nn.Parameter(torch.zeros(self.features, self.features))
 
     def potential(self, x: Tensor, context: Tensor | None = None, *, t: Tensor | float) -> Tensor:

@@ -1,8 +1,7 @@
 """Matplotlib figures for fitted flows: density heatmaps, samples against data, marginals, training curves.
 
-Every function returns a `matplotlib.figure.Figure` built without
-pyplot (so nothing is shown or kept alive behind your back); save it with
-`fig.savefig("out.png")` or let Jupyter display it.
+Every function returns a `matplotlib.figure.Figure` built without pyplot (nothing is shown or kept alive);
+save it with `fig.savefig("out.png")` or let Jupyter display it.
 
 Examples:
     >>> import flowkit, flowkit.plot
@@ -40,6 +39,12 @@ __all__ = [
 ]
 
 
+def _figure(width: float, height: float, *grid: int, **options: Any) -> tuple[Figure, Any]:
+    """A figure with constrained layout and its axes: one `Axes`, or `fig.subplots(*grid, **options)`."""
+    fig = Figure(figsize=(width, height), layout="constrained")
+    return fig, fig.subplots(*grid, **options) if grid else fig.add_subplot()
+
+
 def _numpy(x: Tensor | np.ndarray) -> np.ndarray:
     if isinstance(x, Tensor):
         return x.detach().cpu().double().numpy()
@@ -58,7 +63,10 @@ def _subsample(data: np.ndarray, n: int, seed: int = 0) -> np.ndarray:
     return data[np.random.default_rng(seed).choice(len(data), n, replace=False)]
 
 
-def _flow_samples(flow: Any, n: int) -> np.ndarray:
+def _flow_samples(flow: Any, n: int) -> Any:
+    """`n` samples of a flow (in eval mode) as an array, or `flow` itself when it is already samples."""
+    if not hasattr(flow, "sample"):
+        return flow
     was_training = flow.training
     flow.eval()
     try:
@@ -88,11 +96,6 @@ def _positive(value: Any, name: str, where: str, minimum: int = 1) -> None:
         raise ValueError(f"{where}: {name} must be an integer of at least {minimum}, got {value!r}")
 
 
-def _check_2d(data: np.ndarray, where: str) -> None:
-    if data.ndim != 2 or data.shape[1] != 2:
-        raise ValueError(f"{where}: needs 2-D points of shape (N, 2), got shape {data.shape}")
-
-
 def density(
     flow: Any,
     data: Tensor | np.ndarray | None = None,
@@ -108,8 +111,7 @@ def density(
     Arguments:
         flow: a flow with two-dimensional events (anything with `log_prob`).
         data: points of shape `(N, 2)` to overlay (at most `max_points` are drawn).
-        bounds: `[(xmin, xmax), (ymin, ymax)]`; by default the data's range
-            plus a margin, or `[-4, 4]^2` without data.
+        bounds: `[(xmin, xmax), (ymin, ymax)]`; by default the data's range plus a margin, or `[-4, 4]^2`.
         resolution: grid points per axis.
         max_points: number of data points drawn.
         title: axes title.
@@ -118,9 +120,8 @@ def density(
     where = "plot.density"
     if not hasattr(flow, "log_prob"):
         raise ValueError(f"{where}: flow must have a log_prob method, got {type(flow).__name__}")
-    points = None if data is None else _points(data, where)
-    if points is not None:
-        _check_2d(points, where)
+    if (points := None if data is None else _points(data, where)) is not None and points.shape[1] != 2:
+        raise ValueError(f"{where}: needs 2-D points of shape (N, 2), got shape {points.shape}")
     if tuple(getattr(flow, "event_shape", (2,))) != (2,):
         raise ValueError(f"{where}: the flow's events have shape {tuple(flow.event_shape)}, not (2,)")
     _positive(resolution, "resolution", where, minimum=2)
@@ -137,8 +138,7 @@ def density(
     from .data.evaluation import log_prob_batched
 
     logp = log_prob_batched(flow, torch.as_tensor(grid, dtype=dtype)).double().numpy().reshape(resolution, resolution)
-    fig = Figure(figsize=(5, 4.4), layout="constrained")
-    ax = fig.add_subplot()
+    fig, ax = _figure(5, 4.4)
     mesh = ax.pcolormesh(xs, ys, np.exp(logp), shading="auto", cmap="viridis")
     fig.colorbar(mesh, ax=ax, label="p(x)")
     if points is not None:
@@ -186,16 +186,14 @@ def samples_vs_data(
         labels: names of the `D` dimensions (default `x_1`, ..., `x_D`).
     """
     where = "plot.samples_vs_data"
-    pts = _points(data, where)
-    if pts.shape[1] < 2:
+    if (pts := _points(data, where)).shape[1] < 2:
         raise ValueError(f"{where}: data must have shape (N, D) with D >= 2, got {pts.shape}")
     _positive(n, "n", where)
     if len(dims) != 2 or any(
         isinstance(d, bool) or not isinstance(d, (int, np.integer)) or not 0 <= d < pts.shape[1] for d in dims
     ):
         raise ValueError(f"{where}: dims must be two indices of the {pts.shape[1]} dimensions, got {tuple(dims)}")
-    samples = _flow_samples(flow_or_samples, n) if hasattr(flow_or_samples, "sample") else flow_or_samples
-    samples = _points(samples, where, "samples")
+    samples = _points(_flow_samples(flow_or_samples, n), where, "samples")
     if samples.shape[1] != pts.shape[1]:
         raise ValueError(f"{where}: samples have shape {samples.shape} but data {pts.shape}")
     i, j = dims
@@ -204,8 +202,7 @@ def samples_vs_data(
     names = _axis_labels(labels, [i, j], where)
     # Equal-aspect panels: the figure's height follows the data's aspect ratio, without empty bands.
     aspect = (bounds[1][1] - bounds[1][0]) / (bounds[0][1] - bounds[0][0])
-    fig = Figure(figsize=(8, float(np.clip(3.6 * aspect, 2.0, 7.0)) + 0.8), layout="constrained")
-    left, right = fig.subplots(1, 2, sharex=True, sharey=True)
+    fig, (left, right) = _figure(8, float(np.clip(3.6 * aspect, 2.0, 7.0)) + 0.8, 1, 2, sharex=True, sharey=True)
     _scatter_panel(left, pts, bounds, "data", "C0", names)
     _scatter_panel(right, samples, bounds, "flow samples", "C1", names)
     return fig
@@ -223,8 +220,8 @@ def pairwise(
 ) -> Figure:
     """Pairwise marginals (a corner plot) of data and, optionally, flow samples, for `D > 2`.
 
-    The diagonal shows 1-D histograms (data filled, samples as a line); the
-    lower triangle shows data points, the upper triangle samples.
+    The diagonal shows 1-D histograms (data filled, samples as a line), the lower triangle data points, the
+    upper triangle samples.
 
     Arguments:
         data: data points `(N, D)`.
@@ -240,7 +237,7 @@ def pairwise(
     for name, value in (("n", n), ("bins", bins), ("max_dims", max_dims)):
         _positive(value, name, where)
     if samples is not None:
-        samples = _points(_flow_samples(samples, n) if hasattr(samples, "sample") else samples, where, "samples")
+        samples = _points(_flow_samples(samples, n), where, "samples")
         if samples.shape[1] != pts.shape[1]:
             raise ValueError(f"plot.pairwise: samples have shape {samples.shape} but data {pts.shape}")
     dims = list(range(min(max_dims, pts.shape[1]))) if dims is None else list(dims)
@@ -250,8 +247,7 @@ def pairwise(
     names = _axis_labels(labels, dims, where)
     bounds = _bounds(pts[:, dims])
     shown = _subsample(pts, n)
-    fig = Figure(figsize=(1.9 * k + 1, 1.9 * k + 1), layout="constrained")
-    axes = np.asarray(fig.subplots(k, k, squeeze=False))
+    fig, axes = _figure(1.9 * k + 1, 1.9 * k + 1, k, k, squeeze=False)
     for r, dr in enumerate(dims):
         for c, dc in enumerate(dims):
             ax = axes[r, c]
@@ -312,16 +308,13 @@ def training_curves(
     """Training (and validation) loss against the step, with the learning rate in a second panel.
 
     Arguments:
-        history: a [`flowkit.train.History`][flowkit.train.History] (or a mapping with `loss`
-            and optionally `step`, `lr`, `val_loss` lists, and
-            `val_step` when validation losses are not one per step).
+        history: a [`flowkit.train.History`][flowkit.train.History] (or a mapping with `loss` and optionally
+            `step`, `lr`, `val_loss` and `val_step` lists).
         smooth: width of a moving average applied to the training loss (0: none).
         title: title of the loss panel.
-        ylabel: label of the loss axis, with its unit (for maximum likelihood `"NLL (nats)"`,
-            the mean negative log-likelihood per point).
-        bits_per_dim: `(D, K)` for an NLL in nats of dequantised data with `D` dimensions of `K`
-            levels: a second axis on the right gives it in bits/dim,
-            `(NLL + D log K) / (D ln 2)` ([`flowkit.data.bits_per_dim`][flowkit.data.bits_per_dim]).
+        ylabel: label of the loss axis, with its unit (for maximum likelihood `"NLL (nats)"`).
+        bits_per_dim: `(D, K)` for an NLL in nats of dequantised data with `D` dimensions of `K` levels: a
+            second axis gives it in bits/dim ([`flowkit.data.bits_per_dim`][flowkit.data.bits_per_dim]).
     """
     loss = _column(history, "loss", "train_loss")
     if not loss:
@@ -329,20 +322,15 @@ def training_curves(
     steps = _column(history, "step", "steps") or list(range(1, len(loss) + 1))
     val = _column(history, "val_loss")
     lr = _column(history, "lr")
-    fig = Figure(figsize=(7, 5.5 if lr else 4), layout="constrained")
-    axes = fig.subplots(2 if lr else 1, 1, sharex=True, squeeze=False)[:, 0]
+    fig, axes = _figure(7, 5.5 if lr else 4, 2 if lr else 1, 1, sharex=True, squeeze=False)
+    axes = axes[:, 0]
     ax = axes[0]
     xs, ys = _finite_pairs(steps, loss)
     ax.plot(xs, ys, color="C0", alpha=0.35 if smooth > 1 else 1.0, lw=0.8, label="train")
     if smooth > 1 and len(ys) >= smooth:
         kernel = np.ones(smooth) / smooth
-        ax.plot(
-            xs[smooth - 1 :],
-            np.convolve(ys, kernel, mode="valid"),
-            color="C0",
-            lw=1.5,
-            label=f"train ({smooth}-step mean)",
-        )
+        mean = np.convolve(ys, kernel, mode="valid")
+        ax.plot(xs[smooth - 1 :], mean, color="C0", lw=1.5, label=f"train ({smooth}-step mean)")
     val_steps = _column(history, "val_step") or steps  # History keeps validations apart from steps
     vx, vy = _finite_pairs(val_steps, val)
     if vx:
@@ -383,8 +371,7 @@ def ramachandran(
         bins: histogram bins per axis.
         reference: `(phi, psi)` of reference samples (molecular dynamics), drawn in the last panel.
         raw: with `log_weights`, also draw the unweighted samples, in a first panel.
-        titles: panel titles (default `("samples", "reference")`, or `("raw", "reweighted", "reference")`
-            with `raw`).
+        titles: panel titles (default `("samples", "reference")`, or `("raw", "reweighted", "reference")` with `raw`).
 
     Returns:
         The figure: the panels (raw samples, samples, reference) side by side.
@@ -401,8 +388,7 @@ def ramachandran(
     if len(titles) < len(panels):
         raise ValueError(f"{where}: {len(panels)} panels need {len(panels)} titles, got {len(titles)}")
     edges = np.linspace(-math.pi, math.pi, bins + 1)
-    fig = Figure(figsize=(4.6 * len(panels), 4), layout="constrained")
-    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    fig, (axes,) = _figure(4.6 * len(panels), 4, 1, len(panels), squeeze=False)
     for ax, (a, b, lw), title in zip(axes, panels, titles, strict=False):
         if a.shape != b.shape or not (np.isfinite(a).all() and np.isfinite(b).all()):
             raise ValueError(f"{where}: phi and psi must be finite and of one shape, got {a.shape} and {b.shape}")
@@ -422,19 +408,13 @@ def ramachandran(
     return fig
 
 
-def free_energy_profiles(
-    profiles: Mapping[str, Any],
-    *,
-    xlabel: str = r"$\phi$",
-    title: str | None = None,
-) -> Figure:
+def free_energy_profiles(profiles: Mapping[str, Any], *, xlabel: str = r"$\phi$", title: str | None = None) -> Figure:
     r"""Free-energy profiles $F(s) = -\log p(s)$ in kT with their error bars, one line per profile.
 
     Arguments:
-        profiles: name -> [`FreeEnergyProfile`][flowkit.stats.FreeEnergyProfile] (e.g. of
-            [`flowkit.stats.free_energy_profile`][flowkit.stats.free_energy_profile]: the reweighted flow
-            samples with bootstrap errors, MD frames with blocked errors), all drawn as they are (no shift).
-            Empty bins are left out; a profile without errors is drawn without bars.
+        profiles: name -> [`FreeEnergyProfile`][flowkit.stats.FreeEnergyProfile] (of
+            [`flowkit.stats.free_energy_profile`][flowkit.stats.free_energy_profile]), drawn as they are
+            (no shift, empty bins left out).
         xlabel: the coordinate's label.
         title: the figure title.
 
@@ -444,8 +424,7 @@ def free_energy_profiles(
     where = "plot.free_energy_profiles"
     if not profiles:
         raise ValueError(f"{where}: profiles must name at least one profile")
-    fig = Figure(figsize=(5.5, 3.8), layout="constrained")
-    ax = fig.add_subplot()
+    fig, ax = _figure(5.5, 3.8)
     for name, profile in profiles.items():
         if not all(hasattr(profile, a) for a in ("edges", "free_energy", "error")):
             raise ValueError(f"{where}: profile {name!r} is not a FreeEnergyProfile, got {type(profile).__name__}")
@@ -477,8 +456,7 @@ def lattice_configurations(configurations: Tensor, *, n: int = 4, title: str | N
     _positive(n, "n", "lattice_configurations")
     shown = x[: min(n, len(x))]
     scale = float(np.abs(shown).max()) or 1.0
-    fig = Figure(figsize=(2.1 * len(shown) + 0.8, 2.3), layout="constrained")
-    axes = fig.subplots(1, len(shown), squeeze=False)[0]
+    fig, (axes,) = _figure(2.1 * len(shown) + 0.8, 2.3, 1, len(shown), squeeze=False)
     for i, (ax, phi) in enumerate(zip(axes, shown, strict=True)):
         image = ax.imshow(phi, cmap="RdBu_r", vmin=-scale, vmax=scale)
         ax.set(xticks=[], yticks=[], title=f"#{i}")
@@ -506,18 +484,10 @@ def magnetization_histogram(chains: Mapping[str, Tensor], *, bins: int = 50, tit
         values[label] = m.mean((-1, -2)).ravel()
     _positive(bins, "bins", "magnetization_histogram")
     edges = np.histogram_bin_edges(np.concatenate(list(values.values())), bins=bins)
-    fig = Figure(figsize=(5, 3.5), layout="constrained")
-    ax = fig.add_subplot()
+    fig, ax = _figure(5, 3.5)
     for i, (label, m) in enumerate(values.items()):
-        ax.hist(
-            m,
-            bins=edges,
-            density=True,
-            histtype="stepfilled" if i == 0 else "step",
-            alpha=0.4 if i == 0 else 1,
-            label=label,
-            linewidth=1.5,
-        )
+        style = {"histtype": "step"} if i else {"histtype": "stepfilled", "alpha": 0.4}
+        ax.hist(m, bins=edges, density=True, label=label, linewidth=1.5, **style)
     ax.set(xlabel="magnetisation $M$", ylabel="density", title=title or "magnetisation")
     ax.legend()
     return fig
@@ -538,8 +508,7 @@ def autocorrelation(series: Mapping[str, Tensor], *, max_lag: int = 50, title: s
     if not series:
         raise ValueError("autocorrelation: give at least one series")
     _positive(max_lag, "max_lag", "autocorrelation")
-    fig = Figure(figsize=(5, 3.5), layout="constrained")
-    ax = fig.add_subplot()
+    fig, ax = _figure(5, 3.5)
     for label, values in series.items():
         x = torch.as_tensor(values)
         rho = acf(x).numpy()[: max_lag + 1]
@@ -577,8 +546,7 @@ def image_grid(
     for i, image in enumerate(np.clip(array, 0.0, 1.0)):
         r, q = divmod(i, columns)
         canvas[r * (h + 1) : r * (h + 1) + h, q * (w + 1) : q * (w + 1) + w] = image.transpose(1, 2, 0)
-    fig = Figure(figsize=(max(2.0, columns * 0.6), max(2.0, rows * 0.6)), layout="constrained")
-    ax = fig.subplots()
+    fig, ax = _figure(max(2.0, columns * 0.6), max(2.0, rows * 0.6))
     ax.imshow(canvas[..., 0] if c == 1 else canvas, cmap=cmap if c == 1 else None, vmin=0.0, vmax=1.0)
     ax.set_axis_off()
     if title:
@@ -589,8 +557,7 @@ def image_grid(
 def bits_per_dim_curve(history: Any, dims: int, levels: int, *, smooth: int = 25, title: str | None = None) -> Figure:
     """[`training_curves`][flowkit.plot.training_curves] in bits/dim of dequantised data with `levels` levels.
 
-    The losses (mean NLL in nats per point, plus any auxiliary loss) become
-    `(loss + dims log K) / (dims ln 2)`, as [`flowkit.data.bits_per_dim`][flowkit.data.bits_per_dim].
+    The losses become `(loss + dims log K) / (dims ln 2)`, as [`flowkit.data.bits_per_dim`][flowkit.data.bits_per_dim].
     """
     from .data import bits_per_dim
 
@@ -611,9 +578,8 @@ def bits_per_dim_curve(history: Any, dims: int, levels: int, *, smooth: int = 25
 def equal_area(v: Tensor | np.ndarray) -> np.ndarray:
     r"""Lambert azimuthal equal-area projection of unit vectors `(..., 3)` onto the disc of radius 2.
 
-    $(x, y, z) \mapsto \sqrt{2 / (1 + z)}\, (x, y)$: the north pole goes to the centre, the
-    south pole to the rim, and equal areas on the sphere to equal areas in the disc (so a
-    uniform distribution on the sphere looks uniform).
+    $(x, y, z) \mapsto \sqrt{2 / (1 + z)}\, (x, y)$: the north pole goes to the centre, the south pole to the
+    rim, and equal areas on the sphere to equal areas in the disc.
     """
     v = _numpy(v)
     scale = np.sqrt(2.0 / np.clip(1.0 + v[..., 2], 1e-12, None))
@@ -630,10 +596,8 @@ def orientations(
 ) -> Figure:
     r"""Orientation marginals: where the body axes point, in equal-area projection, for several sample sets.
 
-    For unit quaternions $q$ (scalar first) the body axis $k$ points along $R(q) e_k$, a
-    point of $S^2$; each panel is the (weighted) histogram of one axis over one sample set in
-    the [`equal_area`][flowkit.plot.equal_area] projection (north pole at the centre), so
-    flow samples (raw or reweighted) can be set against target samples or an MCMC chain.
+    For unit quaternions $q$ (scalar first) the body axis $k$ points along $R(q) e_k \in S^2$; each panel is the
+    (weighted) histogram of one axis over one sample set in the [`equal_area`][flowkit.plot.equal_area] projection.
 
     Arguments:
         quaternions: name -> quaternions `(n, 4)` (one rigid body: slice a layout first).
@@ -649,8 +613,7 @@ def orientations(
     _positive(bins, "bins", "orientations", minimum=2)
     log_weights = dict(log_weights or {})
     names = list(quaternions)
-    fig = Figure(figsize=(3.0 * len(axes), 3.0 * len(names)), layout="constrained")
-    grid = fig.subplots(len(names), len(axes), squeeze=False)
+    fig, grid = _figure(3.0 * len(axes), 3.0 * len(names), len(names), len(axes), squeeze=False)
     edges = np.linspace(-2, 2, bins + 1)
     circle = np.linspace(0, 2 * np.pi, 200)
     for row, name in enumerate(names):
@@ -658,19 +621,15 @@ def orientations(
         if q.dim() != 2 or q.shape[1] != 4:
             raise ValueError(f"orientations: {name!r} must have shape (n, 4), got {tuple(q.shape)}")
         matrices = quaternion_to_matrix(q).numpy()
-        weights = None
-        if name in log_weights:
-            lw = torch.as_tensor(log_weights[name]).detach().double()
-            weights = torch.softmax(lw, 0).numpy()
+        lw = log_weights.get(name)
+        weights = None if lw is None else torch.softmax(torch.as_tensor(lw).detach().double(), 0).numpy()
         for col, k in enumerate(axes):
             ax: Axes = grid[row][col]
             xy = equal_area(matrices[:, :, k])
             hist, _, _ = np.histogram2d(xy[:, 0], xy[:, 1], bins=[edges, edges], weights=weights, density=True)
             ax.pcolormesh(edges, edges, hist.T, cmap="magma", shading="auto")
             ax.plot(2 * np.cos(circle), 2 * np.sin(circle), color="0.6", lw=0.8)
-            ax.set_aspect("equal")
-            ax.set_xticks([])
-            ax.set_yticks([])
+            ax.set(aspect="equal", xticks=[], yticks=[])
             ax.set_title(f"{name}: body axis {'xyz'[k]}", fontsize=9)
     if title:
         fig.suptitle(title)

@@ -2,33 +2,28 @@ r"""Root finders for monotone maps without closed-form inverses, with implicit g
 
 Two solvers and the step that gives both their derivatives:
 
-- [`solve_monotone`][flowkit.root_finding.solve_monotone]: a fixed-step solve on `[0, 1]` (grid bracketing,
-  bisection, safeguarded Newton) for maps that evaluate cheaply on a grid (smooth mixtures, the sphere's
-  convex Moebius maps);
-- [`monotone_inverse`][flowkit.root_finding.monotone_inverse]: safeguarded Newton (`rtsafe`) on a given
-  bracket, for elementwise activations;
-- [`expand_bracket`][flowkit.root_finding.expand_bracket]: a bracket for a map of unknown range, found
-  by doubling a starting interval's width;
-- [`implicit_newton_step`][flowkit.root_finding.implicit_newton_step]: one Newton step taken with the graph
-  from a root found without one, whose derivatives are those of the implicit-function theorem,
+- [`solve_monotone`][flowkit.root_finding.solve_monotone]: a fixed-step solve on `[0, 1]` (grid bracketing, bisection,
+  safeguarded Newton) for maps that evaluate cheaply on a grid (smooth mixtures, the sphere's convex Moebius maps);
+- [`monotone_inverse`][flowkit.root_finding.monotone_inverse]: safeguarded Newton (`rtsafe`) on a given bracket, for
+  elementwise activations;
+- [`expand_bracket`][flowkit.root_finding.expand_bracket]: a bracket for a map of unknown range, found by doubling a
+  starting interval's width;
+- [`implicit_newton_step`][flowkit.root_finding.implicit_newton_step]: one Newton step taken with the graph from a root
+  found without one, whose derivatives are those of the implicit-function theorem,
   $\partial x / \partial \theta = -(\partial f / \partial \theta) / f'$.
 
 Every loop runs a fixed number of steps on the whole tensor (no host synchronisation), so the solvers compile.
 
-*Convergence.* A solve that ran out of steps, or a bracket that does not hold the root, must not
-return a wrong answer silently: at the end each solver checks its result (one host synchronisation;
-skipped while `torch.compile` traces) and raises [`ConvergenceError`][flowkit.root_finding.ConvergenceError],
-naming the worst point and its residual. A root $x$ of $f(x) = y$ is accepted when its residual is
-within the rounding of evaluating $f$ near the root,
+*Convergence.* At the end each solver checks its result (one host synchronisation; skipped while `torch.compile`
+traces) and raises [`ConvergenceError`][flowkit.root_finding.ConvergenceError], naming the worst point, rather than
+return a wrong answer. A root $x$ of $f(x) = y$ is accepted when its residual is within the rounding of $f$ near it,
 
 $$
 |f(x) - y| \le \tau \big(\max(1, |y|) + f'(x) \max(1, |x|)\big), \qquad \tau = 2^{10} \varepsilon
 $$
 
-(`tolerance(dtype)`: $2.3 \cdot 10^{-13}$ in float64, $1.2 \cdot 10^{-4}$ in float32), that is, when $x$ is
-the exact root of a $y$ perturbed by $\tau \max(1, |y|)$, or within $\tau \max(1, |x|)$ of the exact root
-(a backward-error test). The *forward* error of the root is then about $\tau \max(1, |y|) / f'(x)$: a
-flat map ($f'$ small) is ill conditioned, and no solver can recover $x$ better than its conditioning allows.
+(`tolerance(dtype)`: $2.3 \cdot 10^{-13}$ in float64, $1.2 \cdot 10^{-4}$ in float32), a backward-error test. The
+*forward* error is then about $\tau \max(1, |y|) / f'(x)$: a flat map is ill conditioned.
 
 References:
     Press, Teukolsky, Vetterling & Flannery, *Numerical Recipes*, 3rd ed., section 9.4 (`rtsafe`);
@@ -76,8 +71,7 @@ def _worst(excess: Tensor) -> int:
 def check_converged(root: Tensor, target: Tensor, residual: Tensor, slope: Tensor, where: str) -> None:
     r"""Raise [`ConvergenceError`][flowkit.root_finding.ConvergenceError] unless every root passes the residual test.
 
-    The test (module docstring) is $|r| \le \tau\,(\max(1, |y|) + f'(x) \max(1, |x|))$ with $\tau$ =
-    `tolerance(dtype)`; a NaN residual fails it. Skipped while `torch.compile` traces (it synchronises).
+    The test is the module docstring's; a NaN residual fails it. Skipped while `torch.compile` traces.
 
     Arguments:
         root: the roots $x$.
@@ -109,26 +103,17 @@ def check_converged(root: Tensor, target: Tensor, residual: Tensor, slope: Tenso
 
 
 def solve_monotone(
-    fn: Any,
-    target: Tensor,
-    grid: int,
-    bisection_steps: int,
-    newton_steps: int,
-    where: str = "solve_monotone",
+    fn: Any, target: Tensor, grid: int, bisection_steps: int, newton_steps: int, where: str = "solve_monotone"
 ) -> Tensor:
     r"""The root $u \in [0, 1]$ of $f(u) = $ `target` for increasing `fn`, with a fixed number of steps.
 
-    `fn(u, cells, slope)` returns `(f(u), f'(u))` (`f'` only when `slope`, else None) for
-    `u` of the shape of `target` with (`cells` > 0) or without (`cells` = 0) a trailing
-    grid dimension of that size.
-    The root must lie in `[0, 1]` (`f(0) <= target <= f(1)`). The bracket comes
-    from counting the grid values below the target, `bisection_steps` halve it,
-    and `newton_steps` safeguarded Newton steps finish (a step that leaves the
-    bracket becomes the bracket's midpoint). Runs without gradients. The root is then checked
-    ([`check_converged`][flowkit.root_finding.check_converged], one more evaluation of `fn`).
+    The root must lie in `[0, 1]`. The bracket comes from counting the grid values below the target, `bisection_steps`
+    halve it, and `newton_steps` safeguarded Newton steps finish (a step that leaves the bracket becomes its midpoint).
+    Runs without gradients; the root is then checked ([`check_converged`][flowkit.root_finding.check_converged]).
 
     Arguments:
-        fn: the map and its derivative, see above.
+        fn: `fn(u, cells, slope)` returns `(f(u), f'(u))` (`f'` only when `slope`, else None) for `u` of
+            the shape of `target` with (`cells` > 0) or without (`cells` = 0) a trailing grid dimension.
         target: the values to invert.
         grid: number of bracketing cells `M` (the bracket starts `1/M` wide).
         bisection_steps: number of halvings.
@@ -173,12 +158,11 @@ def solve_monotone(
 def implicit_newton_step(root: Tensor, residual: Tensor, slope: Tensor, low: Tensor, high: Tensor) -> Tensor:
     r"""One Newton step from a root found without gradients, carrying the graph: the implicit derivatives.
 
-    With `residual` $= f(x^*) - y$ and `slope` $= f'(x^*)$ evaluated *with* their graph at the detached
-    root $x^*$, the result $x^* - r / f'$ has value $pprox x^*$ and the derivatives
-    $\partial x / \partial	heta = -(\partial f / \partial	heta) / f'$ of the implicit-function rule.
-    Where the step would leave the bracket `[low, high]` (a solve cut short) or $f'$ is not positive,
-    the value stays `root` and only the graph of the step is kept; both branches stay finite, so neither
-    poisons the other's gradient.
+    With `residual` $= f(x^*) - y$ and `slope` $= f'(x^*)$ evaluated *with* their graph at the detached root $x^*$, the
+    result $x^* - r / f'$ has value $\approx x^*$ and the derivatives
+    $\partial x / \partial \theta = -(\partial f / \partial \theta) / f'$ of the implicit-function rule. Where the step
+    would leave the bracket `[low, high]` (a solve cut short) or $f'$ is not positive, the value stays `root` and only
+    the graph of the step is kept; both branches stay finite, so neither poisons the other's gradient.
 
     Arguments:
         root: the root $x^*$, without a graph.
@@ -208,18 +192,11 @@ def monotone_inverse(
 ) -> Tensor:
     """Solve `f(x) = y` elementwise for a strictly increasing `f` with `low < x < high`.
 
-    Safeguarded Newton (Numerical Recipes' `rtsafe`): each step keeps a
-    bracket `[low, high]` that contains the root, takes the Newton step
-    when it lands inside the bracket and shrinks the step at least twice as
-    fast as bisection, and bisects otherwise, so it converges for any
-    increasing `f` (at least one bit per two steps) and quadratically near the root. The loop runs a
-    fixed number of steps on the whole tensor (no data-dependent branching).
-
-    The solve runs without autograd; one final Newton step is taken with
-    autograd on, which at the root gives the exact implicit derivative
-    `dx/dy = 1 / f'(x)` (and the right derivatives for the parameters of `f`). Where that step
-    would leave the bracket (too few iterations, or `f'` vanishing at the iterate) the value stays the
-    bracketed iterate, with the same derivative. The root is then checked
+    Safeguarded Newton (Numerical Recipes' `rtsafe`): each step keeps a bracket `[low, high]` around the
+    root, takes the Newton step when it lands inside and shrinks at least twice as fast as bisection, and
+    bisects otherwise: at least one bit per two steps, quadratic near the root. The solve runs without
+    autograd; one final [`implicit_newton_step`][flowkit.root_finding.implicit_newton_step] with it gives
+    the implicit derivatives `dx/dy = 1 / f'(x)` (and those of `f`'s parameters). The root is then checked
     ([`check_converged`][flowkit.root_finding.check_converged]).
 
     Arguments:
@@ -262,21 +239,13 @@ def monotone_inverse(
 
 
 def expand_bracket(
-    f: Callable[[Tensor], Tensor],
-    y: Tensor,
-    low: Tensor,
-    high: Tensor,
-    steps: int,
-    where: str = "expand_bracket",
+    f: Callable[[Tensor], Tensor], y: Tensor, low: Tensor, high: Tensor, steps: int, where: str = "expand_bracket"
 ) -> tuple[Tensor, Tensor]:
     r"""A bracket `[low, high]` with `f(low) <= y <= f(high)` for an increasing `f`, by doubling its width.
 
-    Each step evaluates `f` at both ends; where `f(low) > y` the root lies below: the old `low` becomes
-    the upper end and the lower end moves down by twice the width, $[\ell - 2w, \ell]$ (and alike
-    above, $[h, h + 2w]$), so the width doubles per step and after `k` steps the bracket reaches
-    about $2^{k+1} w_0$ from the start: a root at distance $r$ is bracketed after about
-    $\log_2(r / w_0)$ steps. A fixed number of steps on the whole tensor, without gradients; the
-    bracket is then checked.
+    Where `f(low) > y` the interval becomes $[\ell - 2w, \ell]$ (alike above, $[h, h + 2w]$): the width
+    doubles per step, and a root at distance $r$ is bracketed after about $\log_2(r / w_0)$ steps. Runs
+    without gradients; the bracket is then checked.
 
     Arguments:
         f: the increasing map, elementwise.
@@ -291,8 +260,7 @@ def expand_bracket(
 
     Raises:
         ConvergenceError: where `steps` doublings found no bracket (a target beyond the map's range, or
-            beyond $2^{\text{steps}+1} w_0$ from the start), naming the element, its target and the
-            values at the last interval's ends.
+            beyond $2^{\text{steps}+1} w_0$ from the start), naming the element.
     """
     with torch.no_grad():
         yd = y.detach()

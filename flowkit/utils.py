@@ -44,10 +44,8 @@ def as_shape(shape: int | Sequence[int] | torch.Size) -> torch.Size:
 def broadcast_shapes(*shapes: Sequence[int]) -> torch.Size:
     """The broadcast of batch shapes, as `torch.broadcast_shapes`, with the common cases first.
 
-    Where every non-empty shape is the same (one batch shape, no context or a context of that batch), that
-    shape is the answer; otherwise `torch.broadcast_shapes` decides (and raises for shapes that do not
-    broadcast). torch's function is Python that costs 10-30 us a call, and layers call this once or more
-    per evaluation.
+    Where every non-empty shape is the same, that shape is the answer; otherwise `torch.broadcast_shapes`
+    decides (and raises), which costs 10-30 us a call.
 
     Examples:
         >>> broadcast_shapes((4, 1), (), (4, 1))
@@ -68,10 +66,8 @@ def broadcast_shapes(*shapes: Sequence[int]) -> torch.Size:
 def into_open_unit_interval(x: Tensor) -> Tensor:
     """Dequantised values `x` in `[0, 1]` moved into the open interval `(0, 1)` of their dtype.
 
-    `(k + u) / K` with `u` uniform on `[0, 1)` is exactly 0 when `k = u = 0`, and rounds to 1 in float32 when
-    `k = K - 1` and `u` is within about `K * 6e-8` of 1; the plain logit of an image flow is infinite at both.
-    Those values become the nearest floats inside, the smallest normal number and `1 - 2^-24` (float32):
-    the rounding, not the noise, put them on the ends.
+    `(k + u) / K` is exactly 0 when `k = u = 0`, and can round to 1 in float32, where the plain logit of an
+    image flow is infinite; those values become the nearest floats inside (the smallest normal, `1 - eps / 2`).
     """
     info = torch.finfo(x.dtype)
     return x.clamp(info.tiny, 1 - info.eps / 2)  # 1 - eps / 2: the largest float below 1
@@ -123,10 +119,8 @@ class TensorAnchor(nn.Module):
 def auxiliary_loss_modules(module: nn.Module) -> list[nn.Module]:
     """The submodules of `module` (itself included) whose `auxiliary_loss()` counts.
 
-    Those that define one, less those whose method is marked with
-    `aggregates_auxiliary_loss` (a flow's, which sums its own submodules'). The fit
-    loop finds them once per run and sums [`auxiliary_loss`][flowkit.utils.auxiliary_loss]
-    over that list at each step, without walking the module tree again.
+    Those that define one, less those whose method is marked with `aggregates_auxiliary_loss` (a flow's,
+    which sums its own submodules'). The fit loop finds them once per run.
     """
     found = []
     for sub in module.modules():
@@ -139,11 +133,8 @@ def auxiliary_loss_modules(module: nn.Module) -> list[nn.Module]:
 def auxiliary_loss(module: nn.Module) -> Tensor | None:
     """Sum of `auxiliary_loss()` over `module` and its submodules that define one (`None` when none does).
 
-    A layer with a regulariser (such as EIW's channel-weight penalty) defines a
-    method `auxiliary_loss() -> Tensor | None`; the fit loop adds this sum to
-    the objective, so neither the loop nor the containers need to know which
-    layers have one. Methods marked with `aggregates_auxiliary_loss`
-    (a flow's, which calls this function) are skipped, so nothing counts twice.
+    A layer with a regulariser (such as EIW's channel-weight penalty) defines a method
+    `auxiliary_loss() -> Tensor | None`; the fit loop adds this sum to the objective.
 
     Arguments:
         module: the module whose tree is searched (see

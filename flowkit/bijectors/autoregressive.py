@@ -5,13 +5,9 @@ depend on the features before it and on the context,
 
 $$z_i = \tau(x_i; c_i(x_{<i}, \text{context})), \qquad \log|\det J| = \sum_i \log|\tau'(x_i)|,$$
 
-where the conditioner $c$ is one pass of an autoregressive
-[`Conditioner`][flowkit.nn.Conditioner] ([`MADE`][flowkit.nn.MADE] by
-default). The forward (density) direction is one pass; the inverse (sampling)
-direction needs $D$ sequential steps, which the conditioner runs
-([`MADE.invert`][flowkit.nn.MADE.invert] reuses the masked weights, updates
-the first layer's pre-activation by one rank-one term per step and evaluates
-only the output block of the feature being solved).
+where the conditioner $c$ is one pass of an autoregressive [`Conditioner`][flowkit.nn.Conditioner]
+([`MADE`][flowkit.nn.MADE] by default). The forward (density) direction is one pass; the inverse (sampling) direction
+needs $D$ sequential steps, which the conditioner runs ([`MADE.invert`][flowkit.nn.MADE.invert], incrementally).
 
 References:
     Papamakarios, Pavlakou & Murray, *Masked Autoregressive Flow for Density
@@ -118,10 +114,7 @@ class MaskedAutoregressive(Bijector):
             return x_i
 
         x = self.conditioner.invert(solve, z, context)
-        total = z.new_zeros(z.shape[:-1])
-        for ladj in ladjs:
-            total = total + ladj
-        return x, total
+        return x, sum(ladjs, z.new_zeros(z.shape[:-1]))
 
     def extra_repr(self) -> str:
         return f"features={self.event_shape[0]}, context={self.context_features}"
@@ -139,8 +132,6 @@ def MaskedAffineAutoregressive(
     conditioner: nn.Module | None = None,
 ) -> MaskedAutoregressive:
     """MAF layer: a [`MaskedAutoregressive`][flowkit.bijectors.MaskedAutoregressive] with an affine transformer.
-
-    The transformer is an [`Affine`][flowkit.transformers.Affine] map.
 
     Arguments:
         features: number of features `D`.
@@ -169,8 +160,6 @@ def MaskedSplineAutoregressive(
     conditioner: nn.Module | None = None,
 ) -> MaskedAutoregressive:
     """Autoregressive NSF layer: a [`MaskedAutoregressive`][flowkit.bijectors.MaskedAutoregressive] with a spline.
-
-    The transformer is a [`RationalQuadraticSpline`][flowkit.transformers.RationalQuadraticSpline].
 
     Arguments:
         features: number of features `D`.

@@ -1,10 +1,8 @@
 """The [`Bijector`][flowkit.bijectors.Bijector] base class and the ways to combine bijectors.
 
-Direction convention (as in nflows and zuko): `forward` maps data `x` to
-latent `z` and returns `log|det dz/dx|` summed over the event dimensions;
-`inverse` maps `z` back to `x` and returns `log|det dx/dz|`, which is
-minus the forward value at the matching point. A flow's density is
-`log p(x) = log p_Z(f(x)) + log|det J_f(x)|`.
+Direction convention (as in nflows and zuko): `forward` maps data `x` to latent `z` and returns `log|det dz/dx|` summed
+over the event dimensions; `inverse` maps `z` back to `x` and returns `log|det dx/dz|`, which is minus the forward value
+at the matching point. A flow's density is `log p(x) = log p_Z(f(x)) + log|det J_f(x)|`.
 """
 
 from __future__ import annotations
@@ -59,14 +57,11 @@ def _wrap_entry_points(cls: type) -> None:
 class Bijector(Configurable, nn.Module):
     """Invertible map between data `x` and latent `z` with its log-determinant.
 
-    Subclasses set `event_shape` (and `latent_shape` when it differs) and
-    implement [`forward`][flowkit.bijectors.base.Bijector.forward] and
-    [`inverse`][flowkit.bijectors.base.Bijector.inverse]. A bijector knows its maps
-    and nothing about training: objective-specific rules (the path-gradient
-    score rules, for instance) are registered with the objectives, keyed by
-    bijector type. Inputs are checked at the outermost call (shape, dtype,
-    finiteness, context), so an error names the problem instead of surfacing
-    deep inside torch.
+    Subclasses set `event_shape` (and `latent_shape` when it differs) and implement
+    [`forward`][flowkit.bijectors.base.Bijector.forward] and [`inverse`][flowkit.bijectors.base.Bijector.inverse]. A
+    bijector knows its maps and nothing about training: objective-specific rules (the path-gradient score rules, for
+    instance) are registered with the objectives, keyed by bijector type. Inputs are checked at the outermost call
+    (shape, dtype, finiteness, context), so an error names the problem instead of surfacing deep inside torch.
 
     Attributes:
         event_shape: shape of one data event (`(D,)`, `(C, H, W)`, `(L, L)`).
@@ -139,8 +134,7 @@ _wrap_entry_points(Bijector)
 def check_composition(layers: Sequence[Any], kinds: tuple[type, ...], where: str) -> int:
     """Check layers composed data side first (their kinds, chained shapes, one context size); return that size.
 
-    Shared by [`Chain`][flowkit.bijectors.Chain] and the stochastic flows, whose layers
-    may also be Markov kernels.
+    Shared by [`Chain`][flowkit.bijectors.Chain] and the stochastic flows, whose layers may also be Markov kernels.
 
     Raises:
         ValueError: for no layers, a layer of another kind, a latent shape that is not the
@@ -176,10 +170,9 @@ def context_for(layer: Bijector, context: Tensor | None) -> Tensor | None:
 class Chain(Bijector):
     """Composition of bijectors, applied in order in the forward direction.
 
-    `Chain(f1, f2, f3).forward(x)` computes `f3(f2(f1(x)))` and adds the
-    log-determinants; `inverse` runs the layers backwards. The layers are
-    exposed in order through iteration and indexing, so that path-gradient
-    estimators and stochastic flows can walk them one by one.
+    `Chain(f1, f2, f3).forward(x)` computes `f3(f2(f1(x)))` and adds the log-determinants; `inverse` runs the layers
+    backwards. The layers are exposed in order through iteration and indexing, so that path-gradient estimators and
+    stochastic flows can walk them one by one.
 
     Arguments:
         bijectors: the layers, data side first.

@@ -1,10 +1,9 @@
 r"""Block neural autoregressive flow (BNAF): one autoregressive network whose Jacobian is triangular by construction.
 
-The layer is a network $z = W_L \circ \sigma \circ W_{L-1} \circ \dots \circ \sigma \circ W_1 (x)$ of `D`
-features, whose hidden layers hold `a_l` units per feature. Each weight matrix $W_l$ of shape
-$(D a_l) \times (D a_{l-1})$ is block lower triangular: the block $(d, e)$ (rows of feature `d`,
-columns of feature `e`) is zero for $e > d$, free for $e < d$ and positive on the diagonal,
-$B_{dd} = \exp(V_{dd})$, and every row is weight-normalised,
+The layer is a network $z = W_L \circ \sigma \circ W_{L-1} \circ \dots \circ \sigma \circ W_1 (x)$ of `D` features,
+whose hidden layers hold `a_l` units per feature. Each weight matrix $W_l$ of shape $(D a_l) \times (D a_{l-1})$ is
+block lower triangular: the block $(d, e)$ (rows of feature `d`, columns of feature `e`) is zero for $e > d$, free for
+$e < d$ and positive on the diagonal, $B_{dd} = \exp(V_{dd})$, and every row is weight-normalised,
 
 $$
 W_l = \mathrm{diag}(e^{g}) \, \frac{\hat W}{\lVert \hat W \rVert_\text{row}}, \qquad
@@ -23,21 +22,15 @@ $$
 
 which gives $\log|\det J| = \sum_d \log J_{dd}$ exactly (no estimator).
 
-*Activation.* The paper's $\tanh$ is bounded, so its network is not onto $\mathbb R^D$; here the
-activation is the leaky $\sigma(u) = \tanh(u) + \alpha u$ (`leak` $= \alpha > 0$), smooth, with
-$\sigma' = \operatorname{sech}^2 u + \alpha \ge \alpha$, so every output grows at least linearly in its
-own input and the layer is a bijection of $\mathbb R^D$ (FlowJAX's BNAF uses a leaky tanh for the same
-reason). $\log \sigma'$ is evaluated as $\mathrm{logaddexp}(2\log 2 - 2|u| - 2\log(1 + e^{-2|u|}), \log\alpha)$.
+*Activation.* The paper's $\tanh$ is bounded, so its network is not onto $\mathbb R^D$; here it is the
+leaky $\sigma(u) = \tanh(u) + \alpha u$ (`leak` $= \alpha > 0$, as FlowJAX's BNAF), with
+$\sigma' \ge \alpha$, so the layer is a bijection of $\mathbb R^D$.
 
-*Inverse.* No closed form: the features are solved in order, $x_d$ from $z_d$ given $x_{<d}$, by a
-bracket found by doubling its width ([`expand_bracket`][flowkit.root_finding.expand_bracket], from
-$[z_d - 1, z_d + 1]$, `expansions` steps) and `iterations` safeguarded Newton steps
-([`monotone_inverse`][flowkit.root_finding.monotone_inverse]) with implicit gradients. Each step runs
-the whole network, so sampling costs about `D (2 expansions + 2 iterations)` passes. Tolerance: the
-solves reach the dtype's rounding, the round trip within $10^{-8}$ (relative to $\max(1, |x|)$) in
-float64 (tested in `tests/bijectors/test_block_autoregressive.py`). A root beyond $2^\text{expansions}$
-of $z_d$, or a solve that fails its residual test, raises
-[`ConvergenceError`][flowkit.root_finding.ConvergenceError] naming the feature and element.
+*Inverse.* The features are solved in order, $x_d$ from $z_d$ given $x_{<d}$, in a bracket found by
+doubling ([`expand_bracket`][flowkit.root_finding.expand_bracket] from $[z_d - 1, z_d + 1]$, `expansions`
+steps) with `iterations` safeguarded Newton steps ([`monotone_inverse`][flowkit.root_finding.monotone_inverse],
+implicit gradients): about `D (2 expansions + 2 iterations)` passes, a round trip within $10^{-8}$ in
+float64. A failed solve raises [`ConvergenceError`][flowkit.root_finding.ConvergenceError].
 
 References:
     De Cao, Aziz & Titov, *Block Neural Autoregressive Flow*, UAI 2019 (arXiv:1904.04676);
@@ -71,10 +64,7 @@ def _leaky_tanh(u: Tensor, leak: float) -> tuple[Tensor, Tensor]:
 class BlockNeuralAutoregressive(Bijector):
     r"""Block neural autoregressive layer (BNAF): block-triangular weight-normalised layers, exact log-det.
 
-    See [the module][flowkit.bijectors.block_autoregressive] for the maths. The forward (density)
-    direction is one pass of the network; the inverse solves one feature after the other by a
-    bracketed safeguarded Newton search (round trip within `1e-8` in float64, relative to
-    `max(1, |x|)`).
+    See [the module][flowkit.bijectors.block_autoregressive] for the maths and the inverse.
 
     Arguments:
         features: number of features `D`.

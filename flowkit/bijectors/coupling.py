@@ -52,19 +52,15 @@ class Coupling(Bijector):
 
     $$z_{m=0} = x_{m=0}, \qquad z_{m=1} = \tau(x_{m=1}; c(x_{m=0}, \text{context})),$$
 
-    so $\log|\det \partial z / \partial x| = \sum \log|\tau'|$. The conditioner
-    $c$ is an [`MLP`][flowkit.nn.MLP] built from `hidden` and `activation`
-    unless `conditioner` is given (any [`Conditioner`][flowkit.nn.Conditioner]
-    from the `n_identity` kept features and the context to
-    `n_transformed * transformer.params_per_element` numbers). Its last layer
-    starts at zero weights and the transformer's identity parameters, so the
-    layer starts as the identity.
+    so $\log|\det \partial z / \partial x| = \sum \log|\tau'|$. The conditioner $c$ is an
+    [`MLP`][flowkit.nn.MLP] unless `conditioner` is given (any [`Conditioner`][flowkit.nn.Conditioner] from the
+    kept features and the context to `n_transformed * transformer.params_per_element` numbers). Its last
+    layer starts at zero weights and the transformer's identity parameters: the layer starts as the identity.
 
     Arguments:
         transformer: the elementwise map (e.g. [`Affine`][flowkit.transformers.Affine]).
         features: number of features `D`.
-        mask: which features are transformed (1) or conditioned on (0); by
-            default `parity` picks every other feature.
+        mask: which features are transformed (1) or conditioned on (0); by default `parity` picks every other feature.
         parity: 0 transforms the even-indexed features (0, 2, ...), 1 the odd-indexed ones.
         hidden: hidden sizes of the default conditioner MLP.
         context: number of context features (0 for an unconditional layer).
@@ -172,8 +168,6 @@ def AffineCoupling(
     conditioner: nn.Module | None = None,
 ) -> Coupling:
     """RealNVP affine coupling: a [`Coupling`][flowkit.bijectors.Coupling] with an affine transformer.
-
-    The transformer is an [`Affine`][flowkit.transformers.Affine] map.
 
     Arguments:
         features: number of features `D`.

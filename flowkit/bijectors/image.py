@@ -1,12 +1,9 @@
 r"""Bijectors on images `(C, H, W)`: squeeze, invertible 1x1 convolution, factoring out, and EIW's shuffle.
 
-These are the pieces of multiscale flows (RealNVP, Glow, EIW-Flow): a level
-squeezes space into channels, runs flow steps, and factors half of the
-channels out into the latent, where the base scores them; the other half
-continues to the next level. [`FactorOut`][flowkit.bijectors.FactorOut] keeps
-the factored channels in place, so the whole flow has *one* full-dimensional
-latent of the data's shape, one base distribution and an exact `log_prob`.
-The presets are [`Glow`][flowkit.flows.Glow] and [`EIW`][flowkit.flows.EIW].
+The pieces of multiscale flows (RealNVP, Glow, EIW-Flow): a level squeezes space into channels, runs
+flow steps, and factors half of the channels out into the latent; [`FactorOut`][flowkit.bijectors.FactorOut]
+keeps them in place, so the flow has one latent of the data's shape and an exact `log_prob`. The presets
+are [`Glow`][flowkit.flows.Glow] and [`EIW`][flowkit.flows.EIW].
 """
 
 from __future__ import annotations
@@ -21,7 +18,7 @@ from .._validation import check_number
 from ..utils import as_shape
 from .base import Bijector
 from .linear import LULinear
-from .permutations import _show
+from .permutations import _check_permutation
 
 __all__ = ["Squeeze", "Conv1x1", "FactorOut", "EIWShuffle", "image_shape"]
 
@@ -41,9 +38,8 @@ def _batch(x: Tensor) -> torch.Size:
 class Squeeze(Bijector):
     r"""Space to channels: each `f x f` block of pixels becomes `f^2` channels, `(C, H, W) -> (C f^2, H/f, W/f)`.
 
-    Output channel $c f^2 + i f + j$ at $(h, w)$ is input channel $c$ at
-    $(h f + i, w f + j)$ (Glow's order). A permutation of the elements:
-    `log|det| = 0`.
+    Output channel $c f^2 + i f + j$ at $(h, w)$ is input channel $c$ at $(h f + i, w f + j)$ (Glow's order). A
+    permutation of the elements: `log|det| = 0`.
 
     Arguments:
         event_shape: `(C, H, W)`, with `H` and `W` divisible by `factor`.
@@ -87,17 +83,13 @@ class Squeeze(Bijector):
 class Conv1x1(Bijector):
     r"""Invertible 1x1 convolution: the same `C x C` matrix applied to the channels of every pixel.
 
-    $z_{:, h, w} = W x_{:, h, w}$ with $W = P L U$ LU-factorised as in
-    [`LULinear`][flowkit.bijectors.LULinear] ($P$ a fixed signed permutation, $L$ unit
-    lower triangular, $U$ upper triangular with diagonal $e^{s}$), so
+    $z_{:, h, w} = W x_{:, h, w}$ with $W = P L U$ LU-factorised as in [`LULinear`][flowkit.bijectors.LULinear] ($P$ a
+    fixed signed permutation, $L$ unit lower triangular, $U$ upper triangular with diagonal $e^{s}$), so
 
     $$\log|\det \partial z / \partial x| = H W \sum_c s_c,$$
 
-    which costs $O(C)$ and does not depend on `x` (`ladj_is_constant`). `W`
-    starts as a random orthogonal matrix (that of `LULinear`), so a fresh layer keeps
-    lengths. The layer is a matrix product over the channel axis (a 1x1
-    convolution); the inverse applies $W^{-1}$, formed from two triangular solves of
-    the `C x C` identity.
+    which costs $O(C)$ and does not depend on `x`. `W` starts as a random orthogonal matrix (that of
+    `LULinear`); the inverse applies $W^{-1}$, formed from two triangular solves.
 
     Arguments:
         event_shape: `(C, H, W)`.
@@ -160,17 +152,12 @@ class Conv1x1(Bijector):
 class FactorOut(Bijector):
     r"""Factor channels out of a multiscale flow: `inner` transforms the first channels, the rest go to the latent.
 
-    For $x = (x_1, x_2)$ split along the channels, with $x_1$ the first
-    `inner.event_shape[0]` channels,
+    For $x = (x_1, x_2)$ split along the channels, with $x_1$ the first `inner.event_shape[0]` channels,
 
     $$z = (g(x_1), x_2), \qquad \log|\det \partial z / \partial x| = \log|\det \partial g / \partial x_1|,$$
 
-    so $x_2$ is scored by the base directly (the factored-out half of a
-    multiscale level) and $x_1$ continues through the next levels `g`. `inner`
-    must return latents of its input's shape (end a level that squeezes with
-    `Invert(Squeeze(...))`), so the flow keeps one full-dimensional latent in the
-    data's layout, one base, and an exact `log_prob`. The context, if any, is
-    passed to `inner`.
+    so $x_2$ is scored by the base directly and $x_1$ continues through the next levels `g` (with the context, if any).
+    `inner` must return latents of its input's shape (end a level that squeezes with `Invert(Squeeze(...))`).
 
     Arguments:
         inner: the rest of the flow, on `(C_1, H, W)` with `C_1 < C`.
@@ -226,45 +213,31 @@ class FactorOut(Bijector):
 class EIWShuffle(Bijector):
     r"""EIW-Flow's channel Shuffle before a multiscale split, *as in the reference code*.
 
-    **What it is.** A learned but *input-independent* permutation of the
-    channels. The paper (Chen et al.) calls the operation feature-dependent; in
-    the public reference code (`studying910/EIW-Flow`, `InvertibleTransition`
-    and `SENet.py`) the map itself does not depend on the input, and this layer
-    reproduces the code:
+    A learned but *input-independent* permutation of the channels: the paper calls it feature-dependent,
+    but in the reference code (`studying910/EIW-Flow`, `InvertibleTransition` and `SENet.py`) the map does
+    not depend on the input, and this layer reproduces the code:
 
-    1. global weights $w = \operatorname{softmax}(\mathrm{MLP}(C))$, an MLP
-       (`Linear(1, C/2, no bias)`, ReLU, `Linear(C/2, C)`) applied to the
-       constant channel count $C$;
-    2. $\pi = \operatorname{argsort}(w)$ in descending order, and
-       $z_{c} = x_{\pi_c}$: `log|det| = 0` for every input;
-    3. a squeeze-excitation head on the permuted input gives per-sample
-       weights $\hat w(x) = \operatorname{softmax}(\mathrm{FC}(\mathrm{ReLU}(\mathrm{FC}(\operatorname{avgpool}(z)))))$
-       (hidden width $C / r$);
-    4. the regulariser $\lambda\, \mathbb{E}_x \mathrm{KL}(\hat w(x) \,\|\, w_\pi)$, with
-       $w_\pi$ the global weights in the permuted order, is returned by
-       [`auxiliary_loss`][flowkit.bijectors.EIWShuffle.auxiliary_loss], which the fit loop adds
-       to the objective. This is a proper KL divergence of log-probabilities (the
-       reference passes probabilities to `KLDivLoss`, which is not a KL).
+    1. global weights $w = \operatorname{softmax}(\mathrm{MLP}(C))$, an MLP (`Linear(1, C/2, no bias)`, ReLU,
+       `Linear(C/2, C)`) applied to the constant channel count $C$;
+    2. $\pi = \operatorname{argsort}(w)$ in descending order, and $z_{c} = x_{\pi_c}$: `log|det| = 0` for every input;
+    3. a squeeze-excitation head on the permuted input gives per-sample weights
+       $\hat w(x) = \operatorname{softmax}(\mathrm{FC}(\mathrm{ReLU}(\mathrm{FC}(\operatorname{avgpool}(z)))))$ (hidden
+       width $C / r$);
+    4. the regulariser $\lambda\, \mathbb{E}_x \mathrm{KL}(\hat w(x) \,\|\, w_\pi)$, with $w_\pi$ the global weights in
+       the permuted order, is returned by [`auxiliary_loss`][flowkit.bijectors.EIWShuffle.auxiliary_loss], which the fit
+       loop adds to the objective. This is a proper KL divergence of log-probabilities (the reference passes
+       probabilities to `KLDivLoss`, which is not a KL).
 
-    The sort is not differentiable: $w$ learns only through the regulariser,
-    and the SE head affects only the regulariser, never the map. Under Adam the
-    weight $\lambda$ does not slow $w$ down (its only gradient is the
-    regulariser's, which Adam rescales), and once two weights come close $\pi$
-    flips back and forth, changing which channels are factored out: in an
-    `EIW((1, 14, 14), 2, 4, hidden=(8, 8))` on Fashion-MNIST (Adam at 1e-3, batches
-    of 64) it changed 32 times in 150 steps, every step or two towards the end. $\pi$ is a
-    buffer: refreshed from $\operatorname{argsort}(w)$ at each forward call in
-    training mode, used as it is otherwise (eval mode, and every inverse), and
-    saved with the weights, so the map is the same in train and eval mode at
-    the same parameters, frozen at eval, and identical after
-    [`flowkit.io.load`][flowkit.io.load].
+    The sort is not differentiable: $w$ learns only through the regulariser (which Adam rescales, so
+    $\lambda$ does not slow it), and once two weights come close $\pi$ flips back and forth (32 times in
+    150 steps of an `EIW` on Fashion-MNIST). $\pi$ is a saved buffer, refreshed from
+    $\operatorname{argsort}(w)$ at each forward call in training mode and used as it is otherwise.
 
     Arguments:
         event_shape: `(C, H, W)`.
         reduction: the SE head's reduction ratio $r$ (hidden width `max(1, C // r)`).
-        weight: the regulariser's weight $\lambda$ (the reference's `--sigma`, 1e-3). The
-            reference adds it to a loss in bits/dim; flowkit's likelihood objective is in nats
-            per image, so the same $\lambda$ weighs the regulariser less, relatively.
+        weight: the regulariser's weight $\lambda$ (the reference's `--sigma`, 1e-3, added to a loss in
+            bits/dim; flowkit's is in nats per image, so the same $\lambda$ weighs less).
 
     References:
         Chen, Du, Li, Zeng & Paisley, *EIW-Flow*, Pattern Recognition (2025), arXiv:2407.04958;
@@ -317,10 +290,7 @@ class EIWShuffle(Bijector):
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
         perm = state_dict.get(prefix + "perm")
         if isinstance(perm, Tensor) and not perm.is_meta and perm.shape == self.perm.shape:
-            if perm.is_floating_point() or perm.dtype in (torch.bool, torch.complex64, torch.complex128):
-                raise ValueError(f"EIWShuffle: the loaded perm must hold integers, got dtype {perm.dtype}")
-            if not torch.equal(torch.sort(perm.cpu()).values, torch.arange(len(self.perm))):
-                raise ValueError(f"EIWShuffle: the loaded perm is not a permutation of the channels: {_show(perm)}")
+            _check_permutation(perm, len(self.perm), "EIWShuffle (channels)")
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def __getstate__(self) -> dict[str, Any]:

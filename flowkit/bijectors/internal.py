@@ -1,13 +1,10 @@
 r"""Internal coordinates of a molecule: a Z-matrix of bonds, angles and dihedrals with three Cartesian anchor atoms.
 
-Each non-anchor atom $i$ of the Z-matrix has three partners $(b, a, d)$ placed
-before it; it is described by the bond length $r = |x_i - x_b|$, the angle
-$\theta = \angle(x_i, x_b, x_a)$ and the dihedral $\varphi$ of $(x_i, x_b, x_a, x_d)$.
-Three anchor atoms $(c_0, c_1, c_2)$ fix the frame: $c_0$ at the origin, $c_1$ on the
-positive $x$ axis and $c_2$ in the $xy$ plane with $y > 0$. The six rigid-body degrees of
-freedom are thereby removed, and the anchors keep three internal coordinates: the bonds
-$|x_{c_1} - x_{c_0}|$, $|x_{c_2} - x_{c_0}|$ and the angle $\angle(x_{c_1}, x_{c_0}, x_{c_2})$.
-A molecule of $n$ atoms has $3n - 6$ coordinates.
+Each non-anchor atom $i$ of the Z-matrix has three partners $(b, a, d)$ placed before it; it is described by the bond
+length $r = |x_i - x_b|$, the angle $\theta = \angle(x_i, x_b, x_a)$ and the dihedral $\varphi$ of
+$(x_i, x_b, x_a, x_d)$. Three anchor atoms $(c_0, c_1, c_2)$ fix the frame ($c_0$ at the origin, $c_1$ on the positive
+$x$ axis, $c_2$ in the $xy$ plane with $y > 0$) and keep the bonds $|x_{c_1} - x_{c_0}|$, $|x_{c_2} - x_{c_0}|$ and the
+angle $\angle(x_{c_1}, x_{c_0}, x_{c_2})$: a molecule of $n$ atoms has $3n - 6$ coordinates.
 
 Log-Jacobian (the map from the $3n - 6$ free Cartesian coordinates of the anchored frame
 to internal coordinates): placing an atom from $(r, \theta, \varphi)$ has volume element
@@ -17,13 +14,10 @@ $$
 \log\left|\det \frac{\partial q}{\partial x}\right| = -\sum_{\text{rows}} \log(r^2 \sin\theta) - \log r_{c_2}.
 $$
 
-The coordinates are then normalised around a reference (minimum-energy) frame: bonds and
-angles as $(q - q_{ref}) / s$, dihedrals as $w(\varphi - \varphi_{ref})$, wrapped into
-$[-\pi, \pi)$ by $w$, then divided by their scale, except the *circular* dihedrals, which keep
-the scale 1 and live on the circle $[-\pi, \pi)$ (model them with
-[`CircularSplineCoupling`][flowkit.bijectors.CircularSplineCoupling]). Latent layout: the bonds
-(Z-matrix rows, then the two anchor bonds), the angles (rows, then the anchor angle),
-the dihedrals (rows); `circular_idx` lists the circular latent coordinates.
+The coordinates are normalised around a reference (minimum-energy) frame: bonds and angles as $(q - q_{ref}) / s$,
+dihedrals as $w(\varphi - \varphi_{ref}) / s$ with $w$ the wrap into $[-\pi, \pi)$, except the *circular* dihedrals,
+which keep the scale 1 (model them with [`CircularSplineCoupling`][flowkit.bijectors.CircularSplineCoupling]). Latent
+layout: the bonds (rows, then the two anchor bonds), the angles (rows, then the anchor angle), the dihedrals (rows).
 
 References:
     Noé, Olsson, Köhler & Wu, *Boltzmann generators*, Science 365 (2019) (arXiv:1812.01729);
@@ -124,11 +118,7 @@ def _place(pb: Tensor, pa: Tensor, pd: Tensor, r: Tensor, theta: Tensor, phi: Te
 
 
 class _AnchoredFrame(Domain):
-    """Positions `(3n,)` with anchor `c0` at the origin, `c1` on the positive x axis and `c2` in the xy plane (y > 0).
-
-    A linear manifold of dimension `3n - 6`: its tangent basis picks the free coordinates.
-    Test points are the reference with noise of `scale` nm, moved into the frame.
-    """
+    """Positions `(3n,)` in the anchored frame: a linear manifold of dimension `3n - 6` (tests: noisy reference)."""
 
     is_manifold = True
 
@@ -197,13 +187,9 @@ def _levels(rows: list[tuple[int, tuple[int, int, int]]], anchors: Sequence[int]
 class InternalCoordinates(Bijector):
     r"""Cartesian positions `(3n,)` to `3n - 6` normalised internal coordinates (Z-matrix and three anchors).
 
-    See the module docstring for the coordinates, the exact log-Jacobian and the
-    normalisation. `forward` accepts molecules in any position and orientation
-    (internal coordinates do not see rigid motions); `inverse` builds them in the
-    anchored frame, so `inverse(forward(x)) = x` for `x` in that frame, and the
-    log-determinant is that of the map from the frame's `3n - 6` free coordinates.
-    A mirror image has the same bonds and angles and negated dihedrals: check the
-    handedness of samples with [`same_chirality`][flowkit.bijectors.internal.same_chirality].
+    See the module docstring for the coordinates, the log-Jacobian and the normalisation. `forward` accepts
+    molecules in any position and orientation; `inverse` builds them in the anchored frame. A mirror image
+    has negated dihedrals: check samples with [`same_chirality`][flowkit.bijectors.internal.same_chirality].
 
     Arguments:
         z_matrix: rows `(atom, (bond partner, angle partner, dihedral partner))`, one per

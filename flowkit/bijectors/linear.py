@@ -1,8 +1,7 @@
 """Invertible linear layers `z = W x + b`.
 
-Both have a log-determinant that does not depend on `x`
-(`ladj_is_constant`), which EBFlow's score matching exploits by never
-computing it during training.
+Both have a log-determinant that does not depend on `x` (`ladj_is_constant`), which EBFlow's score matching exploits by
+never computing it during training.
 """
 
 from __future__ import annotations
@@ -69,9 +68,8 @@ class _MatrixMap(Bijector):
 class Linear(_MatrixMap):
     """Dense invertible linear layer `z = W x + b` with a general matrix `W`.
 
-    `log|det dz/dx| = log|det W|` costs $O(D^3)$ (an LU factorisation);
-    `call` and score matching skip it and cost $O(D^2)$ per point. The
-    inverse solves a linear system. `W` starts as a random rotation.
+    `log|det dz/dx| = log|det W|` costs $O(D^3)$ (an LU factorisation); `call` and score matching skip it and cost
+    $O(D^2)$ per point. The inverse solves a linear system. `W` starts as a random rotation.
 
     Arguments:
         features: number of features `D`.
@@ -144,10 +142,9 @@ class _TriangularFactors(_MatrixMap):
 class LULinear(_TriangularFactors):
     """Linear layer with an LU-factorised matrix `W = P L U`.
 
-    `P` is a fixed permutation, `L` unit lower triangular and `U` upper
-    triangular with a positive diagonal `exp(s)`, so
-    `log|det W| = sum(s)` costs $O(D)$ and the inverse is two triangular
-    solves. Starts at the LU factors of a random rotation.
+    `P` is a fixed permutation, `L` unit lower triangular and `U` upper triangular with a positive diagonal `exp(s)`, so
+    `log|det W| = sum(s)` costs $O(D)$ and the inverse is two triangular solves. Starts at the LU factors of a random
+    rotation.
 
     Arguments:
         features: number of features `D`.

@@ -20,10 +20,9 @@ def grid_mask(event_shape: Sequence[int], mask: str | Sequence = "checkerboard",
 
     Arguments:
         event_shape: `(C, H, W)` or `(H, W)`.
-        mask: `"checkerboard"` (site $(h, w)$ is transformed when $h + w + \text{parity}$ is even),
-            `"channel"` (the first half of the channels when `parity` is 0, the second half
-            otherwise; `(C, H, W)` events with $C \ge 2$ only), or an explicit nested list of 0/1 of
-            shape `event_shape`.
+        mask: `"checkerboard"` (site $(h, w)$ is transformed when $h + w + \text{parity}$ is even), `"channel"` (the
+            first half of the channels when `parity` is 0, the second half otherwise; `(C, H, W)` events with $C \ge 2$
+            only), or an explicit nested list of 0/1 of shape `event_shape`.
         parity: 0 or 1, which of the two complementary masks.
 
     Returns:
@@ -58,25 +57,17 @@ def grid_mask(event_shape: Sequence[int], mask: str | Sequence = "checkerboard",
 class MaskedCoupling(Bijector):
     r"""Coupling on a grid: the unmasked elements parametrise a transformer applied to the masked ones.
 
-    For a boolean mask $m$ over the event (a checkerboard over sites, or half
-    of the channels),
+    For a boolean mask $m$ over the event (a checkerboard over sites, or half of the channels),
 
     $$z = (1 - m) \odot x + m \odot \tau\big(x;\ c((1 - m) \odot x, \text{context})\big),
     \qquad \log|\det \partial z / \partial x| = \sum_{m = 1} \log|\tau'|,$$
 
-    where the conditioner $c$ sees the grid with the transformed elements set
-    to zero. It is a [`ConvNet`][flowkit.nn.ConvNet] unless `conditioner` is
-    given: any [`Conditioner`][flowkit.nn.Conditioner] from `(..., C, H, W)`
-    (with `C = 1` for `(H, W)` events) and the context to
-    `(..., C * P, H, W)`, channel-major (parameter `p` of channel `c` in output
-    channel `c * P + p`, with `P = transformer.params_per_element`). With a
-    channel mask it sees only the `C_id` identity channels and returns the
-    parameters of the `C_tr` transformed ones, `(..., C_id, H, W)` to
-    `(..., C_tr * P, H, W)` (half the work, and the layers are slices). The last
-    layer starts at zero weights and the transformer's identity parameters, so
-    the layer starts as the identity. With `padding_mode="circular"` the layer
-    commutes with the lattice translations that preserve the mask (shifts by
-    an even number of sites for a checkerboard).
+    where the conditioner $c$ sees the grid with the transformed elements set to zero: a [`ConvNet`][flowkit.nn.ConvNet]
+    unless `conditioner` is given, any [`Conditioner`][flowkit.nn.Conditioner] from `(..., C, H, W)` (`C = 1` for
+    `(H, W)` events) and the context to `(..., C * P, H, W)`, channel-major (parameter `p` of channel `c` in output
+    channel `c * P + p`, `P = transformer.params_per_element`). With a channel mask it maps the `C_id` identity channels
+    alone to the `C_tr * P` parameters of the others. The layer starts as the identity. With `padding_mode="circular"`
+    it commutes with the lattice translations that preserve the mask.
 
     Arguments:
         transformer: the elementwise map (e.g. [`Affine`][flowkit.transformers.Affine]).
@@ -148,12 +139,7 @@ class MaskedCoupling(Bijector):
         self.conditioner.zero_last(transformer.identity_params().repeat(n_tr))
 
     def transformed_params(self, x: Tensor, context: Tensor | None) -> Tensor:
-        """The transformer's parameters `(..., N_transformed, P)`, in the order of `transformed_idx`.
-
-        Only the kept elements of `x` are read. A channel mask gives the
-        conditioner the kept channels alone (half the work); other masks give it
-        the whole grid with the transformed elements set to zero.
-        """
+        """The transformer's parameters `(..., N_transformed, P)` in the order of `transformed_idx` (reads kept `x`)."""
         if self._halves:
             half = self._channels // 2
             x_id = x[..., half:, :, :] if self._parity == 0 else x[..., :half, :, :]

@@ -20,16 +20,13 @@ __all__ = ["ActNorm"]
 class ActNorm(Bijector):
     """Per-channel affine normalisation `z = (x - m) e^{-s}` with data-dependent init.
 
-    On the first forward call in training mode, `m` and `s` are set to the
-    batch mean and log standard deviation, so that `z` starts standardised.
-    An empty first batch is refused (`ValueError`); a channel that is constant
-    over the first batch keeps scale 1 (`s = 0`) and a `RuntimeWarning` names it.
-    `log|det dz/dx| = -n sum_c s_c` where `n` is the number of positions per
-    channel (1 for vectors, `H W` for images).
+    On the first forward call in training mode, `m` and `s` are set to the batch mean and log standard deviation, so
+    that `z` starts standardised. An empty first batch is refused (`ValueError`); a channel that is constant over the
+    first batch keeps scale 1 (`s = 0`) and a `RuntimeWarning` names it. `log|det dz/dx| = -n sum_c s_c` where `n` is
+    the number of positions per channel (1 for vectors, `H W` for images).
 
     Arguments:
-        event_shape: `D` or `(D,)` for vectors, `(C, H, W)` for images
-            (then one scale per channel).
+        event_shape: `D` or `(D,)` for vectors, `(C, H, W)` for images (then one scale per channel).
 
     References:
         Kingma & Dhariwal, *Glow: Generative Flow with Invertible 1x1

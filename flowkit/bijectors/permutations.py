@@ -19,6 +19,14 @@ def _show(values: Tensor, most: int = 10) -> str:
     return str(shown) if values.numel() <= most else str(shown)[:-1] + ", ...]"
 
 
+def _check_permutation(perm: Tensor, size: int, where: str) -> None:
+    """Refuse a loaded `perm` that is not a permutation of `0, ..., size - 1` (`ValueError` naming `where`)."""
+    if perm.dtype in (torch.bool, torch.complex64, torch.complex128) or perm.is_floating_point():
+        raise ValueError(f"{where}: the loaded perm must hold integers, got dtype {perm.dtype}")
+    if not torch.equal(torch.sort(perm.cpu()).values, torch.arange(size)):
+        raise ValueError(f"{where}: the loaded perm is not a permutation of 0..{size - 1}: {_show(perm)}")
+
+
 class Permutation(Bijector):
     """A fixed permutation of the last dimension, `z_i = x_{perm[i]}`; `log|det| = 0`.
 
@@ -47,11 +55,7 @@ class Permutation(Bijector):
 
     def _check_perm(self, perm: Tensor) -> None:
         """Refuse a loaded `perm` that is not a permutation of `0, ..., D - 1` (`ValueError`)."""
-        name, features = type(self).__name__, self.perm.numel()
-        if perm.dtype in (torch.bool, torch.complex64, torch.complex128) or perm.is_floating_point():
-            raise ValueError(f"{name}: the loaded perm must hold integers, got dtype {perm.dtype}")
-        if not torch.equal(torch.sort(perm.cpu()).values, torch.arange(features)):
-            raise ValueError(f"{name}: the loaded perm is not a permutation of 0..{features - 1}: {_show(perm)}")
+        _check_permutation(perm, self.perm.numel(), type(self).__name__)
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
         perm = state_dict.get(prefix + "perm")

@@ -1,8 +1,7 @@
 r"""Planar and radial layers (Rezende & Mohamed 2015), with their invertibility constraints built in.
 
-Both are applied in flowkit's forward (data to latent) direction, so `log_prob` costs one pass;
-sampling runs their inverse: a 1-D monotone root along $w$ for the planar layer, a closed-form
-quadratic for the radial one.
+Both are applied in flowkit's forward (data to latent) direction, so `log_prob` costs one pass; sampling runs their
+inverse: a 1-D monotone root along $w$ for the planar layer, a closed-form quadratic for the radial one.
 
 References:
     Rezende & Mohamed, *Variational Inference with Normalizing Flows*, ICML 2015 (arXiv:1505.05770),
@@ -27,17 +26,15 @@ __all__ = ["Planar", "Radial"]
 class Planar(Bijector):
     r"""Planar layer $z = x + \hat u \tanh(w^\top x + b)$ on vectors of `features`.
 
-    $\log|\det \partial z / \partial x| = \log(1 + w^\top \hat u \, \tanh'(w^\top x + b))$. The layer is
-    invertible when $w^\top \hat u \ge -1$; the free parameter $u$ enters through
-    $\hat u = u + (m(w^\top u) - w^\top u) \, w / \|w\|^2$ with $m(a) = -1 + \mathrm{softplus}(a)$, so
-    that $w^\top \hat u = m(w^\top u) > -1$ for every $u$ (appendix A).
+    $\log|\det \partial z / \partial x| = \log(1 + w^\top \hat u \, \tanh'(w^\top x + b))$. The layer is invertible when
+    $w^\top \hat u \ge -1$; the free parameter $u$ enters through $\hat u = u + (m(w^\top u) - w^\top u) \, w / \|w\|^2$
+    with $m(a) = -1 + \mathrm{softplus}(a)$, so that $w^\top \hat u = m(w^\top u) > -1$ for every $u$ (appendix A).
 
     **Inverse.** With $\alpha = w^\top x$ the layer gives $w^\top z = \alpha + w^\top \hat u \tanh(\alpha + b)$,
-    increasing in $\alpha$; $\alpha$ lies within $|w^\top \hat u|$ of $w^\top z$, and is found by
-    safeguarded Newton ([`monotone_inverse`][flowkit.root_finding.monotone_inverse]) on that bracket
-    widened by 1, then $x = z - \hat u \tanh(\alpha + b)$. `iterations` steps (default 100) gain at least
-    one bit per two steps, so the root is exact to the dtype's precision (tested to 1e-10 in float64);
-    gradients are the implicit ones.
+    increasing in $\alpha$; $\alpha$ lies within $|w^\top \hat u|$ of $w^\top z$, and is found by safeguarded Newton
+    ([`monotone_inverse`][flowkit.root_finding.monotone_inverse]) on that bracket widened by 1, then
+    $x = z - \hat u \tanh(\alpha + b)$. `iterations` steps (default 100) gain at least one bit per two steps, so the
+    root is exact to the dtype's precision (tested to 1e-10 in float64); gradients are the implicit ones.
 
     Arguments:
         features: number of features `D`.

@@ -39,12 +39,9 @@ class LipSwish(nn.Module):
     r"""The 1-Lipschitz Swish $\phi(x) = x \, \sigma(\beta x) / 1.1$ with a learned $\beta = \mathrm{softplus}(b) > 0$.
 
     $\max_x \frac{d}{dx}[x \sigma(\beta x)] \approx 1.0998$ for every $\beta$, so the division by 1.1
-    makes $\phi$ 1-Lipschitz (Chen et al. 2019, section 4).
-
-    $\phi_\beta(x) = \phi_1(\beta x) / \beta$: $\beta$ sets the width, about $4 / \beta$, of the bend between
-    the flat part and the slope $1 / 1.1$, and $\phi_\beta$ is close to linear on inputs much smaller than that.
-    Behind spectrally normalised layers the inputs are no larger than the data (unit scale after ActNorm), so
-    a small $\beta$ leaves the network nearly linear there; see [`Residual`][flowkit.bijectors.Residual].
+    makes $\phi$ 1-Lipschitz (Chen et al. 2019, section 4). $\phi_\beta(x) = \phi_1(\beta x) / \beta$ bends
+    over a width of about $4 / \beta$ and is close to linear on smaller inputs
+    (see [`Residual`][flowkit.bijectors.Residual], "Initialisation").
 
     Arguments:
         beta: the initial $\beta$ (positive); Chen et al. start from $\mathrm{softplus}(0.5) \approx 0.97$.
@@ -60,16 +57,14 @@ class LipSwish(nn.Module):
         return x * torch.sigmoid(F.softplus(self.raw_beta) * x) / 1.1
 
     def with_derivative(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        r"""$(\phi(x), \phi'(x))$ from one sigmoid."""
+        r"""$(\phi(x), \phi'(x))$ with $\phi'(x) = [\sigma(y) + y \, \sigma(y)(1 - \sigma(y))] / 1.1$, $y = \beta x$."""
         y = F.softplus(self.raw_beta) * x
         s = torch.sigmoid(y)
         return x * s / 1.1, (s + y * s * (1 - s)) / 1.1
 
     def derivative(self, x: Tensor) -> Tensor:
-        r"""$\phi'(x) = [\sigma(\beta x) + \beta x \, \sigma(\beta x)(1 - \sigma(\beta x))] / 1.1$."""
-        y = F.softplus(self.raw_beta) * x
-        s = torch.sigmoid(y)
-        return (s + y * s * (1 - s)) / 1.1
+        r"""$\phi'(x)$."""
+        return self.with_derivative(x)[1]
 
 
 class _Tanh(nn.Module):
@@ -82,9 +77,6 @@ class _Tanh(nn.Module):
         t = torch.tanh(x)
         return t, 1 - t**2
 
-    def derivative(self, x: Tensor) -> Tensor:
-        return 1 - torch.tanh(x) ** 2
-
 
 class _ELU(nn.Module):
     """ELU with `alpha = 1` (1-Lipschitz) with its derivative."""
@@ -93,10 +85,7 @@ class _ELU(nn.Module):
         return F.elu(x)
 
     def with_derivative(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        return F.elu(x), self.derivative(x)
-
-    def derivative(self, x: Tensor) -> Tensor:
-        return torch.where(x > 0, torch.ones_like(x), torch.exp(torch.clamp(x, max=0.0)))
+        return F.elu(x), torch.where(x > 0, torch.ones_like(x), torch.exp(torch.clamp(x, max=0.0)))
 
 
 #: The 1-Lipschitz activations `Residual` accepts.
@@ -112,23 +101,13 @@ class SpectralLinear(nn.Module):
 
     With `iterations=None` (the default) $\sigma(W)$ is the exact largest singular value in every mode, so
     $\|\tilde W\|_2 \le c$ holds to rounding at every training step; the gradient flows through it
-    ($\partial \sigma / \partial W = u_1 v_1^\top$). It costs a singular-value decomposition of $W$ per call,
-    cheap at the widths of a 2-D or tabular flow: in `ResidualFlow(2)` (15 layers, hidden width 64) a training
-    step takes 15.9 ms against 13.6 ms with one power iteration (one thread, batch 256).
+    ($\partial \sigma / \partial W = u_1 v_1^\top$), for an SVD per call.
 
-    With an integer `iterations`, in training mode $\sigma(W)$ is the power-iteration estimate
-    $u^\top W v$ instead, with `iterations` steps per call warm-started from the previous call's vectors (the
-    first training-mode call of a built or loaded layer takes 100 steps), and the gradient flows through it as
-    in `torch.nn.utils.spectral_norm` (Miyato et al. 2018; Behrmann et al. 2019, algorithm 1; Chen et al.
-    2019). The estimate approaches $\sigma(W)$ from below and lags when the top singular values are close,
-    which spectral normalisation itself brings about (training pushes several of them to the cap): in
-    `ResidualFlow(2)` trained on moons (1000 Adam steps at $10^{-3}$) one step of warm-started power
-    iteration let layers reach norm 1.23 against $c = 0.97$, and the product of a block's layer norms 1.13,
-    so the block was not provably contractive while it trained. In eval mode $\sigma(W)$ is exact in both
-    settings.
-
-    The vectors $u, v$ are buffers, saved with the model (and kept, unused, with `iterations=None`, so that
-    weights files hold the same tensors either way).
+    With an integer `iterations`, in training mode $\sigma(W)$ is the power-iteration estimate $u^\top W v$,
+    `iterations` steps per call warm-started from the last call's vectors (100 on a layer's first call), with the
+    gradient of `torch.nn.utils.spectral_norm` (Behrmann et al. 2019, algorithm 1). The estimate lags below $\sigma(W)$
+    when the top singular values are close, as training makes them. In eval mode $\sigma(W)$ is exact. The vectors
+    $u, v$ are saved buffers in both settings.
 
     Arguments:
         in_features: input size.
@@ -189,11 +168,9 @@ class SpectralLinear(nn.Module):
 
 
 def _check_fixed_point(where: str, what: str, steps: Tensor, start: Tensor, tolerance: float) -> None:
-    r"""Raise `ConvergenceError` for a fixed-point iteration that ran out of steps with its residuals still large.
+    r"""Raise `ConvergenceError` for a fixed-point iteration whose last `steps` are still large.
 
-    Large: above `tolerance` and above the root finders' rounding allowance $2^{10}\varepsilon \max(1, |v|)$
-    ([`tolerance`][flowkit.root_finding.tolerance], `v` the iteration's input), so that an iteration stalled
-    at rounding level (a tolerance below what the dtype resolves) is accepted.
+    Large: above `tolerance` and the rounding allowance [`tolerance`][flowkit.root_finding.tolerance] $\max(1, |v|)$.
     """
     floor = root_tolerance(start.dtype) * max(1.0, float(start.abs().max()))
     bound = max(tolerance, floor)
@@ -217,10 +194,7 @@ def _roulette_tail(estimator: str, parameter: float, m: int) -> float:
     if estimator == "geometric":
         return (1.0 - parameter) ** m
     # P(Poisson(rate) >= m) is the regularised lower incomplete gamma function P(m, rate).
-    value = torch.special.gammainc(
-        torch.tensor(float(m), dtype=torch.float64), torch.tensor(parameter, dtype=torch.float64)
-    )
-    return float(value)
+    return float(torch.special.gammainc(*torch.tensor([float(m), parameter], dtype=torch.float64)))
 
 
 class Residual(Bijector):
@@ -232,50 +206,35 @@ class Residual(Bijector):
 
     **Log-determinant.** $\log|\det(I + J_g(x))|$ is computed
 
-    - `logdet="exact"`: from the Jacobian $J_g = W_L \operatorname{diag}(\phi'(a_{L-1})) W_{L-1} \cdots
-      \operatorname{diag}(\phi'(a_1)) W_1$ assembled layer by layer and `slogdet` (deterministic; costs
-      $O(D^3)$ per point, meant for small $D$);
-    - `logdet="series"` (training mode only): by the power series
-      $\sum_{k \ge 1} (-1)^{k+1} v^\top J_g^k v / k$ with one Gaussian Hutchinson probe $v$, truncated after
-      `exact_terms` $+ N$ terms where $N$ is drawn once per call (geometric, $P(N = n) = p(1-p)^n$, or
-      Poisson with mean `rate`), term $k$ weighted by $1 / P(N \ge k - n_\text{exact})$: the Russian-roulette
-      estimator, unbiased for the log-determinant (Chen et al. 2019, theorem 1). With `neumann=True` its
-      gradient comes from the Neumann series
-      $\partial \log\det(I + J) = \sum_{m \ge 0} (-1)^m \operatorname{tr}(J^m \, \partial J)$ with the same
-      weights, evaluated as one vector-Jacobian product with a graph, $w^\top \partial J \, v$ with
-      $w^\top = \sum_m (-1)^m c_{m+1} v^\top J^m$ built without one: memory does not grow with the number
-      of terms (Chen et al. 2019, section 3.2). With `neumann=False` autograd differentiates the truncated
-      series itself.
+    - `logdet="exact"`: from the Jacobian
+      $J_g = W_L \operatorname{diag}(\phi'(a_{L-1})) W_{L-1} \cdots \operatorname{diag}(\phi'(a_1)) W_1$ assembled layer
+      by layer and `slogdet` (deterministic; costs $O(D^3)$ per point, meant for small $D$);
+    - `logdet="series"` (training mode only): by the power series $\sum_{k \ge 1} (-1)^{k+1} v^\top J_g^k v / k$ with
+      one Gaussian Hutchinson probe $v$, truncated after `exact_terms` $+ N$ terms where $N$ is drawn once per call
+      (geometric, $P(N = n) = p(1-p)^n$, or Poisson with mean `rate`), term $k$ weighted by
+      $1 / P(N \ge k - n_\text{exact})$: the Russian-roulette estimator, unbiased for the log-determinant (Chen et al.
+      2019, theorem 1). With `neumann=True` its gradient comes from the Neumann series
+      $\partial \log\det(I + J) = \sum_{m \ge 0} (-1)^m \operatorname{tr}(J^m \, \partial J)$ with the same weights,
+      evaluated as one vector-Jacobian product with a graph, $w^\top \partial J \, v$ with
+      $w^\top = \sum_m (-1)^m c_{m+1} v^\top J^m$ built without one: memory does not grow with the number of terms (Chen
+      et al. 2019, section 3.2). With `neumann=False` autograd differentiates the truncated series itself.
 
     In eval mode (`flow.eval()`, as in `check_bijector`) the log-determinant is always the exact one, so
-    `log_prob` is deterministic whatever `logdet` says; with many features that costs one $D \times D$
-    determinant per point.
+    `log_prob` is deterministic whatever `logdet` says.
 
-    **Initialisation.** The last linear layer starts at a tenth of its default scale, so the block starts
-    near the identity, and every LipSwish starts at $\beta$ = `beta` = 32 (learned from there). The
-    spectral normalisation bounds each pre-activation by the scale of the block's input (unit scale after
-    ActNorm), and $\phi_\beta(x) = \phi_1(\beta x) / \beta \approx x / 2.2 + \beta x^2 / 8.8$ for
-    $|\beta x| \lesssim 1$: at Chen et al.'s start $\beta \approx 0.97$ the network is nearly linear on the
-    data, a linear $g$ cannot improve on a Gaussian fit of standardised data, and the gradient towards a
-    non-linear $g$ is of second order. At Adam's learning rate $10^{-3}$ the `ResidualFlow` preset then
-    stayed on that plateau (standardised checkerboard: test NLL 2.814 after 1000 steps against 2.84 for
-    N(0, I), the largest $\|J_g\|_2$ over the test points 0.03 against the bound 0.91; flowkit issue 38).
-    With $\beta = 32$ the bend of LipSwish, about $4 / \beta$ wide, is well inside the data's range, the
-    same run reaches 2.22 with $\|J_g\|_2$ up to 0.54; starts of 16 to 64 did about as well, 4 worse
-    (2.49), 0.97 not at all. $\beta$ does not change the Lipschitz bound: $\phi_\beta$ is 1-Lipschitz
-    for every $\beta$.
+    **Initialisation.** The last linear layer starts at a tenth of its default scale (near the identity) and every
+    LipSwish at $\beta$ = `beta` = 32: $\phi_\beta(x) \approx x / 2.2 + \beta x^2 / 8.8$ for $|\beta x| \lesssim 1$, so
+    at Chen et al.'s $\beta \approx 0.97$ the network is nearly linear on unit-scale data (and stayed at the Gaussian
+    fit; flowkit issue 38). $\beta$ does not change the Lipschitz bound.
 
     **Inverse.** The fixed-point iteration $x_{k+1} = z - g(x_k)$ from $x_0 = z$, a contraction with rate
-    $\mathrm{Lip}(g) \le c$, runs until $\max |x_{k+1} - x_k| \le$ `tolerance` (or, below that, the dtype's
-    rounding floor $8 \varepsilon \max(1, |z|)$), at most `max_iterations` times; the result is then within
-    $c / (1 - c) \cdot$ `tolerance` of the exact inverse in every coordinate; an iteration that has not
-    reached its tolerance after `max_iterations` steps (a block that is not contractive, in training mode
-    with unconverged power iterations, or far too few steps) raises
-    [`ConvergenceError`][flowkit.root_finding.ConvergenceError] naming the point and its residual
-    $|x + g(x) - z|$, as does the adjoint solve of the backward pass. Gradients of the inverse are
-    the implicit ones, $\partial x / \partial z = (I + J_g)^{-1}$ and
-    $\partial x / \partial \theta = -(I + J_g)^{-1} \partial g / \partial \theta$, applied by the same
-    fixed-point iteration on the incoming gradient.
+    $\mathrm{Lip}(g) \le c$, runs until $\max |x_{k+1} - x_k| \le$ `tolerance` (or, below that, the dtype's rounding
+    floor $8 \varepsilon \max(1, |z|)$), at most `max_iterations` times; the result is then within $c / (1 - c) \cdot$
+    `tolerance` of the exact inverse. An iteration (or the backward pass's adjoint solve) still above its tolerance
+    after `max_iterations` steps raises [`ConvergenceError`][flowkit.root_finding.ConvergenceError] naming the point.
+    Gradients of the inverse are the implicit ones, $\partial x / \partial z = (I + J_g)^{-1}$ and
+    $\partial x / \partial \theta = -(I + J_g)^{-1} \partial g / \partial \theta$, applied by the same fixed-point
+    iteration on the incoming gradient.
 
     Arguments:
         features: number of features `D`.
@@ -288,10 +247,8 @@ class Residual(Bijector):
         rate: mean of the Poisson distribution (positive).
         exact_terms: terms always included before the roulette starts (non-negative).
         neumann: use the memory-efficient Neumann-series gradient.
-        power_iterations: None (the default) to normalise every linear layer by its exact largest singular
-            value in training as in eval mode, so that the bound holds at every step; or the power iterations
-            per training-mode call of each layer (cheaper for wide layers, but the estimate lags below the
-            norm; see `flowkit.bijectors.residual.SpectralLinear`).
+        power_iterations: None for the exact spectral norm at every step, or the power iterations per
+            training-mode call (cheaper for wide layers; see `flowkit.bijectors.residual.SpectralLinear`).
         tolerance: stopping tolerance of the fixed-point inverse (positive).
         max_iterations: the most fixed-point iterations.
         beta: the initial $\beta$ of the LipSwish activations (positive; only for `activation="lipswish"`).

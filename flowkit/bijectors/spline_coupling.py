@@ -25,9 +25,7 @@ def SplineCoupling(
     *,
     conditioner: nn.Module | None = None,
 ) -> Coupling:
-    """RQ-NSF coupling: a [`Coupling`][flowkit.bijectors.Coupling] with a spline transformer.
-
-    The transformer is a [`RationalQuadraticSpline`][flowkit.transformers.RationalQuadraticSpline].
+    """RQ-NSF coupling: a [`Coupling`][flowkit.bijectors.Coupling] with a rational-quadratic spline transformer.
 
     Arguments:
         features: number of features `D`.
@@ -60,10 +58,8 @@ def CircularSplineCoupling(
 ) -> Coupling:
     r"""Coupling layer on the torus $[-\pi, \pi)^D$ with circular spline transformers.
 
-    The transformer is a [`CircularSpline`][flowkit.transformers.CircularSpline]; the default
-    conditioner is a periodic [`MLP`][flowkit.nn.MLP]: the conditioning angles enter as
-    $(\cos x, \sin x)$, so the spline parameters, and hence the map, are continuous across
-    $-\pi = \pi$ in every coordinate.
+    The transformer is a [`CircularSpline`][flowkit.transformers.CircularSpline]; the default conditioner is
+    a periodic [`MLP`][flowkit.nn.MLP], so the map is continuous across $-\pi = \pi$ in every coordinate.
 
     Arguments:
         features: number of angles `D` (at least 2).

@@ -1,9 +1,8 @@
 """Datasets: built-in 2-D sets, sklearn's digits, CSV/NPY files and the MAF tabular benchmarks.
 
-Every loader returns a [`Splits`][flowkit.data.Splits] (train/val/test float32 tensors);
-[`load`][flowkit.data.load] picks the loader from a name or a file path. Nothing is
-downloaded: the 2-D sets are generated from a seed, digits ship inside
-scikit-learn, and the tabular benchmarks are read when their files are present.
+Every loader returns a [`Splits`][flowkit.data.Splits] (train/val/test float32 tensors); [`load`][flowkit.data.load]
+picks the loader from a name or a file path. Nothing is downloaded: the 2-D sets are generated from a seed, digits ship
+inside scikit-learn, and the tabular benchmarks are read when their files are present.
 
 Examples:
     >>> import flowkit
@@ -82,17 +81,14 @@ def load(name_or_path: str | os.PathLike, *, root: str | os.PathLike | None = No
     """Load a dataset by name or from a file, as train/val/test splits.
 
     Arguments:
-        name_or_path: a built-in 2-D set (`moons`, `circles`,
-            `checkerboard`, `8gaussians`, `pinwheel`, `spirals`,
-            `rings`), `digits`, a tabular benchmark (`power`, `gas`,
-            `hepmass`, `miniboone`, `bsds300`, read from `root`), or
-            the path of a `.csv`/`.tsv`/`.npy` file (split 80/10/10 by a seeded
-            permutation; a header's column names go to `info["columns"]`).
+        name_or_path: a built-in 2-D set (`moons`, `circles`, `checkerboard`, `8gaussians`, `pinwheel`, `spirals`,
+            `rings`), `digits`, a tabular benchmark (`power`, `gas`, `hepmass`, `miniboone`, `bsds300`, read from
+            `root`), or the path of a `.csv`/`.tsv`/`.npy` file (split 80/10/10 by a seeded permutation; a header's
+            column names go to `info["columns"]`).
         root: data directory of the tabular benchmarks (default `$FLOWKIT_DATA` or `./data`);
             for `fashion-mnist` (14x14) and `fashion-mnist-28`, the folder of the idx files
             (see [`fashion_mnist`][flowkit.data.fashion_mnist]). `digits-images` are the digits as `(1, 8, 8)` images.
-        seed: seed of the 2-D sets' draws, of digits' dequantisation noise,
-            and of a file's split permutation.
+        seed: seed of the 2-D sets' draws, of digits' dequantisation noise, and of a file's split permutation.
 
     Raises:
         ValueError: an unknown name that is not a file path either, or a malformed file.

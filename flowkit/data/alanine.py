@@ -1,9 +1,8 @@
 """Reference configurations of alanine dipeptide made here: Langevin molecular dynamics with OpenMM, cached on disk.
 
 Nothing is downloaded: the frames are simulated from the shipped AMBER files (see
-[`AlanineDipeptide`][flowkit.targets.AlanineDipeptide]) and cached as a NumPy file in the
-data directory (`root`, else `$FLOWKIT_DATA`, else `./data`), under `alanine_dipeptide/`.
-A second call with the same arguments reads the cache.
+[`AlanineDipeptide`][flowkit.targets.AlanineDipeptide]) and cached as a NumPy file in the data directory (`root`, else
+`$FLOWKIT_DATA`, else `./data`), under `alanine_dipeptide/`. A second call with the same arguments reads the cache.
 """
 
 from __future__ import annotations
@@ -42,11 +41,10 @@ def alanine_dipeptide_md(
 ) -> Tensor:
     """Frames of Langevin MD of alanine dipeptide (no constraints), `(N, 66)` float64 in nm, cached on disk.
 
-    The run starts at the minimised shipped coordinates with velocities drawn at
-    `temperature`, is equilibrated for `equilibration` ps (not stored), then stores one
-    frame every `interval` ps for `ns` ns with OpenMM's `LangevinMiddleIntegrator` on the
-    Reference platform in vacuum (the CPU platform in solvent), seeded by `seed`.
-    In vacuum at 1000 K, 5 ns take a few minutes on 2 cores.
+    The run starts at the minimised shipped coordinates with velocities drawn at `temperature`, is equilibrated for
+    `equilibration` ps (not stored), then stores one frame every `interval` ps for `ns` ns with OpenMM's
+    `LangevinMiddleIntegrator` on the Reference platform in vacuum (the CPU platform in solvent), seeded by `seed`. In
+    vacuum at 1000 K, 5 ns take a few minutes on 2 cores.
 
     Arguments:
         temperature: temperature in kelvin.

@@ -1,20 +1,17 @@
 r"""Dependent data sets: training points that are correlated, as in Kirchler et al., ICML 2023.
 
-The synthetic sets follow the paper's: a latent pair per point, jointly Gaussian
-over the points, $\operatorname{vec}(Z) \sim \mathcal N(0, \Sigma \otimes I_2)$, pushed
-through a fixed 2-D map (`abs`, `sign`, `cres`, `sine`, `ccube`, after the paper's
-`to_abs`, ...). Two kinds of $\Sigma$:
+The synthetic sets follow the paper's: a latent pair per point, jointly Gaussian over the points,
+$\operatorname{vec}(Z) \sim \mathcal N(0, \Sigma \otimes I_2)$, pushed through a fixed 2-D map (`abs`, `sign`, `cres`,
+`sine`, `ccube`, after the paper's `to_abs`, ...). Two kinds of $\Sigma$:
 
-- [`equicorrelated_groups`][flowkit.data.equicorrelated_groups]: groups of Pareto
-  sizes, correlation $\rho_g$ within group $g$, one $\rho$ for all groups or, as the
-  paper's `equi_*` sets, $\rho_g \sim U(0.5, 0.99)$ per group (`rho=(0.5, 0.99)`);
-- [`random_kinship`][flowkit.data.random_kinship]: $\Sigma = \lambda I + (1 - \lambda) K$
-  with a random dense correlation matrix $K$ (built as scikit-learn's
-  `make_sparse_spd_matrix`, like the paper's `rm_*` sets).
+- [`equicorrelated_groups`][flowkit.data.equicorrelated_groups]: groups of Pareto sizes, correlation $\rho_g$ within
+  group $g$, one $\rho$ for all groups or, as the paper's `equi_*` sets, $\rho_g \sim U(0.5, 0.99)$ per group
+  (`rho=(0.5, 0.99)`);
+- [`random_kinship`][flowkit.data.random_kinship]: $\Sigma = \lambda I + (1 - \lambda) K$ with a random dense
+  correlation matrix $K$ (built as scikit-learn's `make_sparse_spd_matrix`, like the paper's `rm_*` sets).
 
-Validation and test points are independent draws of the same marginal, so a
-flow that mistakes the training set's correlations for density pays on them.
-[`stock_pairs`][flowkit.data.stock_pairs] is a real grouped set: the S&P 500 and
+Validation and test points are independent draws of the same marginal, so a flow that mistakes the training set's
+correlations for density pays on them. [`stock_pairs`][flowkit.data.stock_pairs] is a real grouped set: the S&P 500 and
 NASDAQ indices on each trading day, from the files that ship with the `arch` package.
 """
 
@@ -118,13 +115,10 @@ def equicorrelated_groups(
 ) -> DependentSplits:
     r"""Equicorrelated groups of points (the paper's `equi_*` sets).
 
-    Group sizes are $1 + \operatorname{round}(\operatorname{Pareto}(\alpha))$, capped at
-    `max_group`, until `n` points; within group $g$ the latents are
-    $z_i = \sqrt{\rho_g}\, u_g + \sqrt{1 - \rho_g}\, e_i$ (correlation $\rho_g$), and the data
-    are `DEPENDENT_SHAPES[shape](z)`. Validation and test points are independent. The paper's
-    sets draw $\rho_g \sim U(0.5, 0.99)$ per group (`rho=(0.5, 0.99)`), with $n = 10^4$ and
-    groups of up to 1000 points; `truth["rho"]` is then the list of the $\rho_g$ (in group order,
-    the order of the labels in `groups`).
+    Group sizes are $1 + \operatorname{round}(\operatorname{Pareto}(\alpha))$, capped at `max_group`, until `n` points;
+    within group $g$ the latents are $z_i = \sqrt{\rho_g}\, u_g + \sqrt{1 - \rho_g}\, e_i$ (correlation $\rho_g$), and
+    the data are `DEPENDENT_SHAPES[shape](z)`. The paper's sets draw $\rho_g \sim U(0.5, 0.99)$ per group
+    (`rho=(0.5, 0.99)`; `truth["rho"]` is then the list of the $\rho_g$, in the order of `groups`' labels).
 
     Arguments:
         shape: one of `abs`, `sign`, `cres`, `sine`, `ccube`.
@@ -159,14 +153,9 @@ def equicorrelated_groups(
     z = np.sqrt(r) * shared + np.sqrt(1 - r) * rng.standard_normal((n, 2))
     val, test = _independent(fn, n_val, n_test, rng)
     info = {"source": "generated", "seed": seed, "group_sizes": sizes.tolist()}
+    truth = {"rho": low if low == high else rhos.tolist()}
     return DependentSplits(
-        f"equi_{shape}",
-        _tensor(fn(z)),
-        val,
-        test,
-        info=info,
-        groups=torch.as_tensor(groups),
-        truth={"rho": low if low == high else rhos.tolist()},
+        f"equi_{shape}", _tensor(fn(z)), val, test, info=info, groups=torch.as_tensor(groups), truth=truth
     )
 
 
@@ -184,23 +173,14 @@ def _random_correlation(n: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def random_kinship(
-    shape: str = "cres",
-    n: int = 2000,
-    lam: float = 0.5,
-    *,
-    n_val: int = 1000,
-    n_test: int = 5000,
-    seed: int = 0,
+    shape: str = "cres", n: int = 2000, lam: float = 0.5, *, n_val: int = 1000, n_test: int = 5000, seed: int = 0
 ) -> DependentSplits:
     r"""Points related by a random kinship matrix (the paper's `rm_*` sets).
 
-    $K$ is a dense random correlation matrix built as scikit-learn's
-    `make_sparse_spd_matrix(n, alpha=0, smallest_coef=0.5, largest_coef=0.99, norm_diag=True)`
-    builds it (the paper's code uses that function): $F = P(L - I)P^\top$ with $L$ strictly
-    lower triangular, entries uniform on $[0.5, 0.99]$, $P$ a random permutation, and $K$ the
-    correlation matrix of $F^\top F$; $\Sigma = \lambda I + (1 - \lambda) K$, $\operatorname{vec}(Z) \sim
-    \mathcal N(0, \Sigma \otimes I_2)$ and the data are `DEPENDENT_SHAPES[shape](z)`.
-    Validation and test points are independent. Costs $O(n^3)$ (a second for $n = 2000$).
+    $K$ is the correlation matrix of $F^\top F$, $F = P(L - I)P^\top$ with $L$ strictly lower triangular,
+    entries uniform on $[0.5, 0.99]$, and $P$ a random permutation (scikit-learn's `make_sparse_spd_matrix`,
+    as the paper's code); $\Sigma = \lambda I + (1 - \lambda) K$, $\operatorname{vec}(Z) \sim
+    \mathcal N(0, \Sigma \otimes I_2)$ and the data are `DEPENDENT_SHAPES[shape](z)`. Costs $O(n^3)$.
 
     Arguments:
         shape: one of `abs`, `sign`, `cres`, `sine`, `ccube`.
@@ -228,13 +208,9 @@ def random_kinship(
 def stock_pairs(*, val: float = 0.15, test: float = 0.15) -> DependentSplits:
     r"""Daily S&P 500 and NASDAQ index moves, the two indices of a day forming a group (real grouped data).
 
-    Each point is one index on one trading day (1999-2018, from the files bundled with
-    the `arch` package), with two features: the close-to-close log return and the log of
-    the high/low range, in percent, each standardised with the training days' mean and
-    standard deviation. The two indices move together, so each day is a group of two
-    equicorrelated points. Days are split in time order: the first `1 - val - test` for
-    training, then validation, then test; the validation and test days are groups too
-    (`val_groups`, `test_groups`).
+    Each point is one index on one trading day (1999-2018, from the files bundled with `arch`), with two
+    features: the close-to-close log return and the log of the high/low range, in percent, standardised on
+    the training days. Days are split in time order (training, validation, test); every split is grouped.
 
     Arguments:
         val: fraction of days for validation.

@@ -29,10 +29,7 @@ class NLL:
     n: int
 
     def bits_per_dim(self, dims: int, levels: int) -> tuple[float, float]:
-        """The same in bits/dim for dequantised data: `(mean, two_se)`.
-
-        See [`bits_per_dim`][flowkit.data.bits_per_dim].
-        """
+        """The same in bits/dim for dequantised data, `(mean, two_se)` ([`bits_per_dim`][flowkit.data.bits_per_dim])."""
         return float(bits_per_dim(-self.mean, dims, levels)), self.two_se / (dims * math.log(2))
 
     def __str__(self) -> str:

@@ -114,15 +114,13 @@ def _read_npy(path: Path) -> np.ndarray:
 def read_array(path: str | os.PathLike) -> np.ndarray:
     """Read an `(N, D)` float64 array from a `.csv` or `.npy` file.
 
-    CSV files may have one header row (detected when its fields are not
-    numbers); delimiters `,` `;` tab and space are recognised. A 1-D
-    array is read as `(N, 1)`.
+    CSV files may have one header row (detected when its fields are not numbers); delimiters `,` `;` tab and space are
+    recognised. A 1-D array is read as `(N, 1)`.
 
     Raises:
         FileNotFoundError: the file does not exist.
-        ValueError: unknown suffix, malformed CSV (ragged rows, empty),
-            non-numeric columns, arrays that are not 1-D or 2-D, or
-            non-finite values (NaN, inf), each named in one line.
+        ValueError: unknown suffix, malformed CSV (ragged rows, empty), non-numeric columns, arrays that are not 1-D or
+            2-D, or non-finite values (NaN, inf), each named in one line.
     """
     path = Path(path)
     if not path.exists():

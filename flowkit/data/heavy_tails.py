@@ -1,14 +1,12 @@
 r"""Heavy-tailed datasets: the mTAF synthetic copula data and daily stock-index returns from `arch`.
 
-**mTAF synthetic data** (Laszkiewicz et al. 2022, after their `copula_generator`): a Gaussian
-copula whose correlation matrix has `D` random symmetric pairs of off-diagonal entries equal to
-0.25 (redrawn until positive definite), with the marginals, in order: `D/4` normal, `D/8`
-two-component and `D/8` three-component normal mixtures, normal mixtures for the rest, and the
-last `heavy` ones two-component mixtures of Student-t with `df` degrees of freedom. Means are
-drawn from $U(-4, 4)$, scales from $U(1, 2)$, mixture weights are equal. A point is
-$x_j = F_j^{-1}(\Phi(g_j))$ with $g \sim \mathcal N(0, \Sigma)$; the quantile functions are found by
-bisection (on the survival function in the upper half, so the far tails keep their digits). A
-copula of scipy replaces the reference's `openturns`.
+**mTAF synthetic data** (Laszkiewicz et al. 2022, after their `copula_generator`): a Gaussian copula whose correlation
+matrix has `D` random symmetric pairs of off-diagonal entries equal to 0.25 (redrawn until positive definite), with the
+marginals, in order: `D/4` normal, `D/8` two-component and `D/8` three-component normal mixtures, normal mixtures for
+the rest, and the last `heavy` ones two-component mixtures of Student-t with `df` degrees of freedom. Means are drawn
+from $U(-4, 4)$, scales from $U(1, 2)$, mixture weights are equal. A point is $x_j = F_j^{-1}(\Phi(g_j))$ with
+$g \sim \mathcal N(0, \Sigma)$; the quantile functions are found by bisection (on the survival function in the upper
+half, so the far tails keep their digits). A copula of scipy replaces the reference's `openturns`.
 
 **Returns**: percentage daily log returns $100 \log(P_t / P_{t-1})$ of the adjusted closes of the
 S&P 500 and the NASDAQ composite (1999-2018, 5030 days, `D = 2`), from the data files bundled with
@@ -97,11 +95,7 @@ def _mixture_quantile(marginal: dict, g: np.ndarray) -> np.ndarray:
 
 
 def mtaf_synthetic(
-    features: int = 8,
-    heavy: int = 1,
-    df: float = 2.0,
-    seed: int = 0,
-    sizes: tuple[int, int, int] | None = None,
+    features: int = 8, heavy: int = 1, df: float = 2.0, seed: int = 0, sizes: tuple[int, int, int] | None = None
 ) -> Splits:
     """The mTAF synthetic copula data (see the module docstring), as train/val/test splits.
 

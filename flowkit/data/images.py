@@ -1,18 +1,13 @@
 r"""Image datasets: sklearn's 8x8 digits as images, and Fashion-MNIST from the Debian package's idx files.
 
-Both return [`Splits`][flowkit.data.Splits] of shape `(N, 1, H, W)`, dequantised
-with uniform noise to `[0, 1]`, $\tilde x = (x + u) / K$, with `levels = K` and
-the integer training images in `info["counts"]` (for fresh noise at every pass
-through [`training_data`][flowkit.data.training_data]). Bits/dim then use
-`dims = C H W` ([`bits_per_dim`][flowkit.data.bits_per_dim]).
+Both return [`Splits`][flowkit.data.Splits] of shape `(N, 1, H, W)`, dequantised with uniform noise,
+$\tilde x = (x + u) / K$, with `levels = K` and the integer training images in `info["counts"]` (for
+[`training_data`][flowkit.data.training_data]); bits/dim use `dims = C H W`.
 
-Nothing is downloaded. Fashion-MNIST is read from the idx files that the Debian
-package `dataset-fashion-mnist` installs under `/usr/share/datasets/fashion-mnist`
-(`sudo apt-get install dataset-fashion-mnist`), or from the folder in
-`$FLOWKIT_FASHION_MNIST`, or from `root=`. Without root, the package can be
-unpacked anywhere: `apt-get download dataset-fashion-mnist && dpkg -x
-dataset-fashion-mnist_*.deb DIR`, then point `root` at
-`DIR/usr/share/datasets/fashion-mnist`.
+Nothing is downloaded. Fashion-MNIST is read from the idx files of the Debian package
+`dataset-fashion-mnist` (under `/usr/share/datasets/fashion-mnist`), from `$FLOWKIT_FASHION_MNIST`, or from
+`root=` (unpack the package anywhere with `apt-get download dataset-fashion-mnist && dpkg -x
+dataset-fashion-mnist_*.deb DIR` and point `root` at `DIR/usr/share/datasets/fashion-mnist`).
 """
 
 from __future__ import annotations
@@ -109,8 +104,7 @@ def _find(root: Path, stem: str) -> Path:
 def fashion_mnist(root: str | os.PathLike | None = None, size: int = 14, seed: int = 0) -> Splits:
     """Fashion-MNIST as `(N, 1, size, size)` images dequantised to `[0, 1]`, 55000/5000/10000 images.
 
-    The validation images are 5000 of the 60000 training images, chosen by a fixed
-    permutation (seed 0); the test set is the 10000 `t10k` images.
+    The validation images are 5000 of the training images (a fixed permutation); the test set is `t10k`.
 
     Arguments:
         root: folder of `train-images-idx3-ubyte[.gz]` and `t10k-images-idx3-ubyte[.gz]`
@@ -141,25 +135,17 @@ def fashion_mnist(root: str | os.PathLike | None = None, size: int = 14, seed: i
     parts = [train[order[_VALIDATION:]], train[order[:_VALIDATION]], test]
     parts = [p[:, None].astype(np.float64) for p in parts]
     streams = np.random.SeedSequence(seed).spawn(3)
-    noisy = [dequantize(p, FASHION_MNIST_LEVELS, s) for p, s in zip(parts, streams, strict=True)]
-    return Splits(
-        "fashion-mnist" if size == 14 else "fashion-mnist-28",
-        *(_tensor(p) for p in noisy),
-        levels=FASHION_MNIST_LEVELS,
-        info={"source": str(folder), "size": size, "counts": parts[0], "dequantization_seed": seed},
-    )
+    noisy = [_tensor(dequantize(p, FASHION_MNIST_LEVELS, s)) for p, s in zip(parts, streams, strict=True)]
+    info = {"source": str(folder), "size": size, "counts": parts[0], "dequantization_seed": seed}
+    return Splits("fashion-mnist" if size == 14 else "fashion-mnist-28", *noisy, levels=FASHION_MNIST_LEVELS, info=info)
 
 
 def digits_images(seed: int = 0) -> Splits:
     """The digits (see [`digits`][flowkit.data.digits]) as `(N, 1, 8, 8)` images: the same split and noise."""
-    data = digits(seed)
-    shape = (1, 8, 8)
-    return Splits(
-        "digits-images",
-        *(t.reshape(-1, *shape) for t in (data.train, data.val, data.test)),
-        levels=DIGITS_LEVELS,
-        info={**data.info, "counts": data.info["counts"].reshape(-1, *shape)},
-    )
+    data, shape = digits(seed), (1, 8, 8)
+    info = {**data.info, "counts": data.info["counts"].reshape(-1, *shape)}
+    images = (t.reshape(-1, *shape) for t in (data.train, data.val, data.test))
+    return Splits("digits-images", *images, levels=DIGITS_LEVELS, info=info)
 
 
 #: The image datasets [`flowkit.data.load`][flowkit.data.load] knows by name.

@@ -20,9 +20,8 @@ class Splits:
         train: training points.
         val: validation points (for early stopping and model choice).
         test: test points (touched once, for the reported numbers).
-        levels: number of quantisation levels `K` per dimension for
-            dequantised discrete data (17 for digits), else None; when set,
-            bits/dim are reported (see [`flowkit.data.bits_per_dim`][flowkit.data.bits_per_dim]).
+        levels: number of quantisation levels `K` per dimension for dequantised discrete data (17 for digits), else
+            None; when set, bits/dim are reported (see [`flowkit.data.bits_per_dim`][flowkit.data.bits_per_dim]).
         info: free-form notes (source, preprocessing).
     """
 

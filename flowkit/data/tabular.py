@@ -1,11 +1,9 @@
 """The MAF tabular benchmarks (POWER, GAS, HEPMASS, MINIBOONE, BSDS300), read from a local directory.
 
-The preprocessed files of Papamakarios et al. (Zenodo record 1161203,
-`data.tar.gz`) cannot be downloaded by flowkit; unpack them yourself and
-point `root` (or the `FLOWKIT_DATA` environment variable) at the folder
-that holds `power/`, `gas/`, `hepmass/`, `miniboone/` and `BSDS300/`.
-The loaders reproduce MAF's preprocessing and splits, so that numbers are
-comparable with the literature (MAF, NSF papers):
+The preprocessed files of Papamakarios et al. (Zenodo record 1161203, `data.tar.gz`) cannot be downloaded by flowkit;
+unpack them yourself and point `root` (or the `FLOWKIT_DATA` environment variable) at the folder that holds `power/`,
+`gas/`, `hepmass/`, `miniboone/` and `BSDS300/`. The loaders reproduce MAF's preprocessing and splits, so that numbers
+are comparable with the literature (MAF, NSF papers):
 
 | name | files | D | preprocessing |
 |---|---|---|---|
@@ -15,13 +13,11 @@ comparable with the literature (MAF, NSF papers):
 | `miniboone` | `miniboone/data.npy` (N x 43) | 43 | standardise on train+val |
 | `bsds300` | `BSDS300/BSDS300.hdf5` or `{train,validation,test}.npy` | 63 | none (already split) |
 
-Test sets are the last 10% of rows and validation sets the last 10% of the
-rest, as in MAF. `BSDS300.hdf5` needs h5py (not a flowkit dependency);
-the `.npy` alternative does not.
+Test sets are the last 10% of rows and validation sets the last 10% of the rest, as in MAF. `BSDS300.hdf5` needs h5py
+(not a flowkit dependency); the `.npy` alternative does not.
 
-flowkit never unpickles: a pickle can run any code when it is read, so the
-archive's `gas/ethylene_CO.pickle` (a pickled pandas DataFrame) is refused.
-Convert it once, from the data directory, with pandas, *if you trust the file*:
+flowkit never unpickles: a pickle can run any code when it is read, so the archive's `gas/ethylene_CO.pickle` (a pickled
+pandas DataFrame) is refused. Convert it once, from the data directory, with pandas, *if you trust the file*:
 
 ```bash
 python -c "import pandas; pandas.read_pickle('gas/ethylene_CO.pickle').to_csv('gas/ethylene_CO.csv', index=False)"

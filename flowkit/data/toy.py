@@ -1,8 +1,7 @@
 """Two-dimensional toy densities, generated in code from a seed (nothing is downloaded).
 
-The shapes follow the usual flow benchmarks (FFJORD, NSF): two moons, two
-circles, a checkerboard, eight Gaussians, a pinwheel, two spirals and four
-concentric rings, all scaled to lie roughly in `[-4, 4]^2`.
+The shapes follow the usual flow benchmarks (FFJORD, NSF): two moons, two circles, a checkerboard, eight Gaussians, a
+pinwheel, two spirals and four concentric rings, all scaled to lie roughly in `[-4, 4]^2`.
 """
 
 from __future__ import annotations
@@ -92,12 +91,10 @@ def _draw(name: str, n: int, rng: np.random.Generator) -> np.ndarray:
 def toy(name: str, n: int = 10_000, seed: int = 0) -> np.ndarray:
     """Draw `n` points of a built-in 2-D dataset as a float64 array of shape `(n, 2)`, in random order.
 
-    The points are shuffled, so any slice `toy(name, n)[:k]` is a sample of the whole
-    density (the two moons draw one moon, then the other, before shuffling).
+    The points are shuffled, so any slice `toy(name, n)[:k]` is a sample of the whole density.
 
     Arguments:
-        name: one of `moons`, `circles`, `checkerboard`, `8gaussians`,
-            `pinwheel`, `spirals`, `rings`.
+        name: one of `moons`, `circles`, `checkerboard`, `8gaussians`, `pinwheel`, `spirals`, `rings`.
         n: number of points.
         seed: seed of the generator (the same seed gives the same points).
     """
@@ -109,11 +106,7 @@ def toy(name: str, n: int = 10_000, seed: int = 0) -> np.ndarray:
 
 
 def toy_splits(name: str, n_train: int = 20_000, n_val: int = 2_000, n_test: int = 10_000, seed: int = 0) -> Splits:
-    """Independent train/val/test draws of a built-in 2-D dataset.
-
-    The three sets use independent streams spawned from `seed`
-    (`numpy.random.SeedSequence`), so they never share points.
-    """
+    """Independent train/val/test draws of a built-in 2-D dataset (streams spawned from `seed`)."""
     toy(name, 1)  # validates the name
     streams = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3)]
     sets = [_draw(name, n, rng) for n, rng in zip((n_train, n_val, n_test), streams, strict=True)]

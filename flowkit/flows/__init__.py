@@ -1,7 +1,6 @@
 """Flows: a bijector over a base distribution, stochastic flows, and presets that build common flows.
 
-`Flow(bijector, base)` models `x = f^{-1}(z)`, `z ~ base`, with density
-`log p(x) = log p_Z(f(x)) + log|det J_f(x)|`.
+`Flow(bijector, base)` models `x = f^{-1}(z)`, `z ~ base`, with density `log p(x) = log p_Z(f(x)) + log|det J_f(x)|`.
 """
 
 from .base import FlowModel, require_exact_weights

@@ -1,18 +1,15 @@
 r"""Multiscale image flows: [`Glow`][flowkit.flows.Glow] and [`EIW`][flowkit.flows.EIW].
 
-A flow on images `(C, H, W)` in `[0, 1]` (dequantised pixels): a
-[`Logit`][flowkit.bijectors.Logit] preprocessing layer (its log-determinant is part of
-`log_prob`), then `levels` levels. Level `l` squeezes `2 x 2` blocks into
-channels (when the grid is even), runs `steps` flow steps
+A flow on images `(C, H, W)` in `[0, 1]` (dequantised pixels): a [`Logit`][flowkit.bijectors.Logit] preprocessing layer
+(its log-determinant is part of `log_prob`), then `levels` levels. Level `l` squeezes `2 x 2` blocks into channels (when
+the grid is even), runs `steps` flow steps
 
 $$\text{ActNorm} \to \text{Conv1x1} \to \text{affine coupling (channel mask, convolutional conditioner)},$$
 
-and, except at the last level, factors half of the channels out
-([`FactorOut`][flowkit.bijectors.FactorOut]); [`EIW`][flowkit.flows.EIW] puts an
-[`EIWShuffle`][flowkit.bijectors.EIWShuffle] before each split. The latent has
-the data's shape and one standard normal base scores all of it, so `log_prob`
-is exact and bits/dim follow from it for any number of levels
-([`flowkit.data.bits_per_dim`][flowkit.data.bits_per_dim] with `dims = C H W`).
+and, except at the last level, factors half of the channels out ([`FactorOut`][flowkit.bijectors.FactorOut]);
+[`EIW`][flowkit.flows.EIW] puts an [`EIWShuffle`][flowkit.bijectors.EIWShuffle] before each split. The latent has the
+data's shape and one standard normal base scores all of it, so `log_prob` is exact and bits/dim follow from it for any
+number of levels ([`flowkit.data.bits_per_dim`][flowkit.data.bits_per_dim] with `dims = C H W`).
 
 Example:
     ```python
@@ -25,6 +22,7 @@ Example:
 from __future__ import annotations
 
 import copy
+import functools
 import math
 from collections.abc import Callable, Sequence
 
@@ -59,11 +57,9 @@ def multiscale(
 ) -> Bijector:
     """The multiscale bijector of `levels` levels on `(C, H, W)`: squeeze, steps, (shuffle,) factor out half.
 
-    Each level squeezes `2 x 2` blocks into channels when `H` and `W` are even
-    (and runs at the same resolution otherwise), applies the layers
-    `steps(shape, level)`, and, except at the last level, factors out the last
-    `C - C // 2` channels; a squeezing level ends with the inverse squeeze, so
-    the latent has the data's shape.
+    Each level squeezes `2 x 2` blocks into channels when `H` and `W` are even, applies
+    `steps(shape, level)`, and, except at the last level, factors out the last `C - C // 2` channels;
+    a squeezing level ends with the inverse squeeze, so the latent has the data's shape.
 
     Arguments:
         event_shape: `(C, H, W)`.
@@ -135,11 +131,8 @@ class Glow(Flow):
     r"""Glow: a multiscale flow of ActNorm, invertible 1x1 convolutions and affine couplings, for images in `[0, 1]`.
 
     `Logit(alpha)` preprocessing, then `levels` levels of `steps` steps each
-    (see [`multiscale`][flowkit.flows.images.multiscale]): a level squeezes when
-    its grid is even, so `(1, 14, 14)` Fashion-MNIST runs its first level on
-    `(4, 7, 7)` and the next ones on `(2, 7, 7)`, `(1, 7, 7)`, ... A fresh flow is
-    the identity up to the logit and the (orthogonal) 1x1 convolutions; ActNorm
-    initialises itself from the first training batch.
+    (see [`multiscale`][flowkit.flows.images.multiscale]). A fresh flow is the identity up to the logit
+    and the (orthogonal) 1x1 convolutions; ActNorm initialises itself from the first training batch.
 
     Arguments:
         shape: `(C, H, W)` of the images.
@@ -148,20 +141,15 @@ class Glow(Flow):
         hidden: hidden channels of each coupling's convolutional conditioner.
         kernel: kernel size of the conditioners.
         activation: conditioner activation.
-        alpha: the [`Logit`][flowkit.bijectors.Logit] squeeze `alpha`; `None` for data on the
-            real line (no preprocessing). The default 0 maps `(0, 1)` onto the real line, so samples
-            stay in `[0, 1]` and the density is normalised there; a pixel at exactly 0 or 1 (not
-            dequantised) is a `ValueError`, as the logit is infinite there. A positive `alpha` (RealNVP's 0.05)
-            maps `[0, 1]` onto a bounded interval: the flow is then a density on the logit's wider
-            domain $(-\alpha / (1 - 2\alpha), (1 - \alpha) / (1 - 2\alpha))$, puts mass outside
-            `[0, 1]` (its samples can fall there; clamp them to show images), and it learns much more
-            slowly: `Glow((1, 14, 14), 2, 2, hidden=(32, 32))` reached 5.81 test bits/dim with
-            `alpha=0.05` against 4.73 with 0 after 120 Adam steps on Fashion-MNIST.
+        alpha: the [`Logit`][flowkit.bijectors.Logit] squeeze `alpha`; `None` for data on the real line (no
+            preprocessing). The default 0 maps `(0, 1)` onto the real line (a pixel at exactly 0 or 1 is a
+            `ValueError`). A positive `alpha` (RealNVP's 0.05) makes the flow a density on the logit's wider domain
+            $(-\alpha / (1 - 2\alpha), (1 - \alpha) / (1 - 2\alpha))$, with mass outside `[0, 1]`, and learns much more
+            slowly (5.81 test bits/dim against 4.73 on Fashion-MNIST after 120 steps).
         transformer: the coupling transformer instead of [`Affine`][flowkit.transformers.Affine]
             (e.g. a [`RationalQuadraticSpline`][flowkit.transformers.RationalQuadraticSpline]).
         conditioner: a factory `conditioner(in_channels, out_channels, context=0)` for each
-            coupling's conditioner, such as `functools.partial(flowkit.nn.ConvNet, hidden=(128, 128))`:
-            it maps the identity half of the channels to the parameters of the other half
+            coupling's conditioner, such as `functools.partial(flowkit.nn.ConvNet, hidden=(128, 128))`
             (see [`MaskedCoupling`][flowkit.bijectors.MaskedCoupling]).
         base: the latent distribution on `shape` (a standard normal by default).
 
@@ -225,13 +213,10 @@ class Glow(Flow):
 class EIW(Glow):
     r"""EIW-Flow (per reference code): [`Glow`][flowkit.flows.Glow] with a learned channel shuffle before each split.
 
-    The shuffle ([`EIWShuffle`][flowkit.bijectors.EIWShuffle]) is a learned, input-independent channel permutation (see
-    its docstring for what the reference code does and how that differs from
-    the paper's description); its KL regulariser, weighted by `weight`, is the
-    flow's [`auxiliary_loss`][flowkit.flows.Flow.auxiliary_loss], which
-    [`fit`][flowkit.train.fit] adds to the objective. The reference builds on
-    DenseFlow; this preset puts the shuffle into Glow, so that the comparison
-    with Glow isolates it.
+    The shuffle ([`EIWShuffle`][flowkit.bijectors.EIWShuffle]) is a learned, input-independent channel
+    permutation; its KL regulariser, weighted by `weight`, is the flow's
+    [`auxiliary_loss`][flowkit.flows.Flow.auxiliary_loss], which [`fit`][flowkit.train.fit] adds to the
+    objective. The reference builds on DenseFlow; this preset puts the shuffle into Glow to isolate it.
 
     Arguments:
         shape: `(C, H, W)` of the images.
@@ -268,10 +253,7 @@ class EIW(Glow):
         base: Distribution | None = None,
     ) -> None:
         check_number(levels, "levels", where="EIW", integer=True, low=2)
-
-        def shuffle(s: tuple[int, int, int]) -> Bijector:
-            return EIWShuffle(s, reduction, weight)
-
+        shuffle = functools.partial(EIWShuffle, reduction=reduction, weight=weight)
         self._build(shape, levels, steps, hidden, kernel, activation, alpha, transformer, conditioner, base, shuffle)
 
 
@@ -318,10 +300,8 @@ class Dequantized(FlowModel):
     \Big[\log p\big(\tfrac{x + u}{K}\big) - D \log K - \log q(u \mid x)\Big],$$
 
     with uniform noise ($\log q = 0$) unless a
-    [`VariationalDequantizer`][flowkit.flows.images.VariationalDequantizer] is given, in which case
-    maximum likelihood trains it with the flow. Train it on the integer images (`data.info["counts"]`);
-    its bits/dim are `-log_prob / (D ln 2)`, that is `nll.bits_per_dim(D, 1)` of
-    [`evaluate_nll`][flowkit.data.evaluate_nll] (the `D log K` is already counted).
+    [`VariationalDequantizer`][flowkit.flows.images.VariationalDequantizer] is given (trained with the
+    flow). Train it on the integer images (`data.info["counts"]`); its bits/dim are `-log_prob / (D ln 2)`.
 
     Arguments:
         flow: a flow on images in `[0, 1]` (e.g. a [`Glow`][flowkit.flows.Glow]).

@@ -1,14 +1,9 @@
 r"""A preset for scalar fields on periodic lattices: checkerboard couplings with circular convolutions.
 
-[`LatticeFlow`][flowkit.flows.LatticeFlow] is the architecture of Albergo,
-Kanwar & Shanahan (2019) and of the tutorial of Albergo et al. (2021): couplings
-on alternating checkerboards of an `L x L` (or `C x L x L`) lattice, each
-conditioned by a small convolutional network with circular padding, over a
-standard normal. Every layer commutes with the translations that preserve its
-checkerboard, and the flow's density is invariant under them (shifts by
-$(a, b)$ with $a + b$ even); with `z2=True` every conditioner is symmetrised
-([`Z2Equivariant`][flowkit.lattice.Z2Equivariant]) and the density is also
-invariant under $\phi \to -\phi$.
+[`LatticeFlow`][flowkit.flows.LatticeFlow] is the architecture of Albergo, Kanwar & Shanahan (2019): couplings on
+alternating checkerboards of an `L x L` (or `C x L x L`) lattice, each conditioned by a small convolutional network with
+circular padding, over a standard normal. The density is invariant under the translations by $(a, b)$ with $a + b$ even;
+with `z2=True` ([`Z2Equivariant`][flowkit.lattice.Z2Equivariant]) also under $\phi \to -\phi$.
 """
 
 from __future__ import annotations
@@ -22,6 +17,8 @@ import torch
 from .._validation import check_number
 from ..bijectors import Chain, MaskedCoupling, Reshape
 from ..distributions import Distribution, StandardNormal
+from ..lattice.equivariance import Z2Equivariant
+from ..nn import ConvNet
 from ..transformers import Affine, Transformer
 from .flow import Flow
 from .presets import ConditionerFactory, _checked
@@ -43,11 +40,9 @@ def _event_shape(lattice: int | Sequence[int]) -> tuple[int, ...]:
 class LatticeFlow(Flow):
     r"""Checkerboard couplings with periodic convolutional conditioners on a lattice, over a standard normal.
 
-    Layer `i` transforms the sites of parity `i % 2`. The defaults are the
-    tutorial's: 16 affine layers, conditioners with hidden channels `(8, 8)`,
-    kernel 3 and leaky ReLUs (the tutorial's final `tanh` on the network
-    outputs is played here by the [`Affine`][flowkit.transformers.Affine]
-    soft clamp of the log-scale). Every layer starts as the identity.
+    Layer `i` transforms the sites of parity `i % 2`. The defaults are the tutorial's (16 affine layers,
+    hidden channels `(8, 8)`, kernel 3, leaky ReLUs; its final `tanh` is the
+    [`Affine`][flowkit.transformers.Affine] soft clamp here). Every layer starts as the identity.
 
     Arguments:
         lattice: the lattice: `L` (an `L x L` scalar field), `(H, W)` or `(C, H, W)`.
@@ -91,8 +86,6 @@ class LatticeFlow(Flow):
         conditioner: ConditionerFactory | None = None,
         base: Distribution | None = None,
     ) -> None:
-        from ..lattice.equivariance import Z2Equivariant
-
         shape = _event_shape(lattice)
         _checked("LatticeFlow", transformer, conditioner, {"transforms": (transforms, 1)}, hidden)
         if not isinstance(z2, bool):
@@ -107,24 +100,10 @@ class LatticeFlow(Flow):
                 net = conditioner(channels, channels * tr.params_per_element, context=0)
             if z2:
                 if net is None:
-                    from ..nn import ConvNet
-
-                    out = channels * tr.params_per_element
-                    net = ConvNet(channels, out, hidden, kernel, activation, "circular")
+                    net = ConvNet(channels, channels * tr.params_per_element, hidden, kernel, activation, "circular")
                 net = Z2Equivariant(net, tr, channels)
-            layers.append(
-                MaskedCoupling(
-                    tr,
-                    shape,
-                    "checkerboard",
-                    i % 2,
-                    hidden,
-                    kernel,
-                    "circular",
-                    activation=activation,
-                    conditioner=net,
-                )
-            )
+            grid = (shape, "checkerboard", i % 2, hidden, kernel, "circular")
+            layers.append(MaskedCoupling(tr, *grid, activation=activation, conditioner=net))
         super().__init__(Chain(*layers), StandardNormal(torch.Size(shape)) if base is None else base)
 
 

@@ -27,15 +27,11 @@ def internal_coordinate_flow(
 ) -> Flow:
     r"""A Boltzmann-generator flow on Cartesian positions through internal coordinates.
 
-    `Flow(Chain(internal, couplings...), base)`: the
-    [`InternalCoordinates`][flowkit.bijectors.InternalCoordinates] map, then `blocks` blocks of
-    four couplings; each block splits the real coordinates (bonds, angles, non-circular
-    dihedrals) and the circular dihedrals into random halves and transforms each half in
-    turn, the real ones with rational-quadratic splines on `[-bound, bound]` (linear tails)
-    and the circular ones with [`CircularSplineCoupling`][flowkit.bijectors.CircularSplineCoupling],
-    each conditioned on all the other coordinates through a periodic MLP (inputs as
-    $(\cos, \sin)$, so the maps are continuous across $\pm\pi$). The base is uniform on
-    the circular coordinates and standard normal on the others (FAB's `gauss-uni`).
+    The [`InternalCoordinates`][flowkit.bijectors.InternalCoordinates] map, then `blocks` blocks of four couplings: each
+    splits the real coordinates and the circular dihedrals into random halves and transforms each half in turn
+    (rational-quadratic splines on `[-bound, bound]`, and
+    [`CircularSplineCoupling`][flowkit.bijectors.CircularSplineCoupling]), conditioned on all the others through a
+    periodic MLP. The base is uniform on the circular coordinates and standard normal on the others (FAB's `gauss-uni`).
 
     Arguments:
         internal: the internal-coordinate bijector (e.g.

@@ -116,9 +116,7 @@ class UNAF(Flow):
 
 @preset("bnaf", "block neural autoregressive flow (hidden: per feature)", transforms=3, hidden=(16,))
 class BNAF(Flow):
-    """Block neural autoregressive flow: block autoregressive layers with reversals in between.
-
-    The layers are [`BlockNeuralAutoregressive`][flowkit.bijectors.BlockNeuralAutoregressive].
+    """BNAF: [`BlockNeuralAutoregressive`][flowkit.bijectors.BlockNeuralAutoregressive] layers, reversals in between.
 
     Arguments:
         features: number of features `D`.

@@ -2,20 +2,15 @@
 
 Every preset takes, besides its sizes, three keyword-only arguments:
 
-- `transformer=`: a [`Transformer`][flowkit.transformers.Transformer] used
-  (copied) in every layer instead of the preset's own;
-- `conditioner=`: a factory that builds each layer's
-  [`Conditioner`][flowkit.nn.Conditioner] instead of the default network from
-  `hidden=` and `activation=`. Coupling layers call it as
-  `conditioner(in_features, out_features, context=context)` (the signature of
-  [`MLP`][flowkit.nn.MLP]), autoregressive layers as
-  `conditioner(features, params_per_feature, context=context)` (that of
-  [`MADE`][flowkit.nn.MADE]; it must build an autoregressive conditioner).
-  A registered class or a `functools.partial` of one with keyword arguments,
-  such as `functools.partial(flowkit.nn.MLP, hidden=(256, 256))`, saves and
-  loads with [`flowkit.io`][flowkit.io];
-- `base=`: the latent distribution, any flowkit
-  [`Distribution`][flowkit.distributions.Distribution] with event shape
+- `transformer=`: a [`Transformer`][flowkit.transformers.Transformer] used (copied) in every layer instead of the
+  preset's own;
+- `conditioner=`: a factory that builds each layer's [`Conditioner`][flowkit.nn.Conditioner] instead of the default
+  network from `hidden=` and `activation=`. Coupling layers call it as
+  `conditioner(in_features, out_features, context=context)` (the signature of [`MLP`][flowkit.nn.MLP]), autoregressive
+  layers as `conditioner(features, params_per_feature, context=context)` (that of [`MADE`][flowkit.nn.MADE]; it must
+  build an autoregressive conditioner). A registered class or a `functools.partial` of one with keyword arguments, such
+  as `functools.partial(flowkit.nn.MLP, hidden=(256, 256))`, saves and loads with [`flowkit.io`][flowkit.io];
+- `base=`: the latent distribution, any flowkit [`Distribution`][flowkit.distributions.Distribution] with event shape
   `(features,)` (a [`StandardNormal`][flowkit.distributions.StandardNormal] by default).
 
 Example:
@@ -65,23 +60,14 @@ STARTS = ("identity", "near", "random")
 
 
 def _default_start(coupling: bool, features: int) -> str:
-    """The start of `NSF(start=None, near_identity=None)`, as measured in issue 38 (`docs/benchmarks.md`).
-
-    Autoregressive layers start near the identity; coupling layers at a random point at `D = 2`
-    (where they alternate as zuko's do, and start where zuko's start), exactly at the identity above.
-    """
+    """The start of `NSF(start=None, near_identity=None)`, as measured in issue 38 (`docs/benchmarks.md`)."""
     if not coupling:
         return "near"
     return "random" if features == 2 else "identity"
 
 
 def _half_mask(features: int, parity: int) -> list[int]:
-    """Transform the second half of the features (parity 0) or the first half (parity 1).
-
-    Contiguous halves split and merge by slicing. With the identity between layers, the
-    features one layer conditions on are those the next one transforms (for odd `D`, the
-    middle feature is transformed by both).
-    """
+    """The mask transforming the second half of the features (parity 0) or the first (parity 1), contiguous."""
     first = features // 2 if parity == 0 else features - features // 2
     return [parity] * first + [1 - parity] * (features - first)
 
@@ -167,36 +153,24 @@ def _with_permutations(layers: list[Bijector], features: int, random: bool, iden
     return Chain(*chain)
 
 
-def _random_start(layers: Sequence[Bijector]) -> None:
-    """Start each default conditioner's last layer where a fresh `nn.Linear` starts, around the identity.
+def _move_start(layers: Sequence[Bijector], start: str) -> None:
+    """Move each default conditioner's last layer off the identity, by `U(-1/sqrt(n), 1/sqrt(n))` for `n` inputs.
 
-    The last weights get `U(-1/sqrt(n), 1/sqrt(n))` for `n` inputs (as `nn.Linear`'s) and the last biases
-    the same offsets over the transformer's identity parameters, both drawn from torch's global generator
-    (weights, then biases, layer by layer): the start of zuko's layers.
+    `"near"` adds these offsets to the last biases only (the weights stay zero: off the symmetric point where
+    all bins are equal); `"random"` also draws the last weights so (a fresh `nn.Linear`, zuko's start). Both
+    draw from torch's global generator, layer by layer.
     """
     with torch.no_grad():
         for layer in layers:
             last = getattr(getattr(layer, "conditioner", None), "last", None)
             if isinstance(last, nn.Linear) and last.bias is not None:
                 bound = 1.0 / math.sqrt(max(1, last.in_features))
-                last.weight.uniform_(-bound, bound)
-                last.bias.add_(torch.empty_like(last.bias).uniform_(-bound, bound))
-
-
-def _break_symmetry(layers: Sequence[Bijector], generator: torch.Generator | None = None) -> None:
-    """Add to each default conditioner's last bias the offsets of a fresh `nn.Linear` bias, `U(-1/sqrt(n), 1/sqrt(n))`.
-
-    The last weights stay zero and the biases start near (not at) the transformer's identity
-    parameters: every layer starts close to the identity, but not at the symmetric point where
-    all bins are equal, from which training of spline flows escapes slowly.
-    """
-    with torch.no_grad():
-        for layer in layers:
-            last = getattr(getattr(layer, "conditioner", None), "last", None)
-            if isinstance(last, nn.Linear) and last.bias is not None:
-                scale = 1.0 / math.sqrt(max(1, last.in_features))
-                noise = torch.rand(last.bias.shape, generator=generator, dtype=last.bias.dtype)
-                last.bias.add_(scale * (2 * noise - 1).to(last.bias.device))
+                if start == "random":
+                    last.weight.uniform_(-bound, bound)
+                    last.bias.add_(torch.empty_like(last.bias).uniform_(-bound, bound))
+                else:
+                    noise = torch.rand(last.bias.shape, dtype=last.bias.dtype)
+                    last.bias.add_(bound * (2 * noise - 1).to(last.bias.device))
 
 
 @preset("realnvp", "affine couplings", one_pass=True, bench=True, transforms=8, hidden=(128, 128))
@@ -256,10 +230,9 @@ class MAF(Flow):
         activation: conditioner activation.
         transformer: the transformer instead of [`Affine`][flowkit.transformers.Affine] (any
             transformer on the real line).
-        conditioner: a factory `conditioner(features, params_per_feature, context=context)` that
-            builds an autoregressive conditioner for each layer, e.g.
-            `functools.partial(flowkit.nn.MADE, hidden=(256, 256))` (`hidden`, `residual` and
-            `activation` are then unused).
+        conditioner: a factory `conditioner(features, params_per_feature, context=context)` that builds an
+            autoregressive conditioner for each layer, e.g. `functools.partial(flowkit.nn.MADE, hidden=(256, 256))`
+            (`hidden`, `residual` and `activation` are then unused).
         base: the latent distribution (a standard normal by default).
 
     References:
@@ -297,32 +270,16 @@ class MAF(Flow):
 class NSF(Flow):
     r"""Neural spline flow: rational-quadratic spline layers (autoregressive or coupling) over a standard normal.
 
-    Autoregressive layers (the default) are more expressive per layer and
-    evaluate densities in one pass, but sample in `D` sequential steps;
-    coupling layers (`coupling=True`, masks over contiguous halves that alternate
-    from layer to layer, as in zuko's and RealNVP's couplings) are fast both ways.
-    Each spline has `bins` bins on `[-bound, bound]` and is the identity outside.
+    Autoregressive layers (the default) are more expressive per layer and evaluate densities in one pass, but sample in
+    `D` sequential steps; coupling layers (`coupling=True`, masks over contiguous halves that alternate from layer to
+    layer, as in zuko's and RealNVP's couplings) are fast both ways. Each spline has `bins` bins on `[-bound, bound]`
+    and is the identity outside.
 
-    Where each layer starts is measured (issue 38, `docs/benchmarks.md`: at equal size and steps
-    against zuko's NSF on the built-in 2-D sets, and against the earlier default on small tabular
-    sets and digits). With `start=None` and `near_identity=None`, the defaults:
-
-    - autoregressive layers start near the identity (`"near"`): the conditioner's last weights
-      are zero and its last biases are the spline's identity parameters plus the offsets of a
-      fresh `nn.Linear` bias, $U(-1/\sqrt{n}, 1/\sqrt{n})$ for `n` inputs. This breaks the symmetry
-      of the exact identity start, where every bin is equal and from which training escapes
-      slowly on sets of separated modes: against zuko the exact start was behind on `8gaussians`
-      and `spirals`, this one is not; on the tabular sets and digits it is within 1 standard
-      error of the exact start;
-    - coupling layers at `D = 2` start where zuko's start (`"random"`: the last weights and the
-      bias offsets at `nn.Linear`'s scale), with the masks alternating as zuko's do: the other
-      starts were behind zuko on `spirals`, random permutations on `pinwheel`;
-    - coupling layers above `D = 2` start exactly at the identity (`"identity"`), as before:
-      started near it they were worse on `macrodata` and digits.
-
-    All but `"identity"` draw from torch's global generator, and only the default conditioners
-    and rational-quadratic splines are moved (a `conditioner=` factory's networks start as they
-    are built).
+    The default starts, measured in issue 38 (`docs/benchmarks.md`): autoregressive layers start near the identity
+    (`"near"`: zero last weights, last biases the spline's identity parameters plus $U(-1/\sqrt{n}, 1/\sqrt{n})$ offsets
+    for `n` inputs, off the symmetric point that training escapes slowly); coupling layers at `D = 2` where zuko's start
+    (`"random"`: last weights and offsets as a fresh `nn.Linear`'s), exactly at the identity above (`"identity"`). All
+    but `"identity"` draw from torch's global generator, and move only default conditioners and splines.
 
     Arguments:
         features: number of features `D`.
@@ -338,27 +295,16 @@ class NSF(Flow):
             `bound` are then unused), e.g. one with other minimum bin sizes.
         conditioner: a factory for each layer's conditioner: called as
             `conditioner(in_features, out_features, context=context)` for coupling layers,
-            `conditioner(features, params_per_feature, context=context)` for autoregressive
-            ones, where it must build an autoregressive conditioner (`hidden`, `residual`
-            and `activation` are then unused).
+            `conditioner(features, params_per_feature, context=context)` for autoregressive ones, where it must build an
+            autoregressive conditioner (`hidden`, `residual` and `activation` are then unused).
         base: the latent distribution (a standard normal by default).
-        permutations: between coupling layers, `"auto"` (the default: `"alternate"` at `D = 2`,
-            `"random"` above), `"random"` (seeded random permutations, which mix the features across
-            the halves; at `D = 2` a permutation can only be the identity or the swap, and the swaps
-            cancel the alternating masks, so that with 4 layers one feature is transformed three
-            times and the other once) or `"alternate"` (the identity between layers: each layer
-            transforms the features the layer before conditioned on, as in zuko and RealNVP). At
-            `D = 2` the random ones were behind zuko's coupling NSF on `pinwheel` (by 3 standard
-            errors), the alternating ones are not (`docs/benchmarks.md`). Each is a
-            [`Permutation`][flowkit.bijectors.Permutation] module whose `perm` is saved with the
-            weights, so a saved model loads with the permutations it was trained with, whatever
-            the default. Unused by autoregressive layers (reversals in between).
+        permutations: between coupling layers, `"auto"` (the default: `"alternate"` at `D = 2`, `"random"` above),
+            `"random"` (seeded random permutations; at `D = 2` the swaps cancel the alternating masks) or `"alternate"`
+            (the identity, as in zuko and RealNVP); saved [`Permutation`][flowkit.bijectors.Permutation] modules either
+            way. Unused by autoregressive layers (reversals in between).
         near_identity: `True` for `start="near"`, `False` for `start="identity"`; `None` (the
             default) leaves the choice to `start`.
-        start: where every layer starts: `"identity"` (exactly at it), `"near"` (biases off it by
-            `U(-1/sqrt(n), 1/sqrt(n))`), `"random"` (last weights and bias offsets as a fresh
-            `nn.Linear`'s, zuko's start) or `None` (the default: `"near"` for autoregressive layers,
-            `"random"` for coupling layers at `D = 2` and `"identity"` above; see above).
+        start: where every layer starts: `"identity"`, `"near"`, `"random"` (see above) or `None` (the defaults above).
 
     Examples:
         >>> import torch, flowkit
@@ -420,9 +366,7 @@ class NSF(Flow):
                 _autoregressive(transformer, features, hidden, context, residual, activation, conditioner)
                 for _ in range(transforms)
             ]
-        if spline and conditioner is None and start == "near":
-            _break_symmetry(layers)
-        elif spline and conditioner is None and start == "random":
-            _random_start(layers)
+        if spline and conditioner is None and start != "identity":
+            _move_start(layers, start)
         chain = _with_permutations(layers, features, random=coupling, identity=permutations == "alternate")
         super().__init__(chain, _base(base, features))

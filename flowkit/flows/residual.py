@@ -34,10 +34,8 @@ class ResidualFlow(Flow):
         base: the latent distribution (a standard normal by default).
 
     Every linear layer is normalised by its exact largest singular value at every call, so each block's
-    $\mathrm{Lip}(g) \le c^L < 1$ ($L$ linear layers) holds at every training step, not only in eval
-    mode; the LipSwish activations start at $\beta = 32$, which lets the flow leave the identity at
-    Adam's learning rate $10^{-3}$ (at $\beta \approx 1$ it stayed at N(0, I)'s likelihood; see
-    [`Residual`][flowkit.bijectors.Residual], "Initialisation", and `bench/residual_bound.py`).
+    $\mathrm{Lip}(g) \le c^L < 1$ holds at every training step; the LipSwish activations start at
+    $\beta = 32$ (see [`Residual`][flowkit.bijectors.Residual], "Initialisation").
 
     References:
         Chen, Behrmann, Duvenaud & Jacobsen, *Residual Flows for Invertible Generative Modeling*,

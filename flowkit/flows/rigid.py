@@ -30,17 +30,12 @@ def RigidBodyFlow(
     The base is [`RigidBase`][flowkit.distributions.RigidBase] (uniform quaternions and
     angles, standard normal real coordinates).
 
-    Each block maps, in turn, the real (auxiliary) coordinates given everything
-    else, each quaternion given everything else (one body at a time), and all
-    angles (positions) given the quaternions and real coordinates. A layout of one
-    quaternion alone has nothing to couple to: its blocks are then unconditional maps of $S^3$
-    ([`DoubleMoebius`][flowkit.bijectors.DoubleMoebius], or
-    [`ConvexDoubleMoebius`][flowkit.bijectors.ConvexDoubleMoebius] with `components`), conditioned
-    on the context if there is one (through those layers' own context networks: `activation` and
-    `position_gate` do not apply, nor `gate` with `components`). Every layer is
-    antipodally equivariant in every quaternion and the base is symmetric, so the
-    density is a density on $SO(3)^N$ times the positions (through the double cover,
-    see [`haar_log_prob`][flowkit.distributions.haar_log_prob]).
+    Each block maps, in turn, the real (auxiliary) coordinates given everything else, each quaternion given
+    everything else, and all angles (positions) given the quaternions and real coordinates. A lone quaternion
+    gets maps of $S^3$ ([`DoubleMoebius`][flowkit.bijectors.DoubleMoebius], or
+    [`ConvexDoubleMoebius`][flowkit.bijectors.ConvexDoubleMoebius] with `components`) conditioned on the context
+    alone. Every layer is antipodally equivariant in every quaternion and the base is symmetric, so the density
+    is one on $SO(3)^N$ times the positions (see [`haar_log_prob`][flowkit.distributions.haar_log_prob]).
 
     Arguments:
         segments: the layout (`"quaternion"`, `"angle"`, `"real"`), e.g.

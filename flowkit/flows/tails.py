@@ -1,10 +1,9 @@
 r"""Flows for heavy-tailed data: marginal tail-adaptive flows (mTAF, gTAF) and COMET copula flows.
 
-A flow with a Gaussian base and Lipschitz layers (splines with identity tails) has Gaussian tails,
-whatever it is trained on. [`TailAdaptive`][flowkit.flows.TailAdaptive] gives the heavy-tailed
-marginals a Student-t base and keeps them from leaking into the light ones;
-[`COMET`][flowkit.flows.COMET] models each marginal with a fitted CDF whose tails are generalized
-Pareto, and the dependence with a coupling flow on the Gaussian copula.
+A flow with a Gaussian base and Lipschitz layers (splines with identity tails) has Gaussian tails, whatever it is
+trained on. [`TailAdaptive`][flowkit.flows.TailAdaptive] gives the heavy-tailed marginals a Student-t base and keeps
+them from leaking into the light ones; [`COMET`][flowkit.flows.COMET] models each marginal with a fitted CDF whose tails
+are generalized Pareto, and the dependence with a coupling flow on the Gaussian copula.
 """
 
 from __future__ import annotations
@@ -40,8 +39,11 @@ def _group_permutation(light: int, features: int, seed: int) -> Permutation:
     return layer
 
 
-def _floating(x: Tensor) -> Tensor:
-    """Floating `x` as it is; integer or boolean `x` in the default floating dtype."""
+def _training_data(x: Tensor, where: str) -> Tensor:
+    """A real `(N, D)` tensor as it is if floating, else in the default floating dtype; or a `ValueError`."""
+    if not isinstance(x, Tensor) or x.dim() != 2 or x.is_complex():
+        shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+        raise ValueError(f"{where}: x must be a real tensor of shape (N, D), got {shape}")
     return x if x.is_floating_point() else x.to(torch.get_default_dtype())
 
 
@@ -50,22 +52,18 @@ class TailAdaptive(Flow):
 
     With `df[j]` `None` for a light-tailed feature and $\nu_j$ for a heavy-tailed one, the flow
 
-    1. (optionally) standardises each feature with a fixed `loc` and `scale`, then permutes the
-       features so that the light ones come first (undone when sampling);
-    2. applies `transforms` masked autoregressive layers (rational-quadratic splines on
-       $[-B, B]$ with identity tails, natural order), with, between consecutive layers, a
-       permutation within each group and a [`TailLU`][flowkit.bijectors.TailLU];
-    3. ends at a [`TailAdaptiveBase`][flowkit.distributions.TailAdaptiveBase]: $\mathcal N(0, 1)$ on the
-       light dimensions, $t_{\nu_j}$ on the heavy ones.
+    1. (optionally) standardises each feature with a fixed `loc` and `scale`, then puts the light features first (undone
+       when sampling);
+    2. applies `transforms` masked autoregressive layers (rational-quadratic splines on $[-B, B]$ with identity tails),
+       with a permutation within each group and a [`TailLU`][flowkit.bijectors.TailLU] between consecutive layers;
+    3. ends at a [`TailAdaptiveBase`][flowkit.distributions.TailAdaptiveBase]: $\mathcal N(0, 1)$ on the light
+       dimensions, $t_{\nu_j}$ on the heavy ones.
 
-    Every layer is triangular with the light features first and Lipschitz, so the light marginals
-    depend on light base marginals only and each output marginal keeps its base marginal's tail
-    (Laszkiewicz et al. 2022, Theorem 4). Build it from data with
-    [`from_data`][flowkit.flows.TailAdaptive.from_data], which estimates the tails.
-
-    Variants: `"mtaf-fix"` keeps the degrees of freedom fixed, `"mtaf"` trains them from their
-    given values, and `"gtaf"` makes every marginal Student-t with trained degrees of freedom
-    (starting at `df`, a number; 10 by default).
+    Every layer is Lipschitz and triangular with the light features first, so each output marginal keeps
+    its base marginal's tail (Laszkiewicz et al. 2022, Theorem 4). Build it from data with
+    [`from_data`][flowkit.flows.TailAdaptive.from_data], which estimates the tails. Variants: `"mtaf-fix"`
+    keeps the degrees of freedom fixed, `"mtaf"` trains them, and `"gtaf"` makes every marginal Student-t
+    with trained degrees of freedom (starting at `df`, a number; 10 by default).
 
     Arguments:
         features: number of features `D`.
@@ -156,10 +154,8 @@ class TailAdaptive(Flow):
     def df(self) -> Tensor:
         """The base's degrees of freedom (`inf` for a light feature), put back in the data's order by the first sort.
 
-        The permutations within the heavy group between layers (and `TailLU`'s heavy block) mix the heavy
-        latents, as in the reference, so with several heavy features a feature's entry is the df of the
-        latent in its sorted position: each heavy output's tail is the heaviest of the heavy latents it
-        depends on, not necessarily its own entry.
+        The layers mix the heavy latents (as in the reference), so a heavy output's tail is the heaviest of the
+        heavy latents it depends on, not necessarily its own entry.
         """
         sort = next(layer for layer in self.bijector if isinstance(layer, Permutation)).perm
         return self.base.df.detach()[torch.argsort(sort)]
@@ -167,12 +163,9 @@ class TailAdaptive(Flow):
     def parameter_groups(self, lr: float, df_lr: float | None = None) -> list[dict]:
         r"""Optimizer parameter groups: the layers at `lr`, the base's degrees of freedom at `df_lr`.
 
-        Adam moves each parameter by at most about its learning rate per step, and
-        $\partial\nu / \partial\hat\nu = \sigma(\hat\nu) \approx 1$ away from the floor, so at a
-        learning rate of `1e-3` a trained $\nu$ travels at most about one unit per thousand steps
-        (less under a decaying schedule): gTAF, started at 10, cannot reach a tail index of 2 in a
-        short run. The reference trains $\nu$ with its own learning rate (0.005 against 1e-5 for
-        the layers, Laszkiewicz et al. 2022, code `synthetic_experiments/main.py`).
+        Adam moves each parameter by about its learning rate per step, so at `1e-3` a trained $\nu$
+        travels about one unit per thousand steps: gTAF, started at 10, cannot reach 2 in a short run. The
+        reference trains $\nu$ at its own learning rate (0.005 against 1e-5 for the layers).
 
         Arguments:
             lr: learning rate of the layers.
@@ -213,20 +206,15 @@ class TailAdaptive(Flow):
     ) -> TailAdaptive:
         r"""Estimate each feature's tail on training data `x` (`(N, D)`) and build the flow.
 
-        The light/heavy decision and $\nu_j = 1/\hat\xi_j$ come from
-        [`estimate_tails`][flowkit.stats.estimate_tails]; a $\nu_j$ below the floor is raised to
-        `1.05 * min_df`. gTAF estimates nothing.
+        The light/heavy decision and $\nu_j = 1/\hat\xi_j$ come from [`estimate_tails`][flowkit.stats.estimate_tails]; a
+        $\nu_j$ below the floor is raised to `1.05 * min_df`. gTAF estimates nothing.
 
-        With `standardize`, the flow starts with a fixed robust standardisation (`loc` the median,
-        `scale` the interquartile range / 1.349, per feature, by
-        [`Standardization.statistics`][flowkit.bijectors.standardization.Standardization.statistics]
-        with `robust=True`): the bases have unit scale, and a
-        standard deviation is dominated by (or, at $\nu \le 2$, does not exist for) the very tails the
-        flow should model; scaling by it squeezes the body of a heavy marginal and leaves the base's
-        tail far too wide. Do not standardise the data again around this flow.
-
-        The flow takes the dtype of floating `x` (float64 data gives a float64 flow); integer data is converted
-        to the default floating dtype.
+        With `standardize`, the flow starts with a fixed robust standardisation (`loc` the median, `scale` the
+        interquartile range / 1.349, per feature, by
+        [`Standardization.statistics`][flowkit.bijectors.standardization.Standardization.statistics]`(robust=True)`):
+        a standard deviation is dominated by (at $\nu \le 2$ does not exist for) the very tails the flow
+        should model. Do not standardise the data again around this flow. The flow takes the dtype of floating
+        `x`; integer data is converted to the default floating dtype.
 
         Arguments:
             x: training data, `(N, D)`.
@@ -244,10 +232,7 @@ class TailAdaptive(Flow):
         from ..stats import estimate_tails
 
         where = "TailAdaptive.from_data"
-        if not isinstance(x, Tensor) or x.dim() != 2 or x.is_complex():
-            shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-            raise ValueError(f"{where}: x must be a real tensor of shape (N, D), got {shape}")
-        x = _floating(x.detach())
+        x = _training_data(x, where).detach()
         if not bool(torch.isfinite(x).all()):
             raise ValueError(f"{where}: x contains {int((~torch.isfinite(x)).sum())} non-finite value(s)")
         constant = torch.nonzero((x == x[:1]).all(0)).flatten().tolist() if x.shape[0] else []
@@ -271,19 +256,16 @@ class TailAdaptive(Flow):
 class COMET(Flow):
     r"""COMET flow: fitted marginal CDFs with generalized Pareto tails, then a coupling flow on the copula.
 
-    $x \mapsto z_0 = \Phi^{-1}(F(x))$ per feature through a fixed
-    [`MarginalTailCDF`][flowkit.bijectors.MarginalTailCDF] (kernel density body, generalized Pareto
-    tails; `output="logit"` uses a logit as the reference does), then `transforms` rational-quadratic
-    spline couplings ([`NSF`][flowkit.flows.NSF] with `coupling=True`, identity outside $[-B, B]$) to the
-    base. The marginals are fitted, not trained: call
-    [`fit_marginals`][flowkit.flows.COMET.fit_marginals] on the training data before training (or build
-    with [`from_data`][flowkit.flows.COMET.from_data]); they are saved and loaded with the weights.
-    SoftFlow noise, which the reference adds to its couplings, is not used.
+    $x \mapsto z_0 = \Phi^{-1}(F(x))$ per feature through a fixed [`MarginalTailCDF`][flowkit.bijectors.MarginalTailCDF]
+    (kernel density body, generalized Pareto tails; `output="logit"` uses a logit as the reference does), then
+    `transforms` rational-quadratic spline couplings ([`NSF`][flowkit.flows.NSF] with `coupling=True`) to the base. The
+    marginals are fitted, not trained: call [`fit_marginals`][flowkit.flows.COMET.fit_marginals] before training (or
+    build with [`from_data`][flowkit.flows.COMET.from_data]); they are saved with the weights. The reference's SoftFlow
+    noise is not used.
 
     Arguments:
-        features: number of features `D`. With one feature there is nothing to couple (the one-dimensional
-            copula is the base itself): the flow is the fitted marginal alone, takes no context and has
-            nothing to train.
+        features: number of features `D`. With one feature the flow is the fitted marginal alone (no
+            context, nothing to train).
         transforms: number of coupling layers.
         bins: spline bins.
         hidden: hidden sizes of each conditioner.
@@ -372,8 +354,7 @@ class COMET(Flow):
     def from_data(cls, x: Tensor, **kwargs: object) -> COMET:
         """A COMET flow on the features of `x` (`(N, D)`) with its marginals fitted to `x`.
 
-        The flow takes the dtype of floating `x`; integer (or boolean) data, such as counts, is converted to
-        the default floating dtype (`torch.get_default_dtype()`), and the flow is built in it.
+        The flow takes the dtype of floating `x`; integer (or boolean) data is converted to the default dtype.
 
         Arguments:
             x: training data.
@@ -383,10 +364,7 @@ class COMET(Flow):
             ValueError: for `x` that is not a real tensor of shape `(N, D)`, or whose features cannot be fitted
                 (see [`MarginalTailCDF.fit`][flowkit.bijectors.MarginalTailCDF.fit]).
         """
-        if not isinstance(x, Tensor) or x.dim() != 2 or x.is_complex():
-            shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-            raise ValueError(f"COMET.from_data: x must be a real tensor of shape (N, D), got {shape}")
-        x = _floating(x)
+        x = _training_data(x, "COMET.from_data")
         flow = cls(x.shape[1], **kwargs)  # type: ignore[arg-type]
         return flow.to(x.dtype).fit_marginals(x)
 

@@ -1,8 +1,7 @@
 r"""Z2 symmetry for lattice flows: conditioners that make a coupling layer odd, $f(-\phi) = -f(\phi)$.
 
-[`Z2Equivariant`][flowkit.lattice.Z2Equivariant] makes a coupling layer commute
-with $\phi \to -\phi$ through its conditioner, so that a flow over a symmetric base
-has the $Z_2$ symmetry of the action exactly.
+[`Z2Equivariant`][flowkit.lattice.Z2Equivariant] makes a coupling layer commute with $\phi \to -\phi$ through its
+conditioner, so that a flow over a symmetric base has the $Z_2$ symmetry of the action exactly.
 
 References:
     Albergo et al., *Introduction to normalizing flows for lattice field theory*, arXiv:2101.08176 (2021).

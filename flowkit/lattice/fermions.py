@@ -17,20 +17,18 @@ time links that wrap around ($\mu = 0$, $x_0 = L - 1$: antiperiodic in time), $+
 
 - $D^\dagger = D^T = -K + M$ and $\epsilon D \epsilon = D^\dagger$ with $\epsilon_x = (-1)^{x_0 + x_1}$
   ($\gamma_5$-hermiticity, since $K$ only links sites of opposite parity);
-- $\det D$ is real (non-real eigenvalues come in conjugate pairs) but **not** positive in general (for
-  $K \to 0$ it is $\prod_x (m + g\phi_x)$): one flavour has a sign problem. Two degenerate flavours have the
-  weight $\det D^2 = |\det D|^2 = \det(D D^\dagger) \ge 0$, the convention of
+- $\det D$ is real (non-real eigenvalues come in conjugate pairs) but **not** positive in general (for $K \to 0$ it is
+  $\prod_x (m + g\phi_x)$): one flavour has a sign problem. Two degenerate flavours have the weight
+  $\det D^2 = |\det D|^2 = \det(D D^\dagger) \ge 0$, the convention of
   [`YukawaStaggered`][flowkit.targets.YukawaStaggered];
-- $D D^\dagger = M^2 - K^2 + [K, M]$ is symmetric positive definite when $D$ is invertible; for constant
-  $M = m$ (the free theory, $g = 0$) its eigenvalues are $m^2 + \sin^2 p_0 + \sin^2 p_1$ with
-  $p_0 = 2\pi(n_0 + \frac12)/L$ (antiperiodic) and $p_1 = 2\pi n_1/L$
-  ([`free_spectrum`][flowkit.lattice.fermions.free_spectrum]).
+- $D D^\dagger = M^2 - K^2 + [K, M]$ is symmetric positive definite when $D$ is invertible; for constant $M = m$ (the
+  free theory, $g = 0$) its eigenvalues are $m^2 + \sin^2 p_0 + \sin^2 p_1$ with $p_0 = 2\pi(n_0 + \frac12)/L$
+  (antiperiodic) and $p_1 = 2\pi n_1/L$ ([`free_spectrum`][flowkit.lattice.fermions.free_spectrum]).
 
 The operator is applied matrix-free by shifts of the field
 ([`StaggeredDirac.apply`][flowkit.lattice.StaggeredDirac.apply], $O(V)$ per vector);
-[`StaggeredDirac.dense`][flowkit.lattice.StaggeredDirac.dense] builds the $V \times V$
-matrix for exact determinants and propagators. Linear systems with $D D^\dagger$ are solved by
-[`conjugate_gradient`][flowkit.lattice.conjugate_gradient].
+[`StaggeredDirac.dense`][flowkit.lattice.StaggeredDirac.dense] builds the $V \times V$ matrix for exact determinants and
+propagators. Linear systems with $D D^\dagger$ are solved by [`conjugate_gradient`][flowkit.lattice.conjugate_gradient].
 
 Observables from the exact propagator $D^{-1}$, per flavour and configuration:
 
@@ -106,9 +104,8 @@ class StaggeredDirac:
         mass: the bare fermion mass $m$ (0: massless, as in Albergo et al. 2021).
         boundary: `"antiperiodic-time"` (fermions antiperiodic in $x_0$, periodic in $x_1$) or `"periodic"`.
 
-    Fields are real floating `(..., L, L)` tensors (a complex or integer field is refused with a
-    `ValueError`: $D$ is real by construction); `apply(phi, psi)` broadcasts `phi` against `psi`, so one
-    field acts on several vectors (`phi[:, None]` against `psi` of shape `(batch, flavours, L, L)`).
+    Fields are real floating `(..., L, L)` tensors; `apply(phi, psi)` broadcasts `phi` against `psi`
+    (`phi[:, None]` against `psi` of shape `(batch, flavours, L, L)`).
     """
 
     def __init__(self, L: int, g: float, mass: float = 0.0, boundary: str = "antiperiodic-time") -> None:
@@ -148,11 +145,7 @@ class StaggeredDirac:
         return out
 
     def check_field(self, phi: object, where: str = "StaggeredDirac") -> None:
-        """Raise `ValueError` unless `phi` is a real floating tensor `(..., L, L)` (no host synchronisation).
-
-        Every method that takes a field checks it here (through
-        [`diagonal`][flowkit.lattice.StaggeredDirac.diagonal]).
-        """
+        """Raise `ValueError` unless `phi` is a real floating tensor `(..., L, L)` (no host synchronisation)."""
         if not isinstance(phi, Tensor):
             raise ValueError(f"{where}: the field phi must be a torch.Tensor, got {type(phi).__name__}")
         if not phi.is_floating_point():
@@ -194,13 +187,11 @@ class StaggeredDirac:
     def inverse(self, phi: Tensor, where: str = "StaggeredDirac.inverse") -> Tensor:
         r"""The dense inverses $D^{-1}[\phi]$, `(..., V, V)`.
 
-        $D$ is taken as singular when its LU factorisation meets a pivot no larger than $V \varepsilon$ times
-        the largest one (a zero mode to working precision: at $m + g\phi = 0$ with periodic boundaries the
-        pivot is $10^{-16}$ of the largest in float64), where an inverse would be rounding noise.
+        $D$ is taken as singular (a zero mode to working precision) when its LU factorisation meets a pivot
+        no larger than $V \varepsilon$ times the largest one.
 
         Raises:
-            ValueError: where $D[\phi]$ is singular (there $\log|\det D| = -\infty$: the Yukawa energy is
-                $+\infty$ and its force undefined), naming how many configurations and the first one.
+            ValueError: where $D[\phi]$ is singular ($\log|\det D| = -\infty$), naming the first one.
         """
         matrix = self.dense(phi)
         lu, pivots, info = torch.linalg.lu_factor_ex(matrix)
@@ -235,10 +226,7 @@ class StaggeredDirac:
 
 
 def check_cg_tolerance(tol: object, name: str, where: str) -> float:
-    r"""Check a relative CG residual tolerance: a finite number in `(0, 1)`; returns it as a float.
-
-    A tolerance of 1 or more is met by the starting point $x = 0$ itself ($\|b - A 0\| = \|b\|$), so CG
-    would return zero without an iteration.
+    r"""Check a relative CG residual tolerance: a finite number in `(0, 1)` (1 is met by $x = 0$); returns it.
 
     Raises:
         ValueError: naming `where`, `name` and the value.
@@ -256,17 +244,14 @@ def conjugate_gradient(
 ) -> tuple[Tensor, int]:
     r"""Solve $A x = b$ for a symmetric positive-definite $A$ by conjugate gradient, batched.
 
-    Every system (each index of the leading `b.dim() - event_dims` dimensions) is solved independently,
-    starting from $x = 0$ (so that the solution is a deterministic function of $b$ and $A$, as a reversible
-    molecular-dynamics force needs), and stops once its residual satisfies
-    $\|b - A x\| \le \text{tol}\,\|b\|$; a system that has converged is frozen. A solve that does not reach
-    that residual within `max_iter` iterations (or meets a NaN) raises: CG never returns an unconverged $x$.
+    Every system (each index of the leading `b.dim() - event_dims` dimensions) is solved from $x = 0$ (a
+    deterministic function of $b$ and $A$, as a reversible force needs) until
+    $\|b - A x\| \le \text{tol}\,\|b\|$, then frozen; CG never returns an unconverged $x$.
 
     Arguments:
         operator: `v -> A v` on tensors shaped like `b`.
         b: right-hand sides `(..., *event)`.
-        tol: the relative residual tolerance, in `(0, 1)` (`tol >= 1` would accept $x = 0$ without a single
-            iteration).
+        tol: the relative residual tolerance, in `(0, 1)`.
         max_iter: the most iterations (default: 10 times the event size, at least 100).
         event_dims: the trailing dimensions of one vector (2 for a lattice field).
 
@@ -276,8 +261,7 @@ def conjugate_gradient(
     Raises:
         ValueError: when `tol` is not in `(0, 1)` or `max_iter` not a positive integer.
         ConvergenceError: ([`flowkit.root_finding.ConvergenceError`][flowkit.root_finding.ConvergenceError])
-            when some system has not reached the relative residual `tol` within `max_iter` iterations, naming
-            how many and the worst one's index and relative residual.
+            when some system has not reached `tol` within `max_iter` iterations (or met a NaN), naming the worst.
     """
     tol = check_cg_tolerance(tol, "tol", "conjugate_gradient")
     size = math.prod(b.shape[b.dim() - event_dims :])
@@ -330,11 +314,7 @@ def _propagators(phi: Tensor, dirac: StaggeredDirac) -> Tensor:
 
 
 def _separations(dirac: StaggeredDirac, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
-    r"""Index arrays `(sink, source, sign)`, each `(V, V)` indexed `[r, y]`: sink $y + r$ and the boundary sign.
-
-    The sign is $-1$ when the time separation wraps around an antiperiodic boundary ($y_0 + r_0 \ge L$), so
-    that averaging over sources gives the propagator at separation $r$ on the covering lattice.
-    """
+    r"""Index arrays `(sink, source, sign)`, `(V, V)`, `[r, y]`: sink $y + r$, sign $-1$ across an antiperiodic edge."""
     L = dirac.L
     k = torch.arange(L, device=device)
     r0, r1 = (a.flatten() for a in torch.meshgrid(k, k, indexing="ij"))
@@ -407,11 +387,6 @@ def measure_fermions(
     flat = x.flatten(0, 1)
     parts = [_series(_propagators(flat[i : i + chunk], dirac), dirac) for i in range(0, flat.shape[0], chunk)]
     series = {k: torch.cat([p[k] for p in parts]).unflatten(0, x.shape[:2]) for k in parts[0]}
-    sigma = series["chiral_condensate"]
-    ident = lambda a: a  # noqa: E731
-    return {
-        "chiral_condensate": jackknife(ident, sigma.mean(1), blocks=blocks),
-        "abs_chiral_condensate": jackknife(ident, sigma.abs().mean(1), blocks=blocks),
-        "fermion_correlator": jackknife(ident, series["fermion_correlator"].mean(1), blocks=blocks),
-        "pion_correlator": jackknife(ident, series["pion_correlator"].mean(1), blocks=blocks),
-    }
+    series = {**series, "abs_chiral_condensate": series["chiral_condensate"].abs()}
+    names = ("chiral_condensate", "abs_chiral_condensate", "fermion_correlator", "pion_correlator")
+    return {name: jackknife(lambda a: a, series[name].mean(1), blocks=blocks) for name in names}

@@ -10,10 +10,9 @@ For configurations $\phi$ of a periodic `L x L` lattice ($V = L^2$):
   $m_{eff}(t) = \operatorname{arccosh}\frac{C(t-1) + C(t+1)}{2C(t)}$ and the pole mass, their mean over a
   plateau, with the correlation length $\xi = 1/m_p$.
 
-Chains are correlated in time, so errors come from a *blocked jackknife*
-([`jackknife`][flowkit.lattice.jackknife]): the chain is cut into contiguous
-blocks (all chains of a batch together), each left out in turn. Blocks much
-longer than the integrated autocorrelation time give honest errors.
+Chains are correlated in time, so errors come from a *blocked jackknife* ([`jackknife`][flowkit.lattice.jackknife]): the
+chain is cut into contiguous blocks (all chains of a batch together), each left out in turn. Blocks much longer than the
+integrated autocorrelation time give honest errors.
 
 References:
     Albergo, Kanwar & Shanahan, PRD 100, 034515 (2019) (observables, arXiv:1904.12072);
@@ -30,14 +29,7 @@ from torch import Tensor
 
 from .._validation import check_number
 
-__all__ = [
-    "magnetization",
-    "two_point",
-    "zero_momentum_correlator",
-    "effective_mass",
-    "jackknife",
-    "measure",
-]
+__all__ = ["magnetization", "two_point", "zero_momentum_correlator", "effective_mass", "jackknife", "measure"]
 
 
 def _field(phi: Tensor, where: str) -> Tensor:
@@ -81,9 +73,8 @@ def effective_mass(C: Tensor) -> Tensor:
 def jackknife(estimator: Callable[..., Tensor], *series: Tensor, blocks: int = 20) -> tuple[Tensor, Tensor]:
     r"""Blocked-jackknife estimate and standard error of a function of means.
 
-    Each series has time as its first axis (any further axes, such as chains or
-    lattice sites, are averaged together with time). The `n` time steps are cut
-    into `blocks` contiguous blocks (a remainder at the start is dropped); with
+    Each series has time as its first axis (any further axes, such as chains or lattice sites, are averaged together
+    with time). The `n` time steps are cut into `blocks` contiguous blocks (a remainder at the start is dropped); with
     $\hat\theta_{-b}$ the estimator on the means without block $b$,
 
     $$\sigma^2 = \frac{B - 1}{B} \sum_b (\hat\theta_{-b} - \bar\theta)^2,$$
@@ -164,9 +155,8 @@ def measure(
     if not times or any(not 1 <= t <= L - 2 for t in times):
         raise ValueError(f"measure: plateau times must lie in 1..{L - 2}, got {times}")
     index = torch.tensor(times) - 1
-    m = magnetization(x).double().mean(1)  # chain-averaged per time step
-    m2 = magnetization(x).double().square().mean(1)
-    m_abs = magnetization(x).double().abs().mean(1)
+    M = magnetization(x).double()
+    m, m2, m_abs = M.mean(1), M.square().mean(1), M.abs().mean(1)  # chain-averaged per time step
     G = two_point(x.double()).mean(1)
 
     def connected(G_mean: Tensor, m_mean: Tensor) -> Tensor:
@@ -175,7 +165,7 @@ def measure(
     def mass(G_mean: Tensor, m_mean: Tensor) -> Tensor:
         return effective_mass(zero_momentum_correlator(connected(G_mean, m_mean)))
 
-    out = {
+    return {
         "M": jackknife(lambda a: a, m, blocks=blocks),
         "abs_M": jackknife(lambda a: a, m_abs, blocks=blocks),
         "phi2": jackknife(lambda g: g[0, 0], G, blocks=blocks),
@@ -186,4 +176,3 @@ def measure(
         "pole_mass": jackknife(lambda g, a: mass(g, a)[index].mean(), G, m, blocks=blocks),
         "correlation_length": jackknife(lambda g, a: 1 / mass(g, a)[index].mean(), G, m, blocks=blocks),
     }
-    return out

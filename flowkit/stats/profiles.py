@@ -7,18 +7,15 @@ $$
 F(s) = -\log p(s), \qquad \hat p_b = \frac{\sum_{i: s_i \in b} w_i}{h \sum_i w_i}
 $$
 
-on bins $b$ of width $h$: the self-normalised weighted histogram, normalised as a density on the range
-(no shift is fitted, so two profiles on the same bins are compared as they are). An empty bin has
-$F = +\infty$.
+on bins $b$ of width $h$ (no shift is fitted; an empty bin has $F = +\infty$).
 
 Errors per bin, chosen by what the samples are:
 
-* `"bootstrap"` (independent samples, e.g. flow samples): the standard deviation of $\hat F_b$ over
-  bootstrap resamples of the $(s_i, w_i)$ pairs (Efron & Tibshirani 1993), which carries the
-  variance of the self-normalised weights;
-* `"blocks"` (a time series, e.g. MD frames): the standard error of the mean of $\hat F_b$ over
-  contiguous blocks, $\mathrm{sd}_B(\hat F_b) / \sqrt B$, valid when the blocks are longer than the
-  autocorrelation time (Flyvbjerg & Petersen 1989).
+* `"bootstrap"` (independent samples, e.g. flow samples): the standard deviation of $\hat F_b$ over bootstrap resamples
+  of the $(s_i, w_i)$ pairs (Efron & Tibshirani 1993), which carries the variance of the self-normalised weights;
+* `"blocks"` (a time series, e.g. MD frames): the standard error of the mean of $\hat F_b$ over contiguous blocks,
+  $\mathrm{sd}_B(\hat F_b) / \sqrt B$, valid when the blocks are longer than the autocorrelation time (Flyvbjerg &
+  Petersen 1989).
 
 [`blocked_mean`][flowkit.stats.blocked_mean] is the same blocking for the mean of an observable (e.g.
 $P(\phi > 0)$ of an MD run).
@@ -63,8 +60,7 @@ class FreeEnergyProfile:
     Attributes:
         edges: bin edges, `(bins + 1,)`.
         free_energy: $F$ per bin in kT, `(bins,)` (`inf` in an empty bin).
-        error: its standard error per bin, `(bins,)` (NaN where it cannot be estimated; all NaN
-            for `error=None`).
+        error: its standard error per bin, `(bins,)` (NaN where it cannot be estimated; all NaN for `error=None`).
         method: how the error was estimated: `"bootstrap"`, `"blocks"` or None.
     """
 
@@ -99,13 +95,12 @@ class FreeEnergyProfile:
         diff = self.free_energy[keep] - reference.free_energy[keep]
         empty = int((~np.isfinite(diff)).sum())
         out: dict[str, float | int | None] = {"bins": int(keep.sum()), "empty_bins": empty}
+        out["max_abs_kT"] = None if empty else float(np.max(np.abs(diff)))
+        out["rms_kT"] = None if empty else float(np.sqrt(np.mean(diff**2)))
+        out["bins_within_0.5kT"] = int((np.abs(diff) <= 0.5).sum())
         if empty:
-            out.update({"max_abs_kT": None, "rms_kT": None, "bins_within_0.5kT": int((np.abs(diff) <= 0.5).sum())})
             out["max_abs_over_error"] = None
             return out
-        out["max_abs_kT"] = float(np.max(np.abs(diff)))
-        out["rms_kT"] = float(np.sqrt(np.mean(diff**2)))
-        out["bins_within_0.5kT"] = int((np.abs(diff) <= 0.5).sum())
         combined = np.sqrt(self.error[keep] ** 2 + reference.error[keep] ** 2)
         ratio = np.abs(diff) / combined
         out["max_abs_over_error"] = float(np.max(ratio)) if np.isfinite(ratio).all() else None
@@ -189,10 +184,8 @@ def free_energy_profile(
         replicas = []
         for _ in np.arange(resamples):
             idx = rng.integers(0, x.size, x.size)
-            sub_w = None if w is None else w[idx]
-            if sub_w is not None and not sub_w.sum() > 0:
-                continue
-            replicas.append(_histogram_free_energy(x[idx], sub_w, edges))
+            if (sub_w := None if w is None else w[idx]) is None or sub_w.sum() > 0:
+                replicas.append(_histogram_free_energy(x[idx], sub_w, edges))
         err = _spread(np.array(replicas).reshape(-1, bins), ddof=1)
     else:
         blocks = int(check_number(blocks, "blocks", where=where, integer=True, low=2))
@@ -220,8 +213,7 @@ def _spread(replicas: np.ndarray, ddof: int) -> np.ndarray:
 def blocked_mean(values: object, blocks: int = 10) -> tuple[float, float]:
     r"""Mean of a time series and its blocked standard error $\mathrm{sd}_B(\bar x_b) / \sqrt B$.
 
-    The series is cut into `blocks` contiguous blocks of (nearly) equal length; the error is valid when a
-    block is longer than the autocorrelation time (Flyvbjerg & Petersen 1989).
+    The error is valid when a block is longer than the autocorrelation time (Flyvbjerg & Petersen 1989).
 
     Arguments:
         values: the observable along the series, `(n,)` (e.g. the indicator $\phi > 0$ of MD frames).

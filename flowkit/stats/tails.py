@@ -6,22 +6,20 @@ descending order statistics $X_{(1)} \ge X_{(2)} \ge \dots$ of $|x|$, with $L_i 
 the log-excess moments $M_j(k) = \frac1k \sum_{i \le k} (L_i - L_{k+1})^j$:
 
 - Hill: $\hat\xi_H(k) = M_1(k)$ (consistent for $\xi > 0$);
-- moments (Dekkers, Einmahl & de Haan 1989): $\hat\xi_M(k) = M_1 + 1 - \frac12 (1 - M_1^2 / M_2)^{-1}$,
-  consistent for every real $\xi$ (0 for Gaussian tails, negative for bounded ones);
+- moments (Dekkers, Einmahl & de Haan 1989): $\hat\xi_M(k) = M_1 + 1 - \frac12 (1 - M_1^2 / M_2)^{-1}$, consistent for
+  every real $\xi$ (0 for Gaussian tails, negative for bounded ones);
 - kernel type: with the spacings $D_i = X_{(i)} - X_{(i+1)}$, the biweight kernel
-  $K_h(u) = \frac{15}{8h}(1 - (u/h)^2)^2$ on $[0, h]$ and $u_i = i/n$,
-  $\hat\xi_K = q_2 / q_1 - 1$ where $q_1 = \sum_i u_i^{a} K_h(u_i) D_i$ and
-  $q_2 = \sum_i \frac{d}{du}\big[u^{a+1} K_h(u)\big]_{u_i} D_i$ ($a = 2$). Integration by parts
-  gives $q_2 / q_1 \to 1 + \xi$ for every real $\xi < a$ (the construction of Groeneboom, Lopuhaä
-  & de Wolf 2003, in a simpler form).
+  $K_h(u) = \frac{15}{8h}(1 - (u/h)^2)^2$ on $[0, h]$ and $u_i = i/n$, $\hat\xi_K = q_2 / q_1 - 1$ where
+  $q_1 = \sum_i u_i^{a} K_h(u_i) D_i$ and $q_2 = \sum_i \frac{d}{du}\big[u^{a+1} K_h(u)\big]_{u_i} D_i$ ($a = 2$).
+  Integration by parts gives $q_2 / q_1 \to 1 + \xi$ for every real $\xi < a$ (the construction of Groeneboom, Lopuhaä &
+  de Wolf 2003, in a simpler form).
 
-The number $k$ of order statistics (the threshold) comes from the double bootstrap of Danielsson,
-de Haan, Peng & de Vries (2001): the bootstrap mean squared error of a statistic whose mean is 0
-(for Hill $M_2 - 2M_1^2$; for the moments estimator the difference of two moment-type estimators,
-after Draisma et al. 1999) is minimised at $k_1$ in resamples of size $n_1 = n\sqrt{t}$ and at $k_2$ in
-resamples of size $n_2 = n t$ ($t = 1/2$), and
-$k^* = \frac{k_1^2}{k_2}\left(\frac{\log k_1}{2 \log n_1 - \log k_1}\right)^{2(\log n_1 - \log k_1)/\log n_1}$.
-The kernel estimator's bandwidth is $h = k^*_M / n$.
+The number $k$ of order statistics (the threshold) comes from the double bootstrap of Danielsson, de Haan, Peng & de
+Vries (2001): the bootstrap mean squared error of a statistic whose mean is 0 (for Hill $M_2 - 2M_1^2$; for the moments
+estimator the difference of two moment-type estimators, after Draisma et al. 1999) is minimised at $k_1$ in resamples of
+size $n_1 = n\sqrt{t}$ and at $k_2$ in resamples of size $n_2 = n t$ ($t = 1/2$), and
+$k^* = \frac{k_1^2}{k_2}\left(\frac{\log k_1}{2 \log n_1 - \log k_1}\right)^{2(\log n_1 - \log k_1)/\log n_1}$. The
+kernel estimator's bandwidth is $h = k^*_M / n$.
 
 **Decision** (mTAF): a marginal is light when both the moments and the kernel estimate are at most
 `light_below` (0 in exact arithmetic; a small positive default absorbs their noise on Gaussian
@@ -29,9 +27,8 @@ data); otherwise it is heavy with $\nu = 1 / \hat\xi$, taking $\hat\xi$ from Hil
 else the kernel estimate (the first that is positive).
 
 **Metrics**: [`quantile_coverage`][flowkit.stats.quantile_coverage],
-[`tail_value_at_risk`][flowkit.stats.tail_value_at_risk],
-[`loglog_tail_distance`][flowkit.stats.loglog_tail_distance], and
-[`estimate_tails`][flowkit.stats.estimate_tails] on model samples against data.
+[`tail_value_at_risk`][flowkit.stats.tail_value_at_risk], [`loglog_tail_distance`][flowkit.stats.loglog_tail_distance],
+and [`estimate_tails`][flowkit.stats.estimate_tails] on model samples against data.
 
 References:
     Hill, *A simple general approach to inference about the tail of a distribution*, Ann. Stat. 1975;
@@ -84,6 +81,14 @@ def _as_array(x: object, where: str, *, dims: int = 1) -> np.ndarray:
     if not np.isfinite(array).all():
         raise ValueError(f"{where}: the data contain {int((~np.isfinite(array)).sum())} non-finite value(s)")
     return array
+
+
+def _paired(samples: object, data: object, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """Model samples `(M, D)` and data `(N, D)` as arrays, refusing different `D`."""
+    s, d = _as_array(samples, where, dims=2), _as_array(data, where, dims=2)
+    if s.shape[1] != d.shape[1]:
+        raise ValueError(f"{where}: samples have {s.shape[1]} dimensions but data have {d.shape[1]}")
+    return s, d
 
 
 def _order_statistics(x: object, where: str) -> np.ndarray:
@@ -148,8 +153,7 @@ def double_bootstrap(
 
     Arguments:
         x: one marginal's values (their absolute values are used).
-        discrepancy: `"hill"` ($M_2 - 2M_1^2$) or `"moments"` (the difference of two moment-type
-            estimators).
+        discrepancy: `"hill"` ($M_2 - 2M_1^2$) or `"moments"` (the difference of two moment-type estimators).
         bootstraps: resamples per stage (the reference uses 500).
         t: the second stage's resample size $n_2 = t n$ (the first's is $n_1 = \sqrt{t}\, n$).
         max_fraction: the largest $k$ considered, as a fraction of the resample size; $k^*$ is also
@@ -290,13 +294,7 @@ class TailEstimate:
     df: float | None
 
 
-def estimate_tail(
-    x: object,
-    *,
-    light_below: float = 0.1,
-    bootstraps: int = 200,
-    seed: int = 0,
-) -> TailEstimate:
+def estimate_tail(x: object, *, light_below: float = 0.1, bootstraps: int = 200, seed: int = 0) -> TailEstimate:
     r"""Estimate one marginal's tail: Hill, moments and kernel estimates and the mTAF light/heavy decision.
 
     Arguments:
@@ -359,10 +357,7 @@ def quantile_coverage(
     Returns:
         An array of shape `(len(levels), D)`.
     """
-    s = _as_array(samples, "quantile_coverage", dims=2)
-    d = _as_array(data, "quantile_coverage", dims=2)
-    if s.shape[1] != d.shape[1]:
-        raise ValueError(f"quantile_coverage: samples have {s.shape[1]} dimensions but data have {d.shape[1]}")
+    s, d = _paired(samples, data, "quantile_coverage")
     for level in levels:
         check_number(level, "every level", where="quantile_coverage", positive=True, below=1)
     quantiles = np.quantile(s, np.asarray(levels), axis=0)
@@ -411,16 +406,11 @@ def loglog_tail_distance(samples: object, data: object, tail: float = 0.1, point
     Returns:
         An array of shape `(D,)`.
     """
-    s = np.abs(_as_array(samples, "loglog_tail_distance", dims=2))
-    d = np.abs(_as_array(data, "loglog_tail_distance", dims=2))
-    if s.shape[1] != d.shape[1]:
-        raise ValueError(f"loglog_tail_distance: samples have {s.shape[1]} dimensions but data have {d.shape[1]}")
+    s, d = (np.abs(a) for a in _paired(samples, data, "loglog_tail_distance"))
     check_number(tail, "tail", where="loglog_tail_distance", positive=True, below=1)
     check_number(points, "points", where="loglog_tail_distance", integer=True, low=2)
     grid = np.linspace(-math.log(tail), math.log(d.shape[0]), points)
     p = 1 - np.exp(-grid)
     tiny = np.finfo(np.float64).tiny
-    gap = np.abs(
-        np.log(np.maximum(np.quantile(s, p, axis=0), tiny)) - np.log(np.maximum(np.quantile(d, p, axis=0), tiny))
-    )
-    return np.trapezoid(gap, grid, axis=0)
+    log_s, log_d = (np.log(np.maximum(np.quantile(a, p, axis=0), tiny)) for a in (s, d))
+    return np.trapezoid(np.abs(log_s - log_d), grid, axis=0)

@@ -17,11 +17,9 @@ __all__ = ["Target", "Energy"]
 class Target(Configurable, TensorAnchor):
     r"""An unnormalised density $p(x) = e^{-u(x)} / Z$ known through its energy `u`.
 
-    Subclasses set `event_shape` and implement `_energy`; they may
-    override `_force` with an analytic gradient, set `log_Z` when
-    the normalising constant is known, and implement `_sample` when
-    exact samples can be drawn. Constants live in buffers, so `.to()`
-    moves them; energies are computed in the dtype of their input.
+    Subclasses set `event_shape` and implement `_energy`; they may override `_force` with an analytic
+    gradient, set `log_Z` when known, and implement `_sample` for exact samples. Constants live in buffers,
+    so `.to()` moves them; energies are computed in the dtype of their input.
 
     Attributes:
         event_shape: shape of one configuration (`(D,)` or a lattice `(L, L)`).
@@ -96,8 +94,7 @@ class Energy(Target):
         force: optional `-grad u(x)`, when cheaper than autograd.
         sampler: optional `sampler(n) -> Tensor` of exact samples, shape `(n, *event_shape)`.
 
-    A wrapped function cannot be saved in a model file: rebuild the target from
-    code when you load a model.
+    A wrapped function cannot be saved in a model file: rebuild the target from code.
 
     Examples:
         >>> import torch, flowkit

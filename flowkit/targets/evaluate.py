@@ -14,9 +14,8 @@ __all__ = ["energy_of"]
 def energy_of(model: Any, x: Tensor, event_dims: int, where: str = "energy") -> Tensor:
     """Energy (negative unnormalised log density) of `x` under `model`, with the batch shape.
 
-    `model` is anything with an `energy(x)` method (a flowkit target), or a
-    flowkit [`Distribution`][flowkit.distributions.Distribution], whose energy is
-    `-log_prob(x)`.
+    `model` is anything with an `energy(x)` method (a flowkit target), or a flowkit
+    [`Distribution`][flowkit.distributions.Distribution], whose energy is `-log_prob(x)`.
 
     Raises:
         ValueError: when the model has neither, or its energy does not have the batch shape.

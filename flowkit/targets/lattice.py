@@ -27,20 +27,16 @@ class Phi4(Target):
     S(\phi) = \sum_x \Big[\sum_{\mu=1,2} (\phi_{x+\hat\mu} - \phi_x)^2 + m^2 \phi_x^2 + \lambda \phi_x^4\Big],
     $$
 
-    which equals the form $\sum_x \phi_x \sum_\mu(2\phi_x - \phi_{x+\hat\mu} - \phi_{x-\hat\mu}) + \dots$
-    of Albergo et al. For the free field (`lam = 0`, `m2 > 0`) the density
-    is Gaussian with precision $2(-\Delta + m^2)$, diagonal in Fourier
-    space, so $\log Z$ is exact at any `L`,
+    (the form of Albergo et al.). For the free field (`lam = 0`, `m2 > 0`) the density is Gaussian with
+    precision $2(-\Delta + m^2)$, diagonal in Fourier space, so $\log Z$ is exact at any `L`,
 
     $$
     \log Z = \frac V2 \log 2\pi - \frac12 \sum_k \log\Big[2\Big(m^2 + \sum_\mu 4\sin^2\frac{\pi k_\mu}{L}\Big)\Big],
     $$
 
-    exact samples are white noise filtered in Fourier space, and the
-    propagator is known ([`free_propagator`][flowkit.targets.lattice.Phi4.free_propagator]).
-    The same theory in the hopping parametrisation is
-    [`Phi4Hopping`][flowkit.targets.Phi4Hopping]; [`hopping`][flowkit.targets.lattice.Phi4.hopping]
-    gives its couplings.
+    exact samples are filtered white noise, and the propagator is known
+    ([`free_propagator`][flowkit.targets.lattice.Phi4.free_propagator]). The same theory in the hopping
+    parametrisation is [`Phi4Hopping`][flowkit.targets.Phi4Hopping] ([`hopping`][flowkit.targets.lattice.Phi4.hopping]).
 
     Arguments:
         L: lattice size.
@@ -111,8 +107,7 @@ class Phi4(Target):
 
     def _sample(self, n: int, generator: torch.Generator | None) -> Tensor:
         noise = torch.randn(n, self.L, self.L, generator=generator, dtype=torch.float64)
-        field = torch.fft.ifft2(torch.fft.fft2(noise) / self._precision_eigenvalues().sqrt()).real
-        return field
+        return torch.fft.ifft2(torch.fft.fft2(noise) / self._precision_eigenvalues().sqrt()).real
 
     @staticmethod
     def magnetization(x: Tensor) -> Tensor:
@@ -131,13 +126,11 @@ class Phi4Hopping(Target):
     + (1 - 2\lambda)\tilde\phi_x^2 + \lambda \tilde\phi_x^4\Big].
     $$
 
-    With $\phi = \sqrt\kappa\,\tilde\phi$ this is the action of
-    [`Phi4`][flowkit.targets.Phi4] at $m^2 = (1 - 2\lambda)/\kappa - 4$,
-    $\lambda_m = \lambda / \kappa^2$: `Phi4Hopping(L, kappa, lam).energy(phi_t)`
+    With $\phi = \sqrt\kappa\,\tilde\phi$ this is the action of [`Phi4`][flowkit.targets.Phi4] at
+    $m^2 = (1 - 2\lambda)/\kappa - 4$, $\lambda_m = \lambda / \kappa^2$: `Phi4Hopping(L, kappa, lam).energy(phi_t)`
     equals `Phi4(L, m2, lam_m).energy(sqrt(kappa) * phi_t)`
-    ([`mass_form`][flowkit.targets.lattice.Phi4Hopping.mass_form] builds that target).
-    The densities differ by the Jacobian of the rescaling, so
-    $\log Z = \log Z_m - \frac V2 \log\kappa$ (exact at `lam = 0`).
+    ([`mass_form`][flowkit.targets.lattice.Phi4Hopping.mass_form] builds that target). The densities differ by the
+    Jacobian of the rescaling, so $\log Z = \log Z_m - \frac V2 \log\kappa$ (exact at `lam = 0`).
 
     Arguments:
         L: lattice size.

@@ -22,10 +22,8 @@ class GaussianMixture(Target):
     \mu_k \sim \mathcal U[-s, s]^d,
     $$
 
-    with $\sigma = \mathrm{softplus}(1) \approx 1.313$ and `s = 40` as in
-    FAB's GMM-40. The means are drawn once from a private generator seeded
-    by `seed` (not the global one) and kept in a buffer, so the same seed
-    gives the same target on every machine, and a saved target keeps them.
+    with $\sigma = \mathrm{softplus}(1) \approx 1.313$ and `s = 40` as in FAB's GMM-40. The means are drawn
+    once from a private generator seeded by `seed` and kept in a buffer.
 
     Arguments:
         n_modes: number of components `K`.
@@ -87,17 +85,13 @@ class GaussianMixture(Target):
         return ((w.unsqueeze(-1) * diff).sum(-2) / self.scale**2).to(x.dtype)
 
     def _sample(self, n: int, generator: torch.Generator | None) -> Tensor:
-        pick = torch.randint(0, self.n_modes, (n,), generator=generator, device=self.means.device)
-        noise = torch.randn(
-            n, self.event_shape[0], generator=generator, dtype=self.means.dtype, device=self.means.device
-        )
+        means = self.means
+        pick = torch.randint(0, self.n_modes, (n,), generator=generator, device=means.device)
+        noise = torch.randn(n, self.event_shape[0], generator=generator, dtype=means.dtype, device=means.device)
         return self.means[pick] + self.scale * noise
 
     def mode_counts(self, x: Tensor, radius: float = 4.0) -> Tensor:
-        """Number of samples within `radius` standard deviations of each mean (shape `(n_modes,)`).
-
-        `(mode_counts(x) > 0).sum()` is the number of modes a sampler covers.
-        """
+        """Number of samples within `radius` standard deviations of each mean, `(n_modes,)` (`> 0`: modes covered)."""
         self._check(x, "mode_counts")
         x = x.reshape(-1, self.event_shape[0])
         dist = torch.cdist(x.to(self.means), self.means)

@@ -1,16 +1,11 @@
 r"""A bridge to OpenMM force fields: batched reduced energies with forces as the backward pass.
 
-An OpenMM `System` (a molecule's force field) gives the potential energy
-$E(x)$ in kJ/mol of Cartesian positions $x$ in nm. The target energy is the
-reduced energy $u(x) = E(x) / k_B T$, so that $p(x) \propto e^{-u(x)}$ is the
-Boltzmann distribution at temperature $T$; its gradient is $-F(x)/k_B T$ with
-the OpenMM forces $F$. Energies and forces are computed in float64, one
-configuration at a time in one OpenMM `Context`, and returned in float64 (log
-importance weights are formed in float64).
+An OpenMM `System` gives the potential energy $E(x)$ in kJ/mol of Cartesian positions $x$ in nm; the
+target energy is the reduced energy $u(x) = E(x) / k_B T$ (the Boltzmann distribution at temperature $T$),
+with gradient $-F(x)/k_B T$ from the OpenMM forces $F$, computed and returned in float64.
 
-A bad configuration (two atoms on top of each other) has an enormous energy.
-As in the Boltzmann-generator references (boltzgen, FAB), energies above a
-cut $u_c$ are damped logarithmically, and capped at $u_{max}$:
+A bad configuration (two atoms on top of each other) has an enormous energy. As in boltzgen and FAB,
+energies above a cut $u_c$ are damped logarithmically, and capped at $u_{max}$:
 
 $$
 \tilde u = \begin{cases} u & u < u_c \\ u_c + \log(1 + u - u_c) & u \ge u_c \end{cases},
@@ -87,23 +82,16 @@ class _EnergyFunction(torch.autograd.Function):
 class OpenMMEnergy(Target):
     r"""Reduced energy $u(x) = E(x)/k_B T$ of an OpenMM `System`, on flattened Cartesian positions in nm.
 
-    Configurations are vectors of `3 n_atoms` numbers `(x_1, y_1, z_1, x_2, ...)`
-    in nm. [`energy`][flowkit.targets.base.Target.energy] runs through a
-    `torch.autograd.Function` whose backward pass uses the OpenMM forces, so a
-    reverse-KL loss backpropagates through the force field; energies come back in
-    float64 whatever the input dtype, damped above `energy_cut` (see the module
-    docstring). Each call evaluates the batch one configuration at a time;
-    `evaluations` counts the configurations evaluated so far.
-
-    An `OpenMMEnergy` is not saved with a model (a `System` is not JSON);
-    [`AlanineDipeptide`][flowkit.targets.AlanineDipeptide] is.
+    Configurations are vectors of `3 n_atoms` numbers `(x_1, y_1, z_1, x_2, ...)` in nm.
+    [`energy`][flowkit.targets.base.Target.energy]'s backward pass uses the OpenMM forces; energies come
+    back in float64, damped above `energy_cut` (see the module docstring); `evaluations` counts the
+    configurations evaluated so far. It is not saved with a model (a `System` is not JSON).
 
     Arguments:
         system: an `openmm.System` (build it without constraints: a constrained system has
             no density in Cartesian space).
         temperature: temperature $T$ in kelvin.
-        platform: `"Reference"` (fastest for small systems in vacuum) or `"CPU"`
-            (faster for implicit solvent).
+        platform: `"Reference"` (fastest for small systems in vacuum) or `"CPU"` (faster for implicit solvent).
         energy_cut: reduced energy $u_c$ above which energies are damped logarithmically.
         energy_max: reduced energy $u_{max}$ at which energies are capped (non-finite ones too).
         threads: CPU threads of the `"CPU"` platform (its default when None).
@@ -175,10 +163,7 @@ class OpenMMEnergy(Target):
         return self._context
 
     def energies_and_forces(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Raw OpenMM potential energies (kJ/mol) and forces (kJ/mol/nm), float64, of `(N, n_atoms, 3)` positions.
-
-        Not damped and not reduced: the force field as OpenMM computes it.
-        """
+        """Raw (not damped nor reduced) energies (kJ/mol) and forces (kJ/mol/nm) of `(N, n_atoms, 3)` positions."""
         mm = require_openmm()
         kj, nm = mm.unit.kilojoule_per_mole, mm.unit.nanometer
         context = self.context

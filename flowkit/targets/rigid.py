@@ -1,12 +1,11 @@
 r"""Rigid-body targets on unit quaternions with exact normalising constants, and rigid dipoles in a periodic box.
 
-Configurations are unit quaternions $q \in S^3$ (scalar first) standing for
-rotations $R(q)$; energies depend on $R$ only, so the densities are antipodally
-symmetric. `log_Z` is the log normaliser of $e^{-u}$ against the *area measure*
+Configurations are unit quaternions $q \in S^3$ (scalar first) standing for rotations $R(q)$; energies depend on $R$
+only, so the densities are antipodally symmetric. `log_Z` is the log normaliser of $e^{-u}$ against the *area measure*
 of $S^3$ (total $2\pi^2$) per quaternion, which is what a flow over
-[`SphereUniform`][flowkit.distributions.SphereUniform] estimates; against the unit Haar measure
-of SO(3) subtract $\log 2\pi^2$ per body (the `log_normalizer` of
-[`MatrixFisher`][flowkit.targets.rigid.MatrixFisher] and [`Octupole`][flowkit.targets.rigid.Octupole]).
+[`SphereUniform`][flowkit.distributions.SphereUniform] estimates; against the unit Haar measure of SO(3) subtract
+$\log 2\pi^2$ per body (the `log_normalizer` of [`MatrixFisher`][flowkit.targets.rigid.MatrixFisher] and
+[`Octupole`][flowkit.targets.rigid.Octupole]).
 
 References:
     Köhler, Invernizzi, de Haan & Noé, *Rigid body flows for sampling molecular
@@ -105,14 +104,12 @@ def bingham_matrix(F: Sequence[Sequence[float]] | np.ndarray) -> np.ndarray:
 class MatrixFisher(Target):
     r"""The matrix Fisher distribution $p(R) \propto e^{\mathrm{tr}(F^\top R)}$ on SO(3), as a Bingham density on $S^3$.
 
-    Energy $u(q) = -q^\top A q$ ([`bingham_matrix`][flowkit.targets.rigid.bingham_matrix]),
-    `log_Z` $= \log c(F) + \log 2\pi^2$ exactly
-    ([`matrix_fisher_log_normalizer`][flowkit.targets.rigid.matrix_fisher_log_normalizer]),
-    `log_normalizer` $= \log c(F)$. Exact samples by rejection from an angular
-    central Gaussian envelope (Kent, Ganeiber & Mardia 2018).
+    Energy $u(q) = -q^\top A q$ ([`bingham_matrix`][flowkit.targets.rigid.bingham_matrix]), `log_Z`
+    $= \log c(F) + \log 2\pi^2$ exactly
+    ([`matrix_fisher_log_normalizer`][flowkit.targets.rigid.matrix_fisher_log_normalizer]), `log_normalizer`
+    $= \log c(F)$. Exact samples by rejection from an angular central Gaussian envelope (Kent, Ganeiber & Mardia 2018).
 
-    The matrix $A$ is kept in float64: a float64 target (`.double()`), or a float64 input, has the energy of $F$
-    to float64 rounding, consistent with the exact `log_Z`.
+    $A$ is kept in float64, so a float64 target or input has the energy to float64 rounding, as `log_Z`.
 
     Arguments:
         F: the $3 \times 3$ parameter matrix (nested lists); its singular values set the concentration.
@@ -187,30 +184,21 @@ def _bingham_samples(a: np.ndarray, n: int, generator: torch.Generator | None) -
     return np.concatenate(out)[:n] @ vec.T
 
 
-def _octupole_sum(v: np.ndarray, bonds: np.ndarray) -> np.ndarray:
-    return ((v @ bonds.T) ** 3).sum(-1)
-
-
 class Octupole(Target):
     r"""A tetrahedral "octupole" in a field: $u(R) = -\kappa \sum_{i=1}^4 ((R b_i) \cdot \hat e)^3$, four modes.
 
-    The $b_i$ are the unit bonds of a regular tetrahedron
-    (`TETRAHEDRON`), $\hat e$ the field axis
-    (`axis`, $\hat y$ by default). The energy depends on $R$ through
-    $v = R^\top \hat e$ alone and is lowest when a bond points along the field
-    ($v = b_i$), so the density has four modes of equal mass, each a circle of
-    rotations about the field axis (a great circle of $S^3$ and its antipode);
-    [`mode`][flowkit.targets.rigid.Octupole.mode] says which. Since $v$ is uniform on
-    $S^2$ when $R$ is Haar distributed,
+    The $b_i$ are the unit bonds of a regular tetrahedron (`TETRAHEDRON`), $\hat e$ the field axis (`axis`, $\hat y$ by
+    default). The energy depends on $v = R^\top \hat e$ alone and is lowest when a bond points along the field: four
+    modes of equal mass, each a circle of rotations about the field axis ([`mode`][flowkit.targets.rigid.Octupole.mode]
+    says which). Since $v$ is uniform on $S^2$ when $R$ is Haar distributed,
 
     $$
     c = \int_{SO(3)} e^{-u(R)}\, dR = \frac1{4\pi} \int_0^{2\pi}\!\!\int_0^\pi
     e^{\kappa \sum_i (b_i \cdot v(\beta, \alpha))^3} \sin\beta\, d\beta\, d\alpha,
     $$
 
-    over two of the ZYZ Euler angles of $R^\top$ (the third drops out): `log_Z` by
-    Gauss–Legendre quadrature in $\cos\beta$ and the periodic trapezoid rule in
-    $\alpha$ (`points` nodes each), converged to machine precision at the defaults.
+    `log_Z` by Gauss–Legendre quadrature in $\cos\beta$ and the trapezoid rule in $\alpha$ (`points` nodes
+    each), converged to machine precision at the defaults.
 
     Arguments:
         kappa: the field strength $\kappa$ (in units of $k_B T$).
@@ -243,7 +231,7 @@ class Octupole(Target):
         v = np.stack(
             [np.outer(sin_b, np.cos(alpha)), np.outer(sin_b, np.sin(alpha)), np.outer(cos_b, np.ones(points))], -1
         )
-        exponent = kappa * _octupole_sum(v, np.asarray(TETRAHEDRON))
+        exponent = kappa * ((v @ np.asarray(TETRAHEDRON).T) ** 3).sum(-1)
         top = exponent.max()
         integral = (weights[:, None] * np.exp(exponent - top)).sum() * (2 * math.pi / points) / (4 * math.pi)
         return float(top + math.log(integral))
@@ -263,13 +251,9 @@ class Octupole(Target):
 class WithAuxiliaries(Target):
     r"""A target extended by independent standard normal auxiliary coordinates (augmented flows).
 
-    $u(x, a) = u(x) + \tfrac12 |a|^2 + \tfrac m2 \log 2\pi$ over events
-    `(D + m,)` (the target's coordinates first), so `log_Z` is the target's and
-    importance weights, ESS and $\hat Z$ of a flow over the joint are those of the
-    target, exactly; the auxiliaries give couplings of a single rigid body
-    something to condition on (as in the rigid-body flows of Köhler et al.).
-    Rigid targets carry their layout in `segments`; the extended target's is that
-    followed by `m` `"real"` segments.
+    $u(x, a) = u(x) + \tfrac12 |a|^2 + \tfrac m2 \log 2\pi$ over events `(D + m,)` (the target's
+    coordinates first, then `m` `"real"` segments), so `log_Z`, importance weights, ESS and $\hat Z$ are
+    the target's exactly; the auxiliaries give couplings of a single rigid body something to condition on.
 
     Arguments:
         target: the target, with events `(D,)`.
@@ -291,11 +275,8 @@ class WithAuxiliaries(Target):
 
     def _energy(self, x: Tensor) -> Tensor:
         a = x[..., self.dim :]
-        return (
-            self.target._energy(x[..., : self.dim])
-            + 0.5 * a.square().sum(-1)
-            + 0.5 * a.shape[-1] * math.log(2 * math.pi)
-        )
+        u = self.target._energy(x[..., : self.dim])
+        return u + 0.5 * a.square().sum(-1) + 0.5 * a.shape[-1] * math.log(2 * math.pi)
 
     def _force(self, x: Tensor) -> Tensor:
         return torch.cat([self.target._force(x[..., : self.dim]), -x[..., self.dim :]], -1)
@@ -320,9 +301,7 @@ class RigidDipoles(Target):
     - h \sum_i \mu_i \cdot \hat z,
     $$
 
-    in units of $k_B T$ (the minimum image is a continuous function of the
-    positions away from half-box separations, where it is only continuous). No
-    exact `log_Z`; flowkit's random-walk Metropolis
+    in units of $k_B T$. No exact `log_Z`; flowkit's random-walk Metropolis
     ([`flowkit.sampling.metropolis`][flowkit.sampling.metropolis]) gives reference observables.
 
     Arguments:

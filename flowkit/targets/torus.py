@@ -4,15 +4,11 @@ $$
 u(x_1, x_2) = b \cos^2 x_1 + \tau \sin x_1 + k\,\big(1 - \cos(x_2 - c \sin x_1)\big).
 $$
 
-In $x_1$ two wells at $\pm\pi/2$ (the second deeper by $2\tau$) are separated by
-barriers of height $\approx b$ at $0$ and $\pi$; in $x_2$ a von Mises well of
-stiffness $k$ whose centre $c \sin x_1$ moves with $x_1$, so the two wells sit at
-different $x_2$ and the density does not factorise. Forces are analytic. The
-normaliser is a periodic trapezoid rule on a grid (spectrally accurate, as the
-energy is smooth and periodic); since the $x_2$ integral of the von Mises factor does
-not depend on its centre, $Z = 2\pi e^{-k} I_0(k) \int e^{-b\cos^2 x_1 - \tau \sin x_1} dx_1$,
-which the tests use as a check. Exact samples by rejection from the uniform
-distribution ($u \ge -|\tau|$).
+In $x_1$ two wells at $\pm\pi/2$ (the second deeper by $2\tau$) are separated by barriers of height
+$\approx b$; in $x_2$ a von Mises well of stiffness $k$ whose centre $c \sin x_1$ moves with $x_1$, so the
+density does not factorise. Forces are analytic; the normaliser is a periodic trapezoid rule on a grid
+(spectrally accurate; exactly, $Z = 2\pi e^{-k} I_0(k) \int e^{-b\cos^2 x_1 - \tau \sin x_1} dx_1$), and
+exact samples come by rejection from the uniform distribution ($u \ge -|\tau|$).
 
 References:
     Köhler, Krämer & Noé, *Smooth normalizing flows*, NeurIPS 2021 (arXiv:2110.00351), whose toy
@@ -95,11 +91,9 @@ class TorusDoubleWell(Target):
 
     def _energy(self, x: Tensor) -> Tensor:
         x1, x2 = x[..., 0], x[..., 1]
-        cos1 = torch.cos(x1)
-        sin1 = torch.sin(x1)
-        return (
-            self.barrier * cos1 * cos1 + self.tilt * sin1 + self.stiffness * (1 - torch.cos(x2 - self.coupling * sin1))
-        )
+        cos1, sin1 = torch.cos(x1), torch.sin(x1)
+        well = self.stiffness * (1 - torch.cos(x2 - self.coupling * sin1))
+        return self.barrier * cos1 * cos1 + self.tilt * sin1 + well
 
     def _force(self, x: Tensor) -> Tensor:
         x = x.detach()

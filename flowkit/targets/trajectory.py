@@ -2,15 +2,10 @@
 
 Flowkit's molecular configurations are flattened Cartesian positions in nm, `(n, 3 n_atoms)`
 (`(x_0, y_0, z_0, x_1, ...)`, the convention of [`OpenMMEnergy`][flowkit.targets.OpenMMEnergy]).
-[`write_pdb`][flowkit.targets.trajectory.write_pdb] writes a topology with one frame
-(`openmm.app.PDBFile`, coordinates in angstrom to 3 decimals; a coordinate outside the `%8.3f` columns,
--999.999 to 9999.999 angstrom, is refused with an error naming the atom), and
-[`write_dcd`][flowkit.targets.trajectory.write_dcd] a trajectory of frames (`openmm.app.DCDFile`, CHARMM
-format, little-endian float32 angstrom). The positions go to OpenMM as quantities in nm, and OpenMM
-converts them to angstrom, so both files read back in VMD, PyMOL, MDTraj (`mdtraj.load("x.dcd",
-top="x.pdb")`) or OpenMM (`PDBFile`). Reweighted samples of a Boltzmann generator become a trajectory of
-equally weighted configurations by resampling them first
-([`flowkit.sampling.resample`][flowkit.sampling.resample]).
+[`write_pdb`][flowkit.targets.trajectory.write_pdb] writes a topology with one frame (`openmm.app.PDBFile`),
+[`write_dcd`][flowkit.targets.trajectory.write_dcd] a trajectory (`openmm.app.DCDFile`); both read back in VMD,
+PyMOL, MDTraj or OpenMM. Resample reweighted samples first
+([`flowkit.sampling.resample`][flowkit.sampling.resample]) for a trajectory of equally weighted configurations.
 
 OpenMM is an optional dependency: `pip install 'flowkit[md]'`.
 """
@@ -76,15 +71,12 @@ def write_pdb(path: str | os.PathLike, topology: Any, positions: Any) -> None:
 
     Arguments:
         path: the file to write.
-        topology: an `openmm.app.Topology` (e.g.
-            [`AlanineDipeptide.topology`][flowkit.targets.AlanineDipeptide]).
-        positions: one frame in nm, `(3 n_atoms,)` or `(n_atoms, 3)`; of several frames `(n, 3 n_atoms)`,
-            the first.
+        topology: an `openmm.app.Topology` (e.g. [`AlanineDipeptide.topology`][flowkit.targets.AlanineDipeptide]).
+        positions: one frame in nm, `(3 n_atoms,)` or `(n_atoms, 3)`; of several frames `(n, 3 n_atoms)`, the first.
 
     Raises:
         ValueError: when OpenMM is missing, the positions do not fit the topology or are not finite, or a
-            coordinate does not fit the PDB's `%8.3f` angstrom columns (`PDB_RANGE_ANGSTROM`: -999.999 to
-            9999.999 angstrom), naming the atom; nothing is written then.
+            coordinate does not fit the PDB's `%8.3f` angstrom columns (`PDB_RANGE_ANGSTROM`), naming the atom.
     """
     mm = require_openmm()
     frame = _frames(positions, topology, "write_pdb")[0]

@@ -1,9 +1,8 @@
 r"""Double-well energies: the 2-D double well of Boltzmann generators and FAB's many-well.
 
-One well is $u(x_1, x_2) = c x_1^4 + b x_1^2 + a x_1 + \tfrac12 x_2^2$. Its
-normalising constant factorises into a 1-D integral over $x_1$, done here
-by quadrature, times $\sqrt{2\pi}$; exact samples of $x_1$ come from
-rejection sampling with a two-Gaussian proposal.
+One well is $u(x_1, x_2) = c x_1^4 + b x_1^2 + a x_1 + \tfrac12 x_2^2$. Its normalising constant factorises into a 1-D
+integral over $x_1$, done here by quadrature, times $\sqrt{2\pi}$; exact samples of $x_1$ come from rejection sampling
+with a two-Gaussian proposal.
 """
 
 from __future__ import annotations
@@ -80,9 +79,8 @@ class _QuarticWell:
 class DoubleWell(Target):
     r"""2-D double well $u(x) = c x_1^4 + b x_1^2 + a x_1 + \tfrac12 x_2^2$.
 
-    The defaults (`a = -0.5, b = -6, c = 1`) are the target of Boltzmann
-    generators and stochastic normalizing flows, with
-    $\log Z = 10.2935$ (quadrature). Exact samples by rejection sampling.
+    The defaults (`a = -0.5, b = -6, c = 1`) are the target of Boltzmann generators and stochastic
+    normalizing flows, with $\log Z = 10.2935$ (quadrature). Exact samples by rejection sampling.
 
     Arguments:
         a: linear coefficient (tilts the wells).
@@ -123,8 +121,7 @@ class DoubleWell(Target):
 class ManyWell(Target):
     r"""FAB's many-well: `dim / 2` independent [`DoubleWell`][flowkit.targets.DoubleWell] copies on coordinate pairs.
 
-    Coordinates `(x_{2i}, x_{2i+1})` form copy `i`, so there are
-    $2^{dim/2}$ modes and $\log Z = (dim/2) \log Z_{DW}$
+    Coordinates `(x_{2i}, x_{2i+1})` form copy `i`: $2^{dim/2}$ modes, $\log Z = (dim/2) \log Z_{DW}$
     (164.6957 at `dim = 32`). Exact samples.
 
     Arguments:
@@ -158,8 +155,7 @@ class ManyWell(Target):
         return self.well._force(self._pairs(x)).flatten(-2)
 
     def _sample(self, n: int, generator: torch.Generator | None) -> Tensor:
-        pairs = self.well._sample(n * (self.event_shape[0] // 2), generator)
-        return pairs.reshape(n, -1)
+        return self.well._sample(n * (self.event_shape[0] // 2), generator).reshape(n, -1)
 
     def extra_repr(self) -> str:
         return f"dim={self.event_shape[0]}"

@@ -46,6 +46,13 @@ __all__ = ["YukawaStaggered", "YukawaJoint", "EXACT_MAX_L"]
 EXACT_MAX_L = 16
 
 
+def _pseudofermion_force(dirac: StaggeredDirac, phi: Tensor, chi: Tensor, tol: float) -> tuple[Tensor, Tensor]:
+    r"""$X_f = (D D^T)^{-1} \chi_f$ by CG and $-\partial_\phi S_{pf} = 2g \sum_f X_f (D^T X_f)$."""
+    field = phi.unsqueeze(-3)
+    X, _ = conjugate_gradient(lambda v: dirac.apply_normal(field, v), chi, tol=tol)
+    return X, 2 * dirac.g * (X * dirac.apply_dagger(field, X)).sum(-3)
+
+
 class _PseudofermionAction(torch.autograd.Function):
     r"""$\sum_f \chi_f^T (D D^T)^{-1} \chi_f$ by CG, with the analytic gradient (first order only)."""
 
@@ -78,26 +85,17 @@ class YukawaStaggered(Target):
       - \log\det\big(D[\phi] D[\phi]^\dagger\big),
     $$
 
-    with $D_{xy} = \frac12\sum_\mu \eta_\mu(x)[b_\mu(x)\delta_{y,x+\hat\mu} - b_\mu(x-\hat\mu)\delta_{y,x-\hat\mu}]
-    + (m_f + g\phi_x)\delta_{xy}$ (see [`flowkit.lattice.fermions`][flowkit.lattice.fermions]):
-    Kogut-Susskind phases $\eta_0 = 1$, $\eta_1(x) = (-1)^{x_0}$, time (axis `-2`) antiperiodic.
+    with $D$ the staggered operator of [`flowkit.lattice.fermions`][flowkit.lattice.fermions] (time, axis `-2`,
+    antiperiodic). **Sign conventions.** $\det D$ is real but changes sign once $|g\phi|$ is of order one;
+    following Albergo et al. (2021) the model has $N_f = 2$ degenerate flavours, with the weight
+    $\det D^2 = \det(D D^\dagger) > 0$ (no sign problem). The scalar action is [`Phi4`][flowkit.targets.Phi4]'s.
 
-    **Sign conventions.** $D$ is real and $\gamma_5$-hermitian ($\epsilon D \epsilon = D^\dagger = D^T$,
-    $\epsilon_x = (-1)^{x_0+x_1}$), so $\det D$ is real, but it changes sign across configurations once
-    $|g\phi|$ is of order one. Following Albergo et al. (2021) the model has $N_f = 2$ degenerate flavours:
-    the fermion weight is $\det D^2 = |\det D|^2 = \det(D D^\dagger) > 0$, with no sign problem. The scalar
-    action is flowkit's $\phi^4$ parametrisation (that of [`Phi4`][flowkit.targets.Phi4]; its
-    [`hopping`][flowkit.targets.lattice.Phi4.hopping] gives $(\kappa, \lambda)$ of the hopping form).
-
-    **Energy and force.** [`energy`][flowkit.targets.base.Target.energy] is exact: dense LU
-    (`torch.linalg.slogdet`, differentiable, its gradient through $D^{-1}$) for `L <= 16`; larger lattices
-    raise a `ValueError` there and use the pseudofermion forms:
-    [`pseudofermion_action`][flowkit.targets.yukawa.YukawaStaggered.pseudofermion_action] (conjugate gradient on
-    $D D^\dagger$ to the relative residual `cg_tol`),
-    [`sample_pseudofermions`][flowkit.targets.yukawa.YukawaStaggered.sample_pseudofermions] (the heat bath
-    $\chi = D\eta$), [`joint`][flowkit.targets.yukawa.YukawaStaggered.joint] (the density of
-    $(\phi, \chi)$) and [`pseudofermion_hmc`][flowkit.sampling.pseudofermion_hmc]. The force is analytic:
-    $-\nabla u = -\nabla S_B + 2g\,\operatorname{diag}(D^{-1})$.
+    **Energy and force.** [`energy`][flowkit.targets.base.Target.energy] is exact (dense LU, differentiable)
+    for `L <= 16`; larger lattices raise a `ValueError` there and use the pseudofermion forms
+    ([`pseudofermion_action`][flowkit.targets.yukawa.YukawaStaggered.pseudofermion_action],
+    [`sample_pseudofermions`][flowkit.targets.yukawa.YukawaStaggered.sample_pseudofermions],
+    [`joint`][flowkit.targets.yukawa.YukawaStaggered.joint], [`pseudofermion_hmc`][flowkit.sampling.pseudofermion_hmc]).
+    The force is analytic: $-\nabla u = -\nabla S_B + 2g\,\operatorname{diag}(D^{-1})$.
 
     Arguments:
         L: lattice extent, even.
@@ -172,9 +170,8 @@ class YukawaStaggered(Target):
     def _force(self, x: Tensor) -> Tensor:
         self._check_exact("force")
         y = x.detach().to(torch.promote_types(x.dtype, torch.float64))
-        inverse_diagonal = (
-            self.dirac.inverse(y, "YukawaStaggered.force").diagonal(dim1=-2, dim2=-1).unflatten(-1, (self.L, self.L))
-        )
+        inverse = self.dirac.inverse(y, "YukawaStaggered.force")
+        inverse_diagonal = inverse.diagonal(dim1=-2, dim2=-1).unflatten(-1, (self.L, self.L))
         return (self.scalar._force(y) + 2 * self.g * inverse_diagonal).to(x.dtype)
 
     # --- pseudofermions
@@ -217,11 +214,8 @@ class YukawaStaggered(Target):
         r"""$(S_B + S_{pf},\ \nabla_\phi(S_B + S_{pf}))$ at fixed $\chi$, without graphs: the HMC potential."""
         self._check_chi(x, chi, "pseudofermion_potential")
         phi = x.detach()
-        field = phi.unsqueeze(-3)
-        X, _ = conjugate_gradient(lambda v: self.dirac.apply_normal(field, v), chi, tol=self.cg_tol)
-        action = self.scalar._energy(phi) + (chi * X).sum((-1, -2, -3))
-        grad = -self.scalar._force(phi) - 2 * self.g * (X * self.dirac.apply_dagger(field, X)).sum(-3)
-        return action, grad
+        X, force = _pseudofermion_force(self.dirac, phi, chi, self.cg_tol)
+        return self.scalar._energy(phi) + (chi * X).sum((-1, -2, -3)), -self.scalar._force(phi) - force
 
     def joint(self) -> YukawaJoint:
         r"""The joint target of $(\phi, \chi)$ (see [`YukawaJoint`][flowkit.targets.YukawaJoint])."""
@@ -238,9 +232,7 @@ class YukawaJoint(Target):
 
     (channel 0 is $\phi$, channels 1 and 2 the real and imaginary parts of $\chi$). Integrating $\chi$ out
     gives $\pi^V \det(D D^\dagger)\, e^{-S_B}$, so the $\phi$-marginal is exactly
-    [`YukawaStaggered`][flowkit.targets.YukawaStaggered]'s, at any `L` (no dense matrix: conjugate gradient
-    to the relative residual `cg_tol`). Every flowkit sampler and trainer takes it: a flow of the joint
-    field, or HMC on it; the energy is differentiable (first order) and the force analytic.
+    [`YukawaStaggered`][flowkit.targets.YukawaStaggered]'s, at any `L` (conjugate gradient to `cg_tol`).
 
     Arguments: as [`YukawaStaggered`][flowkit.targets.YukawaStaggered].
     """
@@ -266,17 +258,13 @@ class YukawaJoint(Target):
 
     def _energy(self, x: Tensor) -> Tensor:
         phi, chi = self.split(x)
-        return self.model.scalar._energy(phi) + _PseudofermionAction.apply(
-            phi, chi, self.model.dirac, self.model.cg_tol
-        )
+        action = _PseudofermionAction.apply(phi, chi, self.model.dirac, self.model.cg_tol)
+        return self.model.scalar._energy(phi) + action
 
     def _force(self, x: Tensor) -> Tensor:
         phi, chi = self.split(x.detach())
-        field = phi.unsqueeze(-3)
-        dirac = self.model.dirac
-        X, _ = conjugate_gradient(lambda v: dirac.apply_normal(field, v), chi, tol=self.model.cg_tol)
-        f_phi = self.model.scalar._force(phi) + 2 * dirac.g * (X * dirac.apply_dagger(field, X)).sum(-3)
-        return torch.cat([f_phi.unsqueeze(-3), -2 * X], -3)
+        X, force = _pseudofermion_force(self.model.dirac, phi, chi, self.model.cg_tol)
+        return torch.cat([(self.model.scalar._force(phi) + force).unsqueeze(-3), -2 * X], -3)
 
     def extra_repr(self) -> str:
         return self.model.extra_repr()

@@ -1,11 +1,9 @@
 """Batches for the fit loop: tensors, datasets, data loaders and latent draws, sharded and resumable.
 
-Every source yields the batches an objective receives: a tensor `x` or a
-pair `(x, context)`; data made by [`with_indices`][flowkit.train.batches.with_indices]
-also carry the indices of their points, `(x, index)` or `(x, context, index)`.
-Shuffling follows `torch.utils.data.DistributedSampler` (a permutation
-seeded by `seed + epoch`, rank `r` of `N` taking every `N`-th index), so the
-data order is a function of `(seed, epoch)` and a resumed run can jump straight to the batch where it stopped.
+Every source yields the batches an objective receives: `x` or `(x, context)`, with the points' indices last
+for data made by [`with_indices`][flowkit.train.batches.with_indices]. Shuffling follows
+`torch.utils.data.DistributedSampler` (a permutation seeded by `seed + epoch`, rank `r` of `N` taking every
+`N`-th index), so a resumed run can jump straight to the batch where it stopped.
 """
 
 from __future__ import annotations
@@ -124,9 +122,8 @@ def _normalise(batch: Any, device: torch.device, dtype: torch.dtype | None) -> B
 class ShardedBatchSampler(Sampler[list[int]]):
     """Batches of indices of this rank's shard of `range(n)`, with a seeded per-epoch order.
 
-    The order is `torch.utils.data.DistributedSampler`'s (when
-    `shuffle`), or every `world_size`-th index without padding (when not,
-    for validation: each point counted once over the ranks).
+    The order is `DistributedSampler`'s when `shuffle`, else every `world_size`-th index without padding
+    (for validation: each point counted once over the ranks).
 
     Arguments:
         n: number of points.
@@ -203,11 +200,7 @@ class _TensorSource(_Source):
 
 
 class _LoaderSource(_Source):
-    """A DataLoader; resuming skips batches by drawing them.
-
-    The iterator is made eagerly, so that the loop can replay the RNG state of the epoch's start
-    around the call (the order a shuffling loader draws is the same).
-    """
+    """A DataLoader; resuming skips batches by drawing them (the iterator is made eagerly, see `epoch`)."""
 
     def __init__(self, loader: DataLoader, device: torch.device, dtype: torch.dtype | None) -> None:
         self.loader, self.device, self.dtype = loader, device, dtype
@@ -292,10 +285,9 @@ def make_batches(
 ) -> _Source:
     """A batch source for `data`: a tensor (or array), a pair `(x, context)`, a Dataset or a DataLoader.
 
-    Floating tensors are cast to `dtype` (the model's) and moved to `device`.
-    A DataLoader is used as given (its batch size wins) unless it must be
-    sharded over several ranks and has no `DistributedSampler`: then it is
-    rebuilt over its dataset with a [`ShardedBatchSampler`][flowkit.train.batches.ShardedBatchSampler].
+    Floating tensors are cast to `dtype` (the model's) and moved to `device`. A DataLoader is used as given
+    unless it must be sharded and has no `DistributedSampler`: then it is rebuilt with a
+    [`ShardedBatchSampler`][flowkit.train.batches.ShardedBatchSampler].
 
     Raises:
         ValueError: for an unsupported `data` type, an empty set or mismatched `x` and context.

@@ -26,11 +26,9 @@ class MaximumLikelihood(Objective):
     L(\theta) = -\frac{1}{B} \sum_{i=1}^B \log q_\theta(x_i \mid c_i),
     $$
 
-    an unbiased estimate of $\mathrm{KL}(p \,\|\, q_\theta) + H(p)$. The loss
-    is minus the mean of `flow.path_log_likelihood(x, context)`: `log_prob` for a
-    [`Flow`][flowkit.flows.Flow], the log path weight for a
-    [`StochasticFlow`][flowkit.flows.StochasticFlow], whose exact density is intractable
-    (Wu, Köhler & Noé 2020).
+    an unbiased estimate of $\mathrm{KL}(p \,\|\, q_\theta) + H(p)$: minus the mean of
+    `flow.path_log_likelihood(x, context)` (`log_prob` for a [`Flow`][flowkit.flows.Flow], the log path
+    weight for a [`StochasticFlow`][flowkit.flows.StochasticFlow], Wu, Köhler & Noé 2020).
 
     Arguments:
         target: optional [`Target`][flowkit.targets.Target]; when given, the loss
@@ -70,9 +68,8 @@ class MaximumLikelihood(Objective):
     def path_gradient_loss(self, flow: FlowModel, x: Tensor, context: Tensor | None) -> Tensor:
         """Surrogate loss whose gradient is the forward-KL path gradient, using `self.target`'s forces.
 
-        The estimator of Vaitl et al. 2024 (the recursion run in the inverse
-        direction, [`forward_kl_loss`][flowkit.train.pathgrad.forward_kl_loss]);
-        override this method to plug in another. Its value is the NLL.
+        [`forward_kl_loss`][flowkit.train.pathgrad.forward_kl_loss] (Vaitl et al. 2024); its value is the NLL.
+        Override this method to plug in another estimator.
         """
         where = type(self).__name__
         if context is not None:
@@ -90,21 +87,17 @@ class MaximumLikelihood(Objective):
 class ForwardKLPathGradient(MaximumLikelihood):
     r"""Maximum likelihood on target samples with the forward-KL path gradient (GDReG).
 
-    The same objective as `MaximumLikelihood(target=target)`, under the name of
-    its estimator. With $z = f_\theta(x)$ the normalizing map,
-    $KL(p \| q_\theta) = KL(f_\theta{}_\# p \| q_0)$, whose path gradient is
+    The same objective as `MaximumLikelihood(target=target)`, under the name of its estimator. With $z = f_\theta(x)$
+    the normalizing map, $KL(p \| q_\theta) = KL(f_\theta{}_\# p \| q_0)$, whose path gradient is
 
     $$
     \nabla_\theta \approx E_{x \sim p}\big[(\nabla_z \log p_Z(z) - \nabla_z \log q_0(z))
     \cdot \partial_\theta f_\theta(x)\big],
     $$
 
-    where $\nabla_z \log p_Z$ is carried along the normalizing pass from the
-    target's force $\nabla_x \log p = -\nabla u$ by
-    [`forward_with_score`][flowkit.train.score_rules.forward_with_score] (Vaitl et
-    al. 2024, the recursion run in the inverse direction). The forces act as a
-    regulariser; the expected gradient equals maximum likelihood's. The loss
-    value is the negative log-likelihood `mean(-log q(x))`.
+    where $\nabla_z \log p_Z$ is carried along the normalizing pass from the target's force by
+    [`forward_with_score`][flowkit.train.score_rules.forward_with_score] (Vaitl et al. 2024). The expected
+    gradient equals maximum likelihood's; the loss value is the negative log-likelihood.
 
     Arguments:
         target: the target whose samples the batches are (its forces are used).

@@ -7,29 +7,20 @@ $$
 \nabla_z \log r_Z(z) = J_{f^{-1}}(z)^\top s + \nabla_z \log|\det J_{f^{-1}}(z)|,
 $$
 
-the recursion $g \leftarrow (g - \nabla \log|\det J|)\, J^{-1}$ of Vaitl et al.
-(2024). [`forward_with_score`][flowkit.train.score_rules.forward_with_score] runs it
-along the normalizing direction and
-[`inverse_with_score`][flowkit.train.score_rules.inverse_with_score] along the
-sampling direction. Each returns the mapped point and its log-determinant with
-their graphs, and the carried score without one.
+the recursion $g \leftarrow (g - \nabla \log|\det J|)\, J^{-1}$ of Vaitl et al. (2024).
+[`forward_with_score`][flowkit.train.score_rules.forward_with_score] runs it along the normalizing direction,
+[`inverse_with_score`][flowkit.train.score_rules.inverse_with_score] along the sampling direction; each returns
+the mapped point and its log-determinant with their graphs, and the carried score without one.
 
-The rules are looked up by the bijector's type (along its method resolution
-order, as `functools.singledispatch` does). Every
-bijector has the generic rule (one vector-Jacobian product through the opposite
-direction); [`Chain`][flowkit.bijectors.Chain], [`Invert`][flowkit.bijectors.Invert],
-[`Reshape`][flowkit.bijectors.Reshape], the linear layers, permutations and
-couplings have closed-form ones, registered below. A new bijector needs no
-rule: the generic one applies. A faster one is registered with
-[`register_score_rule`][flowkit.train.score_rules.register_score_rule], here or
-in user code, without touching the bijector.
+The rules are looked up by the bijector's type (as `functools.singledispatch` does). Every bijector has the
+generic rule (one vector-Jacobian product through the opposite direction); [`Chain`][flowkit.bijectors.Chain],
+[`Invert`][flowkit.bijectors.Invert], [`Reshape`][flowkit.bijectors.Reshape], the linear layers, permutations
+and couplings have closed-form ones. A faster rule is registered with
+[`register_score_rule`][flowkit.train.score_rules.register_score_rule], without touching the bijector.
 
-A coupling's rule needs, of its elementwise transformer, the output, the
-elementwise log-derivative $L$ and $\partial L / \partial x$:
-[`forward_and_ladj_derivative`][flowkit.train.score_rules.forward_and_ladj_derivative]
-(and its inverse twin) give them, in closed form for
-[`Affine`][flowkit.transformers.Affine] and the splines and by autograd for any
-other transformer.
+A coupling's rule needs, of its transformer, the output, the elementwise log-derivative $L$ and
+$\partial L / \partial x$: [`forward_and_ladj_derivative`][flowkit.train.score_rules.forward_and_ladj_derivative] (and
+its inverse twin), in closed form for [`Affine`][flowkit.transformers.Affine] and the splines, by autograd otherwise.
 
 References:
     Vaitl, Winkler, Richter & Kessel, *Fast and unified path gradient estimators
@@ -142,9 +133,8 @@ def forward_with_score(
     r"""Map `x` to `z` and carry a score along: return `(z, ladj, score_z)`.
 
     If `score` is $\nabla_x \log r(x)$, then `score_z` is
-    $J_{f^{-1}}(z)^\top \nabla_x \log r(x) + \nabla_z \log|\det J_{f^{-1}}(z)|$.
-    `z` and `ladj` keep their graphs; `score_z` has none. The point, the score
-    and the context are checked (shape, dtype, finiteness).
+    $J_{f^{-1}}(z)^\top \nabla_x \log r(x) + \nabla_z \log|\det J_{f^{-1}}(z)|$ (without a graph; `z` and
+    `ladj` keep theirs). The point, the score and the context are checked.
 
     Examples:
         >>> import torch, flowkit
@@ -216,17 +206,11 @@ register_score_rule(
 # ---- volume-preserving and linear layers
 
 
-def _permutation_forward(b: Permutation, x: Tensor, score: Tensor, context: Tensor | None):
-    z, ladj = b(x, context)
-    return z, ladj, score.detach()[..., b.perm]
-
-
-def _permutation_inverse(b: Permutation, z: Tensor, score: Tensor, context: Tensor | None):
-    x, ladj = b.inverse(z, context)
-    return x, ladj, score.detach()[..., b.inverse_perm]
-
-
-register_score_rule(Permutation, forward=_permutation_forward, inverse=_permutation_inverse)
+register_score_rule(
+    Permutation,
+    forward=lambda b, x, s, c: (*b(x, c), s.detach()[..., b.perm]),
+    inverse=lambda b, z, s, c: (*b.inverse(z, c), s.detach()[..., b.inverse_perm]),
+)
 
 
 def _linear_inverse(b: Linear | LULinear, z: Tensor, score: Tensor, context: Tensor | None):
@@ -260,20 +244,16 @@ register_score_rule(LULinear, forward=_lu_forward, inverse=_linear_inverse)
 def _coupling_rule(derivative: Callable) -> ScoreRule:
     r"""One coupling step with the score carried along, without a second pass.
 
-    The Jacobian is block triangular, with the diagonal block $\mathrm{diag}(e^{L})$
-    on the transformed half, where `out = tau(y_tr; c)`, `c = c(y_id)` and
-    `L = log|tau'|` elementwise. The new score $s' = J^{-T}(s - \nabla_y \sum L)$ is then
+    The Jacobian is block triangular, with the diagonal block $\mathrm{diag}(e^{L})$ on the transformed
+    half (`out = tau(y_tr; c(y_id))`, `L = log|tau'|`). The new score $s' = J^{-T}(s - \nabla_y \sum L)$ is
 
     $$
     s'_{out} = w = (s_{tr} - \partial_{y_{tr}} L)\, e^{-L}, \qquad
     s'_{id} = s_{id} - \partial_{y_{id}}\big[\textstyle\sum w \cdot out + \sum L\big]_{w\ \text{fixed}},
     $$
 
-    the second by the implicit-function rule for `tau^{-1}(out; c)`. The
-    transformer gives $\partial_{y_{tr}} L$ (in closed form where registered),
-    so the inverse map is never evaluated; one autograd call through the
-    conditioner, whose forward pass is shared with the map itself, gives
-    $s'_{id}$ (Vaitl et al., ICLR 2024, Alg. 1).
+    the second by the implicit-function rule. The transformer gives $\partial_{y_{tr}} L$, so the inverse
+    map is never evaluated; one autograd call through the conditioner gives $s'_{id}$ (Vaitl et al. 2024, Alg. 1).
     """
     direction = _DIRECTIONS[derivative]
 
@@ -296,12 +276,7 @@ def _coupling_rule(derivative: Callable) -> ScoreRule:
 def _conditioner_pullback(
     transformer: Transformer, direction: str, params: Tensor, out: Tensor, ladj: Tensor, w: Tensor, cond: Tensor
 ) -> Tensor:
-    """The cotangent `(w, 1)` of `(out, ladj)` pulled back to the conditioner's input `cond`.
-
-    Through the transformer's closed-form parameter cotangent where one is registered
-    ([`params_cotangent`][flowkit.train.score_rules.params_cotangent]), then autograd through the
-    conditioner alone; otherwise autograd through both.
-    """
+    """The cotangent `(w, 1)` of `(out, ladj)` pulled back to `cond` (through a closed-form `params_cotangent`)."""
     g_params = params_cotangent(transformer, direction, params.detach(), out.detach(), ladj.detach(), w)
     if g_params is None:
         ones = ladj.new_ones(()).expand_as(ladj)
@@ -318,11 +293,9 @@ def params_cotangent(
     r"""The cotangent of the parameters from `w` on the map's output and 1 on its log-derivative, or None.
 
     That is $\bar p = (\partial\,\mathrm{out}/\partial p)^\top w + (\partial \log|\tau'|/\partial p)^\top 1$
-    elementwise, in closed form and without a graph, for the `direction` (`"forward"` or `"inverse"`)
-    map that gave `out` and `ladj` (both without their graphs). None (the default) leaves it to autograd
-    through the transformer; closed forms are registered per transformer type with
-    `params_cotangent.register(cls)` (the affine one is), which spares the score rules autograd's pass
-    through the transformer's elementwise graph.
+    elementwise, in closed form and without a graph, for the `direction` (`"forward"` or `"inverse"`) map
+    that gave `out` and `ladj`. None (the default) leaves it to autograd; closed forms are registered per
+    transformer type with `params_cotangent.register(cls)` (the affine one is).
     """
     return None
 
@@ -342,11 +315,7 @@ def _affine_params_cotangent(t: Affine, direction: str, params: Tensor, out: Ten
 
 
 def _with_ladj_derivative(map_: Callable, x: Tensor, params: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Evaluate an elementwise `map_` and differentiate its log-derivative in `x` by autograd.
-
-    Since each `ladj[i]` depends on `x[i]` only, the gradient of `ladj.sum()`
-    is the elementwise derivative. The outputs keep their graph to `x`.
-    """
+    """Evaluate an elementwise `map_` and its log-derivative's derivative in `x` (the gradient of `ladj.sum()`)."""
     with torch.enable_grad():
         x_in = x if x.requires_grad else x.detach().requires_grad_(True)
         out, ladj = map_(x_in, params)
@@ -362,20 +331,15 @@ def _with_ladj_derivative(map_: Callable, x: Tensor, params: Tensor) -> tuple[Te
 def forward_and_ladj_derivative(transformer: Transformer, x: Tensor, params: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     r"""Return `(tau(x), log|tau'(x)|, d log|tau'(x)| / dx)` elementwise.
 
-    The third output carries no graph; the first two keep theirs. The default
-    differentiates `log|tau'|` by autograd; closed forms are registered per
-    transformer type with `forward_and_ladj_derivative.register(cls)`.
+    The third output carries no graph. The default differentiates by autograd; closed forms are registered
+    per transformer type with `forward_and_ladj_derivative.register(cls)`.
     """
     return _with_ladj_derivative(transformer.forward, x, params)
 
 
 @singledispatch
 def inverse_and_ladj_derivative(transformer: Transformer, y: Tensor, params: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    r"""Return `(tau^{-1}(y), log|d tau^{-1}/dy|, d log|d tau^{-1}/dy| / dy)` elementwise.
-
-    The twin of [`forward_and_ladj_derivative`][flowkit.train.score_rules.forward_and_ladj_derivative]
-    for the inverse map.
-    """
+    r"""`(tau^{-1}(y), log|d tau^{-1}/dy|, d log|d tau^{-1}/dy| / dy)` elementwise (the inverse twin)."""
     return _with_ladj_derivative(transformer.inverse, y, params)
 
 
@@ -398,9 +362,7 @@ for _spline in (RationalQuadraticSpline, CircularSpline):
     inverse_and_ladj_derivative.register(_spline)(lambda t, y, p: t.with_ladj_derivative(y, p, inverse=True))
 
 register_score_rule(
-    Coupling,
-    forward=_coupling_rule(forward_and_ladj_derivative),
-    inverse=_coupling_rule(inverse_and_ladj_derivative),
+    Coupling, forward=_coupling_rule(forward_and_ladj_derivative), inverse=_coupling_rule(inverse_and_ladj_derivative)
 )
 
 
