@@ -11,6 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .bijectors.coupling import coupling_mask
+from .transformers import CircularSpline
+
 __all__ = ["Rule", "RULES", "migrate"]
 
 Config = dict[str, Any]
@@ -62,9 +65,6 @@ def _spline(args: dict[str, Any]) -> Config:
 
 def _circular_coupling(config: Config) -> Config:
     """`CircularSplineCoupling` as a `Coupling` with a `CircularSpline` and a periodic `MLP` conditioner."""
-    from .bijectors.coupling import coupling_mask
-    from .transformers import CircularSpline
-
     args = dict(config["args"])
     (bins,) = _pop(args, bins=8)
     features, mask, parity = args.get("features"), args.get("mask"), args.get("parity", 0)

@@ -22,6 +22,12 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from torch import Tensor
 
+from .data import bits_per_dim
+from .data.evaluation import log_prob_batched
+from .domains import quaternion_to_matrix
+from .sampling import autocorrelation as acf
+from .sampling import integrated_autocorrelation_time
+
 __all__ = [
     "density",
     "samples_vs_data",
@@ -135,8 +141,6 @@ def density(
     xs, ys = np.linspace(x0, x1, resolution), np.linspace(y0, y1, resolution)
     grid = np.stack(np.meshgrid(xs, ys, indexing="xy"), -1).reshape(-1, 2)
     dtype = next((p.dtype for p in flow.parameters()), torch.float32)
-    from .data.evaluation import log_prob_batched
-
     logp = log_prob_batched(flow, torch.as_tensor(grid, dtype=dtype)).double().numpy().reshape(resolution, resolution)
     fig, ax = _figure(5, 4.4)
     mesh = ax.pcolormesh(xs, ys, np.exp(logp), shading="auto", cmap="viridis")
@@ -502,9 +506,6 @@ def autocorrelation(series: Mapping[str, Tensor], *, max_lag: int = 50, title: s
         max_lag: the largest lag shown.
         title: axes title.
     """
-    from .sampling import autocorrelation as acf
-    from .sampling import integrated_autocorrelation_time
-
     if not series:
         raise ValueError("autocorrelation: give at least one series")
     _positive(max_lag, "max_lag", "autocorrelation")
@@ -559,7 +560,6 @@ def bits_per_dim_curve(history: Any, dims: int, levels: int, *, smooth: int = 25
 
     The losses become `(loss + dims log K) / (dims ln 2)`, as [`flowkit.data.bits_per_dim`][flowkit.data.bits_per_dim].
     """
-    from .data import bits_per_dim
 
     def convert(values: Sequence | None) -> list | None:
         return None if values is None else [float(bits_per_dim(-v, dims, levels)) for v in values]
@@ -606,8 +606,6 @@ def orientations(
         bins: histogram bins per direction.
         title: figure title.
     """
-    from .domains import quaternion_to_matrix
-
     if not quaternions:
         raise ValueError("orientations: give at least one set of quaternions")
     _positive(bins, "bins", "orientations", minimum=2)

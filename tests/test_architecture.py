@@ -357,3 +357,13 @@ def test_every_preset_is_declared_once_and_the_command_line_and_the_cases_derive
             items = node.keys if isinstance(node, ast.Dict) else getattr(node, "elts", [])
             named = [i.value for i in items if isinstance(i, ast.Constant) and i.value in names]
             assert len(named) < 2, f"{path.name}:{node.lineno} lists presets {named}: read their declarations"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if not _inside(m, LAZY_IMPORTERS)))
+def test_no_function_level_import_of_flowkit_outside_the_cli(module):
+    # A module's flowkit dependencies are at its top, where the layering tests see them; only the command line
+    # imports lazily (a fast `flowkit --help`). Optional or heavy third-party packages may load in a function.
+    everywhere = _imports(module, top_level_only=False)
+    top = _imports(module, top_level_only=True)
+    lazy = sorted(m for m in everywhere - top if m == "flowkit" or m.startswith("flowkit."))
+    assert not lazy, f"{module} imports {lazy} inside a function: import them at the top"

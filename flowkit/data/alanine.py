@@ -15,6 +15,8 @@ import torch
 from torch import Tensor
 
 from .._validation import check_number
+from ..targets.alanine import AlanineDipeptide
+from ..targets.openmm import require_openmm
 from .tabular import data_root
 
 __all__ = ["alanine_dipeptide_md"]
@@ -66,9 +68,6 @@ def alanine_dipeptide_md(
         ValueError: for bad numbers, or when OpenMM is missing (install the `md` extra).
     """
     from tqdm.auto import tqdm
-
-    from ..targets.alanine import AlanineDipeptide
-    from ..targets.openmm import require_openmm
 
     where = "alanine_dipeptide_md"
     temperature = check_number(temperature, "temperature", where=where, positive=True)

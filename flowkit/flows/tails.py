@@ -16,6 +16,7 @@ from torch import Tensor
 from .._validation import check_number
 from ..bijectors import Bijector, Chain, MarginalTailCDF, Permutation, Standardization, TailLU
 from ..distributions import Distribution, TailAdaptiveBase
+from ..stats import estimate_tails
 from ..transformers import RationalQuadraticSpline, Transformer
 from .flow import Flow
 from .presets import NSF, ConditionerFactory, _autoregressive, _base, _checked
@@ -229,8 +230,6 @@ class TailAdaptive(Flow):
             ValueError: for `x` that is not a real `(N, D)` tensor, non-finite values, a constant feature (named),
                 or a feature whose tail cannot be estimated (see [`estimate_tail`][flowkit.stats.estimate_tail]).
         """
-        from ..stats import estimate_tails
-
         where = "TailAdaptive.from_data"
         x = _training_data(x, where).detach()
         if not bool(torch.isfinite(x).all()):

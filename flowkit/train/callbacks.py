@@ -37,6 +37,8 @@ import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
+from .. import io
+from .._config import Configurable
 from .batches import split_batch
 from .checkpoint import save_state
 from .distributed import DistributedContext
@@ -484,9 +486,6 @@ class SaveModel(Callback):
         self.flow, self.directory, self.ctx = flow, Path(directory), ctx
 
     def on_end(self, state: TrainState) -> None:
-        from .. import io
-        from .._config import Configurable
-
         if self.ctx.is_main and isinstance(self.flow, Configurable):
             try:
                 io.save(self.flow, self.directory / "model")
