@@ -297,7 +297,9 @@ def train_boltzmann(args: argparse.Namespace) -> dict[str, Any]:
     io.save(flow, out / "model")
     x, log_w = sampling.importance_sample(flow, target, args.eval_samples)
     log_Z, log_Z_error = sampling.log_Z(log_w)
-    chain, acceptance = sampling.imh(flow, target, args.imh_steps, generator=torch.Generator().manual_seed(args.seed))
+    generator = torch.Generator().manual_seed(args.seed)
+    imh = sampling.independent_metropolis(flow, target, args.imh_steps, generator=generator)
+    chain, acceptance = imh.samples[:, 0], imh.mean_acceptance
     metrics: dict[str, Any] = {
         "target": args.target,
         "event_shape": list(target.event_shape),
