@@ -1,34 +1,14 @@
 """`flowkit boltzmann TARGET`: train a Boltzmann generator on a built-in target and write model, metrics and plots.
 
-TARGET is `double-well`, `many-well`, `gmm`, `phi4`, `yukawa` (phi^4 with two flavours of staggered fermions,
-Yukawa coupling `--g`, the exact determinant: `--L` up to 16; metrics add the chiral condensate) or
-`alanine-dipeptide` (OpenMM, the `md`
-extra: an internal-coordinate flow, maximum likelihood on cached Langevin MD frames of
-`--md-ns` ns at `--temperature`, the last 10% held out to keep the best weights; metrics.json gets
-P(phi > 0) raw, reweighted and in MD with their errors and F(phi) against MD; `ramachandran.png` (raw and
-reweighted flow samples next to MD), `free_energy.png` and `free_energy.csv` (F(phi) with bootstrap and
-blocked errors), and `samples.pdb` / `samples.dcd`, `--trajectory-frames` reweighted configurations
-resampled by their weights, written with OpenMM), or a rigid-body target on unit quaternions:
-`matrix-fisher`, `octupole` (`--kappa`; both with `--aux` auxiliary coordinates) or `dipoles`
-(`--bodies` rigid dipoles in a periodic box; `--samples` are Metropolis states for targets without exact
-samples), with a
-[`RigidBodyFlow`][flowkit.flows.RigidBodyFlow] of `--transforms` blocks and an orientation plot. The flow is
-trained by [`BoltzmannGenerator`][flowkit.train.BoltzmannGenerator] (`--objective kl`, reverse KL with the
-chosen gradient estimator, plus maximum likelihood on `--samples` exact
-samples when the target can draw them). The output directory receives
-`model/` ([`flowkit.io.save`][flowkit.io.save]), `metrics.json` (ESS, log Z estimate
-with its standard error and the exact value when known, IMH acceptance),
-`history.csv` and PNG plots (2-D: flow density next to the target density;
-lattice: sample configurations and the magnetisation histogram; none for
-many-well). For `phi4`, `--flow lattice` trains a
-[`LatticeFlow`][flowkit.flows.LatticeFlow] (the tutorial's: `--transforms 16 --hidden 8,8`,
-`--z2` for Z2-symmetric conditioners), a jittered-HMC reference chain of `--hmc-steps`
-trajectories runs next to the IMH chain, `metrics.json` gets `observables` (magnetisation,
-|M|, chi_2, pole mass, with blocked-jackknife errors, and tau_int of |M| and chi_2, for
-IMH and HMC), and the magnetisation histogram and `autocorrelation.png` compare the two chains.
-
-What each target brings (its flow, ML samples, metrics and plots) is its entry in the table
-`flowkit.cli.targets.TARGET_SPECS`; this module parses the options, trains and writes the common outputs.
+The flow (a `--flow` preset that samples in one pass; rigid bodies a [`RigidBodyFlow`][flowkit.flows.RigidBodyFlow],
+alanine dipeptide an internal-coordinate flow) is trained by [`BoltzmannGenerator`][flowkit.train.BoltzmannGenerator]
+(`--objective kl`: reverse KL with the chosen gradient estimator, plus maximum likelihood on `--samples` exact
+samples or the molecule's MD frames) or by [`FAB`][flowkit.train.FAB] (`--objective fab`, the energy alone). The
+output directory receives `model/` ([`flowkit.io.save`][flowkit.io.save]), `metrics.json` (ESS, log Z with its
+standard error and the exact value when known, IMH acceptance, and the target's own metrics), `history.csv` and
+the target's plots and files. What each target brings (its flow, ML samples, metrics, plots and files) is its
+entry in `flowkit.cli.targets.TARGET_SPECS`, described in the CLI guide; this module parses the options, trains
+and writes the common outputs.
 """
 
 from __future__ import annotations
