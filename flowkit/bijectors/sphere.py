@@ -494,8 +494,12 @@ class DoubleMoebius(Moebius):
     analytic (module docstring). `heads` maps are applied in turn.
 
     Arguments:
-        n: the ambient dimension (4 for quaternions); `heads`, `context`, `hidden`, `gate`, `init`: as in
-            [`Moebius`][flowkit.bijectors.Moebius].
+        n: the ambient dimension (4 for quaternions).
+        heads: the number of maps applied in turn.
+        context: number of context features (0: the centres are parameters).
+        hidden: hidden sizes of the context network.
+        gate: the gate offset of [`gated_center`][flowkit.bijectors.sphere.gated_center].
+        init: standard deviation of the initial centre vectors (see [`Moebius`][flowkit.bijectors.Moebius]).
 
     Examples:
         >>> import torch

@@ -160,9 +160,11 @@ class MetropolisBlock(StochasticBlock):
     these telescope and all path weights are equal. The accept indicator is a constant in the gradient.
 
     Arguments:
-        target, lam, base: as in [`StochasticBlock`][flowkit.flows.stochastic.StochasticBlock].
+        target: the target, anything with `energy(x)` and `event_shape` (or a flowkit Distribution).
+        lam: interpolation parameter $\lambda \in [0, 1]$ of this block.
         n_steps: number of Metropolis steps per pass.
         step_size: standard deviation $\sigma$ of the Gaussian proposal.
+        base: the prior's energy (standard normal when None).
 
     References:
         Wu, Köhler & Noé, *Stochastic Normalizing Flows*, NeurIPS 2020 (arXiv:2002.06707), section 3.
@@ -189,9 +191,11 @@ class LangevinBlock(StochasticBlock):
     the steps, double backward).
 
     Arguments:
-        target, lam, base: as in [`StochasticBlock`][flowkit.flows.stochastic.StochasticBlock].
+        target: the target, anything with `energy(x)` and `event_shape` (or a flowkit Distribution).
+        lam: interpolation parameter $\lambda \in [0, 1]$ of this block.
         n_steps: number of Langevin steps per pass.
         step_size: time step $\epsilon$.
+        base: the prior's energy (standard normal when None).
 
     References:
         Wu, Köhler & Noé, *Stochastic Normalizing Flows*, NeurIPS 2020 (arXiv:2002.06707), section 3.
