@@ -64,27 +64,24 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=f"flows (--flow NAME; --transforms and --hidden size them):\n{presets_help(flows, arguments=False)}",
     )
-    parser.add_argument("target", metavar="TARGET", choices=TARGETS, help=", ".join(TARGETS))
-    parser.add_argument(
+    add = parser.add_argument
+    add("target", metavar="TARGET", choices=TARGETS, help=", ".join(TARGETS))
+    add(
         "--estimator",
         default="fast",
         choices=["fast", "standard", "reparam"],
         help="reverse-KL gradient estimator (default fast)",
     )
-    parser.add_argument(
-        "--steps", type=positive_int, default=None, help="optimisation steps (default 2000; alanine-dipeptide 3000)"
-    )
-    parser.add_argument("--batch-size", type=positive_int, default=256, help="batch size (default 256)")
-    parser.add_argument(
-        "--lr", type=positive_float, default=1e-3, help="initial learning rate, cosine-decayed (default 1e-3)"
-    )
-    parser.add_argument(
+    add("--steps", type=positive_int, default=None, help="optimisation steps (default 2000; alanine-dipeptide 3000)")
+    add("--batch-size", type=positive_int, default=256, help="batch size (default 256)")
+    add("--lr", type=positive_float, default=1e-3, help="initial learning rate, cosine-decayed (default 1e-3)")
+    add(
         "--clip",
         type=non_negative_float,
         default=None,
         help="gradient norm clip (default: the objective's, 10 for BoltzmannGenerator; 0 for none)",
     )
-    parser.add_argument(
+    add(
         "--flow",
         default="realnvp",
         choices=list(FLOWS),
@@ -92,110 +89,98 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="a flow that samples in one pass (the list below; default realnvp); "
         + ", ".join(f"{old}: deprecated, the old name of {new}" for old, new in RENAMED_FLOWS.items()),
     )
-    parser.add_argument("--transforms", type=positive_int, default=6, help="coupling layers (default 6)")
-    parser.add_argument("--hidden", default="64,64", help="hidden sizes (default 64,64)")
-    parser.add_argument(
+    add("--transforms", type=positive_int, default=6, help="coupling layers (default 6)")
+    add("--hidden", default="64,64", help="hidden sizes (default 64,64)")
+    add(
         "--samples",
         type=non_negative_int,
         default=0,
         help="exact target samples for the maximum-likelihood term (default 0: energy only)",
     )
-    parser.add_argument(
+    add(
         "--objective",
         default="kl",
         choices=["kl", "fab"],
         help="kl: BoltzmannGenerator (reverse KL, plus ML on --samples / MD frames); fab: FAB (alpha-2 divergence by "
         "AIS towards p^2/q, from the energy alone: no samples or MD frames are used). Default kl",
     )
-    parser.add_argument(
-        "--ais-steps", type=positive_int, default=8, help="fab: AIS intermediate distributions (default 8)"
-    )
-    parser.add_argument(
+    add("--ais-steps", type=positive_int, default=8, help="fab: AIS intermediate distributions (default 8)")
+    add(
         "--transition",
         default=None,
         choices=["hmc", "metropolis"],
         help="fab: AIS kernel (default hmc; metropolis on the rigid bodies' manifolds)",
     )
-    parser.add_argument(
-        "--ais-step-size", type=float, default=None, help="fab: initial AIS step size, adapted (default: the target's)"
-    )
-    parser.add_argument(
+    add("--ais-step-size", type=float, default=None, help="fab: initial AIS step size, adapted (default: the target's)")
+    add(
         "--replay-buffer",
         type=non_negative_int,
         default=0,
         help="fab: prioritised replay buffer capacity (default 0: none)",
     )
-    parser.add_argument("--w-ml", type=float, default=1.0, help="weight of the ML term (default 1)")
-    parser.add_argument(
+    add("--w-ml", type=float, default=1.0, help="weight of the ML term (default 1)")
+    add(
         "--w-kl",
         type=float,
         default=None,
         help="weight of the reverse-KL term (default 1; alanine-dipeptide 0.1: more drains the minor phi basin)",
     )
-    parser.add_argument("--dim", type=int, default=32, help="many-well dimension (default 32)")
-    parser.add_argument("--L", type=int, default=8, help="phi4 lattice size (default 8)")
-    parser.add_argument("--m2", type=float, default=-4.0, help="phi4 mass squared (default -4)")
-    parser.add_argument("--lam", type=float, default=8.0, help="phi4 coupling (default 8)")
-    parser.add_argument("--z2", action="store_true", help="phi4 with --flow lattice: Z2-symmetric conditioners")
-    parser.add_argument(
-        "--g", type=float, default=0.6, help="yukawa: Yukawa coupling of the staggered fermions (default 0.6)"
-    )
-    parser.add_argument("--kappa", type=float, default=8.0, help="octupole field strength (default 8)")
-    parser.add_argument("--bodies", type=int, default=3, help="dipoles: number of rigid dipoles (default 3)")
-    parser.add_argument(
+    add("--dim", type=int, default=32, help="many-well dimension (default 32)")
+    add("--L", type=int, default=8, help="phi4 lattice size (default 8)")
+    add("--m2", type=float, default=-4.0, help="phi4 mass squared (default -4)")
+    add("--lam", type=float, default=8.0, help="phi4 coupling (default 8)")
+    add("--z2", action="store_true", help="phi4 with --flow lattice: Z2-symmetric conditioners")
+    add("--g", type=float, default=0.6, help="yukawa: Yukawa coupling of the staggered fermions (default 0.6)")
+    add("--kappa", type=float, default=8.0, help="octupole field strength (default 8)")
+    add("--bodies", type=int, default=3, help="dipoles: number of rigid dipoles (default 3)")
+    add(
         "--aux",
         type=non_negative_int,
         default=4,
         help="matrix-fisher, octupole: auxiliary coordinates of the body (default 4; 0: maps of S^3 alone)",
     )
-    parser.add_argument(
+    add(
         "--heads",
         type=positive_int,
         default=2,
         help="rigid targets: Moebius maps applied in turn per layer (default 2)",
     )
-    parser.add_argument(
+    add(
         "--components",
         type=positive_int,
         default=None,
         help="rigid targets: convex combinations of this many Moebius maps in every layer (default: single maps)",
     )
-    parser.add_argument(
+    add(
         "--hmc-steps", type=int, default=2000, help="phi4: HMC reference trajectories per chain (default 2000; 0: none)"
     )
-    parser.add_argument(
-        "--temperature", type=float, default=1000.0, help="alanine-dipeptide temperature in K (default 1000)"
-    )
-    parser.add_argument("--solvent", default="vacuum", choices=["vacuum", "obc"], help="alanine-dipeptide solvent")
-    parser.add_argument(
+    add("--temperature", type=float, default=1000.0, help="alanine-dipeptide temperature in K (default 1000)")
+    add("--solvent", default="vacuum", choices=["vacuum", "obc"], help="alanine-dipeptide solvent")
+    add(
         "--md-ns",
         type=float,
         default=5.0,
         help="alanine-dipeptide: ns of cached Langevin MD for the ML term (default 5; 0: energy only)",
     )
-    parser.add_argument(
+    add(
         "--trajectory-frames",
         type=positive_int,
         default=1000,
         help="alanine-dipeptide: reweighted configurations resampled into samples.dcd (default 1000)",
     )
-    parser.add_argument(
+    add(
         "--eval-samples",
         type=positive_int,
         default=None,
         help="flow samples for ESS, log Z and the target's metrics (default 20000; alanine-dipeptide 100000)",
     )
-    parser.add_argument(
-        "--imh-steps", type=int_at_least(2), default=10_000, help="length of the IMH chain (default 10000)"
-    )
-    parser.add_argument("--seed", type=int, default=0, help="seed (default 0; also the GMM means)")
+    add("--imh-steps", type=int_at_least(2), default=10_000, help="length of the IMH chain (default 10000)")
+    add("--seed", type=int, default=0, help="seed (default 0; also the GMM means)")
     add_threads(parser, "default 1: more threads make these small flows slower on a busy machine", 1)
-    parser.add_argument("--out", default=None, help="output directory (default runs/boltzmann-<target>)")
-    parser.add_argument(
-        "--force", action="store_true", help="replace the run in --out (its model, metrics, history and plots)"
-    )
-    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add("--out", default=None, help="output directory (default runs/boltzmann-<target>)")
+    add("--force", action="store_true", help="replace the run in --out (its model, metrics, history and plots)")
+    add("--no-plots", action="store_true", help="skip the PNG plots")
+    add("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
     return parser
 
