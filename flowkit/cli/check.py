@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TextIO
 
-from .arguments import positive_float
+from .arguments import add_threads, positive_float
 from .sample import add_model_options
 
 __all__ = ["add_parser", "run", "progress"]
@@ -31,12 +31,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "with the checks it fails; exit code 1 on failure.",
     )
     add_model_options(parser, "samples for the flow checks", 2000)
-    parser.add_argument(
-        "--atol", type=positive_float, default=1e-6, help="tolerance of the pointwise comparisons (default 1e-6)"
-    )
-    parser.add_argument(
-        "--mass-tol", type=positive_float, default=1e-2, help="tolerance on the total mass in 1-D/2-D (default 0.01)"
-    )
+    add = parser.add_argument
+    add("--atol", type=positive_float, default=1e-6, help="tolerance of the pointwise comparisons (default 1e-6)")
+    add("--mass-tol", type=positive_float, default=1e-2, help="tolerance on the total mass in 1-D/2-D (default 0.01)")
+    add_threads(parser, "default 1 for events of at most 16 numbers")
     parser.set_defaults(func=run)
     return parser
 

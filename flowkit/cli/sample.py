@@ -34,16 +34,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     add_model_options(parser, "number of samples", 1000)
     parser.add_argument("--out", default="-", help="output file, .npy, .csv or .tsv (default -: CSV on stdout)")
     parser.add_argument("--seed", type=int, default=None, help="seed of the draw")
+    add_threads(parser, "default 1 for events of at most 16 numbers")
     parser.set_defaults(func=run)
     return parser
 
 
 def add_model_options(parser: argparse.ArgumentParser, what_n: str, n: int) -> None:
-    """The options of the commands on a saved model: MODEL, `-n` (`what_n`, default `n`) and `--threads`."""
+    """The arguments of the commands on a saved model: MODEL and `-n` (`what_n`, default `n`)."""
     help_model = "model directory, or the run directory holding it (runs/moons/model or runs/moons)"
     parser.add_argument("model", metavar="MODEL", help=help_model)
     parser.add_argument("-n", type=positive_int, default=n, help=f"{what_n} (default {n})")
-    add_threads(parser, "default 1 for events of at most 16 numbers")
 
 
 @contextlib.contextmanager
