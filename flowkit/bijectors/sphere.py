@@ -840,15 +840,11 @@ class RigidCoupling(Bijector):
     one-dimensional equation per map.
 
     Centres come from gated outputs ([`gated_center`][flowkit.bijectors.sphere.gated_center];
-    gate offset `gate` for quaternions, `position_gate` for angles). The
-    conditioner sees the kept quaternions as rotation matrices (so flipping
-    the sign of another body's quaternion changes nothing), angles as
-    $(\cos, \sin)$ and real coordinates as they are, plus the context. Its last
-    layer starts with zero weights, zero gates and affine parameters, and small random
-    centre vectors (`init`): the double Möbius map depends on $w$ only through
-    $w w^\top$ and $|w|^2$, so $w = 0$ (the identity) is a stationary point of any loss
-    and training could not leave it; the layer starts close to the identity instead. The
-    layer is antipodally equivariant in every quaternion.
+    gate offset `gate` for quaternions, `position_gate` for angles). The conditioner sees the kept
+    quaternions as rotation matrices (so flipping the sign of another body's quaternion changes nothing),
+    angles as $(\cos, \sin)$ and real coordinates as they are, plus the context. Its last layer starts with
+    zero weights, gates and affine parameters and small random centre vectors (`init`; $w = 0$ is a
+    stationary point of the double Möbius map). The layer is antipodally equivariant in every quaternion.
 
     Arguments:
         segments: the layout of the event.
