@@ -1,16 +1,9 @@
 """Public correctness checks for bijectors and flows.
 
-[`check_bijector`][flowkit.testing.check_bijector] verifies, in float64, that a bijector is invertible,
-that its log-determinant matches the autograd Jacobian (in tangent space on
-manifolds), that the inverse log-determinant is minus the forward one, that
-gradients are finite (also far outside spline bounds), and that points in a
-batch do not influence each other. A [`Chain`][flowkit.bijectors.Chain] is checked layer by
-layer, each layer at the points it sees, and as a whole where its Jacobian is well
-conditioned; a failing layer is named. [`check_flow`][flowkit.testing.check_flow] adds sampling checks and,
-in one or two dimensions, that the density integrates to one by quadrature.
-
-The test suite runs `check_bijector` over one table of cases, at least one
-per public bijector, in `tests/cases.py`.
+[`check_bijector`][flowkit.testing.check_bijector] verifies, in float64, a bijector's inverse, log-determinant
+(against the autograd Jacobian, in tangent space on manifolds) and gradients, layer by layer in a chain;
+[`check_flow`][flowkit.testing.check_flow] adds sampling checks and the total mass of the density. The test
+suite runs `check_bijector` over one table of cases, at least one per public bijector, in `tests/cases.py`.
 
 Examples:
     >>> import flowkit

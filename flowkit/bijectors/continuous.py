@@ -186,29 +186,22 @@ class ContinuousFlow(Bijector):
     so that the end time $T$ is an ordinary parameter (TO-FLOW learns it).
     `inverse` integrates the same system from $s = 1$ back to $0$.
 
-    The trace is exact (from the Jacobian a [`VectorField`][flowkit.nn.VectorField]
-    with a smooth activation propagates forward, else from `D` vector-Jacobian
-    products batched with `vmap`; right for small `D`) or Hutchinson's (the field's
-    forward Jacobian-vector product, else one vector-Jacobian product)
-    unbiased estimate $\epsilon^\top \partial_x f\, \epsilon$ with one probe
-    $\epsilon$ (Rademacher or Gaussian, $E[\epsilon\epsilon^\top] = I$) drawn per
-    solve and held fixed along it, so that the integrand is a continuous function
-    of time (Grathwohl et al. 2019). With $S = (J + J^\top)/2$, the Gaussian probe's
-    variance is $2\|S\|_F^2$ and the Rademacher probe's $2(\|S\|_F^2 - \sum_i J_{ii}^2)$,
-    never larger (Hutchinson 1990).
+    The trace is exact (from the Jacobian a [`VectorField`][flowkit.nn.VectorField] with a smooth activation
+    propagates forward, else from `D` vector-Jacobian products; right for small `D`) or Hutchinson's unbiased
+    estimate $\epsilon^\top \partial_x f\, \epsilon$ with one probe $\epsilon$ (Rademacher or Gaussian,
+    $E[\epsilon\epsilon^\top] = I$) drawn per solve and held fixed along it (Grathwohl et al. 2019). With
+    $S = (J + J^\top)/2$, the Gaussian probe's variance is $2\|S\|_F^2$ and the Rademacher probe's
+    $2(\|S\|_F^2 - \sum_i J_{ii}^2)$, never larger (Hutchinson 1990).
 
-    **Tolerances.** The solve is adaptive (`dopri5` by default) with local error
-    control `atol + rtol |y|` on the state and the log-determinant; the
-    round trip and log-determinant are accurate to about that times the number of
-    steps. Tolerances below the machine epsilon of the input's dtype are raised to
-    it (a float32 solve cannot resolve 1e-10). A fixed-step solver (`euler`, `rk4`,
-    ...) takes `solver_options={"step_size": h}` and ignores the tolerances.
+    **Tolerances.** The solve is adaptive (`dopri5` by default) with local error control `atol + rtol |y|` on
+    the state and the log-determinant; the round trip and log-determinant are accurate to about that times the
+    number of steps. Tolerances below the machine epsilon of the input's dtype are raised to it. A fixed-step
+    solver (`euler`, `rk4`, ...) takes `solver_options={"step_size": h}` and ignores the tolerances.
 
-    **Gradients.** `adjoint=False` backpropagates through the solver's operations
-    (exact gradients of the discretised solve; memory grows with the steps);
-    `adjoint=True` solves the adjoint ODE backwards (memory constant in the steps;
-    gradients accurate to the tolerances), with the seminorm of Kidger et al. 2021
-    by default. Gradients reach the field's parameters, $T$, the inputs and the context.
+    **Gradients.** `adjoint=False` backpropagates through the solver's operations (exact gradients of the
+    discretised solve; memory grows with the steps); `adjoint=True` solves the adjoint ODE backwards (memory
+    constant in the steps; gradients accurate to the tolerances; the seminorm of Kidger et al. 2021). Gradients
+    reach the field's parameters, $T$, the inputs and the context.
 
     After each solve, `nfe` holds the number of evaluations of the field it took.
 

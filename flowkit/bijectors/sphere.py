@@ -22,14 +22,8 @@ $$
 \log|\det D_w| = \log(1 - |w|^2) + (n-1) \log(1 + |w|^2) - \tfrac n2 \log\bigl((1 + |w|^2)^2 - 4 (w \cdot p)^2\bigr)
 $$
 
-on the tangent spaces. The inverse solves the map on the great circle through
-$w$ and $y = D_w(p)$: with $u_x = y \cdot \hat w$, $u_y = |y - u_x \hat w|$ and
-$r = |w|$, $p = -(x' \hat w + y' \hat e_\perp)$ with
-$x' = -(1 + r^2) u_x / d$, $y' = (r^2 - 1) u_y / d$ and
-$d = \sqrt{(1 - r^2)^2 + 4 r^2 u_x^2}$ (this form of $d$ equals the reference's
-$\sqrt{(1+r^2)^2 - 4 r^2 u_y^2}$ on the sphere and has no cancellation as $r \to 1$,
-so the separate branch for $|w| > 0.9$ of the reference is not needed). In
-Cartesian form,
+on the tangent spaces. The inverse, solved on the great circle through $w$ and $y = D_w(p)$, is in
+Cartesian form (no cancellation as $|w| \to 1$, so the reference's separate branch for $|w| > 0.9$ is not needed)
 
 $$
 D_w^{-1}(y) = \frac{(1 - |w|^2)\, y + 2 (w \cdot y)\, w}{\sqrt{(1 - |w|^2)^2 + 4 (w \cdot y)^2}},
@@ -37,12 +31,10 @@ $$
 
 smooth in $w$, also at $w = 0$ (the identity).
 
-**Convex combinations.** A convex combination of maps is not a bijection of a sphere in
-general, but it is one of monotone maps of an interval with fixed ends. On the circle
-(Rezende et al. 2020, section 3.1) the Möbius maps that fix $-\pi$ are, on the stereographic
-coordinate $t = \tan(\theta / 2)$, the affine maps $t \mapsto e^a t + b$ (the map $m_w$ followed by
-the rotation that takes $m_w(e^{-i\pi})$ back to $-\pi$), each an increasing map of $[-\pi, \pi)$ onto
-itself, so
+**Convex combinations.** A convex combination of monotone maps of an interval with fixed ends is again
+one. On the circle (Rezende et al. 2020, section 3.1) the Möbius maps that fix $-\pi$ are, on the
+stereographic coordinate $t = \tan(\theta / 2)$, the affine maps $t \mapsto e^a t + b$ (the map $m_w$
+followed by the rotation that takes $m_w(e^{-i\pi})$ back to $-\pi$), so
 
 $$
 f(\theta) = \Bigl(\sum_k \rho_k\, 2\arctan\bigl(e^{a_k}\tan\tfrac\theta2 + b_k\bigr) + t\Bigr) \bmod 2\pi,
@@ -64,15 +56,13 @@ $$
 
 ([`convex_double_moebius`][flowkit.bijectors.sphere.convex_double_moebius]): an increasing map of
 $[0, \pi]$ with $g(\pi - \varphi) = \pi - g(\varphi)$, hence antipodally equivariant and smooth at the
-poles. A composition of maps on one axis is again one such map ($e^{\beta_1 + \beta_2}$), and any
-stack of double Möbius maps is $x \mapsto Mx / |Mx|$, which pushes the uniform distribution to an
-angular central Gaussian (polynomial tails). The layers use the combination in the *sampling*
+poles. Any stack of double Möbius maps is $x \mapsto Mx / |Mx|$, which pushes the uniform distribution
+to an angular central Gaussian (polynomial tails). The layers use the combination in the *sampling*
 direction: the density it gives, relative to the base, is $(\sum_k \rho_k e^{\beta_k})^{-(n-1)}$ at the
 poles and $(\sum_k \rho_k e^{-\beta_k})^{-1}$ on the equator, and by Cauchy-Schwarz the product of the
 first's $(n-1)$-th root and the second is at most 1 (1 for a single map), so a concentrated density
-gets light tails. The reference code of Köhler et al. has no convex variant on $S^3$: it stacks one
-double Möbius map per coupling layer, as `heads` does here. The normalizing direction solves the
-monotone one-dimensional equation by a bracketed search
+gets light tails (the reference code of Köhler et al. stacks single double Möbius maps, as `heads` does).
+The normalizing direction solves the monotone one-dimensional equation by a bracketed search
 ([`solve_monotone`][flowkit.root_finding.solve_monotone]; on $S^{n-1}$ on $\log|\cot\varphi|$,
 where each component is a shift) and one Newton step with the graph (the implicit derivatives).
 
@@ -329,10 +319,7 @@ def convex_circle_moebius(
 ) -> tuple[Tensor, Tensor]:
     r"""A convex combination of circle Möbius maps that fix $-\pi$ (Rezende et al. 2020), then a rotation.
 
-    Component $k$ is $h_k(\theta) = 2 \arctan\bigl(e^{a_k} \tan(\theta/2) + b_k\bigr)$: on the
-    stereographic coordinate $t = \tan(\theta / 2)$ (the Cayley transform of the circle to the
-    line) the Möbius maps of the circle that fix $-\pi$ are the affine maps $t \mapsto e^{a} t + b$,
-    so these are the maps $m_w$ followed by the rotation that takes $m_w(e^{-i\pi})$ back to $-\pi$.
+    Component $k$ is $h_k(\theta) = 2 \arctan\bigl(e^{a_k} \tan(\theta/2) + b_k\bigr)$ (module docstring).
 
     Arguments:
         theta: angles `(...)` in $[-\pi, \pi)$.
@@ -423,13 +410,18 @@ class _Raw(nn.Module):
         return out.expand(*batch, self.heads, self.size)
 
 
+def _centre_initial(heads: int, n: int, init: float) -> Tensor:
+    """Random centre vectors of standard deviation `init` and zero gates: `w = 0` is a stationary point."""
+    initial = torch.zeros(heads, n + 1)
+    initial[:, :n] = init * torch.randn(heads, n)
+    return initial
+
+
 class _Centres(_Raw):
     """Learnable unconstrained vectors and gates for `heads` maps, or a conditioner from a context."""
 
     def __init__(self, n: int, heads: int, context: int, hidden: Sequence[int], offset: float, init: float) -> None:
-        initial = torch.zeros(heads, n + 1)
-        initial[:, :n] = init * torch.randn(heads, n)  # w = 0 is a stationary point of the double map
-        super().__init__(heads, n + 1, context, hidden, initial)
+        super().__init__(heads, n + 1, context, hidden, _centre_initial(heads, n, init))
         self.n, self.offset = n, offset
 
     def forward(self, like: Tensor, batch: torch.Size, context: Tensor | None) -> Tensor:
@@ -480,14 +472,11 @@ class Moebius(Bijector):
         init = check_number(init, "init", where=type(self).__name__, low=0)
         self.centres = _Centres(n, heads, self.context_features, hidden, float(gate), init)
 
+    _map = staticmethod(moebius)
+    _unmap = staticmethod(lambda y, w: moebius(y, -w))
+
     def _w(self, x: Tensor, context: Tensor | None) -> Tensor:
         return self.centres(x, x.shape[:-1], context).unbind(-2)
-
-    def _map(self, p: Tensor, w: Tensor) -> tuple[Tensor, Tensor]:
-        return moebius(p, w)
-
-    def _unmap(self, y: Tensor, w: Tensor) -> tuple[Tensor, Tensor]:
-        return moebius(y, -w)
 
     def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         return _through_heads(x, [(w,) for w in self._w(x, context)], self._map)
@@ -522,11 +511,8 @@ class DoubleMoebius(Moebius):
         True
     """
 
-    def _map(self, p: Tensor, w: Tensor) -> tuple[Tensor, Tensor]:
-        return double_moebius(p, w)
-
-    def _unmap(self, y: Tensor, w: Tensor) -> tuple[Tensor, Tensor]:
-        return double_moebius_inverse(y, w)
+    _map = staticmethod(double_moebius)
+    _unmap = staticmethod(double_moebius_inverse)
 
 
 def _axial_parameters(out: Tensor, n: int, clamp: float) -> tuple[Tensor, Tensor, Tensor]:
@@ -600,11 +586,8 @@ class ConvexDoubleMoebius(_ConvexCombination):
     antipodally equivariant with equal log-determinants, like
     [`DoubleMoebius`][flowkit.bijectors.DoubleMoebius] (`components=1`). The combination is the
     *sampling* (`inverse`) direction, which is explicit; `forward` solves for the angle. In that
-    direction the slopes of the map at the poles and the equator, $\sum_k \rho_k e^{-\beta_k}$ and
-    $\sum_k \rho_k e^{\beta_k}$, are free (a single map or a combination in the normalizing
-    direction has their product fixed at or above 1): a concentrated density, such as a
-    matrix-Fisher target, gets light tails, which no stack of double Möbius maps gives (their
-    pushforwards of the uniform base are angular central Gaussians).
+    direction a concentrated density, such as a matrix-Fisher target, gets light tails, which no stack of
+    double Möbius maps gives (module docstring).
 
     At $\beta = 0$ the map is the identity whatever the axis, and the log-stretches enter to
     first order, so training leaves it (unlike $w = 0$ of the double Möbius map); `init`
@@ -796,9 +779,7 @@ class _MoebiusHeads(_SegmentMap):
         self.size = heads * (self.n + 1)
 
     def initial(self, init: float) -> Tensor:
-        block = torch.zeros(self.heads, self.n + 1)
-        block[:, : self.n] = init * torch.randn(self.heads, self.n)
-        return block.flatten()
+        return _centre_initial(self.heads, self.n, init).flatten()
 
     def __call__(self, c: Tensor, theta: Tensor, inverse: bool) -> tuple[Tensor, Tensor]:
         centres = theta.unflatten(-1, (self.heads, self.n + 1))
@@ -859,15 +840,11 @@ class RigidCoupling(Bijector):
     one-dimensional equation per map.
 
     Centres come from gated outputs ([`gated_center`][flowkit.bijectors.sphere.gated_center];
-    gate offset `gate` for quaternions, `position_gate` for angles). The
-    conditioner sees the kept quaternions as rotation matrices (so flipping
-    the sign of another body's quaternion changes nothing), angles as
-    $(\cos, \sin)$ and real coordinates as they are, plus the context. Its last
-    layer starts with zero weights, zero gates and affine parameters, and small random
-    centre vectors (`init`): the double Möbius map depends on $w$ only through
-    $w w^\top$ and $|w|^2$, so $w = 0$ (the identity) is a stationary point of any loss
-    and training could not leave it; the layer starts close to the identity instead. The
-    layer is antipodally equivariant in every quaternion.
+    gate offset `gate` for quaternions, `position_gate` for angles). The conditioner sees the kept
+    quaternions as rotation matrices (so flipping the sign of another body's quaternion changes nothing),
+    angles as $(\cos, \sin)$ and real coordinates as they are, plus the context. Its last layer starts with
+    zero weights, gates and affine parameters and small random centre vectors (`init`; $w = 0$ is a
+    stationary point of the double Möbius map). The layer is antipodally equivariant in every quaternion.
 
     Arguments:
         segments: the layout of the event.

@@ -162,6 +162,12 @@ def _normal_quantile_of_log(log_p: Tensor) -> Tensor:
     return torch.where(log_p > floor, direct, z)
 
 
+def _tail_excess(log_p: Tensor, mass: float, xi: Tensor, sigma: Tensor) -> tuple[Tensor, Tensor]:
+    """The excess past a cut of a tail of `mass` at the log-probability `log_p`, and the log density there."""
+    excess = _gpd_quantile((log_p - math.log(mass)).clamp_max(0), xi, sigma)
+    return excess, log_p - torch.log(sigma) - torch.log1p(xi * excess / sigma)
+
+
 class MarginalTailCDF(Bijector):
     r"""Fixed marginal CDFs, kernel density body and generalized Pareto tails, then $\Phi^{-1}$ or a logit (COMET).
 
@@ -308,23 +314,21 @@ class MarginalTailCDF(Bijector):
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
         loaded = _loaded(self, state_dict, prefix, ("cuts", "knots", "derivatives", "tail_params"))
         name = type(self).__name__
-        checks: dict[str, Callable[[Tensor], bool]] = {
-            "cuts": lambda c: bool((c[:, 1] > c[:, 0]).all()),
-            "knots": lambda k: (
-                bool((k[..., 1:] > k[..., :-1]).all() and (k[..., 0] == 0).all()) and bool((k[..., -1] == 1).all())
+        rules: dict[str, tuple[str, Callable[[Tensor], Tensor]]] = {
+            "cuts": ("increasing cut points", lambda c: c[:, 1] > c[:, 0]),
+            "knots": (
+                "knots increasing from 0 to 1",
+                lambda k: (k[..., 1:] > k[..., :-1]).all() & (k[..., [0, -1]] == torch.tensor([0, 1]).to(k)).all(),
             ),
-            "derivatives": lambda d: bool((d > 0).all()),
-            "tail_params": lambda p: bool(((p[..., 0] >= 0) & (p[..., 0] <= 1) & (p[..., 1] > 0)).all()),
-        }
-        rules = {
-            "cuts": "increasing cut points",
-            "knots": "knots increasing from 0 to 1",
-            "derivatives": "positive derivatives",
-            "tail_params": "xi in [0, 1] and positive scales",
+            "derivatives": ("positive derivatives", lambda d: d > 0),
+            "tail_params": (
+                "xi in [0, 1] and positive scales",
+                lambda p: (p[..., 0] >= 0) & (p[..., 0] <= 1) & (p[..., 1] > 0),
+            ),
         }
         for key, value in loaded.items():
-            if not checks[key](value):
-                raise ValueError(f"{name}: the loaded {key} must hold {rules[key]}")
+            if not bool(rules[key][1](value).all()):
+                raise ValueError(f"{name}: the loaded {key} must hold {rules[key][0]}")
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def _check_fitted(self) -> None:
@@ -387,15 +391,9 @@ class MarginalTailCDF(Bijector):
         else:
             log_u, log_s = _log_ndtr(z), _log_ndtr(-z)
         below, above = log_u < math.log(a), log_s < math.log(1 - b)
-        # Lower tail: the survival of the excess alpha - x is u / a.
-        log_q = (log_u - math.log(a)).clamp_max(0)
-        excess = _gpd_quantile(log_q, xi_low, sigma_low)
-        x_low = alpha - excess
-        f_low = log_u - torch.log(sigma_low) - torch.log1p(xi_low * excess / sigma_low)
-        log_q = (log_s - math.log(1 - b)).clamp_max(0)
-        excess = _gpd_quantile(log_q, xi_up, sigma_up)
-        x_up = beta + excess
-        f_up = log_s - torch.log(sigma_up) - torch.log1p(xi_up * excess / sigma_up)
+        excess_low, f_low = _tail_excess(log_u, a, xi_low, sigma_low)  # the survival of alpha - x is u / a
+        excess_up, f_up = _tail_excess(log_s, 1 - b, xi_up, sigma_up)
+        x_low, x_up = alpha - excess_low, beta + excess_up
         y = ((log_u.exp() - a) / (b - a)).clamp(0, 1)
         t, log_dt = self._body(y, inverse=True)
         x_body = alpha + width * t

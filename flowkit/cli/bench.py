@@ -94,33 +94,30 @@ def add_arguments(
     parser: argparse.ArgumentParser, models: Mapping[str, Builder] = MODELS, default: Sequence[str] = DEFAULT_MODELS
 ) -> argparse.ArgumentParser:
     """Add the likelihood benchmark's options to `parser`, with `models` to choose from and `default` run."""
-    parser.add_argument(
+    add = parser.add_argument
+    add(
         "--datasets",
         default="moons,digits",
         help="comma-separated names; '2d' = all 2-D sets, 'tabular' = the MAF sets present under --root "
         "(default: moons,digits; the defaults take minutes, the full benchmark is "
         "--datasets 2d,digits,tabular --steps 1000 --seeds 3)",
     )
-    parser.add_argument(
+    add(
         "--models",
         default=",".join(default),
         help=f"comma-separated: {', '.join(models)} (default: {','.join(default)})",
     )
-    parser.add_argument("--steps", type=positive_int, default=500, help="optimisation steps per run (default 500)")
-    parser.add_argument("--batch-size", type=positive_int, default=256, help="batch size (default 256)")
-    parser.add_argument("--lr", type=positive_float, default=1e-3, help="initial learning rate (default 1e-3)")
-    parser.add_argument("--transforms", type=int, default=None, help="layers (default: the preset's)")
-    parser.add_argument("--hidden", default=None, help="hidden sizes, e.g. 128,128 (default: the preset's)")
-    parser.add_argument("--bins", type=int, default=8, help="spline bins (default 8)")
-    parser.add_argument("--seeds", type=positive_int, default=2, help="number of seeds (0, 1, ...; default 2)")
-    parser.add_argument(
-        "--n-train", type=positive_int, default=20000, help="training points of the 2-D sets (default 20000)"
-    )
-    parser.add_argument(
-        "--root", default=None, help="data directory of the tabular sets (default $FLOWKIT_DATA or ./data)"
-    )
+    add("--steps", type=positive_int, default=500, help="optimisation steps per run (default 500)")
+    add("--batch-size", type=positive_int, default=256, help="batch size (default 256)")
+    add("--lr", type=positive_float, default=1e-3, help="initial learning rate (default 1e-3)")
+    add("--transforms", type=int, default=None, help="layers (default: the preset's)")
+    add("--hidden", default=None, help="hidden sizes, e.g. 128,128 (default: the preset's)")
+    add("--bins", type=int, default=8, help="spline bins (default 8)")
+    add("--seeds", type=positive_int, default=2, help="number of seeds (0, 1, ...; default 2)")
+    add("--n-train", type=positive_int, default=20000, help="training points of the 2-D sets (default 20000)")
+    add("--root", default=None, help="data directory of the tabular sets (default $FLOWKIT_DATA or ./data)")
     add_threads(parser, "default 1 for data of at most 16 features")
-    parser.add_argument("--out", default="bench/results/likelihood.json", help="JSON output file")
+    add("--out", default="bench/results/likelihood.json", help="JSON output file")
     return parser
 
 

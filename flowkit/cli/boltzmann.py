@@ -1,34 +1,14 @@
 """`flowkit boltzmann TARGET`: train a Boltzmann generator on a built-in target and write model, metrics and plots.
 
-TARGET is `double-well`, `many-well`, `gmm`, `phi4`, `yukawa` (phi^4 with two flavours of staggered fermions,
-Yukawa coupling `--g`, the exact determinant: `--L` up to 16; metrics add the chiral condensate) or
-`alanine-dipeptide` (OpenMM, the `md`
-extra: an internal-coordinate flow, maximum likelihood on cached Langevin MD frames of
-`--md-ns` ns at `--temperature`, the last 10% held out to keep the best weights; metrics.json gets
-P(phi > 0) raw, reweighted and in MD with their errors and F(phi) against MD; `ramachandran.png` (raw and
-reweighted flow samples next to MD), `free_energy.png` and `free_energy.csv` (F(phi) with bootstrap and
-blocked errors), and `samples.pdb` / `samples.dcd`, `--trajectory-frames` reweighted configurations
-resampled by their weights, written with OpenMM), or a rigid-body target on unit quaternions:
-`matrix-fisher`, `octupole` (`--kappa`; both with `--aux` auxiliary coordinates) or `dipoles`
-(`--bodies` rigid dipoles in a periodic box; `--samples` are Metropolis states for targets without exact
-samples), with a
-[`RigidBodyFlow`][flowkit.flows.RigidBodyFlow] of `--transforms` blocks and an orientation plot. The flow is
-trained by [`BoltzmannGenerator`][flowkit.train.BoltzmannGenerator] (`--objective kl`, reverse KL with the
-chosen gradient estimator, plus maximum likelihood on `--samples` exact
-samples when the target can draw them). The output directory receives
-`model/` ([`flowkit.io.save`][flowkit.io.save]), `metrics.json` (ESS, log Z estimate
-with its standard error and the exact value when known, IMH acceptance),
-`history.csv` and PNG plots (2-D: flow density next to the target density;
-lattice: sample configurations and the magnetisation histogram; none for
-many-well). For `phi4`, `--flow lattice` trains a
-[`LatticeFlow`][flowkit.flows.LatticeFlow] (the tutorial's: `--transforms 16 --hidden 8,8`,
-`--z2` for Z2-symmetric conditioners), a jittered-HMC reference chain of `--hmc-steps`
-trajectories runs next to the IMH chain, `metrics.json` gets `observables` (magnetisation,
-|M|, chi_2, pole mass, with blocked-jackknife errors, and tau_int of |M| and chi_2, for
-IMH and HMC), and the magnetisation histogram and `autocorrelation.png` compare the two chains.
-
-What each target brings (its flow, ML samples, metrics and plots) is its entry in the table
-`flowkit.cli.targets.TARGET_SPECS`; this module parses the options, trains and writes the common outputs.
+The flow (a `--flow` preset that samples in one pass; rigid bodies a [`RigidBodyFlow`][flowkit.flows.RigidBodyFlow],
+alanine dipeptide an internal-coordinate flow) is trained by [`BoltzmannGenerator`][flowkit.train.BoltzmannGenerator]
+(`--objective kl`: reverse KL with the chosen gradient estimator, plus maximum likelihood on `--samples` exact
+samples or the molecule's MD frames) or by [`FAB`][flowkit.train.FAB] (`--objective fab`, the energy alone). The
+output directory receives `model/` ([`flowkit.io.save`][flowkit.io.save]), `metrics.json` (ESS, log Z with its
+standard error and the exact value when known, IMH acceptance, and the target's own metrics), `history.csv` and
+the target's plots and files. What each target brings (its flow, ML samples, metrics, plots and files) is its
+entry in `flowkit.cli.targets.TARGET_SPECS`, described in the CLI guide; this module parses the options, trains
+and writes the common outputs.
 """
 
 from __future__ import annotations
@@ -84,27 +64,24 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=f"flows (--flow NAME; --transforms and --hidden size them):\n{presets_help(flows, arguments=False)}",
     )
-    parser.add_argument("target", metavar="TARGET", choices=TARGETS, help=", ".join(TARGETS))
-    parser.add_argument(
+    add = parser.add_argument
+    add("target", metavar="TARGET", choices=TARGETS, help=", ".join(TARGETS))
+    add(
         "--estimator",
         default="fast",
         choices=["fast", "standard", "reparam"],
         help="reverse-KL gradient estimator (default fast)",
     )
-    parser.add_argument(
-        "--steps", type=positive_int, default=None, help="optimisation steps (default 2000; alanine-dipeptide 3000)"
-    )
-    parser.add_argument("--batch-size", type=positive_int, default=256, help="batch size (default 256)")
-    parser.add_argument(
-        "--lr", type=positive_float, default=1e-3, help="initial learning rate, cosine-decayed (default 1e-3)"
-    )
-    parser.add_argument(
+    add("--steps", type=positive_int, default=None, help="optimisation steps (default 2000; alanine-dipeptide 3000)")
+    add("--batch-size", type=positive_int, default=256, help="batch size (default 256)")
+    add("--lr", type=positive_float, default=1e-3, help="initial learning rate, cosine-decayed (default 1e-3)")
+    add(
         "--clip",
         type=non_negative_float,
         default=None,
         help="gradient norm clip (default: the objective's, 10 for BoltzmannGenerator; 0 for none)",
     )
-    parser.add_argument(
+    add(
         "--flow",
         default="realnvp",
         choices=list(FLOWS),
@@ -112,110 +89,98 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="a flow that samples in one pass (the list below; default realnvp); "
         + ", ".join(f"{old}: deprecated, the old name of {new}" for old, new in RENAMED_FLOWS.items()),
     )
-    parser.add_argument("--transforms", type=positive_int, default=6, help="coupling layers (default 6)")
-    parser.add_argument("--hidden", default="64,64", help="hidden sizes (default 64,64)")
-    parser.add_argument(
+    add("--transforms", type=positive_int, default=6, help="coupling layers (default 6)")
+    add("--hidden", default="64,64", help="hidden sizes (default 64,64)")
+    add(
         "--samples",
         type=non_negative_int,
         default=0,
         help="exact target samples for the maximum-likelihood term (default 0: energy only)",
     )
-    parser.add_argument(
+    add(
         "--objective",
         default="kl",
         choices=["kl", "fab"],
         help="kl: BoltzmannGenerator (reverse KL, plus ML on --samples / MD frames); fab: FAB (alpha-2 divergence by "
         "AIS towards p^2/q, from the energy alone: no samples or MD frames are used). Default kl",
     )
-    parser.add_argument(
-        "--ais-steps", type=positive_int, default=8, help="fab: AIS intermediate distributions (default 8)"
-    )
-    parser.add_argument(
+    add("--ais-steps", type=positive_int, default=8, help="fab: AIS intermediate distributions (default 8)")
+    add(
         "--transition",
         default=None,
         choices=["hmc", "metropolis"],
         help="fab: AIS kernel (default hmc; metropolis on the rigid bodies' manifolds)",
     )
-    parser.add_argument(
-        "--ais-step-size", type=float, default=None, help="fab: initial AIS step size, adapted (default: the target's)"
-    )
-    parser.add_argument(
+    add("--ais-step-size", type=float, default=None, help="fab: initial AIS step size, adapted (default: the target's)")
+    add(
         "--replay-buffer",
         type=non_negative_int,
         default=0,
         help="fab: prioritised replay buffer capacity (default 0: none)",
     )
-    parser.add_argument("--w-ml", type=float, default=1.0, help="weight of the ML term (default 1)")
-    parser.add_argument(
+    add("--w-ml", type=float, default=1.0, help="weight of the ML term (default 1)")
+    add(
         "--w-kl",
         type=float,
         default=None,
         help="weight of the reverse-KL term (default 1; alanine-dipeptide 0.1: more drains the minor phi basin)",
     )
-    parser.add_argument("--dim", type=int, default=32, help="many-well dimension (default 32)")
-    parser.add_argument("--L", type=int, default=8, help="phi4 lattice size (default 8)")
-    parser.add_argument("--m2", type=float, default=-4.0, help="phi4 mass squared (default -4)")
-    parser.add_argument("--lam", type=float, default=8.0, help="phi4 coupling (default 8)")
-    parser.add_argument("--z2", action="store_true", help="phi4 with --flow lattice: Z2-symmetric conditioners")
-    parser.add_argument(
-        "--g", type=float, default=0.6, help="yukawa: Yukawa coupling of the staggered fermions (default 0.6)"
-    )
-    parser.add_argument("--kappa", type=float, default=8.0, help="octupole field strength (default 8)")
-    parser.add_argument("--bodies", type=int, default=3, help="dipoles: number of rigid dipoles (default 3)")
-    parser.add_argument(
+    add("--dim", type=int, default=32, help="many-well dimension (default 32)")
+    add("--L", type=int, default=8, help="phi4 lattice size (default 8)")
+    add("--m2", type=float, default=-4.0, help="phi4 mass squared (default -4)")
+    add("--lam", type=float, default=8.0, help="phi4 coupling (default 8)")
+    add("--z2", action="store_true", help="phi4 with --flow lattice: Z2-symmetric conditioners")
+    add("--g", type=float, default=0.6, help="yukawa: Yukawa coupling of the staggered fermions (default 0.6)")
+    add("--kappa", type=float, default=8.0, help="octupole field strength (default 8)")
+    add("--bodies", type=int, default=3, help="dipoles: number of rigid dipoles (default 3)")
+    add(
         "--aux",
         type=non_negative_int,
         default=4,
         help="matrix-fisher, octupole: auxiliary coordinates of the body (default 4; 0: maps of S^3 alone)",
     )
-    parser.add_argument(
+    add(
         "--heads",
         type=positive_int,
         default=2,
         help="rigid targets: Moebius maps applied in turn per layer (default 2)",
     )
-    parser.add_argument(
+    add(
         "--components",
         type=positive_int,
         default=None,
         help="rigid targets: convex combinations of this many Moebius maps in every layer (default: single maps)",
     )
-    parser.add_argument(
+    add(
         "--hmc-steps", type=int, default=2000, help="phi4: HMC reference trajectories per chain (default 2000; 0: none)"
     )
-    parser.add_argument(
-        "--temperature", type=float, default=1000.0, help="alanine-dipeptide temperature in K (default 1000)"
-    )
-    parser.add_argument("--solvent", default="vacuum", choices=["vacuum", "obc"], help="alanine-dipeptide solvent")
-    parser.add_argument(
+    add("--temperature", type=float, default=1000.0, help="alanine-dipeptide temperature in K (default 1000)")
+    add("--solvent", default="vacuum", choices=["vacuum", "obc"], help="alanine-dipeptide solvent")
+    add(
         "--md-ns",
         type=float,
         default=5.0,
         help="alanine-dipeptide: ns of cached Langevin MD for the ML term (default 5; 0: energy only)",
     )
-    parser.add_argument(
+    add(
         "--trajectory-frames",
         type=positive_int,
         default=1000,
         help="alanine-dipeptide: reweighted configurations resampled into samples.dcd (default 1000)",
     )
-    parser.add_argument(
+    add(
         "--eval-samples",
         type=positive_int,
         default=None,
         help="flow samples for ESS, log Z and the target's metrics (default 20000; alanine-dipeptide 100000)",
     )
-    parser.add_argument(
-        "--imh-steps", type=int_at_least(2), default=10_000, help="length of the IMH chain (default 10000)"
-    )
-    parser.add_argument("--seed", type=int, default=0, help="seed (default 0; also the GMM means)")
+    add("--imh-steps", type=int_at_least(2), default=10_000, help="length of the IMH chain (default 10000)")
+    add("--seed", type=int, default=0, help="seed (default 0; also the GMM means)")
     add_threads(parser, "default 1: more threads make these small flows slower on a busy machine", 1)
-    parser.add_argument("--out", default=None, help="output directory (default runs/boltzmann-<target>)")
-    parser.add_argument(
-        "--force", action="store_true", help="replace the run in --out (its model, metrics, history and plots)"
-    )
-    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add("--out", default=None, help="output directory (default runs/boltzmann-<target>)")
+    add("--force", action="store_true", help="replace the run in --out (its model, metrics, history and plots)")
+    add("--no-plots", action="store_true", help="skip the PNG plots")
+    add("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
     return parser
 
@@ -297,7 +262,9 @@ def train_boltzmann(args: argparse.Namespace) -> dict[str, Any]:
     io.save(flow, out / "model")
     x, log_w = sampling.importance_sample(flow, target, args.eval_samples)
     log_Z, log_Z_error = sampling.log_Z(log_w)
-    chain, acceptance = sampling.imh(flow, target, args.imh_steps, generator=torch.Generator().manual_seed(args.seed))
+    generator = torch.Generator().manual_seed(args.seed)
+    imh = sampling.independent_metropolis(flow, target, args.imh_steps, generator=generator)
+    chain, acceptance = imh.samples[:, 0], imh.mean_acceptance
     metrics: dict[str, Any] = {
         "target": args.target,
         "event_shape": list(target.event_shape),

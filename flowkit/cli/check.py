@@ -15,7 +15,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TextIO
 
-from .arguments import add_threads, positive_float, positive_int
+from .arguments import add_threads, positive_float
+from .sample import add_model_options
 
 __all__ = ["add_parser", "run", "progress"]
 
@@ -29,18 +30,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "a chain is checked layer by layer, and the report names each failing layer (index and class) "
         "with the checks it fails; exit code 1 on failure.",
     )
-    parser.add_argument(
-        "model",
-        metavar="MODEL",
-        help="model directory or the run directory holding it (runs/moons/model or runs/moons)",
-    )
-    parser.add_argument("-n", type=positive_int, default=2000, help="samples for the flow checks (default 2000)")
-    parser.add_argument(
-        "--atol", type=positive_float, default=1e-6, help="tolerance of the pointwise comparisons (default 1e-6)"
-    )
-    parser.add_argument(
-        "--mass-tol", type=positive_float, default=1e-2, help="tolerance on the total mass in 1-D/2-D (default 0.01)"
-    )
+    add_model_options(parser, "samples for the flow checks", 2000)
+    add = parser.add_argument
+    add("--atol", type=positive_float, default=1e-6, help="tolerance of the pointwise comparisons (default 1e-6)")
+    add("--mass-tol", type=positive_float, default=1e-2, help="tolerance on the total mass in 1-D/2-D (default 0.01)")
     add_threads(parser, "default 1 for events of at most 16 numbers")
     parser.set_defaults(func=run)
     return parser
@@ -82,25 +75,18 @@ def progress(what: str, stream: TextIO | None = None, every: float = 1.0) -> Ite
 
 def run(args: argparse.Namespace) -> int:
     """Run `flowkit check` for parsed arguments; returns the exit code."""
-    import torch
-
     from .. import io
     from ..bijectors import Bijector
     from ..testing import CheckReport, check_bijector, check_flow
-    from ..train import default_threads
-    from .sample import model_directory
+    from .sample import model_directory, threads_for
 
     model = io.load(model_directory(args.model))
     flow = getattr(model, "bijective", False)  # a flow that check_flow checks, through its bijector
     if not (flow or isinstance(model, Bijector)):
         raise ValueError(f"{args.model} holds a {type(model).__name__}, neither a flow nor a bijector")
-    threads = args.threads or default_threads(math.prod(model.event_shape))
-    previous = torch.get_num_threads()
     what = f"{type(model).__name__} (float64" + (f", {args.n} samples)" if flow else ")")
     try:
-        if threads:
-            torch.set_num_threads(threads)
-        with progress(what):
+        with threads_for(args.threads, math.prod(model.event_shape)), progress(what):
             if flow:
                 report = check_flow(model, n=args.n, atol=args.atol, mass_tol=args.mass_tol, raise_on_failure=False)
             else:
@@ -108,7 +94,5 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, RuntimeError, ArithmeticError) as error:  # e.g. NaN weights trip the input checks
         report = CheckReport(type(model).__name__)
         report.add("checks ran to the end", False, f"{type(error).__name__}: {error}")
-    finally:
-        torch.set_num_threads(previous)
     print(report)
     return 0 if report.passed else 1

@@ -56,17 +56,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         f"--transforms: steps per level):\n{presets_help(images)}\nflows fitted to the training data (--model NAME; "
         f"for heavy tails, they scale the data themselves):\n{presets_help(fitted)}",
     )
-    parser.add_argument(
+    add = parser.add_argument
+    add(
         "data",
         metavar="DATA",
         help="built-in dataset (moons, circles, checkerboard, 8gaussians, "
         "pinwheel, spirals, rings, digits, power, gas, hepmass, miniboone, bsds300; images for --model: "
         "digits-images, fashion-mnist, fashion-mnist-28) or a .csv/.tsv/.npy file",
     )
-    parser.add_argument(
+    add(
         "--flow", default="nsf", type=str.lower, choices=vectors, metavar="NAME", help="a flow on vectors (default nsf)"
     )
-    parser.add_argument(
+    add(
         "--model",
         default=None,
         type=str.lower,
@@ -74,78 +75,68 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="NAME",
         help="any flow of the lists below, in place of --flow",
     )
-    parser.add_argument(
+    add(
         "--base",
         choices=("normal", "student-t"),
         default="normal",
         help="latent distribution of a --flow preset: standard normal, or Student-t with trained df (see --df)",
     )
-    parser.add_argument("--df", type=positive_float, default=5.0, help="starting df of --base student-t (default 5)")
-    parser.add_argument("--levels", type=positive_int, default=None, help="levels of an image flow (default: its own)")
-    parser.add_argument("--coupling", action="store_true", help="the preset NAME-coupling of --flow NAME")
-    parser.add_argument("--transforms", type=positive_int, default=None, help="number of layers (default: the flow's)")
-    parser.add_argument("--hidden", default=None, help="hidden sizes, e.g. 128,128 (default: the flow's)")
-    parser.add_argument("--bins", type=positive_int, default=None, help="spline bins (default: the flow's)")
-    parser.add_argument(
+    add("--df", type=positive_float, default=5.0, help="starting df of --base student-t (default 5)")
+    add("--levels", type=positive_int, default=None, help="levels of an image flow (default: its own)")
+    add("--coupling", action="store_true", help="the preset NAME-coupling of --flow NAME")
+    add("--transforms", type=positive_int, default=None, help="number of layers (default: the flow's)")
+    add("--hidden", default=None, help="hidden sizes, e.g. 128,128 (default: the flow's)")
+    add("--bins", type=positive_int, default=None, help="spline bins (default: the flow's)")
+    add(
         "--beta",
         type=float,
         default=10.0,
         help="weight of the reconstruction error of a free-form flow (--model free-form), which trains by free-form "
         "maximum likelihood (flowkit.train.FreeFormLikelihood; default 10)",
     )
-    parser.add_argument("--steps", type=positive_int, default=2000, help="optimisation steps (default 2000)")
-    parser.add_argument("--batch-size", type=positive_int, default=256, help="batch size (default 256)")
-    parser.add_argument(
-        "--lr", type=positive_float, default=1e-3, help="initial learning rate, cosine-decayed (default 1e-3)"
-    )
-    parser.add_argument(
-        "--clip", type=non_negative_float, default=5.0, help="gradient norm clip (default 5; 0 for none)"
-    )
-    parser.add_argument(
+    add("--steps", type=positive_int, default=2000, help="optimisation steps (default 2000)")
+    add("--batch-size", type=positive_int, default=256, help="batch size (default 256)")
+    add("--lr", type=positive_float, default=1e-3, help="initial learning rate, cosine-decayed (default 1e-3)")
+    add("--clip", type=non_negative_float, default=5.0, help="gradient norm clip (default 5; 0 for none)")
+    add(
         "--patience",
         type=positive_int,
         default=None,
         help="stop after this many validations without improvement; validations are every max(1, steps // 20) "
         "steps (at most an epoch apart), so that is patience x that many steps (the progress bar shows both)",
     )
-    parser.add_argument("--no-standardize", action="store_true", help="do not standardise the data inside the model")
-    parser.add_argument(
+    add("--no-standardize", action="store_true", help="do not standardise the data inside the model")
+    add(
         "--robust-standardize",
         action="store_true",
         help="standardise by the median and the interquartile range (heavy tails, --base student-t)",
     )
-    parser.add_argument(
+    add(
         "--regularize",
         default=None,
         help="RNODE regularisers of a continuous flow (--model cnf) integrated along its trajectories: kinetic, "
         "jacobian or kinetic,jacobian, each with an optional weight, e.g. kinetic=0.05 (default weight 0.01)",
     )
-    parser.add_argument(
+    add(
         "--train",
         default="likelihood",
         choices=TRAININGS,
         help="likelihood (default) or flow-matching (a continuous flow only: conditional flow matching with "
         "minibatch optimal-transport pairs, no ODE solve in training; the NLLs reported are exact)",
     )
-    parser.add_argument(
-        "--root", default=None, help="data directory of the tabular benchmarks (default $FLOWKIT_DATA or ./data)"
-    )
-    parser.add_argument("--seed", type=int, default=0, help="seed of initialisation, data order and splits (default 0)")
+    add("--root", default=None, help="data directory of the tabular benchmarks (default $FLOWKIT_DATA or ./data)")
+    add("--seed", type=int, default=0, help="seed of initialisation, data order and splits (default 0)")
     add_threads(parser, "default 1 for data of at most 16 features, else torch's; more slow small flows down")
-    parser.add_argument(
-        "--out", default=None, help="output directory (default runs/<dataset>); an existing run is refused"
-    )
-    parser.add_argument(
-        "--force", action="store_true", help="replace the run in --out (its model, metrics, history and plots)"
-    )
-    parser.add_argument(
+    add("--out", default=None, help="output directory (default runs/<dataset>); an existing run is refused")
+    add("--force", action="store_true", help="replace the run in --out (its model, metrics, history and plots)")
+    add(
         "--resume",
         action="store_true",
         help="continue the run in --out from its checkpoint; --steps is the total number of steps, "
         "so give more steps than the run has taken to train further",
     )
-    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add("--no-plots", action="store_true", help="skip the PNG plots")
+    add("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
     return parser
 

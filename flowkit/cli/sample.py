@@ -8,14 +8,16 @@ the run was fitted to, when its CSV had a header (`metrics.json`'s `columns`), e
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from .arguments import add_threads, positive_int
 
-__all__ = ["add_parser", "run", "model_directory", "column_names"]
+__all__ = ["add_parser", "add_model_options", "run", "model_directory", "column_names", "threads_for"]
 
 _SUFFIXES = (".npy", ".csv", ".tsv")
 
@@ -29,17 +31,35 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "file, or as CSV on stdout, one row per sample (events with several dimensions, such as lattices, are "
         "flattened row-major). CSV columns are named as in the data the run was fitted to.",
     )
-    parser.add_argument(
-        "model",
-        metavar="MODEL",
-        help="model directory, or the run directory holding it (runs/moons/model or runs/moons)",
-    )
-    parser.add_argument("-n", type=positive_int, default=1000, help="number of samples (default 1000)")
+    add_model_options(parser, "number of samples", 1000)
     parser.add_argument("--out", default="-", help="output file, .npy, .csv or .tsv (default -: CSV on stdout)")
     parser.add_argument("--seed", type=int, default=None, help="seed of the draw")
     add_threads(parser, "default 1 for events of at most 16 numbers")
     parser.set_defaults(func=run)
     return parser
+
+
+def add_model_options(parser: argparse.ArgumentParser, what_n: str, n: int) -> None:
+    """The arguments of the commands on a saved model: MODEL and `-n` (`what_n`, default `n`)."""
+    help_model = "model directory, or the run directory holding it (runs/moons/model or runs/moons)"
+    parser.add_argument("model", metavar="MODEL", help=help_model)
+    parser.add_argument("-n", type=positive_int, default=n, help=f"{what_n} (default {n})")
+
+
+@contextlib.contextmanager
+def threads_for(threads: int | None, features: int) -> Iterator[None]:
+    """Inside the block, torch uses `threads` (`--threads`), else `default_threads(features)`; restored after."""
+    import torch
+
+    from ..train import default_threads
+
+    threads, previous = threads or default_threads(features), torch.get_num_threads()
+    try:
+        if threads:
+            torch.set_num_threads(threads)
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def model_directory(path: str | Path) -> Path:
@@ -68,7 +88,6 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from .. import io
-    from ..train import default_threads
 
     to_stdout = args.out == "-"
     out = Path(args.out)
@@ -85,15 +104,8 @@ def run(args: argparse.Namespace) -> int:
     if args.seed is not None:
         torch.manual_seed(args.seed)
     model.eval()
-    threads = args.threads or default_threads(int(np.prod(tuple(getattr(model, "event_shape", ())))))
-    previous = torch.get_num_threads()
-    try:
-        if threads:
-            torch.set_num_threads(threads)
-        with torch.no_grad():
-            samples = model.sample((args.n,)).reshape(args.n, -1).cpu().double().numpy()
-    finally:
-        torch.set_num_threads(previous)
+    with threads_for(args.threads, int(np.prod(tuple(getattr(model, "event_shape", []))))), torch.no_grad():
+        samples = model.sample((args.n,)).reshape(args.n, -1).cpu().double().numpy()
     header = column_names(directory, samples.shape[1])
     if to_stdout:
         np.savetxt(sys.stdout, samples, delimiter=",", header=",".join(header), comments="", fmt="%.9g")

@@ -108,34 +108,16 @@ class TargetSpec:
 # --- targets
 
 
-def _double_well(args: argparse.Namespace) -> Any:
-    from ..targets import DoubleWell
+def _target(name: str, *options: str, **keywords: str) -> Callable[[argparse.Namespace], Any]:
+    """`(args) -> flowkit.targets.NAME(*options, **keywords)`, each an option's value (by `args` name)."""
 
-    return DoubleWell()
+    def build(args: argparse.Namespace) -> Any:
+        from .. import targets
 
+        given = {key: getattr(args, option) for key, option in keywords.items()}
+        return getattr(targets, name)(*(getattr(args, option) for option in options), **given)
 
-def _many_well(args: argparse.Namespace) -> Any:
-    from ..targets import ManyWell
-
-    return ManyWell(args.dim)
-
-
-def _gmm(args: argparse.Namespace) -> Any:
-    from ..targets import GaussianMixture
-
-    return GaussianMixture(seed=args.seed)
-
-
-def _phi4(args: argparse.Namespace) -> Any:
-    from ..targets import Phi4
-
-    return Phi4(args.L, args.m2, args.lam)
-
-
-def _yukawa(args: argparse.Namespace) -> Any:
-    from ..targets import YukawaStaggered
-
-    return YukawaStaggered(args.L, args.m2, args.lam, args.g)
+    return build
 
 
 def _solvent(args: argparse.Namespace) -> str | None:
@@ -174,12 +156,6 @@ def _octupole(args: argparse.Namespace) -> Any:
     from ..targets import Octupole
 
     return _with_auxiliaries(Octupole(args.kappa), args)
-
-
-def _dipoles(args: argparse.Namespace) -> Any:
-    from ..targets import RigidDipoles
-
-    return RigidDipoles(args.bodies)
 
 
 # --- maximum-likelihood samples
@@ -480,23 +456,31 @@ def _orientation_plot(run: Evaluation, out: Path) -> None:
 
 
 _DENSITY_FILES = ("density.png", "target.png")
+_LATTICE_FILES = ("configurations.png", "magnetization.png", "autocorrelation.png")
+_ORIENTATION = {"plots": _orientation_plot, "plot_files": ("orientations.png",), "samples": _rigid_samples}
 
 TARGET_SPECS: dict[str, TargetSpec] = {
-    "double-well": TargetSpec(_double_well, _preset_flow, plots=_density_plots, plot_files=_DENSITY_FILES),
-    "many-well": TargetSpec(_many_well, _preset_flow, plots=_density_plots, plot_files=_DENSITY_FILES),
-    "gmm": TargetSpec(_gmm, _preset_flow, plots=_density_plots, plot_files=_DENSITY_FILES, metrics=_modes_covered),
+    "double-well": TargetSpec(_target("DoubleWell"), _preset_flow, plots=_density_plots, plot_files=_DENSITY_FILES),
+    "many-well": TargetSpec(_target("ManyWell", "dim"), _preset_flow, plots=_density_plots, plot_files=_DENSITY_FILES),
+    "gmm": TargetSpec(
+        _target("GaussianMixture", seed="seed"),
+        _preset_flow,
+        plots=_density_plots,
+        plot_files=_DENSITY_FILES,
+        metrics=_modes_covered,
+    ),
     "phi4": TargetSpec(
-        _phi4,
+        _target("Phi4", "L", "m2", "lam"),
         _preset_flow,
         plots=_lattice_plots,
-        plot_files=("configurations.png", "magnetization.png", "autocorrelation.png"),
+        plot_files=_LATTICE_FILES,
         metrics=_lattice_observables,
     ),
     "yukawa": TargetSpec(
-        _yukawa,
+        _target("YukawaStaggered", "L", "m2", "lam", "g"),
         _preset_flow,
         plots=_lattice_plots,
-        plot_files=("configurations.png", "magnetization.png", "autocorrelation.png"),
+        plot_files=_LATTICE_FILES,
         metrics=_yukawa_observables,
     ),
     "alanine-dipeptide": TargetSpec(
@@ -516,14 +500,8 @@ TARGET_SPECS: dict[str, TargetSpec] = {
         defaults={"steps": 3000, "w_kl": 0.1, "eval_samples": 100_000},
         ais_step_size=0.002,
     ),
-    "matrix-fisher": TargetSpec(
-        _matrix_fisher, _rigid_flow, plots=_orientation_plot, plot_files=("orientations.png",), samples=_rigid_samples
-    ),
-    "octupole": TargetSpec(
-        _octupole, _rigid_flow, plots=_orientation_plot, plot_files=("orientations.png",), samples=_rigid_samples
-    ),
-    "dipoles": TargetSpec(
-        _dipoles, _rigid_flow, plots=_orientation_plot, plot_files=("orientations.png",), samples=_rigid_samples
-    ),
+    "matrix-fisher": TargetSpec(_matrix_fisher, _rigid_flow, **_ORIENTATION),
+    "octupole": TargetSpec(_octupole, _rigid_flow, **_ORIENTATION),
+    "dipoles": TargetSpec(_target("RigidDipoles", "bodies"), _rigid_flow, **_ORIENTATION),
 }
 """`TARGET` name -> [`TargetSpec`][flowkit.cli.targets.TargetSpec], in the order of `flowkit boltzmann --help`."""

@@ -139,10 +139,10 @@ class Flow(FlowModel):
         with outermost():
             return self.bijector.inverse(z, context)[0]
 
-    @aggregates_auxiliary_loss
     def with_base(self, base: Distribution) -> Flow:  # type: ignore[override]
         return Flow(self.bijector, base)
 
+    @aggregates_auxiliary_loss
     def auxiliary_loss(self) -> Tensor | None:
         """Regularisers of the bijector's layers (`None` when there are none)."""
         return auxiliary_loss(self.bijector)

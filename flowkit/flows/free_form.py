@@ -6,27 +6,14 @@ $x = g(z)$, $z \sim p_Z$. Neither network is constrained to be invertible: train
 ([`FreeFormLikelihood`][flowkit.train.FreeFormLikelihood]) makes $g \approx f^{-1}$ by a reconstruction
 loss and trains the change of variables with a cheap surrogate of its log-determinant gradient.
 
-- [`FreeFormFlow`][flowkit.flows.FreeFormFlow] ($d = D$, free-form flows, Draxler, Sorrenson et al.,
-  AISTATS 2024): the density is the change of variables through the encoder,
+- [`FreeFormFlow`][flowkit.flows.FreeFormFlow] ($d = D$, Draxler, Sorrenson et al., AISTATS 2024): the
+  density is the change of variables through the encoder;
+- [`InjectiveFlow`][flowkit.flows.InjectiveFlow] ($d < D$, Sorrenson, Draxler et al., ICLR 2024): the
+  decoder embeds a $d$-dimensional manifold in $\mathbb{R}^D$, the encoder projects onto it, and the density
+  on the manifold is evaluated at the projection (as the paper evaluates its test NLL).
 
-  $$
-  \log p(x) = \log p_Z(f(x)) + \log \lvert \det f'(x) \rvert .
-  $$
-
-- [`InjectiveFlow`][flowkit.flows.InjectiveFlow] ($d < D$, free-form injective flows, Sorrenson,
-  Draxler et al., ICLR 2024): the decoder embeds a $d$-dimensional manifold $g(\mathbb{R}^d)$ in
-  $\mathbb{R}^D$, the encoder projects onto it, and the density on the manifold (with respect to its
-  volume measure) is evaluated at the projection $z = f(x)$,
-
-  $$
-  \log p(x) = \log p_Z(z) - \tfrac{1}{2} \log \det \big(g'(z)^\top g'(z)\big), \qquad z = f(x),
-  $$
-
-  as the paper evaluates its test NLL. Samples lie on the manifold exactly.
-
-Both Jacobians are computed exactly, by forward-mode differentiation in every input direction
-($D$ passes for the encoder, $d$ for the decoder, batched into one), so evaluation costs $O(D)$
-network passes per point and an $O(D^3)$ determinant; training never forms them.
+Both Jacobians are computed exactly by forward-mode differentiation ([`jacobian`][flowkit.flows.free_form.jacobian]),
+so evaluation costs $O(D)$ network passes per point and an $O(D^3)$ determinant; training never forms them.
 
 The samples come from the decoder and the density from the encoder, which agree only as far as training
 made $g = f^{-1}$: both models set `samples_match_density = False` (see the

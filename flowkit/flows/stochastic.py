@@ -16,21 +16,18 @@ $$
 \Delta S = \log \tilde q(y' \to y) - \log q(y \to y'),
 $$
 
-the log ratio of the backward to the forward transition density of the move
-`y -> y'` it just made. $\Delta S$ plays the role of a
-log-determinant: along the sampling path `z = y_0 -> ... -> y_T = x`
-(flowkit's `inverse` direction) the importance weight of a path is
+the log ratio of the backward to the forward transition density of the move `y -> y'` it just made,
+in the role of a log-determinant: along the sampling path `z = y_0 -> ... -> y_T = x` (flowkit's `inverse`
+direction) the importance weight of a path is
 
 $$
 \log w = -u_X(x) - \log p_Z(z) + \sum_t \Delta S_t,
 $$
 
-with $\Delta S_t = \log|\det \partial y_t/\partial y_{t-1}|$ for a
-bijection, and $\mathbb E[w] = Z_X$ exactly, whatever the step sizes.
-Run from data towards the latent (`forward`), a block makes the same kind of
-moves and returns the increment of that direction, so that
-[`flowkit.flows.Flow.path_log_likelihood`][flowkit.flows.Flow.path_log_likelihood] is the path-space maximum
-likelihood.
+with $\Delta S_t = \log|\det \partial y_t/\partial y_{t-1}|$ for a bijection, and $\mathbb E[w] = Z_X$
+exactly, whatever the step sizes. Run from data towards the latent (`forward`), a block returns the increment
+of that direction, so that [`flowkit.flows.Flow.path_log_likelihood`][flowkit.flows.Flow.path_log_likelihood]
+is the path-space maximum likelihood.
 
 Both blocks use the same kernel in both directions, the samplers' own:
 [`metropolis_transition`][flowkit.sampling.metropolis_transition] (reversible, so $\Delta S = u_\lambda(y')
@@ -100,12 +97,9 @@ class StochasticBlock(Configurable, nn.Module):
             raise ValueError(f"{name}: cannot tell the event shape: give the target (or base) an event_shape attribute")
         self.event_shape = torch.Size(base_shape if shape is None else shape)
         if base_shape is not None and tuple(base_shape) != tuple(self.event_shape):
-            raise ValueError(
-                f"{name}: the base's event shape {tuple(base_shape)} differs from the target's "
-                f"{tuple(self.event_shape)}"
-            )
-        self.target = target
-        self.base = base
+            raise ValueError(f"{name}: the base's event shape {tuple(base_shape)} differs from the target's "
+                             f"{tuple(self.event_shape)}")  # fmt: skip
+        self.target, self.base = target, base
         self.lam, self.n_steps, self.step_size = lam, n_steps, step_size
 
     def energy(self, y: Tensor) -> Tensor:
@@ -124,7 +118,6 @@ class StochasticBlock(Configurable, nn.Module):
 
     @property
     def latent_shape(self) -> torch.Size:
-        """The block's output event shape: its input's."""
         return self.event_shape
 
     @property
@@ -238,12 +231,10 @@ class LangevinBlock(StochasticBlock):
 class StochasticFlow(FlowModel):
     r"""A stochastic normalizing flow: bijectors and stochastic blocks over a base distribution.
 
-    The layers run from data (first) to latent (last), like a
-    [`Chain`][flowkit.bijectors.Chain]; each returns its output and a second
-    number per event, `log|det|` for a bijector and the path-weight increment
-    $\Delta S$ for a [`StochasticBlock`][flowkit.flows.stochastic.StochasticBlock]. Along the sampling path
-    $z = y_0 \to \dots \to y_T = x$ the log importance weight of a path is
-    $\log w = -u_X(x) - \log p_Z(z) + \sum_t \Delta S_t$, and $E[w] = Z_X$ exactly. It has no tractable density:
+    The layers run from data (first) to latent (last), like a [`Chain`][flowkit.bijectors.Chain]; each returns
+    its output and `log|det|` (a bijector) or the path-weight increment $\Delta S$ (a
+    [`StochasticBlock`][flowkit.flows.stochastic.StochasticBlock]), and a path's log importance weight is
+    $\log w = -u_X(x) - \log p_Z(z) + \sum_t \Delta S_t$ (module docstring). It has no tractable density:
     [`log_prob`][flowkit.flows.stochastic.StochasticFlow.log_prob] raises and says so;
     it gives path weights (through [`latent_to_data`][flowkit.flows.stochastic.StochasticFlow.latent_to_data], for
     [`sample_with_log_weights`][flowkit.sampling.importance.sample_with_log_weights]) and the path likelihood of data
@@ -311,11 +302,9 @@ class StochasticFlow(FlowModel):
         \log p_Z(y_0) + \sum_t \Delta S_t^{\text{back}},
         $$
 
-        where the path runs from `x` to $y_0$ through the layers' `forward` and each
-        adds its second output in that direction. Minus its mean is, up to a
-        constant, the KL divergence between the backward (data) and forward
-        (model) path distributions: the maximum-likelihood loss of a stochastic
-        normalizing flow. It is random.
+        along the path from `x` to $y_0$ through the layers' `forward`. Minus its mean is, up to a constant, the
+        KL divergence between the backward (data) and forward (model) path distributions: the maximum-likelihood
+        loss of a stochastic normalizing flow. It is random.
         """
         with outermost() as check:
             if check:
@@ -360,15 +349,11 @@ class StochasticFlow(FlowModel):
         """Same as [`log_prob`][flowkit.flows.stochastic.StochasticFlow.log_prob]: raises."""
         raise self._no_exact_density("forward")
 
-    def rsample_and_log_prob(
-        self, shape: int | Sequence[int] = (), context: Tensor | None = None
-    ) -> tuple[Tensor, Tensor]:
+    def rsample_and_log_prob(self, shape: int | Sequence[int] = (), context: Tensor | None = None) -> Any:
         """Not available: raises (no exact density)."""
         raise self._no_exact_density("rsample_and_log_prob")
 
-    def sample_and_log_prob(
-        self, shape: int | Sequence[int] = (), context: Tensor | None = None
-    ) -> tuple[Tensor, Tensor]:
+    def sample_and_log_prob(self, shape: int | Sequence[int] = (), context: Tensor | None = None) -> Any:
         """Not available: raises (no exact density)."""
         raise self._no_exact_density("sample_and_log_prob")
 

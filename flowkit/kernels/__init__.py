@@ -16,11 +16,9 @@ the one switch a user (or a test, or a benchmark) turns. The kernels:
   (`torch.ops.flowkit_native.rqs_forward` / `rqs_backward`, torch.library operations with fake kernels
   and a batching rule), built on first use.
 
-The fused node's autograd is a `torch.autograd.Function` in torch's `torch.func` form (`setup_context`,
-`vmap`, `jvp`), not an autograd kernel registered on the operations with `torch.library.register_autograd`:
-in torch 2.13 a custom operation's registered autograd refuses `torch.func.grad` and `jacrev` ("must
-override the setup_context staticmethod") and gives zero Jacobians under `jacfwd`, and its dispatch costs
-about 25 us more per call and backward than the Function's.
+The fused node's autograd is a `torch.autograd.Function` in torch's `torch.func` form, not one registered
+with `torch.library.register_autograd`, which in torch 2.13 refuses `torch.func.grad` and `jacrev`, gives zero
+Jacobians under `jacfwd` and costs about 25 us more per call.
 """
 
 from __future__ import annotations

@@ -19,13 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..transformers.rational_quadratic import (
-    MAX_DERIVATIVE,
-    SplineLayout,
-    bin_forward,
-    bin_pullback,
-    reference_spline,
-)
+from ..transformers.rational_quadratic import MAX_DERIVATIVE, SplineLayout, bin_forward, bin_pullback, reference_spline
 from ..utils import broadcast_shapes
 from . import native as _native
 from .native import _batch_first
@@ -196,12 +190,7 @@ class _FusedSpline(torch.autograd.Function):
 
     @staticmethod
     def forward(  # type: ignore[override]
-        x: Tensor,
-        params: Tensor,
-        layout: SplineLayout,
-        inverse: bool,
-        derivative: bool,
-        native: bool,
+        x: Tensor, params: Tensor, layout: SplineLayout, inverse: bool, derivative: bool, native: bool
     ) -> tuple[Tensor, Tensor, Tensor | None, tuple]:
         batch = x.shape
         v, p = x.reshape(-1), params.reshape(-1, params.shape[-1])
@@ -259,12 +248,7 @@ class _FusedSpline(torch.autograd.Function):
         need_params = ctx.needs_input_grad[1]
         if ctx.native is not None:
             g_x, g_params = ctx.native.rqs_backward(
-                *saved,
-                g_out.reshape(-1),
-                g_ladj.reshape(-1),
-                *ctx.layout,
-                ctx.inverse,
-                need_params,
+                *saved, g_out.reshape(-1), g_ladj.reshape(-1), *ctx.layout, ctx.inverse, need_params
             )
             g_params = g_params if need_params else None
         else:

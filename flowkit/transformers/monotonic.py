@@ -47,10 +47,8 @@ window $[-B, B]$ the map is linear with the slope $g(\pm B)$.
 *Monotone by construction.* Every cell integral is positive and the partial integral of the current cell
 grows with $s$, whatever the parameters: $y$ is strictly increasing with derivative $\hat g(x) \ge e^{-L}$.
 The log-derivative is exact for the map as computed, $\log y' = \log\hat g(x)$ (autograd's derivative of
-the computed $y$). A Gauss-Legendre rule on $[0, x]$ (the rule of earlier versions) is exact for smooth $g$ but
-moves its nodes with $x$: for rough $g$ it was not monotone (two inputs 24 apart mapped to the same
-value). $\hat g$ resolves $g$ at the grid spacing $h$ ($0.625$ at the defaults): the interpolation error of
-$\log g$ is at most $h^2 \max|(\log g)''| / 8$.
+the computed $y$; a quadrature rule whose nodes move with $x$ is not monotone for rough $g$). $\hat g$
+resolves $g$ at the grid spacing $h$: the interpolation error of $\log g$ is at most $h^2 \max|(\log g)''| / 8$.
 
 *Inverse* (exact, no iteration). The node values $Y_j$ are sorted, so the cell of $v$ is found by counting
 the $Y_j \le v$; in the cell, $y = v$ solves in closed form, from the end of the cell where $\hat g$ is
@@ -67,12 +65,9 @@ and beyond the window the tails are linear. Gradients flow through the closed fo
 (`iterations`, default 60) and are then checked ([`check_converged`][flowkit.root_finding.check_converged]:
 a residual within $\tau (\max(1, |y|) + y' \max(1, |x|))$, $\tau = 2^{10}\varepsilon$, or
 [`ConvergenceError`][flowkit.root_finding.ConvergenceError]). The round trip is limited by conditioning, not by
-the solver: $y$ is known to its rounding $\approx \varepsilon \max(1, |y|)$, so $x$ is known to about
-$\varepsilon \max(1, |y|) / y'(x)$, large where the map is flat. Measured in float64 for parameters of unit
-scale, the round trip is within $10^{-10}$ relative to $\max(1, |x|)$; in float32 it is within $10^{-5}$ only
-where $y' \gtrsim 10^{-1}$ (a point with $y' = 7.7 \cdot 10^{-4}$ came back $4.7 \cdot 10^{-3}$ off), and in
-general within about $100\,\varepsilon \max(1, |y|) / y'(x)$ (tested in `tests/transformers/test_monotonic.py`).
-UMNN's inverse is closed form: the same conditioning bound, with no solver error on top.
+the solver: $x$ is known to about $\varepsilon \max(1, |y|) / y'(x)$, large where the map is flat (in float64
+for parameters of unit scale, within $10^{-10}$ of $\max(1, |x|)$; in float32 within $10^{-5}$ only where
+$y' \gtrsim 10^{-1}$). UMNN's inverse is closed form: the same conditioning bound, with no solver error on top.
 
 References:
     Huang, Krueger, Lacoste & Courville, *Neural Autoregressive Flows*, ICML 2018 (arXiv:1804.00779);
@@ -114,9 +109,7 @@ class MonotonicMLP(Transformer):
 
     The inverse is numerical: safeguarded Newton on an exact bracket, `iterations` steps per layer,
     checked to its residual tolerance (else [`ConvergenceError`][flowkit.root_finding.ConvergenceError]),
-    with implicit gradients. The round trip is limited by conditioning: about
-    $\varepsilon \max(1, |y|) / y'(x)$ (within `1e-10` of `max(1, |x|)` in float64 for parameters of unit
-    scale; in float32 within `1e-5` only where $y' \gtrsim 0.1$).
+    with implicit gradients; the round trip is limited by conditioning (see the module).
 
     Arguments:
         hidden: sigmoidal units `H` per layer (at least 1).
@@ -210,14 +203,12 @@ class UnconstrainedMonotonic(Transformer):
     $y = \beta + \int_0^x \hat g(t)\,dt$ where $\hat g$ interpolates $g = \exp(L \tanh(s / L))$,
     $s(t) = d + \sum_k v_k \tanh(w_k t + c_k)$ (a free network of `hidden` units), exponentially between
     the fixed nodes $t_j = j B / \text{nodes}$, $|j| \le$ `nodes` (see [the module][flowkit.transformers.monotonic]).
-    The integral of $\hat g$ is exact and a sum of positive cell integrals, so the map is strictly
-    increasing for every parameter value, and its log-derivative $\log\hat g(x)$ is exact for the map as
-    computed. Parameters per element: `3 * hidden + 2`, laid out as `hidden` input weights $w_k$,
-    `hidden` offsets $c_k$, `hidden` output weights $v_k$, the bias $d$ and the offset $\beta$.
+    The map is strictly increasing for every parameter value. Parameters per element: `3 * hidden + 2`,
+    laid out as `hidden` input weights $w_k$, `hidden` offsets $c_k$, `hidden` output weights $v_k$, the
+    bias $d$ and the offset $\beta$.
     Zero output weights, bias and offset give the identity (`identity_params`).
 
-    The inverse is closed form (the cell by counting the node values below the target, then a logarithm),
-    exact up to conditioning: $x$ is known to about $\varepsilon \max(1, |y|) / y'(x)$.
+    The inverse is closed form, exact up to conditioning.
 
     Arguments:
         hidden: hidden units `H` of the integrand network (at least 1).

@@ -45,14 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = [
-    "MAX_DERIVATIVE",
-    "SplineLayout",
-    "bin_forward",
-    "bin_pullback",
-    "reference_spline",
-    "spline_through_knots",
-]
+__all__ = ["MAX_DERIVATIVE", "SplineLayout", "bin_forward", "bin_pullback", "reference_spline", "spline_through_knots"]
 
 #: Derivatives at the knots are capped here: the squares in the bin maths stay finite in
 #: float32 for bounds up to 1e6 (a conditioner fed inputs of 1e30 outputs 1e32, say).

@@ -333,13 +333,9 @@ class SmoothMixture(Transformer):
         an even mix-in: `|f(x) - x|` is below `2e-3` of the period or interval.
         """
         k = self.components
-        j = torch.arange(k, dtype=torch.float64)
-        if self.circular:
-            centres = (j + 0.5) / k
-        else:
-            centres = torch.logit((j + 0.5) / k)
-        params = torch.cat([torch.zeros(k), centres.float(), torch.full((k,), -4.0), torch.zeros(k), torch.zeros(1)])
-        return params
+        centres = (torch.arange(k, dtype=torch.float64) + 0.5) / k
+        centres = centres if self.circular else torch.logit(centres)
+        return torch.cat([torch.zeros(k), centres.float(), torch.full((k,), -4.0), torch.zeros(k), torch.zeros(1)])
 
     # ---- the map on the unit interval / circle
 

@@ -77,6 +77,20 @@ def test_fit_adds_the_eiw_regulariser_and_trains_on_image_counts():
     assert len(aux) == 3 and all(a > 0 for a in aux)
 
 
+def test_the_eiw_regulariser_counts_once():
+    """A Flow's auxiliary_loss sums its layers': the fit loop must find the layers, not the flow as well."""
+    from flowkit.utils import auxiliary_loss_modules, sum_auxiliary_losses
+
+    flow = EIW((1, 8, 8), levels=2, steps=1, hidden=(4,), weight=0.1).train()
+    flow.log_prob(torch.rand(8, 1, 8, 8))  # the shuffles keep the regulariser of this training-mode call
+    shuffles = [m for m in flow.modules() if isinstance(m, EIWShuffle)]
+    assert auxiliary_loss_modules(flow) == shuffles
+    expected = sum(m.auxiliary_loss() for m in shuffles)
+    assert float(expected) > 0
+    torch.testing.assert_close(sum_auxiliary_losses(auxiliary_loss_modules(flow)), expected)
+    torch.testing.assert_close(flow.auxiliary_loss(), expected)
+
+
 def test_glow_takes_a_conditioner_factory_and_a_transformer():
     net = functools.partial(flowkit.nn.ConvNet, hidden=(6,), kernel=1)
     spline = flowkit.transformers.RationalQuadraticSpline(4, 4.0)
