@@ -3,8 +3,6 @@
 One package, two layers without a cycle: `importance` (weights and their statistics) and `mcmc`
 (HMC, MALA, flow HMC, NeuTra MALA, flow IMH, random-walk Metropolis and autocorrelation times), which
 builds on the first, and `ais` (annealed importance sampling from a flow), which builds on both.
-`flowkit.mcmc`, the old home of the chains, is a deprecated alias of
-`flowkit.sampling.mcmc`.
 """
 
 from .ais import AISResult, ais

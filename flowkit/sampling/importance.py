@@ -76,7 +76,7 @@ def log_weights_at(flow: FlowModel, z: Tensor, target: Any, context: Tensor | No
 
     $x$ and $\log q$ come from the flow's [`latent_to_data`][flowkit.flows.base.FlowModel.latent_to_data]:
     $\log q(x) = \log p_Z(z) - \log|\det \partial x / \partial z|$ for a [`Flow`][flowkit.flows.Flow], the
-    path density $\log p_Z(z) - \sum_t \Delta S_t$ for a [`StochasticFlow`][flowkit.stochastic.StochasticFlow]
+    path density $\log p_Z(z) - \sum_t \Delta S_t$ for a [`StochasticFlow`][flowkit.flows.StochasticFlow]
     (then $w$ is its exact path weight, $E[w] = Z$).
 
     Arguments:
@@ -91,9 +91,6 @@ def log_weights_at(flow: FlowModel, z: Tensor, target: Any, context: Tensor | No
     x, log_q = flow.latent_to_data(z, context)
     with outermost():
         return x, -energy_of(target, x, len(flow.event_shape), "sample_with_log_weights") - log_q
-
-
-_check_target = check_target  # the name sampling.mcmc imports
 
 
 def _check_log_w(log_w: Tensor, where: str) -> Tensor:
@@ -119,7 +116,7 @@ def importance_sample(flow: FlowModel, target: Target, n: int, batch_size: int =
 
     The weights come from [`sample_with_log_weights`][flowkit.sampling.importance.sample_with_log_weights]:
     `-u(x) - log q(x)` for a [`Flow`][flowkit.flows.Flow], the path weights for a
-    [`StochasticFlow`][flowkit.stochastic.StochasticFlow] (the same estimator of Z).
+    [`StochasticFlow`][flowkit.flows.StochasticFlow] (the same estimator of Z).
 
     Arguments:
         flow: a [`Flow`][flowkit.flows.Flow] with the target's event shape.

@@ -58,7 +58,7 @@ from ..flows.base import require_exact_weights
 from ..targets import Target
 from ..transitions import Potential, hmc_transition, langevin_transition, leapfrog, metropolis_transition
 from ..utils import value_and_gradient
-from .importance import _check_target, _weighted_samples
+from .importance import _weighted_samples, check_target
 
 __all__ = [
     "Chains",
@@ -185,9 +185,9 @@ def latent_energy(flow: Flow, target: Target) -> Callable[[Tensor], Tensor]:
         ValueError: for a model that is not one exact bijection over a base (a free-form flow, whose decoder
             has no tractable log-determinant; a stochastic flow), or a target of another event shape.
     """
-    _check_target(flow, target, "latent_energy")
+    check_target(flow, target, "latent_energy")
     require_exact_weights(flow, "latent_energy", density=True)
-    if getattr(flow, "bijector", None) is None:
+    if not flow.bijective:
         raise ValueError(
             f"latent_energy: needs a Flow (a bijector over a base) to pull the target back, got {type(flow).__name__}"
         )

@@ -221,20 +221,16 @@ class LearnEndTime(Callback):
             layer.t1.grad = None
 
 
+def _leaves(b: Bijector) -> list[Bijector]:
+    """The layers of a bijector, nested chains flattened, data side first."""
+    return [leaf for layer in b for leaf in _leaves(layer)] if isinstance(b, Chain) else [b]
+
+
 def _continuous_end(flow: FlowModel, where: str) -> tuple[ContinuousFlow, list[Bijector]]:
-    """The ContinuousFlow that ends the flow's bijector and the parameter-free layers before it."""
-    layers: list[Bijector] = []
-
-    def flatten(b: Bijector) -> None:
-        if isinstance(b, Chain):
-            for layer in b:
-                flatten(layer)
-        else:
-            layers.append(b)
-
+    """The ContinuousFlow that ends a bijective flow and the parameter-free layers before it."""
     if not getattr(flow, "bijective", False):
         raise ValueError(f"{where}: the flow must be a Flow whose bijector ends with a ContinuousFlow")
-    flatten(flow.bijector)
+    layers = _leaves(flow.bijector)
     if not isinstance(layers[-1], ContinuousFlow):
         raise ValueError(
             f"{where}: the flow's bijector must end with a ContinuousFlow (its last layer is a "
