@@ -1,17 +1,11 @@
 r"""Training continuous normalizing flows: RNODE regularisers, a learnt end time (TO-FLOW), flow matching.
 
-- [`RegularizedLikelihood`][flowkit.train.continuous.RegularizedLikelihood]: maximum
-  likelihood plus the kinetic energy and the Jacobian Frobenius norm integrated along
-  the trajectory (RNODE, Finlay et al. 2020); it reports the number of function
-  evaluations (NFE) per step, which the progress bar shows.
-- [`LearnEndTime`][flowkit.train.continuous.LearnEndTime]: a callback that learns the
-  end time $T$ of every [`ContinuousFlow`][flowkit.bijectors.ContinuousFlow] by projected,
-  clipped gradient steps with a temporal regulariser, alternating with the weights' steps
-  (TO-FLOW, Du et al. 2022).
-- [`FlowMatching`][flowkit.train.continuous.FlowMatching]: conditional flow matching with
-  the Gaussian (Lipman et al. 2023) or minibatch optimal-transport (Tong et al. 2024)
-  probability paths; no ODE is solved in training, and the flow's exact likelihood is
-  still `flow.log_prob`.
+- [`RegularizedLikelihood`][flowkit.train.continuous.RegularizedLikelihood]: maximum likelihood plus the
+  kinetic energy and the Jacobian Frobenius norm along the trajectory (RNODE, Finlay et al. 2020);
+- [`LearnEndTime`][flowkit.train.continuous.LearnEndTime]: a callback that learns the end time $T$ of every
+  [`ContinuousFlow`][flowkit.bijectors.ContinuousFlow] (TO-FLOW, Du et al. 2022);
+- [`FlowMatching`][flowkit.train.continuous.FlowMatching]: conditional flow matching with the Gaussian
+  (Lipman et al. 2023) or minibatch optimal-transport (Tong et al. 2024) paths, without ODE solves.
 """
 
 from __future__ import annotations
@@ -59,23 +53,13 @@ class RegularizedLikelihood(Objective):
         + \lambda_H \frac1B \sum_i \int_0^T \big|\partial_t \Phi - \tfrac12 \|\nabla_x \Phi\|^2\big| dt .
     $$
 
-    The last term (OT-Flow, Onken et al. 2021) needs a potential field $f = -\nabla_x\Phi$
-    ([`PotentialField`][flowkit.nn.PotentialField]): it penalises the residual of the
-    Hamilton–Jacobi–Bellman equation that the optimal-transport potential solves, and with the
-    kinetic term it is OT-Flow's objective.
-
-    The kinetic term makes the transport close to optimal (straight, constant-speed
-    paths); the Jacobian term keeps the field smooth; together they cut the steps an
-    adaptive solver takes (Finlay et al. 2020). Both integrals are extra states of the
-    same solve as the log-density
-    ([`forward_with_integrals`][flowkit.bijectors.ContinuousFlow.forward_with_integrals]);
-    the Frobenius norm is exact with the exact trace and Hutchinson's estimate
-    $\|\partial_x f\, \epsilon\|^2$ (or $\|\epsilon^\top \partial_x f\|^2$) with the solve's probe otherwise.
-
-    With both weights zero this is plain maximum likelihood. After each call, `metrics`
-    gives `nll`, `nfe` (the field evaluations of the step's forward solves, summed over
-    the continuous layers), `t1` (their mean end time) and, when asked for, `kinetic`,
-    `jacobian` and `hjb` (batch means); the progress bar shows `nfe` and `t1`.
+    The last term, the Hamilton–Jacobi–Bellman residual of OT-Flow (Onken et al. 2021), needs a potential
+    field $f = -\nabla_x\Phi$ ([`PotentialField`][flowkit.nn.PotentialField]). The kinetic term straightens
+    the paths and the Jacobian term smooths the field, cutting an adaptive solver's steps. The integrals are
+    extra states of the log-density's solve
+    ([`forward_with_integrals`][flowkit.bijectors.ContinuousFlow.forward_with_integrals]); the Frobenius norm
+    is Hutchinson's estimate with the solve's probe unless the trace is exact. `metrics` gives `nll`, `nfe`
+    (field evaluations of the step's forward solves), `t1` (mean end time) and the regularisers asked for.
 
     Arguments:
         kinetic: weight $\lambda_K \ge 0$ of the kinetic energy.
@@ -141,24 +125,16 @@ class RegularizedLikelihood(Objective):
 class LearnEndTime(Callback):
     r"""TO-FLOW: learn the end time $T$ of the flow's continuous layers, alternating with the weights.
 
-    The fit loop's optimiser updates the weights $\theta$ with $T$ held fixed (the end
-    times are parameters outside its parameter list); after each of its steps this
-    callback takes one projected, clipped gradient step on $T$ with $\theta$ held fixed,
+    After each step of the fit loop's optimiser on the weights $\theta$, one projected, clipped gradient
+    step on $T$ with $\theta$ held fixed,
 
     $$
     T \leftarrow \Pi_{[T_{\min}, T_{\max}]}\Big(T - \eta\,
         \operatorname{clip}_c\big(\partial_T L(\theta, T) + \alpha\big)\Big),
     $$
 
-    the coordinate descent of Du et al. (2022) on $L(\theta, T) + \alpha T$: the
-    temporal regulariser $\alpha T$ favours short integration times (fewer solver
-    steps) and the clipping keeps a noisy minibatch gradient from moving $T$ far in one
-    step. $\partial_T L$ comes from the same backward pass as the weights' gradient
-    (each [`ContinuousFlow`][flowkit.bijectors.ContinuousFlow] integrates in normalised
-    time, so $T$ is an ordinary parameter, with adjoint or direct gradients alike). It
-    combines with the RNODE regularisers of
-    [`RegularizedLikelihood`][flowkit.train.continuous.RegularizedLikelihood], whose
-    metrics (and progress bar) report `t1` and the NFE per step.
+    the coordinate descent of Du et al. (2022) on $L(\theta, T) + \alpha T$ (short integration times).
+    $\partial_T L$ comes from the weights' backward pass (the layers integrate in normalised time).
 
     Arguments:
         flow: the flow being fitted (the one passed to [`fit`][flowkit.train.fit]).
@@ -276,10 +252,8 @@ class FlowMatching(Objective):
       $x_s = (1 - s) x + s z + \sigma \epsilon$, $u_s = z - x$ (OT-CFM, Tong et al.):
       straighter marginal paths, fewer solver steps when sampling or evaluating.
 
-    Layers before the ContinuousFlow (a fixed [`Standardization`][flowkit.bijectors.Standardization])
-    map the data first; they must have no trainable parameters. The exact likelihood
-    of the trained flow is `flow.log_prob` (one ODE solve), and `validation_loss` is
-    the flow-matching loss of the validation batch.
+    Layers before the ContinuousFlow (a fixed [`Standardization`][flowkit.bijectors.Standardization]) map
+    the data first; they must have no trainable parameters. `validation_loss` is the flow-matching loss.
 
     Arguments:
         path: `"gaussian"` or `"ot"`.
