@@ -1,21 +1,11 @@
 """The fit loop: one loop for every objective.
 
-[`fit`][flowkit.train.fit] minimises `objective.loss(flow, batch)` plus the
-flow's auxiliary loss (`flowkit.utils.auxiliary_loss`) with a
-gradient optimiser. It knows nothing of a particular objective: objectives that
-learn from data receive batches of it (`x` or `(x, context)`); objectives with
-`needs_data = False` receive latent batches `z ~ flow.base` when no data is given.
-
-The loop has three parts, after FlowJAX's `fit_to_data`:
-[`train_step`][flowkit.train.loop.train_step] takes one optimisation step
-(loss, backward, clipping, the guard that skips a step with a non-finite loss
-or gradient, the optimiser step); a [`TrainState`][flowkit.train.state.TrainState]
-holds the counters, the history and the RNG bookkeeping of exact resume; and
-[callbacks][flowkit.train.callbacks] do everything around the step: the warning
-about data outside the splines' bound, EMA, validation and early stopping,
-progress, checkpoints and saving the model. The torch thread count of a run is
-decided in one place, with [`default_threads`][flowkit.train.default_threads].
-Data-parallel training under `torchrun` is in [`distributed`][flowkit.train.distributed].
+[`fit`][flowkit.train.fit] minimises `objective.loss(flow, batch)` plus the flow's auxiliary loss with a
+gradient optimiser, on batches of data (`x` or `(x, context)`) or, for objectives with `needs_data = False`,
+latent batches `z ~ flow.base`. [`train_step`][flowkit.train.loop.train_step] takes one step (skipped when
+the loss or the gradient is not finite); a [`TrainState`][flowkit.train.state.TrainState] holds the counters,
+the history and the RNG bookkeeping of exact resume; [callbacks][flowkit.train.callbacks] do everything
+around the step. Data-parallel training under `torchrun` is in [`distributed`][flowkit.train.distributed].
 """
 
 from __future__ import annotations
@@ -137,21 +127,14 @@ def train_step(
     return StepOutcome(value, lr, grad_norm, metrics)
 
 
-#: A model of at most this many trainable numbers is small: per-call dispatch, not memory traffic, dominates
-#: its optimiser step and gradient norm, so `fit` batches them into fewer calls (see `_make_optimizer`,
-#: `_global_norm`). Measured on one CPU thread, Adam's multi-tensor update was faster up to 5.8e5
-#: parameters (4.4 against 4.8 ms a step) and slower from 1.8e6 (15.2 against 12.4 ms).
+#: A model of at most this many trainable numbers is small: dispatch, not memory traffic, dominates its
+#: optimiser step and gradient norm, so `fit` batches them into fewer calls (Adam's multi-tensor update
+#: was faster on one CPU thread up to 5.8e5 parameters, slower from 1.8e6).
 _SMALL_MODEL_NUMBERS = 1 << 20
 
 
 def _global_norm(grads: list[Tensor]) -> Tensor:
-    """The 2-norm of all gradients together.
-
-    A small model's gradients (at most `_SMALL_MODEL_NUMBERS` numbers) are concatenated and normed
-    at once: two operations, where a per-tensor norm and the norm of those norms take three and cost
-    more in dispatch than the copy (a flow of about 10^4 parameters: 25 us against 40 us a step on one
-    CPU thread). Larger models take a fused norm per tensor and the norm of those norms, without the copy.
-    """
+    """The 2-norm of all gradients: of their concatenation for a small model (fewer calls), else of their norms."""
     if not grads:
         return torch.zeros(())
     device, dtype = grads[0].device, grads[0].dtype
@@ -177,12 +160,8 @@ _CHOSEN_THREADS: contextvars.ContextVar[int | None] = contextvars.ContextVar("fl
 def default_threads(features: int) -> int | None:
     """The number of torch CPU threads `fit` and the `flowkit` commands use by default for events of `features` numbers.
 
-    One thread up to `SINGLE_THREAD_FEATURES` (16)
-    numbers per event, else None (torch's choice, one per core). The matrices of a small
-    flow are so small that a second thread costs more in synchronisation than it gives; on a
-    busy machine, where the threads wait for each other's core, tens of times more (on 2 cores
-    shared with about 20 busy processes, 200 steps of `RealNVP(2)` on moons took 414-470 s on
-    two threads and 15-31 s on one).
+    One thread up to `SINGLE_THREAD_FEATURES` (16) numbers per event, else None (torch's choice): a small
+    flow's second thread costs more in synchronisation than it gives, tens of times more on a busy machine.
     """
     return 1 if features <= SINGLE_THREAD_FEATURES else None
 
@@ -199,10 +178,9 @@ def chosen_threads(threads: int | None) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _run_threads(flow: nn.Module, threads: int | None) -> Iterator[None]:
-    """The torch CPU threads of a run of `fit`; the previous count is restored on exit.
+    """The torch CPU threads of a run of `fit`, restored on exit.
 
-    `threads` if given, else the count of an enclosing `chosen_threads`, else (on CPU, unless
-    `torch.set_num_threads` has changed the count since flowkit was imported: that count is kept)
+    `threads`, an enclosing `chosen_threads`'s, a count set since flowkit was imported, or (on CPU)
     `default_threads` of the flow's event size.
     """
     chosen = torch.get_num_threads() != _THREADS_AT_IMPORT  # torch.set_num_threads was called: keep it
@@ -249,14 +227,9 @@ def _standardize(flow: nn.Module, data: Any, robust: bool = False) -> None:
 
 
 def _make_optimizer(optimizer: Any, params: list[nn.Parameter], lr: float) -> torch.optim.Optimizer:
-    """The run's optimiser; one built here from a name (or None: Adam) for a small model takes the multi-tensor update.
+    """The run's optimiser; one built from a name (None: Adam) for a small model takes the `foreach` update.
 
-    torch's `foreach` implementation updates all parameters with one call per operation instead of one
-    per parameter, with the same numbers as the per-tensor loop torch takes by default on the CPU (bit
-    for bit, float32 and float64: `tests/train/test_loop.py`). For a model of at most
-    `_SMALL_MODEL_NUMBERS` parameters it saves most of the step's dispatch (Adam on a 2-layer NSF of
-    10^4 parameters, one thread: 0.4 against 0.6 ms a step); larger ones keep torch's default, since the
-    multi-tensor update's temporaries for all parameters at once cost more memory traffic there.
+    torch's multi-tensor update gives the same numbers as its per-tensor loop, bit for bit, in fewer calls.
     """
     if optimizer is None:
         optimizer = "adam"
@@ -451,12 +424,7 @@ def _make_run(args: _Arguments, ctx: DistributedContext, data_seed: int) -> _Run
 
 
 def _make_callbacks(run: _Run) -> tuple[CallbackList, Progress, Checkpoint | None]:
-    """The built-in callbacks, in the order their hooks must run, with the user's before the checkpoint.
-
-    The checkpoint and the saved model come last, so that they hold what every callback did at a step
-    (a [`DependenceUpdate`][flowkit.train.DependenceUpdate]'s refit, an end time learnt by a callback)
-    and at the end.
-    """
+    """The built-in callbacks in the order their hooks run; the user's before the checkpoint and the saved model."""
     args, ctx, flow = run.args, run.ctx, run.args.flow
     bound = None if args.standardize else _BoundWarning(flow, _data_tensor(args.data))
     ema = EMA(flow, args.ema) if args.ema is not None else None
