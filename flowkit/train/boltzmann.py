@@ -32,9 +32,8 @@ _ML_ESTIMATORS = ("nll", "path")
 class BoltzmannGenerator(Objective):
     """Weighted reverse KL to a target plus maximum likelihood on (optional) target samples.
 
-    `loss(flow, z)` takes the latent batch `z` the fit loop draws from the
-    base (`needs_data` is False); when samples are given, the objective
-    draws its own batch of them, of the same size, at each call.
+    `loss(flow, z)` takes the latent batch `z` the fit loop draws; the objective draws a batch of its samples,
+    of the same size, at each call.
 
     Arguments:
         target: the [`Target`][flowkit.targets.Target].
@@ -53,12 +52,9 @@ class BoltzmannGenerator(Objective):
             [`Flow`][flowkit.flows.Flow] and `ml_estimator="nll"`).
 
     Attributes:
-        needs_data: False; samples are held by the objective, not fed by the loop.
-        default_clip: 10, the gradient-norm clip [`fit`][flowkit.train.fit] uses unless given one
-            (unclipped, the reverse KL of a phi^4 lattice flow was reported at IMH acceptance 0.07, clipped 0.52).
+        default_clip: 10, the gradient-norm clip [`fit`][flowkit.train.fit] uses unless given one.
 
-    After each call, `metrics` gives `kl` and `nll` (and `force_loss`) of the batch and
-    the ESS and log Z estimate of the KL batch.
+    `metrics` gives `kl`, `nll` (and `force_loss`) of the batch and the KL batch's ESS and log Z estimate.
 
     References:
         Noé, Olsson, Köhler & Wu, *Boltzmann generators: sampling equilibrium states
@@ -152,11 +148,7 @@ class BoltzmannGenerator(Objective):
         return total
 
     def validation_loss(self, flow: FlowModel, batch: Tensor) -> Tensor:
-        """The held-out negative log-likelihood of a batch of target samples (MD frames kept out of training, say).
-
-        Given as `fit(..., val_data=held_out_samples)`, it is what `fit` picks the best weights by: the reverse KL
-        of a fresh batch is too noisy to select on, and the held-out NLL is the ML term's own measure of fit.
-        """
+        """The held-out negative log-likelihood of target samples (`fit(..., val_data=samples)`), e.g. MD frames."""
         x = batch[0] if isinstance(batch, (tuple, list)) else batch
         with torch.no_grad():
             return -flow.path_log_likelihood(x).mean()

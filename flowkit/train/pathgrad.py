@@ -57,11 +57,7 @@ ESTIMATORS = ("fast", "standard", "reparam")
 
 
 def _check_flow(flow: FlowModel, target: Target, where: str, exact: bool = True) -> None:
-    """Check a flow against a target; `exact`: the estimator walks an exact bijection's layers (`flow.bijective`).
-
-    With `exact`, the flow must also pass [`require_exact_weights`][flowkit.flows.base.require_exact_weights]:
-    the reverse KL weights the flow's own samples by its density.
-    """
+    """Check a flow against a target; `exact`: the estimator weights samples of an exact bijection's layers."""
     if exact:
         require_exact_weights(flow, where)
     if exact and not getattr(flow, "bijective", False):
@@ -128,16 +124,14 @@ def reverse_kl_loss(flow: FlowModel, target: Target, z: Tensor, estimator: str =
         return -log_w.mean(), log_w.detach()
     if estimator == "fast":
         x, log_q, score = sample_with_score(flow, z)
-        energy, force = target.energy_and_force(x.detach())
-        log_w = -energy - log_q.detach()
-        return _path_surrogate(log_w, x, score - force), log_w
-    with outermost():
-        x = flow.bijector.inverse(z)[0]
-        with torch.enable_grad():
-            leaf = x.detach().requires_grad_(True)
-            z_back, ladj = flow.bijector(leaf)
-            log_q = flow.base.log_prob(z_back) + ladj
-            (score,) = torch.autograd.grad(log_q.sum(), leaf)
+    else:
+        with outermost():
+            x = flow.bijector.inverse(z)[0]
+            with torch.enable_grad():
+                leaf = x.detach().requires_grad_(True)
+                z_back, ladj = flow.bijector(leaf)
+                log_q = flow.base.log_prob(z_back) + ladj
+                (score,) = torch.autograd.grad(log_q.sum(), leaf)
     energy, force = target.energy_and_force(x.detach())
     log_w = -energy - log_q.detach()
     return _path_surrogate(log_w, x, score - force), log_w
@@ -146,10 +140,8 @@ def reverse_kl_loss(flow: FlowModel, target: Target, z: Tensor, estimator: str =
 class PathGradientVI(Objective):
     r"""Reverse KL $KL(q_\theta \| p)$ to a target energy, trained without data.
 
-    `loss(flow, z)` takes a latent batch `z` drawn from the flow's base (the
-    fit loop draws it, so two estimators can be compared on the same `z`;
-    an int `B` draws `B` points). The loss value is
-    $\mathrm{mean}(u(x) + \log q(x)) = KL - \log Z$, for every estimator.
+    `loss(flow, z)` takes a latent batch `z` drawn from the flow's base (an int `B` draws `B` points). The loss
+    value is $\mathrm{mean}(u(x) + \log q(x)) = KL - \log Z$, for every estimator.
 
     Arguments:
         target: the [`Target`][flowkit.targets.Target].
@@ -157,9 +149,8 @@ class PathGradientVI(Objective):
             `"standard"` (sticking-the-landing path gradient with a second pass)
             or `"reparam"` (plain reparameterised gradient).
 
-    After each call, `metrics` gives the batch's ESS and log Z estimate. [`fit`][flowkit.train.fit]
-    clips the gradient norm at `default_clip = 10` unless given another `clip`, as for
-    [`BoltzmannGenerator`][flowkit.train.BoltzmannGenerator].
+    `metrics` gives the batch's ESS and log Z estimate; [`fit`][flowkit.train.fit] clips the gradient norm at
+    `default_clip = 10` unless given another `clip`.
 
     Examples:
         >>> import flowkit
