@@ -1,9 +1,13 @@
 """Training checkpoints without pickle: one safetensors file holding the tensors and a JSON header.
 
-[`save_state`][flowkit.train.checkpoint.save_state] stores the tensors of a nested structure (dicts, lists,
-tuples, numbers, strings, None, tensors) in a safetensors file and the rest as JSON in its metadata, written
-to a temporary name and renamed; [`load_state`][flowkit.train.checkpoint.load_state] rebuilds it. Nothing is
-unpickled, so a checkpoint from an untrusted source cannot run code.
+A checkpoint is a nested structure of dicts, lists, tuples, numbers, strings,
+None and tensors (the flow's and optimizer's state dicts, the schedule, RNG
+states, the objective's state, the history).
+[`save_state`][flowkit.train.checkpoint.save_state] stores every tensor in a
+safetensors file and the rest as JSON in the file's metadata; [`load_state`][flowkit.train.checkpoint.load_state]
+rebuilds it. Nothing is unpickled, so a checkpoint from an untrusted source
+cannot run code. The file is written to a temporary name and renamed, so an
+interruption never leaves a half-written checkpoint.
 """
 
 from __future__ import annotations
@@ -240,12 +244,14 @@ _FIT_CHECKPOINT_OPTIONAL: dict[str, tuple[_Check, str]] = {
 def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     """Read a checkpoint written by [`fit`][flowkit.train.fit] and check every field before it is used.
 
-    The objective's state (`"objective"`, one dict per process; absent from earlier versions' checkpoints) is
-    checked by the objective's [`load_state_dict`][flowkit.train.objective.Objective.load_state_dict].
+    The objective's state (`"objective"`, one dict per process) is absent from checkpoints written before
+    objectives' state was saved; such checkpoints still load. Its contents are checked by the objective's
+    [`load_state_dict`][flowkit.train.objective.Objective.load_state_dict] when a run resumes.
 
     Raises:
-        ValueError: if the file is not a flowkit checkpoint, its header is corrupt, or a field is missing or of
-            the wrong kind; the message names the field.
+        ValueError: if the file is not a flowkit checkpoint, its header is corrupt, or a field is
+            missing or of the wrong kind (a step that is not a non-negative integer, no RNG state, ...);
+            the message names the field.
     """
     saved = load_state(path)
     if not isinstance(saved, dict):

@@ -6,11 +6,20 @@ Launch any script that calls [`fit`][flowkit.train.fit] with `torchrun`:
 torchrun --nproc_per_node=4 train.py
 ```
 
-and the fit loop joins the process group (`nccl` with CUDA, else `gloo`), wraps the loss in
-`DistributedDataParallel`, shards the data, seeds each rank differently, averages the logged metrics and
-writes checkpoints from rank 0. After the first step the weights are broadcast from rank 0 once more, so
-that data-initialised layers ([`ActNorm`][flowkit.bijectors.ActNorm]) agree. Each rank draws `batch_size`
-points per step: a step on `N` ranks equals a single-process step on the union of their batches.
+and the fit loop notices the launcher's environment (`WORLD_SIZE > 1`),
+initialises the process group if the script has not (`nccl` when CUDA is
+available, `gloo` on CPU), wraps the loss computation in
+`torch.nn.parallel.DistributedDataParallel`, shards the data with a
+`torch.utils.data.DistributedSampler`, seeds each rank differently,
+averages the logged metrics over the ranks and writes checkpoints and the
+history from rank 0 only. After the first step of a run the parameters and
+buffers are broadcast from rank 0 once more, so that layers with data-dependent
+initialisation ([`ActNorm`][flowkit.bijectors.ActNorm]), which initialise on each
+rank's own batch, agree from then on.
+
+Each rank draws `batch_size` points per step, so the global batch is
+`world_size * batch_size`; because DDP averages the ranks' gradients, a step
+on `N` ranks equals a single-process step on the union of their batches.
 """
 
 from __future__ import annotations
@@ -67,7 +76,11 @@ class DistributedContext:
 
     def mean(self, values: Tensor) -> Tensor:
         """Average a tensor over the ranks (the identity in a single process)."""
-        return self.sum(values) / self.world_size if self.active else values
+        if not self.active:
+            return values
+        values = values.to(self.device).clone()
+        dist.all_reduce(values, op=dist.ReduceOp.SUM)
+        return values / self.world_size
 
     def sum(self, values: Tensor) -> Tensor:
         """Sum a tensor over the ranks (the identity in a single process)."""
@@ -107,7 +120,11 @@ class DistributedContext:
             dist.barrier()
 
     def wrap(self, module: nn.Module, **ddp_options: Any) -> nn.Module:
-        """Wrap `module` in `DistributedDataParallel` (unchanged in a single process), from rank 0's weights."""
+        """Wrap `module` in `torch.nn.parallel.DistributedDataParallel` (unchanged in a single process).
+
+        DDP broadcasts rank 0's parameters and buffers at construction, so the
+        ranks start from the same weights whatever their initialisation.
+        """
         if not self.active:
             return module
         if self.device.type == "cuda":
@@ -118,7 +135,9 @@ class DistributedContext:
 def setup_distributed(module: nn.Module) -> DistributedContext:
     """Join the launcher's process group (initialising it if needed) and place `module` on this rank's device.
 
-    Without a launcher: a single-process context. Under `nccl` a flow on the CPU moves to `cuda:LOCAL_RANK`.
+    Without a launcher this returns a single-process context and leaves
+    `module` where it is. Under `nccl` a flow on the CPU is moved to
+    `cuda:LOCAL_RANK`.
 
     Raises:
         ValueError: when `WORLD_SIZE > 1` but `torch.distributed` is unavailable.
@@ -147,7 +166,12 @@ def setup_distributed(module: nn.Module) -> DistributedContext:
 
 
 def _destroy_process_group() -> None:
-    """Leave the process group at exit, after a barrier (else gloo can abort a rank that finishes first)."""
+    """Leave the process group at exit, once every rank has got there.
+
+    Without the barrier a rank that finishes first tears down its gloo
+    connections while its peer's are still live, and the C++ side can abort
+    the process (`terminate called without an active exception`).
+    """
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()

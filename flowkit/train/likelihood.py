@@ -26,8 +26,11 @@ class MaximumLikelihood(Objective):
     L(\theta) = -\frac{1}{B} \sum_{i=1}^B \log q_\theta(x_i \mid c_i),
     $$
 
-    an unbiased estimate of $\mathrm{KL}(p \,\|\, q_\theta) + H(p)$, with `flow.path_log_likelihood`
-    (the log path weight of a [`StochasticFlow`][flowkit.flows.StochasticFlow], Wu, Köhler & Noé 2020).
+    an unbiased estimate of $\mathrm{KL}(p \,\|\, q_\theta) + H(p)$. The loss
+    is minus the mean of `flow.path_log_likelihood(x, context)`: `log_prob` for a
+    [`Flow`][flowkit.flows.Flow], the log path weight for a
+    [`StochasticFlow`][flowkit.flows.StochasticFlow], whose exact density is intractable
+    (Wu, Köhler & Noé 2020).
 
     Arguments:
         target: optional [`Target`][flowkit.targets.Target]; when given, the loss
@@ -65,7 +68,12 @@ class MaximumLikelihood(Objective):
         return self.negative_log_likelihood(flow, batch)
 
     def path_gradient_loss(self, flow: FlowModel, x: Tensor, context: Tensor | None) -> Tensor:
-        """The NLL in value, the forward-KL path gradient in gradient (`self.target`'s forces; override to change)."""
+        """Surrogate loss whose gradient is the forward-KL path gradient, using `self.target`'s forces.
+
+        The estimator of Vaitl et al. 2024 (the recursion run in the inverse
+        direction, [`forward_kl_loss`][flowkit.train.pathgrad.forward_kl_loss]);
+        override this method to plug in another. Its value is the NLL.
+        """
         where = type(self).__name__
         if context is not None:
             raise ValueError(f"{where}(target=...): the forward-KL path gradient takes samples x without context")
@@ -91,9 +99,12 @@ class ForwardKLPathGradient(MaximumLikelihood):
     \cdot \partial_\theta f_\theta(x)\big],
     $$
 
-    where $\nabla_z \log p_Z$ is carried along the normalizing pass from the target's force by
-    [`forward_with_score`][flowkit.train.score_rules.forward_with_score] (Vaitl et al. 2024). The expected
-    gradient equals maximum likelihood's; the loss value is the NLL.
+    where $\nabla_z \log p_Z$ is carried along the normalizing pass from the
+    target's force $\nabla_x \log p = -\nabla u$ by
+    [`forward_with_score`][flowkit.train.score_rules.forward_with_score] (Vaitl et
+    al. 2024, the recursion run in the inverse direction). The forces act as a
+    regulariser; the expected gradient equals maximum likelihood's. The loss
+    value is the negative log-likelihood `mean(-log q(x))`.
 
     Arguments:
         target: the target whose samples the batches are (its forces are used).

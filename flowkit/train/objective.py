@@ -17,24 +17,35 @@ __all__ = ["Objective", "as_objective", "objective_name", "check_state"]
 class Objective(Configurable):
     """A training objective for [`fit`][flowkit.train.fit].
 
-    Subclasses implement [`loss`][flowkit.train.objective.Objective.loss]; the other hooks have defaults.
-    The fit loop hands each batch to `loss`, minimises the returned scalar, logs `metrics()` and validates
-    with `validation_loss`.
+    Subclasses implement [`loss`][flowkit.train.objective.Objective.loss]; the other
+    hooks have defaults. The fit loop knows nothing of a particular objective:
+    it hands each batch to `loss`, minimises the returned scalar, logs
+    `metrics()` and validates with `validation_loss`.
 
-    **State.** What its future losses or metrics depend on besides the flow and the optimiser (a replay
-    buffer, adaptive step sizes, counters, cached latents: [`FAB`][flowkit.train.FAB],
-    [`DependentMaximumLikelihood`][flowkit.train.DependentMaximumLikelihood]) an objective returns from
-    [`state_dict`][flowkit.train.objective.Objective.state_dict] and takes back in
+    **State.** An objective may keep state: anything besides the flow and the optimiser that its
+    future losses or metrics depend on, such as buffers of samples, adaptive step sizes, counters,
+    caches of latents or RNG-dependent draws kept from one step to the next
+    ([`FAB`][flowkit.train.FAB]'s replay buffer, AIS step sizes and evaluation count;
+    [`DependentMaximumLikelihood`][flowkit.train.DependentMaximumLikelihood]'s dependence parameters and
+    control-variate cache). Such an objective returns it from
+    [`state_dict`][flowkit.train.objective.Objective.state_dict] and takes it back in
     [`load_state_dict`][flowkit.train.objective.Objective.load_state_dict]; the checkpoints of
-    [`fit`][flowkit.train.fit] carry it (pickle-free), so that a resumed run repeats the uninterrupted one
-    exactly. Its configuration is not state; most objectives have none (the default, an empty dict).
+    [`fit`][flowkit.train.fit] carry it (tensors in the safetensors file, numbers and strings in its JSON
+    header, nothing pickled), so that a resumed run repeats the uninterrupted one exactly. Its
+    configuration (the constructor's arguments) and what one `loss` call leaves for the `metrics()` of
+    the same step are not state. Most objectives have none: the default is an empty dict.
 
     Attributes:
-        needs_data: True when the objective learns from data; False for energy-based objectives, which
-            receive batches of latent points `z` drawn from the flow's base.
-        default_clip: the gradient-norm clip [`fit`][flowkit.train.fit] uses for `clip=None` (None: no
-            clipping; energy-based objectives set one, their early gradients being heavy-tailed).
-        progress_metrics: names of `metrics()` entries that the progress bar shows beside the loss.
+        needs_data: True when the objective learns from data (the loop feeds
+            batches of the data); False for energy-based objectives, for which
+            the loop draws a batch of latent points `z` from the flow's base
+            and passes it as `batch`, so that two estimators can be compared
+            on the same `z`.
+        default_clip: the gradient-norm clip [`fit`][flowkit.train.fit] uses when it is given
+            `clip=None` (None: no clipping). Energy-based objectives set one: the reverse KL's gradients
+            are heavy-tailed early on, and unclipped steps leave the flow far from the target.
+        progress_metrics: names of `metrics()` entries that the progress bar shows beside the
+            loss (the number of function evaluations of a continuous flow, for instance).
     """
 
     _flowkit_register = False
@@ -43,14 +54,21 @@ class Objective(Configurable):
     progress_metrics: tuple[str, ...] = ()
 
     def check_data(self, points: int | None) -> None:
-        """Raise a ValueError for a number of training points (None: unknown) the objective cannot train on."""
+        """Called by [`fit`][flowkit.train.fit] with the number of training points (None when unknown).
+
+        The default accepts any; an objective that holds something per point raises a `ValueError` here
+        when its size is not the data's.
+        """
 
     def loss(self, flow: FlowModel, batch: Any) -> Tensor:
         """Scalar loss of `flow` on `batch` (a tensor `x`, a pair `(x, context)`, or latent `z`)."""
         raise NotImplementedError
 
     def validation_loss(self, flow: FlowModel, batch: Any) -> Tensor:
-        """Scalar loss reported on validation data (the flow in eval mode); by default `loss` without gradients."""
+        """Scalar loss reported on validation data (the flow in eval mode).
+
+        By default [`loss`][flowkit.train.objective.Objective.loss] under `torch.no_grad()`.
+        """
         with torch.no_grad():
             return self.loss(flow, batch)
 
@@ -61,8 +79,10 @@ class Objective(Configurable):
     def state_dict(self) -> dict[str, Any]:
         """The objective's state (see the class docstring); empty by default.
 
-        String keys, values that a [checkpoint][flowkit.train.checkpoint.save_state] can hold (tensors,
-        numbers, strings, None, lists, tuples and dicts of them); the tensors may be the objective's own.
+        A dict with string keys whose values are tensors, numbers, strings, None, or lists, tuples and
+        dicts of them: what a [checkpoint][flowkit.train.checkpoint.save_state] can hold. As with a
+        module's `state_dict`, the tensors may be the objective's own: clone them to keep a copy that
+        later steps do not change.
         """
         return {}
 
@@ -76,7 +96,10 @@ class Objective(Configurable):
 
 
 class _Adapted(Objective):
-    """An object with a `loss(flow, batch)` method seen as an [`Objective`][flowkit.train.Objective]."""
+    """An object with a `loss(flow, batch)` method seen as an [`Objective`][flowkit.train.Objective].
+
+    Its own `needs_data`, `validation_loss`, `metrics` and state where it has them, the defaults otherwise.
+    """
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner

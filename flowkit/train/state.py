@@ -1,7 +1,10 @@
 """The state of a run of [`fit`][flowkit.train.fit]: counters, history and the RNG bookkeeping of exact resume.
 
-[`TrainState`][flowkit.train.state.TrainState] is what callbacks receive. It keeps the RNG state of the
-epoch's start, so that a resumed run's shuffling loader draws the interrupted epoch's order again.
+[`TrainState`][flowkit.train.state.TrainState] is what callbacks receive: the
+step, the position in the data, the [`History`][flowkit.train.History] and the
+last step's loss. Its RNG fields let a resumed run replay the data order of an
+interrupted epoch: the RNG state at the start of the epoch is kept, so that a
+shuffling loader, rebuilt on resume, draws the same order again.
 """
 
 from __future__ import annotations
@@ -106,7 +109,10 @@ class History:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> History:
-        """Rebuild from [`to_dict`][flowkit.train.state.History.to_dict] or a `to_json` file (null: non-finite)."""
+        """Rebuild from [`to_dict`][flowkit.train.state.History.to_dict] or a `to_json` file.
+
+        In a JSON file nulls stand for non-finite numbers.
+        """
 
         def floats(values: list[Any]) -> list[float]:
             return [math.nan if v is None else float(v) for v in values]
@@ -114,11 +120,16 @@ class History:
         unknown = set(d) - set(cls.__dataclass_fields__)
         if unknown:
             raise ValueError(f"History: unknown fields {sorted(unknown)}")
-        columns = {name: [int(s) for s in d.get(name, [])] for name in ("step", "val_step", "skipped")}
-        columns |= {name: floats(d.get(name, [])) for name in ("loss", "lr", "time", "grad_norm", "val_loss")}
         return cls(
-            **columns,
+            step=[int(s) for s in d.get("step", [])],
+            loss=floats(d.get("loss", [])),
+            lr=floats(d.get("lr", [])),
+            time=floats(d.get("time", [])),
+            grad_norm=floats(d.get("grad_norm", [])),
             metrics={k: floats(v) for k, v in d.get("metrics", {}).items()},
+            val_step=[int(s) for s in d.get("val_step", [])],
+            val_loss=floats(d.get("val_loss", [])),
+            skipped=[int(s) for s in d.get("skipped", [])],
             best_step=d.get("best_step"),
             best_val_loss=None if d.get("best_val_loss") is None else float(d["best_val_loss"]),
             stopped_early=bool(d.get("stopped_early", False)),
@@ -195,7 +206,8 @@ class TrainState:
         last: the last step's [`StepOutcome`][flowkit.train.state.StepOutcome] (None before the first).
         val_loss: the validation loss computed at this step, None when there was no validation.
         epoch_rng: RNG states at the start of the current epoch (recorded only when `record_epoch_rng`).
-        record_epoch_rng: record `epoch_rng` at each epoch's start (a run that writes checkpoints does).
+        record_epoch_rng: record `epoch_rng` at each epoch's start: a run that writes checkpoints does
+            (a resumed epoch replays it), others skip the copy of every generator's state.
         resumed_rng: RNG states to continue from once the resumed epoch is replayed.
     """
 
