@@ -2,30 +2,21 @@ r"""Markov chains batched over independent chains: HMC, MALA, flow HMC, NeuTra M
 
 Every sampler here is asymptotically exact for the target $p \propto e^{-u}$:
 
-- [`hmc`][flowkit.sampling.hmc]: Hamiltonian Monte Carlo with leapfrog steps and a
-  Metropolis test on $H = u(x) + |p|^2/2$. The step size is *jittered* by default
-  (drawn per trajectory and chain from $\epsilon\,U(1 - j, 1 + j)$): with a
-  fixed trajectory length $\epsilon n$, a near-harmonic mode whose leapfrog
-  rotation over a trajectory is a multiple of $\pi$ never changes its amplitude,
-  and the chain is not ergodic (Mackenzie 1989);
+- [`hmc`][flowkit.sampling.hmc]: Hamiltonian Monte Carlo, leapfrog steps and a Metropolis test on
+  $H = u(x) + |p|^2/2$, its step size *jittered* per trajectory and chain, $\epsilon\,U(1 - j, 1 + j)$: at a
+  fixed trajectory length, a near-harmonic mode whose rotation is a multiple of $\pi$ never changes its
+  amplitude and the chain is not ergodic (Mackenzie 1989);
 - [`mala`][flowkit.sampling.mala]: the Metropolis-adjusted Langevin algorithm;
-- [`flow_hmc`][flowkit.sampling.flow_hmc] and [`neutra_mala`][flowkit.sampling.neutra_mala]:
-  the same chains in the latent space of a flow $x = T(z)$, on the pulled-back energy
-  ([`latent_energy`][flowkit.sampling.latent_energy])
+- [`flow_hmc`][flowkit.sampling.flow_hmc] and [`neutra_mala`][flowkit.sampling.neutra_mala]: the same chains
+  in a flow's latent space on the pulled-back energy [`latent_energy`][flowkit.sampling.latent_energy]
+  $\tilde u(z) = u(T(z)) - \log|\det J_T(z)|$ (Hoffman et al. 2019, NeuTra; Foreman et al. 2021);
+- [`independent_metropolis`][flowkit.sampling.independent_metropolis]: the flow as an independence proposal,
+  accepted with probability $\min(1, w(x')/w(x))$, $w = e^{-u}/q$ (flow IMH; `imh` is deprecated).
 
-  $$\tilde u(z) = u(T(z)) - \log|\det J_T(z)|,$$
-
-  whose density $e^{-\tilde u}$ is exactly the target's law of $z = T^{-1}(x)$
-  (Hoffman et al. 2019, NeuTra; Foreman et al. 2021, flow HMC);
-- [`independent_metropolis`][flowkit.sampling.independent_metropolis]: the flow as an
-  independence proposal, accepted with probability $\min(1, w(x')/w(x))$, $w = e^{-u}/q$ (flow IMH;
-  `imh`, its one-chain form, is deprecated).
-
-Their single moves (`hmc_transition`, `langevin_transition`, ...) live in `flowkit.transitions`, below the
-flows, whose stochastic blocks make them too. Each sampler returns [`Chains`][flowkit.sampling.Chains]: the
-states `(n_steps, chains, *event_shape)`, the acceptance per chain and the wall time. The
-[`integrated_autocorrelation_time`][flowkit.sampling.integrated_autocorrelation_time]
-of an observable uses the automatic window of Madras & Sokal (1988).
+Their single moves (`hmc_transition`, ...) live in `flowkit.transitions`. Each sampler returns
+[`Chains`][flowkit.sampling.Chains];
+[`integrated_autocorrelation_time`][flowkit.sampling.integrated_autocorrelation_time] uses the automatic
+window of Madras & Sokal (1988).
 
 References:
     Duane, Kennedy, Pendleton & Roweth, *Hybrid Monte Carlo*, Phys. Lett. B 195 (1987);
@@ -430,14 +421,9 @@ def autocorrelation(series: Tensor) -> Tensor:
 def integrated_autocorrelation_time(series: Tensor, c: float = 5.0) -> float:
     r"""Integrated autocorrelation time $\tau_{int} = \frac12 + \sum_{t=1}^{W} \rho(t)$, with an automatic window.
 
-    The window $W$ is the smallest with $W \ge c\, \tau_{int}(W)$ (Madras & Sokal
-    1988; $c \approx 4$-$6$). With this convention the variance of a chain
-    mean is $2\tau_{int}\,\sigma^2 / N$: independent samples have
-    $\tau_{int} = 1/2$ and the effective sample size is $N / (2\tau_{int})$.
-
-    Arguments:
-        series: values `(n_steps,)` or `(n_steps, chains)`.
-        c: the window factor.
+    The window $W$ is the smallest with $W \ge c\, \tau_{int}(W)$ (Madras & Sokal 1988; $c \approx 4$-$6$).
+    The variance of a chain mean is $2\tau_{int}\,\sigma^2 / N$ (independent samples: $\tau_{int} = 1/2$).
+    `series`: values `(n_steps,)` or `(n_steps, chains)`.
 
     Returns:
         $\tau_{int}$ (`nan` for a constant series, `inf` when no window fits the chain).
