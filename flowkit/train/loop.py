@@ -542,37 +542,28 @@ def fit(
 ) -> History:
     """Train `flow` by minimising `objective.loss(flow, batch)` plus its auxiliary loss.
 
-    A step whose loss or gradient norm is not finite is skipped (no update), counted in
-    `History.skipped` and warned about.
+    A step whose loss or gradient norm is not finite is skipped, counted in `History.skipped` and warned about.
 
     Arguments:
         flow: the model (a [`Flow`][flowkit.flows.Flow], or any module the objective understands).
         objective: an [`Objective`][flowkit.train.Objective] (or any object with a `loss(flow, batch)` method).
-        data: a tensor `x` (or array), a pair `(x, context)`, a `Dataset` yielding either, or a
-            `DataLoader` (used as given). Floating tensors are cast to the flow's dtype and moved to
-            its device. None for objectives with `needs_data = False`: each step draws
-            `z = flow.base.sample((batch_size,))`.
+        data: a tensor `x` (or array), a pair `(x, context)`, a `Dataset` yielding either, or a `DataLoader`,
+            cast to the flow's dtype and device. None for objectives with `needs_data = False`: each step
+            draws `z = flow.base.sample((batch_size,))`.
         steps: number of optimisation steps (give this or `epochs`).
         epochs: number of passes over `data` (1 when neither `steps` nor `epochs` is given).
         batch_size: points per batch (per process under `torchrun`).
         lr: learning rate.
-        optimizer: None (Adam), `"adam"`, `"adamw"`, `"sgd"`, `"rmsprop"`, a torch optimizer over
-            the flow's parameters, or a factory called as `factory(params, lr=lr)`. One built from
-            a name (or None) for a flow of at most 2^20 parameters takes torch's multi-tensor update
-            (`foreach=True`), which gives the same numbers as its per-tensor loop in fewer calls.
-        schedule: `"cosine"` (decay to 0 over the run), `"step"` (times 0.1 at 50% and 75%), None,
-            a torch LR scheduler, or `factory(optimizer)`. A `ReduceLROnPlateau` is stepped with
-            the validation loss; others once per step.
-        clip: maximum global gradient norm; None takes the objective's
-            [`default_clip`][flowkit.train.Objective] (10 for [`BoltzmannGenerator`][flowkit.train.BoltzmannGenerator]
-            and [`PathGradientVI`][flowkit.train.PathGradientVI], none for the likelihood objectives);
-            `float("inf")` turns clipping off.
+        optimizer: None (Adam), `"adam"`, `"adamw"`, `"sgd"`, `"rmsprop"`, a torch optimizer over the flow's
+            parameters, or a factory called as `factory(params, lr=lr)`.
+        schedule: `"cosine"` (decay to 0 over the run), `"step"` (times 0.1 at 50% and 75%), None, a torch LR
+            scheduler (a `ReduceLROnPlateau` is stepped with the validation loss), or `factory(optimizer)`.
+        clip: maximum global gradient norm; None takes the objective's [`default_clip`][flowkit.train.Objective]
+            (10 for the energy-based objectives, none for the likelihood ones); `float("inf")`: no clipping.
         val_data: validation data, in any form of `data`; the loss is the objective's
             [`validation_loss`][flowkit.train.objective.Objective.validation_loss] in eval mode, averaged over points.
-        patience: stop after this many validations in a row without improvement (needs `val_data`).
-            Validations are `val_every` steps apart, so `patience` validations are
-            `patience * val_every` steps; the progress bar shows both. Give `val_every` to fix the
-            period: its default depends on the run's length and the size of the data.
+        patience: stop after this many validations in a row without improvement (needs `val_data`), that is
+            `patience * val_every` steps (the progress bar shows both).
         checkpoint_dir: directory for `checkpoint.safetensors` (pickle-free), `history.csv`,
             `history.json` and, at the end, the model saved with [`flowkit.io.save`][flowkit.io.save] in `model/`.
         resume: continue from the checkpoint in `checkpoint_dir`, if any: exactly as if uninterrupted
@@ -592,15 +583,12 @@ def fit(
         callbacks: [`Callback`][flowkit.train.Callback]s run after the built-in ones (before the checkpoint and
             the saved model, which then hold what they did).
         threads: torch CPU threads during the run, restored on exit (default:
-            [`default_threads`][flowkit.train.default_threads] of the flow's event size, one thread
-            for events of at most 16 numbers, unless `torch.set_num_threads` has changed the count
-            since flowkit was imported; then that count).
-        standardize: put [`Standardization.from_data(x)`][flowkit.bijectors.Standardization.from_data]
-            of the training data first in the flow's chain, in place, so that the rest of the flow
-            sees standardised data while `log_prob` stays in data units (`data` must be a tensor or
-            `(x, context)`; the flow is then saved as a [`Flow`][flowkit.flows.Flow] of that chain).
-            `"robust"` standardises by the median and the interquartile range / 1.349 (heavy tails).
-            Without it, `fit` warns when most points lie outside the splines' bound.
+            [`default_threads`][flowkit.train.default_threads] of the flow's event size, unless
+            `torch.set_num_threads` has changed the count since flowkit was imported).
+        standardize: put [`Standardization.from_data(x)`][flowkit.bijectors.Standardization.from_data] of the
+            training data (a tensor or `(x, context)`) first in the flow's chain, in place; `"robust"`: by the
+            median and the interquartile range / 1.349. Without it, `fit` warns when most points lie outside
+            the splines' bound.
 
     Returns:
         The [`History`][flowkit.train.History] (also written to `checkpoint_dir`); `history.steps_run`
