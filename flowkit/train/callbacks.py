@@ -154,12 +154,16 @@ class EMA(Callback):
             self.shadow[name].lerp_(t.detach(), 1 - d)
         self.updates += 1
 
+    @classmethod
     @torch.no_grad()
+    def _write(cls, module: nn.Module, values: dict[str, Tensor]) -> None:
+        target = dict(cls._tensors(module))
+        for name, value in values.items():
+            target[name].copy_(value)
+
     def copy_to(self, module: nn.Module | None = None) -> None:
         """Write the averages into `module` (default: the tracked module)."""
-        target = dict(self._tensors(self.module if module is None else module))
-        for name, avg in self.shadow.items():
-            target[name].copy_(avg)
+        self._write(self.module if module is None else module, self.shadow)
 
     @contextlib.contextmanager
     def average(self) -> Iterator[nn.Module]:
@@ -169,10 +173,7 @@ class EMA(Callback):
         try:
             yield self.module
         finally:
-            with torch.no_grad():
-                current = dict(self._tensors(self.module))
-                for name, t in saved.items():
-                    current[name].copy_(t)
+            self._write(self.module, saved)
 
     def averaged(self) -> nn.Module:
         """A copy of the module that holds the averaged weights."""
@@ -204,21 +205,10 @@ class EMA(Callback):
 class Validation(Callback):
     """Validation loss every `every` steps and after the last one; early stopping; restoring the best weights.
 
-    The loss is the objective's [`validation_loss`][flowkit.train.objective.Objective.validation_loss]
-    in eval mode, averaged over the points of every rank.
-
-    Arguments:
-        flow: the model.
-        objective: the objective.
-        source: the validation batches (a source from [`make_batches`][flowkit.train.batches.make_batches]).
-        ctx: the distributed context.
-        every: validate every this many steps (and at step `total`).
-        total: the last step, if known.
-        patience: stop after this many validations without improvement (None: never).
-        restore_best: put the weights of the best validation back into the flow at the end.
-        plateau: a `ReduceLROnPlateau` stepped with each validation loss.
-        weights: a factory of the context in which to validate
-            (e.g. [`EMA.average`][flowkit.train.callbacks.EMA.average]).
+    The loss is the objective's [`validation_loss`][flowkit.train.objective.Objective.validation_loss] of the
+    `source`'s batches ([`make_batches`][flowkit.train.batches.make_batches]) in eval mode, averaged over the
+    points of every rank, inside the context `weights()` makes
+    (e.g. [`EMA.average`][flowkit.train.callbacks.EMA.average]); `plateau` is stepped with each validation loss.
     """
 
     def __init__(

@@ -87,12 +87,9 @@ def _minimise_separable(negative: Any, low: float, high: float, size: int, point
 class DependentMaximumLikelihood(Objective):
     r"""Maximum likelihood of a flow on dependent points, $\operatorname{vec} Z \sim \mathcal N(0, \Sigma \otimes I)$.
 
-    Give `kinship=K` for $\Sigma = \lambda I + (1 - \lambda) K$ or `groups=g` for
-    equicorrelated groups with correlation $\rho$ (shared, or one per group or group size with
-    `rho=`; see the [module][flowkit.train.dependent] for the likelihood). Batches carry the
-    indices of their points: train on [`with_indices`][flowkit.train.with_indices]`(x)`. With
-    $A = \Sigma^{-1}$ and a batch $B$ of $b$ points drawn uniformly without replacement, the
-    loss is minus the batch mean of
+    Batches carry the indices of their points: train on [`with_indices`][flowkit.train.with_indices]`(x)`.
+    With $A = \Sigma^{-1}$ and a batch $B$ of $b$ points drawn uniformly without replacement, the loss is minus
+    the batch mean of
 
     $$
     \ell_i = \log|\det J_f(x_i)| - \frac p2 \log 2\pi - \frac p{2n}\log|\Sigma|
@@ -113,23 +110,19 @@ class DependentMaximumLikelihood(Objective):
     [`fit`][flowkit.train.fit], so that a resumed run repeats the uninterrupted one bit for bit.
 
     Arguments:
-        kinship: an $n \times n$ kinship (correlation) matrix of the training points.
-        groups: a group label per training point (give `kinship` or `groups`).
-        value: the initial $\lambda$ (kinship) or $\rho$ (groups, every parameter), in
-            $[\epsilon, 1 - \epsilon]$.
+        kinship: an $n \times n$ kinship (correlation) matrix of the training points:
+            $\Sigma = \lambda I + (1 - \lambda) K$.
+        groups: a group label per training point, equicorrelated with $\rho$ (give `kinship` or `groups`).
+        value: the initial $\lambda$ or $\rho$ (every parameter), in $[\epsilon, 1 - \epsilon]$.
         eps: the margin $\epsilon$ that keeps the parameter away from 0 and 1.
-        rho: with `groups`: `"shared"` (one $\rho$), `"group"` (one per group, as the paper) or
-            `"size"` (one per group size).
-        control_variate: subtract a control variate from the pair sum (not in the paper): the latents
-            $\tilde z$ of all points cached at the last
-            [`update`][flowkit.train.dependent.DependentMaximumLikelihood.update] give the exact terms at
-            $\tilde z$, and the batch samples only the change since (the same expectation of the value and
-            its gradient; the bracket is written out in `docs/api/dependent.md`). Experimental: it
-            did not help on the paper's `equi` design and can hurt early training with $\rho$ near 1.
+        rho: with `groups`: `"shared"` (one $\rho$), `"group"` (one per group, as the paper) or `"size"`.
+        control_variate: subtract a control variate from the pair sum (not in the paper): the exact terms at
+            the latents $\tilde z$ cached at the last `update`, the batch sampling only the change since
+            (`docs/api/dependent.md`). Experimental: it can hurt early training with $\rho$ near 1.
 
     Raises:
-        ValueError: for a bad kinship matrix or group labels, `value` or `eps` out of range, or
-            `rho` other than `"shared"` with a kinship.
+        ValueError: for a bad kinship matrix or group labels, `value` or `eps` out of range, or `rho` other
+            than `"shared"` with a kinship.
 
     Examples:
         >>> import torch, flowkit
