@@ -67,8 +67,7 @@ class RegularizedLikelihood(Objective):
         hjb: weight $\lambda_H \ge 0$ of the HJB residual (a potential field only).
 
     Raises:
-        ValueError: for a negative or non-finite weight; at the first loss, for positive
-            weights and a flow without a ContinuousFlow.
+        ValueError: for a negative or non-finite weight; at the first loss, a flow without a ContinuousFlow.
 
     References:
         Finlay, Jacobsen, Nurbekyan & Oberman, *How to train your neural ODE: the world of
@@ -232,25 +231,20 @@ def _ot_pairing(x: Tensor, z: Tensor) -> Tensor:
 class FlowMatching(Objective):
     r"""Conditional flow matching of the [`ContinuousFlow`][flowkit.bijectors.ContinuousFlow] that ends a flow.
 
-    Data $x$ sit at normalised time $s = 0$ and base samples $z$ at $s = 1$. For
-    $s \sim U(0, 1)$ and a conditional path $x_s$ with velocity $u_s$, the loss regresses
-    the layer's velocity $v(x, s) = T f(x, sT, c)$
+    Data $x$ sit at normalised time $s = 0$ and base samples $z$ at $s = 1$. For $s \sim U(0, 1)$ and a
+    conditional path $x_s$ with velocity $u_s$, the loss regresses the layer's velocity $v(x, s) = T f(x, sT, c)$
     ([`ContinuousFlow.velocity`][flowkit.bijectors.ContinuousFlow.velocity]) onto it,
 
     $$
     L = E_{s, (x, z)}\, \big\| v(x_s, s) - u_s \big\|^2 ,
     $$
 
-    whose minimiser is the marginal field that carries the data distribution to the
-    base (Lipman et al. 2023); no ODE is solved.
+    whose minimiser is the marginal field that carries the data distribution to the base (Lipman et al. 2023).
 
     - `path="gaussian"`: independent pairs, $x_s = (1 - s)\, x + (\sigma + (1 - \sigma) s)\, z$,
-      $u_s = (1 - \sigma) z - x$ (the optimal-transport conditional Gaussian path of
-      Lipman et al., with $\sigma = \sigma_{\min}$, run from data to noise).
-    - `path="ot"`: pairs $(x, z)$ coupled by the exact optimal transport plan of the
-      minibatch (squared distances, an assignment problem), then
-      $x_s = (1 - s) x + s z + \sigma \epsilon$, $u_s = z - x$ (OT-CFM, Tong et al.):
-      straighter marginal paths, fewer solver steps when sampling or evaluating.
+      $u_s = (1 - \sigma) z - x$ (Lipman et al.'s optimal-transport conditional Gaussian path, data to noise).
+    - `path="ot"`: pairs $(x, z)$ coupled by the minibatch's exact optimal transport plan, then
+      $x_s = (1 - s) x + s z + \sigma \epsilon$, $u_s = z - x$ (OT-CFM, Tong et al.): straighter paths.
 
     Layers before the ContinuousFlow (a fixed [`Standardization`][flowkit.bijectors.Standardization]) map
     the data first; they must have no trainable parameters. `validation_loss` is the flow-matching loss.
@@ -260,8 +254,8 @@ class FlowMatching(Objective):
         sigma: the path's width $\sigma \ge 0$ (default `1e-3`).
 
     Raises:
-        ValueError: for an unknown path, a bad sigma; at the loss, a flow that does not end
-            with a ContinuousFlow, and a context with `path="ot"` (the minibatch plan ignores it).
+        ValueError: for an unknown path, a bad sigma; at the loss, a flow that does not end with a
+            ContinuousFlow, and a context with `path="ot"` (the minibatch plan ignores it).
 
     References:
         Lipman, Chen, Ben-Hamu, Nickel & Le, *Flow matching for generative modeling*, ICLR 2023

@@ -171,18 +171,14 @@ class ScoreMatching(Objective):
     of three estimators of the Fisher divergence (up to a constant), each divided by the event size `D`:
 
     - `"ssm"`, sliced score matching with variance reduction:
-      $\frac1D\,\mathbb E\big[v^\top \nabla_x (v^\top s(x)) + \tfrac12 |s(x)|^2\big]$
-      with Rademacher slices `v` (`slices` of them per point); the
-      Hessian-vector product costs one more backward pass.
+      $\frac1D\,\mathbb E\big[v^\top \nabla_x (v^\top s(x)) + \tfrac12 |s(x)|^2\big]$ with Rademacher slices
+      `v` (`slices` per point; one more backward pass);
     - `"dsm"`, denoising score matching with noise level `sigma`:
-      $\frac1D\,\mathbb E\,\tfrac12\,|s(x + \sigma n) + n / \sigma|^2$, `n ~ N(0, I)`;
-      it matches the score of the data smoothed by `N(0, sigma^2 I)`, so
-      `sigma` sets a bias.
-    - `"fdsm"`, finite-difference sliced score matching with step `epsilon`:
-      `v` uniform on the sphere of radius `epsilon`,
-      $\mathbb E\big[(E(x+v) - E(x-v))^2/8 + 2E(x) - E(x+v) - E(x-v)\big] / \epsilon^2$;
-      no second derivative at all. Because `E|v^T a|^2 = epsilon^2 |a|^2 / D`,
-      this already estimates the SSM objective divided by `D`.
+      $\frac1D\,\mathbb E\,\tfrac12\,|s(x + \sigma n) + n / \sigma|^2$, `n ~ N(0, I)` (the score of the data
+      smoothed by `N(0, sigma^2 I)`: `sigma` sets a bias);
+    - `"fdsm"`, finite-difference sliced score matching with `v` uniform on the sphere of radius `epsilon`:
+      $\mathbb E\big[(E(x+v) - E(x-v))^2/8 + 2E(x) - E(x+v) - E(x-v)\big] / \epsilon^2$, no second
+      derivative (it estimates the SSM objective divided by `D`).
 
     The SSM expectation is exactly `(1/D) E_data[1/2 |s|^2 + tr(grad s)]`. With `preprocessing` the batch is
     raw data, preprocessed without gradients before matching (MaP), and the validation loss is the raw data's
