@@ -39,14 +39,9 @@ __all__ = ["ForceMatching", "model_forces", "force_matching_terms"]
 def model_forces(flow: Flow, x: Tensor, create_graph: bool = True) -> tuple[Tensor, Tensor]:
     r"""`log q(x)` and the model forces $\nabla_x \log q(x)$, by autograd.
 
-    Arguments:
-        flow: a [`Flow`][flowkit.flows.Flow].
-        x: points `(B, *event_shape)`.
-        create_graph: keep the graph of the forces, so that a loss on them can be
-            differentiated in the parameters (double backward).
-
     Returns:
-        `(log_q, forces)`, shapes `(B,)` and that of `x`; `log_q` keeps its graph.
+        `(log_q, forces)` at points `x` `(B, *event_shape)`; `log_q` keeps its graph, the forces theirs with
+        `create_graph` (for a double backward).
     """
     with torch.enable_grad():
         leaf = x.detach().requires_grad_(True)
@@ -58,14 +53,9 @@ def model_forces(flow: Flow, x: Tensor, create_graph: bool = True) -> tuple[Tens
 def force_matching_terms(flow: Flow, target: Target, x: Tensor) -> tuple[Tensor, Tensor]:
     """The negative log-likelihood and the force-matching loss of `flow` on the samples `x`, in one pass.
 
-    Arguments:
-        flow: a [`Flow`][flowkit.flows.Flow].
-        target: the [`Target`][flowkit.targets.Target] whose forces are the reference.
-        x: samples `(B, *event_shape)`.
-
     Returns:
-        `(nll, force_loss)`: `mean(-log q(x))` and the mean over the batch of
-        `|grad log q(x) - F(x)|^2` (summed over the event), both scalars with graphs.
+        `(nll, force_loss)`: `mean(-log q(x))` and the batch mean of `|grad log q(x) - F(x)|^2`, with `F` the
+        target's forces, both scalars with graphs.
     """
     log_q, forces = model_forces(flow, x, create_graph=torch.is_grad_enabled())
     reference = target.force(x.detach()).to(forces)

@@ -10,15 +10,13 @@ $$
 \cdot \partial_\theta T_\theta(z)\big],
 $$
 
-which has zero variance when $q = p$. It is computed as the surrogate
-`mean(-log w).detach() + t - t.detach()` with $t = \frac1B \sum_b x_b \cdot \mathrm{sg}(g_b)$
-and $g = \nabla_x \log q + \nabla_x u$. Three estimators share the loss value:
+which has zero variance when $q = p$: the surrogate `mean(-log w).detach() + t - t.detach()` with
+$t = \frac1B \sum_b x_b \cdot \mathrm{sg}(g_b)$, $g = \nabla_x \log q + \nabla_x u$. Three estimators share
+the loss value:
 
-- `"fast"` (Vaitl et al. 2024, Alg. 1): $\nabla_x \log q$ is carried
-  along the sampling pass, layer by layer, by the score rules of
-  [`flowkit.train.score_rules`][flowkit.train.score_rules], with no second pass through the flow;
-- `"standard"`: samples, then $\nabla_x \log q$ by autograd through `log_prob`
-  at the detached sample (a second pass);
+- `"fast"` (Vaitl et al. 2024, Alg. 1): $\nabla_x \log q$ carried along the sampling pass by the
+  [score rules][flowkit.train.score_rules], without a second pass through the flow;
+- `"standard"`: $\nabla_x \log q$ by autograd through `log_prob` at the detached sample (a second pass);
 - `"reparam"`: the plain reparameterised gradient of the reverse KL.
 
 References:
@@ -83,17 +81,13 @@ def _latent(flow: FlowModel, z: Tensor | int, where: str) -> Tensor:
 def sample_with_score(flow: Flow, z: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     r"""Push latent points through the flow carrying the score: the fast recursion.
 
-    Starting from $g_0 = \nabla_z \log q_0(z)$, every layer on the
-    sampling path maps $g \leftarrow (g - \nabla \log|\det J|) J^{-1}$
+    From $g_0 = \nabla_z \log q_0(z)$, every layer on the sampling path maps
+    $g \leftarrow (g - \nabla \log|\det J|) J^{-1}$
     ([`inverse_with_score`][flowkit.train.score_rules.inverse_with_score]).
 
-    Arguments:
-        flow: a [`Flow`][flowkit.flows.Flow].
-        z: latent points `(B, *latent_shape)`.
-
     Returns:
-        `(x, log_q, score)`: samples `x = T(z)` and `log q(x)` with their
-        graphs, and $\nabla_x \log q(x)$ without one.
+        `(x, log_q, score)` of latent points `z` `(B, *latent_shape)`: samples `x = T(z)` and `log q(x)` with
+        their graphs, and $\nabla_x \log q(x)$ without one.
     """
     with outermost():
         log_q0, score = value_and_gradient(flow.base.log_prob, z)
@@ -111,8 +105,7 @@ def _path_surrogate(log_w: Tensor, point: Tensor, direction: Tensor) -> Tensor:
 def reverse_kl_loss(flow: FlowModel, target: Target, z: Tensor, estimator: str = "fast") -> tuple[Tensor, Tensor]:
     """Reverse-KL loss on the latent batch `z` with the chosen gradient estimator.
 
-    The value is `mean(u(x) + log q(x))` (the reverse KL minus `log Z`) for
-    every estimator; only the gradient differs (see the module docstring).
+    The value is `mean(u(x) + log q(x))` (the reverse KL minus `log Z`); the estimators differ in gradient.
 
     Returns:
         `(loss, log_w)` with the detached log weights `-u(x) - log q(x)` of the batch.
