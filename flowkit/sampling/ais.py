@@ -186,27 +186,25 @@ def ais(
         n: the number of chains (samples), drawn from the flow; or give `z`.
         z: latent points `(n, *latent_shape)` whose images `flow.latent_to_data(z)` start the chains.
         alpha: the exponent of the end point $p^\alpha q^{1-\alpha}$ (1: the target; 2: FAB's $p^2/q$).
-        transition: `"hmc"` (Hamiltonian Monte Carlo, identity mass) or `"metropolis"` (random walk of the
-            domain's symmetric proposal).
+        transition: `"hmc"` (identity mass) or `"metropolis"` (random walk of the domain's symmetric proposal).
         step_size: the kernels' step size, one number or one per intermediate distribution (finite, positive).
         n_leapfrog: leapfrog steps per HMC trajectory.
         mcmc_steps: kernel applications per intermediate distribution.
-        jitter: relative half-width of HMC's per-trajectory step-size jitter (see [`hmc`][flowkit.sampling.hmc]).
+        jitter: HMC's step-size jitter (see [`hmc`][flowkit.sampling.hmc]).
         betas: the schedule $\beta_0 = 0 < \dots < \beta_{K+1} = 1$ (`steps + 2` numbers; default linear).
-        adapt: adapt the step sizes for the next run (returned in `step_sizes`): each is multiplied by 1.05 when
-            its mean acceptance was above `target_acceptance`, divided by 1.05 otherwise.
-        target_acceptance: the acceptance aimed at (default `TARGET_ACCEPTANCE[transition]`).
+        adapt: adapt the step sizes for the next run (returned in `step_sizes`): times 1.05 where the mean
+            acceptance was above `target_acceptance`, else divided by 1.05.
+        target_acceptance: default `TARGET_ACCEPTANCE[transition]`.
         domain: the [`Domain`][flowkit.domains.Domain] of the random-walk proposals (default the real line;
-            e.g. `flowkit.distributions.rigid_domain(target.segments)` for rigid bodies). HMC needs the real line.
+            e.g. `flowkit.distributions.rigid_domain(target.segments)` for rigid bodies).
         generator: random generator of the kernels (the flow's own samples use the global one).
 
     Returns:
         An [`AISResult`][flowkit.sampling.ais.AISResult].
 
     Raises:
-        ValueError: for bad arguments (no steps, a non-finite or non-positive step size, an unknown transition),
-            a flow without an exact density or whose samples do not follow it (a free-form flow), or a target
-            whose energy is NaN at every starting sample.
+        ValueError: for bad arguments, a flow without an exact density or whose samples do not follow it, or a
+            target whose energy is NaN at every starting sample.
     """
     with _evaluation_mode(flow):
         where = "ais"

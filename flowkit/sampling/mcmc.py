@@ -246,15 +246,9 @@ def mala(
 ) -> Chains:
     r"""Metropolis-adjusted Langevin algorithm, batched over chains.
 
-    Proposes $x' = x - \frac{\epsilon^2}2 \nabla u(x) + \epsilon\,\xi$, $\xi \sim N(0, I)$,
-    and accepts with probability $\min\big(1, \frac{p(x')\, q(x \mid x')}{p(x)\, q(x' \mid x)}\big)$.
-
-    Arguments:
-        energy: a [`Target`][flowkit.targets.Target] or a differentiable energy function.
-        x0: starting points `(chains, *event_shape)`.
-        n_steps: number of steps per chain.
-        step_size: $\epsilon$.
-        generator: random generator of the noise and accept draws.
+    Proposes $x' = x - \frac{\epsilon^2}2 \nabla u(x) + \epsilon\,\xi$, $\xi \sim N(0, I)$, $\epsilon$ the
+    `step_size`, and accepts with probability $\min\big(1, \frac{p(x')\, q(x \mid x')}{p(x)\, q(x' \mid x)}\big)$.
+    The other arguments are [`hmc`][flowkit.sampling.hmc]'s.
 
     Returns:
         [`Chains`][flowkit.sampling.Chains] of `n_steps` states per chain.
@@ -358,13 +352,8 @@ def independent_metropolis(
     Each chain starts at its first proposal of non-zero weight (the states before it repeat it) and then
     replaces its state $x$ by a fresh proposal $x' \sim q$ with probability $\min(1, w(x')/w(x))$, $w = e^{-u}/q$.
 
-    Arguments:
-        flow: the proposal flow (a [`StochasticFlow`][flowkit.flows.StochasticFlow] uses its path weights).
-        target: the [`Target`][flowkit.targets.Target].
-        n_steps: proposals per chain (the first one of non-zero weight is the starting state).
-        chains: number of independent chains.
-        batch_size: proposals drawn per pass.
-        generator: random generator of the accept draws.
+    A [`StochasticFlow`][flowkit.flows.StochasticFlow] proposes with its path weights; `batch_size` proposals
+    are drawn per pass; `generator` draws the accept tests.
 
     Returns:
         [`Chains`][flowkit.sampling.Chains]; the acceptance counts the proposals after each chain's starting one.
