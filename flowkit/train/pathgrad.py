@@ -42,13 +42,7 @@ from ..utils import value_and_gradient
 from .objective import Objective
 from .score_rules import forward_with_score, inverse_with_score
 
-__all__ = [
-    "PathGradientVI",
-    "sample_with_score",
-    "reverse_kl_loss",
-    "forward_kl_loss",
-    "ESTIMATORS",
-]
+__all__ = ["PathGradientVI", "sample_with_score", "reverse_kl_loss", "forward_kl_loss", "ESTIMATORS"]
 
 #: The reverse-KL gradient estimators of :class:`PathGradientVI`.
 ESTIMATORS = ("fast", "standard", "reparam")
