@@ -222,12 +222,10 @@ def reweight(observable: Tensor, log_w: Tensor) -> tuple[Tensor, Tensor]:
 def resample(log_w: Tensor, n: int | None = None, *, generator: torch.Generator | None = None) -> Tensor:
     r"""Systematic resampling: indices of `n` draws from the samples in proportion to their weights.
 
-    With normalised weights $\bar w_i$, cumulative sums $c_i = \sum_{j \le i} \bar w_j$ and one
-    uniform $u \sim U[0, 1)$, draw $k$ ($k = 0, \dots, n - 1$) is the first $i$ with
-    $c_i > (k + u)/n$. Each sample is then drawn $\lfloor n \bar w_i \rfloor$ or
-    $\lceil n \bar w_i \rceil$ times, $n \bar w_i$ on average: unbiased, with less variance than
-    multinomial resampling (Kitagawa 1996; Douc, Cappé & Moulines 2005). The draws are equally
-    weighted samples of the target, e.g. to write a trajectory of reweighted configurations.
+    With normalised weights $\bar w_i$, cumulative sums $c_i = \sum_{j \le i} \bar w_j$ and one uniform
+    $u \sim U[0, 1)$, draw $k$ is the first $i$ with $c_i > (k + u)/n$: each sample is drawn
+    $\lfloor n \bar w_i \rfloor$ or $\lceil n \bar w_i \rceil$ times, unbiased and with less variance than
+    multinomial resampling. The draws are equally weighted samples of the target.
 
     Arguments:
         log_w: log weights `(N,)` (`-inf` for a zero weight).

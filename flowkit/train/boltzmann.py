@@ -5,11 +5,9 @@ $$
 + w_F\, E_{x \sim \text{samples}}\|\nabla_x \log q(x) + \nabla_x u(x)\|^2
 $$
 
-(Noé et al. 2019). The KL term is mode-seeking and needs only the energy; the
-ML term, on samples from MD or MCMC, is mass-covering and keeps the flow from
-dropping modes. Stochastic normalizing flows ([`StochasticFlow`][flowkit.flows.StochasticFlow],
-Wu et al. 2020) use their path weights for the KL term and their path
-likelihood for the ML term.
+(Noé et al. 2019): the mode-seeking KL term needs only the energy; the mass-covering ML term, on samples from
+MD or MCMC, keeps the flow from dropping modes. A [`StochasticFlow`][flowkit.flows.StochasticFlow] (Wu et al.
+2020) uses its path weights and path likelihood.
 """
 
 from __future__ import annotations
@@ -37,19 +35,14 @@ class BoltzmannGenerator(Objective):
 
     Arguments:
         target: the [`Target`][flowkit.targets.Target].
-        samples: configurations `(N, *event_shape)` from the target (MD, MCMC or
-            exact), or None for energy-only training.
+        samples: configurations `(N, *event_shape)` from the target (MD, MCMC or exact), or None.
         w_ml: weight of the maximum-likelihood term (ignored without samples).
         w_kl: weight of the reverse-KL term.
-        estimator: gradient estimator of the KL term: `"fast"`, `"standard"`
-            or `"reparam"` (see [`PathGradientVI`][flowkit.train.PathGradientVI]); a
-            [`StochasticFlow`][flowkit.flows.StochasticFlow] always trains by its
-            reparameterised path weights.
-        ml_estimator: `"nll"` (plain maximum likelihood) or `"path"` (the
-            forward-KL path gradient, which also uses the target's forces at the samples).
-        w_force: weight of the force-matching term on the samples (see
-            [`ForceMatching`][flowkit.train.ForceMatching]; ignored without samples; needs a
-            [`Flow`][flowkit.flows.Flow] and `ml_estimator="nll"`).
+        estimator: the KL term's gradient estimator, `"fast"`, `"standard"` or `"reparam"` (see
+            [`PathGradientVI`][flowkit.train.PathGradientVI]; a stochastic flow's is always `"reparam"`).
+        ml_estimator: `"nll"` (plain maximum likelihood) or `"path"` (the forward-KL path gradient).
+        w_force: weight of the force-matching term on the samples ([`ForceMatching`][flowkit.train.ForceMatching];
+            needs `ml_estimator="nll"`).
 
     Attributes:
         default_clip: 10, the gradient-norm clip [`fit`][flowkit.train.fit] uses unless given one.

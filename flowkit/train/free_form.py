@@ -87,19 +87,20 @@ class FreeFormLikelihood(Objective):
     reconstruction error's wherever the decoder inverts the encoder. The validation loss puts the exact
     `log_prob` in place of the surrogate.
 
-    Draxler, Sorrenson, Zimmermann, Rousselot & Köthe, "Free-form flows: make any architecture a normalizing
-    flow", AISTATS 2024; Sorrenson, Draxler, Rousselot, Hummerich, Zimmermann & Köthe, "Lifting architectural
-    constraints of injective flows", ICLR 2024.
-
     Arguments:
-        beta: weight of the squared reconstruction error, at least 0 (the papers use 10 to 500 on
-            standardised data; it must be large enough that $g \approx f^{-1}$, or the surrogate is biased).
-        probes: number $K$ of probe vectors per point, from 1 to the latent dimension $d$ ($K = d$ makes the
-            gradient exact at $g = f^{-1}$; the papers use 1).
+        beta: weight of the squared reconstruction error, at least 0 (the papers use 10 to 500 on standardised
+            data; large enough that $g \approx f^{-1}$, or the surrogate is biased).
+        probes: number $K$ of probe vectors per point, from 1 to the latent dimension $d$ ($K = d$: the exact
+            gradient at $g = f^{-1}$; the papers use 1).
 
     Raises:
-        ValueError: `beta` negative or not finite, `probes` not a positive integer; at the first batch,
-            `probes` above the latent dimension, a model that is not a free-form flow, or a batch with context.
+        ValueError: `beta` negative or not finite, `probes` not a positive integer; at the first batch, `probes`
+            above the latent dimension, a model that is not a free-form flow, or a batch with context.
+
+    References:
+        Draxler, Sorrenson, Zimmermann, Rousselot & Köthe, *Free-form flows: make any architecture a normalizing
+        flow*, AISTATS 2024; Sorrenson, Draxler, Rousselot, Hummerich, Zimmermann & Köthe, *Lifting
+        architectural constraints of injective flows*, ICLR 2024.
 
     Examples:
         >>> import torch
