@@ -1,10 +1,7 @@
 """Sampling with a flow and a target: importance weights, ESS, log Z, reweighting, and Markov chains.
 
-One package, two layers without a cycle: `importance` (weights and their statistics) and `mcmc`
-(HMC, MALA, flow HMC, NeuTra MALA, flow IMH, random-walk Metropolis and autocorrelation times), which
-builds on the first, and `ais` (annealed importance sampling from a flow), which builds on both.
-`flowkit.mcmc`, the old home of the chains, is a deprecated alias of
-`flowkit.sampling.mcmc`.
+`importance` (weights and their statistics), `mcmc` (Markov chains and autocorrelation times) on it, and
+`ais` (annealed importance sampling from a flow) on both.
 """
 
 from .ais import AISResult, ais

@@ -25,10 +25,9 @@ $Z = \int e^{-u}$ for $\alpha = 1$, and $w$ importance-weights the final states 
 $\pi_{K+1}$. With $K = 0$ this would be plain importance sampling; a perfect flow ($q = p$) makes every
 $\pi_j = p$ and every weight equal to $\alpha \log Z$.
 
-The step size of each intermediate distribution's kernel is fixed during a run, so that the weights
-stay exact; with `adapt=True` it is adapted *for the next run* (a multiplicative rule towards a target
-acceptance, as fab-torch does), and [`AISResult.step_sizes`][flowkit.sampling.ais.AISResult] carries
-it there (FAB keeps them from one training step to the next).
+Each kernel's step size is fixed during a run, so that the weights stay exact; `adapt=True` adapts it
+*for the next run* towards a target acceptance, as fab-torch does
+([`AISResult.step_sizes`][flowkit.sampling.ais.AISResult]).
 
 References:
     Neal, *Annealed importance sampling*, Statistics and Computing 11 (2001) (arXiv:physics/9803008);
@@ -180,36 +179,32 @@ def ais(
     r"""Annealed importance sampling from a flow to $p^\alpha q^{1-\alpha}$ (see the module's docstring).
 
     Arguments:
-        flow: a flow with an exact density whose samples follow it (`exact_log_prob` and `samples_match_density`;
-            see [`require_exact_weights`][flowkit.flows.base.require_exact_weights]) and the target's event
-            shape; it is not trained here (its log density and its gradient in `x` are evaluated without
-            touching parameter gradients).
+        flow: a flow with an exact density whose samples follow it
+            ([`require_exact_weights`][flowkit.flows.base.require_exact_weights]), not trained here.
         target: the [`Target`][flowkit.targets.Target] $p \propto e^{-u}$.
         steps: the number $K \ge 1$ of intermediate distributions (one kernel application or more at each).
         n: the number of chains (samples), drawn from the flow; or give `z`.
         z: latent points `(n, *latent_shape)` whose images `flow.latent_to_data(z)` start the chains.
         alpha: the exponent of the end point $p^\alpha q^{1-\alpha}$ (1: the target; 2: FAB's $p^2/q$).
-        transition: `"hmc"` (Hamiltonian Monte Carlo, identity mass) or `"metropolis"` (random walk of the
-            domain's symmetric proposal).
+        transition: `"hmc"` (identity mass) or `"metropolis"` (random walk of the domain's symmetric proposal).
         step_size: the kernels' step size, one number or one per intermediate distribution (finite, positive).
         n_leapfrog: leapfrog steps per HMC trajectory.
         mcmc_steps: kernel applications per intermediate distribution.
-        jitter: relative half-width of HMC's per-trajectory step-size jitter (see [`hmc`][flowkit.sampling.hmc]).
+        jitter: HMC's step-size jitter (see [`hmc`][flowkit.sampling.hmc]).
         betas: the schedule $\beta_0 = 0 < \dots < \beta_{K+1} = 1$ (`steps + 2` numbers; default linear).
-        adapt: adapt the step sizes for the next run (returned in `step_sizes`): each is multiplied by 1.05 when
-            its mean acceptance was above `target_acceptance`, divided by 1.05 otherwise.
-        target_acceptance: the acceptance aimed at (default `TARGET_ACCEPTANCE[transition]`).
+        adapt: adapt the step sizes for the next run (returned in `step_sizes`): times 1.05 where the mean
+            acceptance was above `target_acceptance`, else divided by 1.05.
+        target_acceptance: default `TARGET_ACCEPTANCE[transition]`.
         domain: the [`Domain`][flowkit.domains.Domain] of the random-walk proposals (default the real line;
-            e.g. `flowkit.distributions.rigid_domain(target.segments)` for rigid bodies). HMC needs the real line.
+            e.g. `flowkit.distributions.rigid_domain(target.segments)` for rigid bodies).
         generator: random generator of the kernels (the flow's own samples use the global one).
 
     Returns:
         An [`AISResult`][flowkit.sampling.ais.AISResult].
 
     Raises:
-        ValueError: for bad arguments (no steps, a non-finite or non-positive step size, an unknown transition),
-            a flow without an exact density or whose samples do not follow it (a free-form flow), or a target
-            whose energy is NaN at every starting sample.
+        ValueError: for bad arguments, a flow without an exact density or whose samples do not follow it, or a
+            target whose energy is NaN at every starting sample.
     """
     with _evaluation_mode(flow):
         where = "ais"
@@ -305,25 +300,23 @@ def _move(
     def energy_of(s: _State) -> Tensor:
         return _scaled(gamma, s.u) - _scaled(1 - gamma, s.log_q)
 
-    def potential(y: Tensor) -> tuple[Tensor, Tensor]:
-        s = evaluate(y)
-        last[:] = [s]
+    def gradient_of(s: _State) -> Tensor:
         assert s.grad_u is not None and s.grad_log_q is not None
-        return energy_of(s), _scaled(gamma, s.grad_u) - _scaled(1 - gamma, s.grad_log_q)
+        return _scaled(gamma, s.grad_u) - _scaled(1 - gamma, s.grad_log_q)
 
     def energy(y: Tensor) -> Tensor:
-        s = evaluate(y)
-        last[:] = [s]
-        return energy_of(s)
+        last[:] = [evaluate(y)]
+        return energy_of(last[0])
+
+    def potential(y: Tensor) -> tuple[Tensor, Tensor]:
+        return energy(y), gradient_of(last[0])
 
     accepted = 0.0
     for _ in range(mcmc_steps):
         if transition == "hmc":
-            assert state.grad_u is not None and state.grad_log_q is not None
-            grad = _scaled(gamma, state.grad_u) - _scaled(1 - gamma, state.grad_log_q)
             # The potential's last call is at the trajectory's end point: the proposal's state.
             x, _, _, accept, _ = hmc_transition(
-                potential, x, energy_of(state), grad, step_size, n_leapfrog, jitter, generator
+                potential, x, energy_of(state), gradient_of(state), step_size, n_leapfrog, jitter, generator
             )
         else:
             x, _, accept = metropolis_transition(energy, x, energy_of(state), step_size, domain, generator)

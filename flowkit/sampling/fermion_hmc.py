@@ -50,16 +50,9 @@ def pseudofermion_hmc(
 ) -> Chains:
     r"""Hybrid Monte Carlo with pseudofermions refreshed every trajectory, batched over chains.
 
-    Arguments:
-        target: a theory with pseudofermions: [`YukawaStaggered`][flowkit.targets.YukawaStaggered] (any
-            object with `sample_pseudofermions(x, generator)` and `pseudofermion_potential(x, chi)`). Its
-            `cg_tol` is the relative residual of every conjugate-gradient solve.
-        x0: starting scalar fields `(chains, L, L)`; their dtype is the chains' (float64 advised).
-        n_steps: trajectories per chain.
-        step_size: the mean leapfrog step size.
-        n_leapfrog: leapfrog steps per trajectory.
-        jitter: relative half-width of the step-size distribution (see [`hmc`][flowkit.sampling.hmc]).
-        generator: random generator of the pseudofermions, momenta, step sizes and accept draws.
+    `target` is a theory with pseudofermions, [`YukawaStaggered`][flowkit.targets.YukawaStaggered] (any object
+    with `sample_pseudofermions(x, generator)` and `pseudofermion_potential(x, chi)`); `x0` are starting scalar
+    fields `(chains, L, L)` (float64 advised); the other settings are [`hmc`][flowkit.sampling.hmc]'s.
 
     Returns:
         [`Chains`][flowkit.sampling.Chains] of `n_steps` scalar fields per chain.

@@ -74,16 +74,10 @@ def sample_with_log_weights(
 def log_weights_at(flow: FlowModel, z: Tensor, target: Any, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
     r"""Samples $x = T(z)$ of given latent points and their log importance weights $-u(x) - \log q$.
 
-    $x$ and $\log q$ come from the flow's [`latent_to_data`][flowkit.flows.base.FlowModel.latent_to_data]:
-    $\log q(x) = \log p_Z(z) - \log|\det \partial x / \partial z|$ for a [`Flow`][flowkit.flows.Flow], the
-    path density $\log p_Z(z) - \sum_t \Delta S_t$ for a [`StochasticFlow`][flowkit.stochastic.StochasticFlow]
-    (then $w$ is its exact path weight, $E[w] = Z$).
-
-    Arguments:
-        flow: a model whose samples follow its weights (not checked here).
-        z: latent points `(*batch, *base.event_shape)`.
-        target: anything with `energy(x)` (negative unnormalised log density), or a flowkit Distribution.
-        context: context for conditional flows.
+    $x$ and $\log q$ come from the flow's [`latent_to_data`][flowkit.flows.base.FlowModel.latent_to_data] (for a
+    [`StochasticFlow`][flowkit.flows.StochasticFlow], the path density: $w$ is its exact path weight). The
+    flow's samples must follow its weights (not checked here); `target` is anything with `energy(x)`, or a
+    flowkit Distribution.
 
     Returns:
         `(x, log_w)` of shapes `(*batch, *event_shape)` and `batch`, with their graphs.
@@ -91,9 +85,6 @@ def log_weights_at(flow: FlowModel, z: Tensor, target: Any, context: Tensor | No
     x, log_q = flow.latent_to_data(z, context)
     with outermost():
         return x, -energy_of(target, x, len(flow.event_shape), "sample_with_log_weights") - log_q
-
-
-_check_target = check_target  # the name sampling.mcmc imports
 
 
 def _check_log_w(log_w: Tensor, where: str) -> Tensor:
@@ -117,15 +108,8 @@ def _relative(log_w: Tensor) -> Tensor:
 def importance_sample(flow: FlowModel, target: Target, n: int, batch_size: int = 10_000) -> tuple[Tensor, Tensor]:
     """Draw `n` flow samples and their log importance weights `-u(x) - log q(x)`.
 
-    The weights come from [`sample_with_log_weights`][flowkit.sampling.importance.sample_with_log_weights]:
-    `-u(x) - log q(x)` for a [`Flow`][flowkit.flows.Flow], the path weights for a
-    [`StochasticFlow`][flowkit.stochastic.StochasticFlow] (the same estimator of Z).
-
-    Arguments:
-        flow: a [`Flow`][flowkit.flows.Flow] with the target's event shape.
-        target: the [`Target`][flowkit.targets.Target].
-        n: number of samples.
-        batch_size: samples drawn per pass (bounds memory).
+    The weights are [`log_weights_at`][flowkit.sampling.importance.log_weights_at]'s (a stochastic flow's path
+    weights), drawn `batch_size` at a time.
 
     Returns:
         `(x, log_w)`: samples `(n, *event_shape)` and float64 log weights `(n,)`.
@@ -238,12 +222,10 @@ def reweight(observable: Tensor, log_w: Tensor) -> tuple[Tensor, Tensor]:
 def resample(log_w: Tensor, n: int | None = None, *, generator: torch.Generator | None = None) -> Tensor:
     r"""Systematic resampling: indices of `n` draws from the samples in proportion to their weights.
 
-    With normalised weights $\bar w_i$, cumulative sums $c_i = \sum_{j \le i} \bar w_j$ and one
-    uniform $u \sim U[0, 1)$, draw $k$ ($k = 0, \dots, n - 1$) is the first $i$ with
-    $c_i > (k + u)/n$. Each sample is then drawn $\lfloor n \bar w_i \rfloor$ or
-    $\lceil n \bar w_i \rceil$ times, $n \bar w_i$ on average: unbiased, with less variance than
-    multinomial resampling (Kitagawa 1996; Douc, Cappé & Moulines 2005). The draws are equally
-    weighted samples of the target, e.g. to write a trajectory of reweighted configurations.
+    With normalised weights $\bar w_i$, cumulative sums $c_i = \sum_{j \le i} \bar w_j$ and one uniform
+    $u \sim U[0, 1)$, draw $k$ is the first $i$ with $c_i > (k + u)/n$: each sample is drawn
+    $\lfloor n \bar w_i \rfloor$ or $\lceil n \bar w_i \rceil$ times, unbiased and with less variance than
+    multinomial resampling. The draws are equally weighted samples of the target.
 
     Arguments:
         log_w: log weights `(N,)` (`-inf` for a zero weight).

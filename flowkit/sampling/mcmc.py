@@ -2,30 +2,21 @@ r"""Markov chains batched over independent chains: HMC, MALA, flow HMC, NeuTra M
 
 Every sampler here is asymptotically exact for the target $p \propto e^{-u}$:
 
-- [`hmc`][flowkit.sampling.hmc]: Hamiltonian Monte Carlo with leapfrog steps and a
-  Metropolis test on $H = u(x) + |p|^2/2$. The step size is *jittered* by default
-  (drawn per trajectory and chain from $\epsilon\,U(1 - j, 1 + j)$): with a
-  fixed trajectory length $\epsilon n$, a near-harmonic mode whose leapfrog
-  rotation over a trajectory is a multiple of $\pi$ never changes its amplitude,
-  and the chain is not ergodic (Mackenzie 1989);
+- [`hmc`][flowkit.sampling.hmc]: Hamiltonian Monte Carlo, leapfrog steps and a Metropolis test on
+  $H = u(x) + |p|^2/2$, its step size *jittered* per trajectory and chain, $\epsilon\,U(1 - j, 1 + j)$: at a
+  fixed trajectory length, a near-harmonic mode whose rotation is a multiple of $\pi$ never changes its
+  amplitude and the chain is not ergodic (Mackenzie 1989);
 - [`mala`][flowkit.sampling.mala]: the Metropolis-adjusted Langevin algorithm;
-- [`flow_hmc`][flowkit.sampling.flow_hmc] and [`neutra_mala`][flowkit.sampling.neutra_mala]:
-  the same chains in the latent space of a flow $x = T(z)$, on the pulled-back energy
-  ([`latent_energy`][flowkit.sampling.latent_energy])
+- [`flow_hmc`][flowkit.sampling.flow_hmc] and [`neutra_mala`][flowkit.sampling.neutra_mala]: the same chains
+  in a flow's latent space on the pulled-back energy [`latent_energy`][flowkit.sampling.latent_energy]
+  $\tilde u(z) = u(T(z)) - \log|\det J_T(z)|$ (Hoffman et al. 2019, NeuTra; Foreman et al. 2021);
+- [`independent_metropolis`][flowkit.sampling.independent_metropolis]: the flow as an independence proposal,
+  accepted with probability $\min(1, w(x')/w(x))$, $w = e^{-u}/q$ (flow IMH; `imh` is deprecated).
 
-  $$\tilde u(z) = u(T(z)) - \log|\det J_T(z)|,$$
-
-  whose density $e^{-\tilde u}$ is exactly the target's law of $z = T^{-1}(x)$
-  (Hoffman et al. 2019, NeuTra; Foreman et al. 2021, flow HMC);
-- [`independent_metropolis`][flowkit.sampling.independent_metropolis]: the flow as an
-  independence proposal, accepted with probability $\min(1, w(x')/w(x))$, $w = e^{-u}/q$ (flow IMH;
-  `imh`, its one-chain form, is deprecated).
-
-Their single moves (`hmc_transition`, `langevin_transition`, ...) live in `flowkit.transitions`, below the
-flows, whose stochastic blocks make them too. Each sampler returns [`Chains`][flowkit.sampling.Chains]: the
-states `(n_steps, chains, *event_shape)`, the acceptance per chain and the wall time. The
-[`integrated_autocorrelation_time`][flowkit.sampling.integrated_autocorrelation_time]
-of an observable uses the automatic window of Madras & Sokal (1988).
+Their single moves (`hmc_transition`, ...) live in `flowkit.transitions`. Each sampler returns
+[`Chains`][flowkit.sampling.Chains];
+[`integrated_autocorrelation_time`][flowkit.sampling.integrated_autocorrelation_time] uses the automatic
+window of Madras & Sokal (1988).
 
 References:
     Duane, Kennedy, Pendleton & Roweth, *Hybrid Monte Carlo*, Phys. Lett. B 195 (1987);
@@ -58,7 +49,7 @@ from ..flows.base import require_exact_weights
 from ..targets import Target
 from ..transitions import Potential, hmc_transition, langevin_transition, leapfrog, metropolis_transition
 from ..utils import value_and_gradient
-from .importance import _check_target, _weighted_samples
+from .importance import _weighted_samples, check_target
 
 __all__ = [
     "Chains",
@@ -114,14 +105,9 @@ class Chains:
     ) -> Chains:
         """Make `n_steps` moves of a batch of chains from `x0` and keep their positions.
 
-        Arguments:
-            transition: one move of every chain, `(*state) -> (*state, accepted, diverged)`, the state's first
-                tensor the positions: a kernel such as [`hmc_transition`][flowkit.sampling.hmc_transition], bound.
-            x0: starting points `(chains, *event_shape)`, finite; their dtype is the chains'.
-            n_steps: moves per chain.
-            step_size: the kernel's step size (named when proposals diverge).
-            where: the sampler's name, for errors and warnings.
-            start: the starting state from `x0` (default `(x0,)`), e.g. `(x0, u(x0), grad u(x0))`.
+        `transition` moves every chain, `(*state) -> (*state, accepted, diverged)`, the state's first tensor
+        the positions; `start` makes the state from `x0` (default `(x0,)`), e.g. `(x0, u(x0), grad u(x0))`;
+        `step_size` is named when proposals diverge and `where` starts errors and warnings.
         """
         n_steps = check_number(n_steps, "n_steps", where=where, integer=True, low=1)
         begin = time.perf_counter()
@@ -169,25 +155,19 @@ def potential(energy: Target | Callable[[Tensor], Tensor]) -> Potential:
 def latent_energy(flow: Flow, target: Target) -> Callable[[Tensor], Tensor]:
     r"""The target pulled back to a flow's latent space: $\tilde u(z) = u(T(z)) - \log|\det J_T(z)|$.
 
-    $T$ is the flow's sampling map `flow.bijector.inverse`. $e^{-\tilde u}$
-    is, up to the target's $Z$, the density of $z = T^{-1}(x)$ for $x \sim p$;
-    when the flow is exact it is the base density up to a constant. Non-finite
-    latent points (a diverging trajectory) get the energy `+inf`.
-
-    Arguments:
-        flow: a [`Flow`][flowkit.flows.Flow] with the target's event shape.
-        target: the [`Target`][flowkit.targets.Target].
+    $T$ is the sampling map of a bijective flow; $e^{-\tilde u}$ is, up to the target's $Z$, the density of
+    $z = T^{-1}(x)$ for $x \sim p$. Non-finite latent points (a diverging trajectory) get the energy `+inf`.
 
     Returns:
         A differentiable function `z -> u~(z)` of latent points `(..., *event_shape)`.
 
     Raises:
-        ValueError: for a model that is not one exact bijection over a base (a free-form flow, whose decoder
-            has no tractable log-determinant; a stochastic flow), or a target of another event shape.
+        ValueError: for a model that is not one exact bijection over a base (a free-form or stochastic flow),
+            or a target of another event shape.
     """
-    _check_target(flow, target, "latent_energy")
+    check_target(flow, target, "latent_energy")
     require_exact_weights(flow, "latent_energy", density=True)
-    if getattr(flow, "bijector", None) is None:
+    if not flow.bijective:
         raise ValueError(
             f"latent_energy: needs a Flow (a bijector over a base) to pull the target back, got {type(flow).__name__}"
         )
@@ -217,11 +197,9 @@ def hmc(
 ) -> Chains:
     r"""Hamiltonian Monte Carlo, batched over chains, with a jittered step size.
 
-    Each trajectory draws $p \sim N(0, I)$ and a step size
-    $\epsilon_t = \epsilon\, U(1 - j, 1 + j)$ per chain, takes `n_leapfrog`
-    leapfrog steps and accepts with probability $\min(1, e^{-\Delta H})$. The
-    jitter keeps the chain ergodic for near-harmonic modes (`jitter=0` is plain
-    fixed-length HMC, which is not).
+    Each trajectory draws $p \sim N(0, I)$ and a step size $\epsilon_t = \epsilon\, U(1 - j, 1 + j)$ per chain,
+    takes `n_leapfrog` leapfrog steps and accepts with probability $\min(1, e^{-\Delta H})$ (`jitter=0`: plain
+    fixed-length HMC, not ergodic for near-harmonic modes).
 
     Arguments:
         energy: a [`Target`][flowkit.targets.Target] (its analytic force is used) or a
@@ -268,15 +246,9 @@ def mala(
 ) -> Chains:
     r"""Metropolis-adjusted Langevin algorithm, batched over chains.
 
-    Proposes $x' = x - \frac{\epsilon^2}2 \nabla u(x) + \epsilon\,\xi$, $\xi \sim N(0, I)$,
-    and accepts with probability $\min\big(1, \frac{p(x')\, q(x \mid x')}{p(x)\, q(x' \mid x)}\big)$.
-
-    Arguments:
-        energy: a [`Target`][flowkit.targets.Target] or a differentiable energy function.
-        x0: starting points `(chains, *event_shape)`.
-        n_steps: number of steps per chain.
-        step_size: $\epsilon$.
-        generator: random generator of the noise and accept draws.
+    Proposes $x' = x - \frac{\epsilon^2}2 \nabla u(x) + \epsilon\,\xi$, $\xi \sim N(0, I)$, $\epsilon$ the
+    `step_size`, and accepts with probability $\min\big(1, \frac{p(x')\, q(x \mid x')}{p(x)\, q(x' \mid x)}\big)$.
+    The other arguments are [`hmc`][flowkit.sampling.hmc]'s.
 
     Returns:
         [`Chains`][flowkit.sampling.Chains] of `n_steps` states per chain.
@@ -332,20 +304,10 @@ def flow_hmc(
 ) -> Chains:
     r"""HMC in a flow's latent space, on $\tilde u(z) = u(T(z)) - \log|\det J_T(z)|$; states mapped back by $T$.
 
-    The gradient of $\tilde u$ is taken by autograd through the flow. A
-    good flow makes $\tilde u$ close to the base energy $|z|^2/2$, so that
-    large step sizes are accepted (Foreman et al. 2021).
-
-    Arguments:
-        flow: a [`Flow`][flowkit.flows.Flow] with the target's event shape.
-        target: the [`Target`][flowkit.targets.Target].
-        n_steps: trajectories per chain.
-        chains: number of chains (when `z0` is not given: then they start at base samples).
-        step_size: the mean leapfrog step size in latent space.
-        n_leapfrog: leapfrog steps per trajectory.
-        jitter: relative half-width of the step-size distribution (see [`hmc`][flowkit.sampling.hmc]).
-        z0: latent starting points `(chains, *event_shape)`.
-        generator: random generator.
+    The gradient of $\tilde u$ is taken by autograd through the flow; a good flow makes $\tilde u$ close to
+    $|z|^2/2$, so that large step sizes are accepted (Foreman et al. 2021). The settings are
+    [`hmc`][flowkit.sampling.hmc]'s, in latent space; without latent starting points `z0`, the `chains`
+    start at base samples.
 
     Returns:
         [`Chains`][flowkit.sampling.Chains] with `samples = T(latent)`.
@@ -367,14 +329,7 @@ def neutra_mala(
 
     With the identity map this is [`mala`][flowkit.sampling.mala] on the target itself.
 
-    Arguments:
-        flow: a [`Flow`][flowkit.flows.Flow] with the target's event shape.
-        target: the [`Target`][flowkit.targets.Target].
-        n_steps: steps per chain.
-        chains: number of chains (when `z0` is not given).
-        step_size: the Langevin step size in latent space.
-        z0: latent starting points `(chains, *event_shape)`.
-        generator: random generator.
+    The arguments are [`flow_hmc`][flowkit.sampling.flow_hmc]'s; `step_size` is the Langevin one.
 
     Returns:
         [`Chains`][flowkit.sampling.Chains] with `samples = T(latent)`.
@@ -394,18 +349,11 @@ def independent_metropolis(
 ) -> Chains:
     r"""Independent Metropolis-Hastings with the flow as proposal, batched over chains.
 
-    Each chain starts at its first proposal of non-zero weight (the states
-    before it repeat it, so no state has zero density) and then replaces its
-    state $x$ by a fresh proposal $x' \sim q$ with probability
-    $\min(1, w(x')/w(x))$, $w = e^{-u}/q$. With $q = p$ every proposal is accepted.
+    Each chain starts at its first proposal of non-zero weight (the states before it repeat it) and then
+    replaces its state $x$ by a fresh proposal $x' \sim q$ with probability $\min(1, w(x')/w(x))$, $w = e^{-u}/q$.
 
-    Arguments:
-        flow: the proposal flow (a [`StochasticFlow`][flowkit.flows.StochasticFlow] uses its path weights).
-        target: the [`Target`][flowkit.targets.Target].
-        n_steps: proposals per chain (the first one of non-zero weight is the starting state).
-        chains: number of independent chains.
-        batch_size: proposals drawn per pass.
-        generator: random generator of the accept draws.
+    A [`StochasticFlow`][flowkit.flows.StochasticFlow] proposes with its path weights; `batch_size` proposals
+    are drawn per pass; `generator` draws the accept tests.
 
     Returns:
         [`Chains`][flowkit.sampling.Chains]; the acceptance counts the proposals after each chain's starting one.
@@ -462,14 +410,9 @@ def autocorrelation(series: Tensor) -> Tensor:
 def integrated_autocorrelation_time(series: Tensor, c: float = 5.0) -> float:
     r"""Integrated autocorrelation time $\tau_{int} = \frac12 + \sum_{t=1}^{W} \rho(t)$, with an automatic window.
 
-    The window $W$ is the smallest with $W \ge c\, \tau_{int}(W)$ (Madras & Sokal
-    1988; $c \approx 4$-$6$). With this convention the variance of a chain
-    mean is $2\tau_{int}\,\sigma^2 / N$: independent samples have
-    $\tau_{int} = 1/2$ and the effective sample size is $N / (2\tau_{int})$.
-
-    Arguments:
-        series: values `(n_steps,)` or `(n_steps, chains)`.
-        c: the window factor.
+    The window $W$ is the smallest with $W \ge c\, \tau_{int}(W)$ (Madras & Sokal 1988; $c \approx 4$-$6$).
+    The variance of a chain mean is $2\tau_{int}\,\sigma^2 / N$ (independent samples: $\tau_{int} = 1/2$).
+    `series`: values `(n_steps,)` or `(n_steps, chains)`.
 
     Returns:
         $\tau_{int}$ (`nan` for a constant series, `inf` when no window fits the chain).
@@ -520,19 +463,9 @@ def metropolis(
     r"""Random-walk Metropolis chains on the target's domain: a reference sampler independent of any flow.
 
     Every chain (one per row of `x0`) moves by the domain's symmetric proposal
-    ([`propose`][flowkit.domains.Domain.propose]: a Gaussian step on the real line,
-    wrapped on circles, renormalised on spheres) and accepts with probability
-    $\min(1, e^{u(x) - u(x')})$, so it targets $e^{-u}$ against the domain's volume
-    measure (the area measure on $S^3$).
-
-    Arguments:
-        target: the target.
-        x0: starting points `(chains, *event_shape)` on the domain.
-        n_steps: the number of moves per chain.
-        step: the proposal scale.
-        domain: a [`Domain`][flowkit.domains.Domain] (default: the real line).
-        thin: keep every `thin`-th state.
-        generator: random generator of the proposals and the accept draws.
+    ([`propose`][flowkit.domains.Domain.propose], of scale `step`) and accepts with probability
+    $\min(1, e^{u(x) - u(x')})$: it targets $e^{-u}$ against the domain's volume measure
+    (`domain`: a [`Domain`][flowkit.domains.Domain], default the real line). Every `thin`-th state is kept.
 
     Returns:
         `(states, acceptance)`: `(n_steps // thin, chains, *event_shape)` and the fraction of accepted moves.

@@ -5,11 +5,9 @@ $$
 + w_F\, E_{x \sim \text{samples}}\|\nabla_x \log q(x) + \nabla_x u(x)\|^2
 $$
 
-(Noé et al. 2019). The KL term is mode-seeking and needs only the energy; the
-ML term, on samples from MD or MCMC, is mass-covering and keeps the flow from
-dropping modes. Stochastic normalizing flows ([`StochasticFlow`][flowkit.flows.StochasticFlow],
-Wu et al. 2020) use their path weights for the KL term and their path
-likelihood for the ML term.
+(Noé et al. 2019): the mode-seeking KL term needs only the energy; the mass-covering ML term, on samples from
+MD or MCMC, keeps the flow from dropping modes. A [`StochasticFlow`][flowkit.flows.StochasticFlow] (Wu et al.
+2020) uses its path weights and path likelihood.
 """
 
 from __future__ import annotations
@@ -32,33 +30,24 @@ _ML_ESTIMATORS = ("nll", "path")
 class BoltzmannGenerator(Objective):
     """Weighted reverse KL to a target plus maximum likelihood on (optional) target samples.
 
-    `loss(flow, z)` takes the latent batch `z` the fit loop draws from the
-    base (`needs_data` is False); when samples are given, the objective
-    draws its own batch of them, of the same size, at each call.
+    `loss(flow, z)` takes the latent batch `z` the fit loop draws; the objective draws a batch of its samples,
+    of the same size, at each call.
 
     Arguments:
         target: the [`Target`][flowkit.targets.Target].
-        samples: configurations `(N, *event_shape)` from the target (MD, MCMC or
-            exact), or None for energy-only training.
+        samples: configurations `(N, *event_shape)` from the target (MD, MCMC or exact), or None.
         w_ml: weight of the maximum-likelihood term (ignored without samples).
         w_kl: weight of the reverse-KL term.
-        estimator: gradient estimator of the KL term: `"fast"`, `"standard"`
-            or `"reparam"` (see [`PathGradientVI`][flowkit.train.PathGradientVI]); a
-            [`StochasticFlow`][flowkit.flows.StochasticFlow] always trains by its
-            reparameterised path weights.
-        ml_estimator: `"nll"` (plain maximum likelihood) or `"path"` (the
-            forward-KL path gradient, which also uses the target's forces at the samples).
-        w_force: weight of the force-matching term on the samples (see
-            [`ForceMatching`][flowkit.train.ForceMatching]; ignored without samples; needs a
-            [`Flow`][flowkit.flows.Flow] and `ml_estimator="nll"`).
+        estimator: the KL term's gradient estimator, `"fast"`, `"standard"` or `"reparam"` (see
+            [`PathGradientVI`][flowkit.train.PathGradientVI]; a stochastic flow's is always `"reparam"`).
+        ml_estimator: `"nll"` (plain maximum likelihood) or `"path"` (the forward-KL path gradient).
+        w_force: weight of the force-matching term on the samples ([`ForceMatching`][flowkit.train.ForceMatching];
+            needs `ml_estimator="nll"`).
 
     Attributes:
-        needs_data: False; samples are held by the objective, not fed by the loop.
-        default_clip: 10, the gradient-norm clip [`fit`][flowkit.train.fit] uses unless given one
-            (unclipped, the reverse KL of a phi^4 lattice flow was reported at IMH acceptance 0.07, clipped 0.52).
+        default_clip: 10, the gradient-norm clip [`fit`][flowkit.train.fit] uses unless given one.
 
-    After each call, `metrics` gives `kl` and `nll` (and `force_loss`) of the batch and
-    the ESS and log Z estimate of the KL batch.
+    `metrics` gives `kl`, `nll` (and `force_loss`) of the batch and the KL batch's ESS and log Z estimate.
 
     References:
         Noé, Olsson, Köhler & Wu, *Boltzmann generators: sampling equilibrium states
@@ -152,11 +141,7 @@ class BoltzmannGenerator(Objective):
         return total
 
     def validation_loss(self, flow: FlowModel, batch: Tensor) -> Tensor:
-        """The held-out negative log-likelihood of a batch of target samples (MD frames kept out of training, say).
-
-        Given as `fit(..., val_data=held_out_samples)`, it is what `fit` picks the best weights by: the reverse KL
-        of a fresh batch is too noisy to select on, and the held-out NLL is the ML term's own measure of fit.
-        """
+        """The held-out negative log-likelihood of target samples (`fit(..., val_data=samples)`), e.g. MD frames."""
         x = batch[0] if isinstance(batch, (tuple, list)) else batch
         with torch.no_grad():
             return -flow.path_log_likelihood(x).mean()

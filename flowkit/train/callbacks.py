@@ -1,16 +1,9 @@
 """Callbacks of [`fit`][flowkit.train.fit]: everything around the optimisation step.
 
-The loop itself only draws batches and takes steps; what happens around them
-is a list of [`Callback`][flowkit.train.Callback]s, each with one concern:
-[`EMA`][flowkit.train.EMA] (moving average of the weights),
-[`Validation`][flowkit.train.callbacks.Validation] (validation loss, early
-stopping, restoring the best weights), [`Progress`][flowkit.train.callbacks.Progress]
-(the tqdm bar), [`Checkpoint`][flowkit.train.callbacks.Checkpoint] (exact resume)
-and [`SaveModel`][flowkit.train.callbacks.SaveModel] (the final model); without
-`standardize=True`, a first one warns when most data points lie outside the
-splines' bound. `fit` builds them from its arguments and runs the user's
-`callbacks=` after them, except the checkpoint and the saved model, which come
-last so that they hold what every callback did.
+The loop only draws batches and takes steps; around them run [`Callback`][flowkit.train.Callback]s, each
+with one concern: EMA, validation and early stopping, the progress bar, checkpoints, the saved model (and,
+without `standardize=True`, a warning about data outside the splines' bound). The user's `callbacks=` run
+after the built-in ones, before the checkpoint and the saved model, which then hold what every callback did.
 
 Hooks are called in list order, with the [`TrainState`][flowkit.train.state.TrainState]:
 
@@ -30,6 +23,7 @@ import math
 import os
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from functools import partialmethod
 from pathlib import Path
 from typing import Any
 
@@ -93,30 +87,14 @@ class CallbackList:
                 callback.on_validation(state)
             state.val_loss = None
 
-    def on_start(self, state: TrainState) -> None:
-        self._call("on_start", state)
-
-    def on_step_end(self, state: TrainState) -> None:
-        self._call("on_step_end", state)
-
-    def on_train_end(self, state: TrainState) -> None:
-        self._call("on_train_end", state)
-
-    def on_end(self, state: TrainState) -> None:
-        self._call("on_end", state)
+    on_start = partialmethod(_call, "on_start")
+    on_step_end = partialmethod(_call, "on_step_end")
+    on_train_end = partialmethod(_call, "on_train_end")
+    on_end = partialmethod(_call, "on_end")
 
 
 class _BoundWarning(Callback):
-    """Warn at the start when most data points lie outside the splines' bound (where the splines are the identity).
-
-    `fit` puts it first without `standardize=True`. Nothing is checked for data that is not a tensor and
-    a flow without a [`spline_bound`][flowkit.flows.base.FlowModel.spline_bound] (no splines, or a first
-    layer that scales the data itself).
-
-    Arguments:
-        flow: the model.
-        x: the training points (None when the data is not a tensor or a pair `(x, context)`).
-    """
+    """Warn at the start when most points `x` (None: not checked) lie outside the flow's `spline_bound`."""
 
     def __init__(self, flow: nn.Module, x: Tensor | None) -> None:
         self.flow, self.x = flow, x
@@ -138,14 +116,10 @@ class EMA(Callback):
 
     After each optimiser step, [`update`][flowkit.train.callbacks.EMA.update] sets
     `avg <- d avg + (1 - d) w` for every floating parameter and buffer, with
-    `d = min(decay, (1 + n) / (10 + n))` after `n` updates (a warm-up, so
-    that the first averages are not dominated by the initial weights).
+    `d = min(decay, (1 + n) / (10 + n))` after `n` updates (a warm-up).
     [`average`][flowkit.train.callbacks.EMA.average] swaps the averages into the module for a `with` block;
-    [`averaged`][flowkit.train.callbacks.EMA.averaged] returns a copy that holds them.
-
-    `fit(..., ema=decay)` builds one: it is updated after every step that was
-    not skipped, validation sees the averaged weights, its state is part of the
-    checkpoint, and the averages are copied into the module at the end.
+    [`averaged`][flowkit.train.callbacks.EMA.averaged] returns a copy that holds them. `fit(..., ema=decay)`
+    validates with the averages, checkpoints them and copies them into the module at the end.
 
     Arguments:
         module: the model whose weights are averaged.
@@ -182,12 +156,16 @@ class EMA(Callback):
             self.shadow[name].lerp_(t.detach(), 1 - d)
         self.updates += 1
 
+    @classmethod
     @torch.no_grad()
+    def _write(cls, module: nn.Module, values: dict[str, Tensor]) -> None:
+        target = dict(cls._tensors(module))
+        for name, value in values.items():
+            target[name].copy_(value)
+
     def copy_to(self, module: nn.Module | None = None) -> None:
         """Write the averages into `module` (default: the tracked module)."""
-        target = dict(self._tensors(self.module if module is None else module))
-        for name, avg in self.shadow.items():
-            target[name].copy_(avg)
+        self._write(self.module if module is None else module, self.shadow)
 
     @contextlib.contextmanager
     def average(self) -> Iterator[nn.Module]:
@@ -197,10 +175,7 @@ class EMA(Callback):
         try:
             yield self.module
         finally:
-            with torch.no_grad():
-                current = dict(self._tensors(self.module))
-                for name, t in saved.items():
-                    current[name].copy_(t)
+            self._write(self.module, saved)
 
     def averaged(self) -> nn.Module:
         """A copy of the module that holds the averaged weights."""
@@ -232,22 +207,10 @@ class EMA(Callback):
 class Validation(Callback):
     """Validation loss every `every` steps and after the last one; early stopping; restoring the best weights.
 
-    The loss is the objective's [`validation_loss`][flowkit.train.objective.Objective.validation_loss]
-    with the flow in eval mode, averaged over the points of every rank (batches weighted by
-    their sizes).
-
-    Arguments:
-        flow: the model.
-        objective: the objective.
-        source: the validation batches (a source from [`make_batches`][flowkit.train.batches.make_batches]).
-        ctx: the distributed context.
-        every: validate every this many steps (and at step `total`).
-        total: the last step, if known.
-        patience: stop after this many validations without improvement (None: never).
-        restore_best: put the weights of the best validation back into the flow at the end.
-        plateau: a `ReduceLROnPlateau` stepped with each validation loss.
-        weights: a factory of the context in which to validate
-            (e.g. [`EMA.average`][flowkit.train.callbacks.EMA.average]).
+    The loss is the objective's [`validation_loss`][flowkit.train.objective.Objective.validation_loss] of the
+    `source`'s batches ([`make_batches`][flowkit.train.batches.make_batches]) in eval mode, averaged over the
+    points of every rank, inside the context `weights()` makes
+    (e.g. [`EMA.average`][flowkit.train.callbacks.EMA.average]); `plateau` is stepped with each validation loss.
     """
 
     def __init__(
@@ -367,13 +330,10 @@ class Progress(Callback):
 class Checkpoint(Callback):
     """Write everything a resumed run needs, every `every` steps and after the last one.
 
-    The checkpoint holds the flow, optimizer and schedule states, the
-    [`TrainState`][flowkit.train.state.TrainState] with every rank's RNG states,
-    every rank's [objective state][flowkit.train.objective.Objective.state_dict],
-    the validation's and the EMA's state; rank 0 writes it (a pickle-free
-    safetensors file, see [`save_state`][flowkit.train.checkpoint.save_state]) with the history as
-    `history.csv` and `history.json` beside it. [`fit`][flowkit.train.fit] runs it after the other
-    callbacks, so that the checkpoint of a step holds what each of them did at that step.
+    The flow, optimizer and schedule states, the [`TrainState`][flowkit.train.state.TrainState] with every
+    rank's RNG states and [objective state][flowkit.train.objective.Objective.state_dict], the validation's
+    and the EMA's state; rank 0 writes it ([`save_state`][flowkit.train.checkpoint.save_state], pickle-free)
+    with `history.csv` and `history.json` beside it.
     """
 
     def __init__(
@@ -419,8 +379,7 @@ class Checkpoint(Callback):
     def restore(self, saved: dict[str, Any], state: TrainState, steps_per_epoch: int | None) -> None:
         """Continue from the contents of a checkpoint (read with [`load_state`][flowkit.train.checkpoint.load_state]).
 
-        The objective's state is that of this process's rank. A checkpoint written before objectives' state
-        was saved leaves the objective as it is, with a warning when the objective has state.
+        The objective's state is this rank's; a checkpoint without one leaves it as it is (a warning if it has state).
 
         Raises:
             ValueError: when the checkpoint does not fit this flow, optimizer, schedule, EMA or objective.

@@ -1,17 +1,11 @@
 r"""Training continuous normalizing flows: RNODE regularisers, a learnt end time (TO-FLOW), flow matching.
 
-- [`RegularizedLikelihood`][flowkit.train.continuous.RegularizedLikelihood]: maximum
-  likelihood plus the kinetic energy and the Jacobian Frobenius norm integrated along
-  the trajectory (RNODE, Finlay et al. 2020); it reports the number of function
-  evaluations (NFE) per step, which the progress bar shows.
-- [`LearnEndTime`][flowkit.train.continuous.LearnEndTime]: a callback that learns the
-  end time $T$ of every [`ContinuousFlow`][flowkit.bijectors.ContinuousFlow] by projected,
-  clipped gradient steps with a temporal regulariser, alternating with the weights' steps
-  (TO-FLOW, Du et al. 2022).
-- [`FlowMatching`][flowkit.train.continuous.FlowMatching]: conditional flow matching with
-  the Gaussian (Lipman et al. 2023) or minibatch optimal-transport (Tong et al. 2024)
-  probability paths; no ODE is solved in training, and the flow's exact likelihood is
-  still `flow.log_prob`.
+- [`RegularizedLikelihood`][flowkit.train.continuous.RegularizedLikelihood]: maximum likelihood plus the
+  kinetic energy and the Jacobian Frobenius norm along the trajectory (RNODE, Finlay et al. 2020);
+- [`LearnEndTime`][flowkit.train.continuous.LearnEndTime]: a callback that learns the end time $T$ of every
+  [`ContinuousFlow`][flowkit.bijectors.ContinuousFlow] (TO-FLOW, Du et al. 2022);
+- [`FlowMatching`][flowkit.train.continuous.FlowMatching]: conditional flow matching with the Gaussian
+  (Lipman et al. 2023) or minibatch optimal-transport (Tong et al. 2024) paths, without ODE solves.
 """
 
 from __future__ import annotations
@@ -59,23 +53,13 @@ class RegularizedLikelihood(Objective):
         + \lambda_H \frac1B \sum_i \int_0^T \big|\partial_t \Phi - \tfrac12 \|\nabla_x \Phi\|^2\big| dt .
     $$
 
-    The last term (OT-Flow, Onken et al. 2021) needs a potential field $f = -\nabla_x\Phi$
-    ([`PotentialField`][flowkit.nn.PotentialField]): it penalises the residual of the
-    Hamilton–Jacobi–Bellman equation that the optimal-transport potential solves, and with the
-    kinetic term it is OT-Flow's objective.
-
-    The kinetic term makes the transport close to optimal (straight, constant-speed
-    paths); the Jacobian term keeps the field smooth; together they cut the steps an
-    adaptive solver takes (Finlay et al. 2020). Both integrals are extra states of the
-    same solve as the log-density
-    ([`forward_with_integrals`][flowkit.bijectors.ContinuousFlow.forward_with_integrals]);
-    the Frobenius norm is exact with the exact trace and Hutchinson's estimate
-    $\|\partial_x f\, \epsilon\|^2$ (or $\|\epsilon^\top \partial_x f\|^2$) with the solve's probe otherwise.
-
-    With both weights zero this is plain maximum likelihood. After each call, `metrics`
-    gives `nll`, `nfe` (the field evaluations of the step's forward solves, summed over
-    the continuous layers), `t1` (their mean end time) and, when asked for, `kinetic`,
-    `jacobian` and `hjb` (batch means); the progress bar shows `nfe` and `t1`.
+    The last term, the Hamilton–Jacobi–Bellman residual of OT-Flow (Onken et al. 2021), needs a potential
+    field $f = -\nabla_x\Phi$ ([`PotentialField`][flowkit.nn.PotentialField]). The kinetic term straightens
+    the paths and the Jacobian term smooths the field, cutting an adaptive solver's steps. The integrals are
+    extra states of the log-density's solve
+    ([`forward_with_integrals`][flowkit.bijectors.ContinuousFlow.forward_with_integrals]); the Frobenius norm
+    is Hutchinson's estimate with the solve's probe unless the trace is exact. `metrics` gives `nll`, `nfe`
+    (field evaluations of the step's forward solves), `t1` (mean end time) and the regularisers asked for.
 
     Arguments:
         kinetic: weight $\lambda_K \ge 0$ of the kinetic energy.
@@ -83,8 +67,7 @@ class RegularizedLikelihood(Objective):
         hjb: weight $\lambda_H \ge 0$ of the HJB residual (a potential field only).
 
     Raises:
-        ValueError: for a negative or non-finite weight; at the first loss, for positive
-            weights and a flow without a ContinuousFlow.
+        ValueError: for a negative or non-finite weight; at the first loss, a flow without a ContinuousFlow.
 
     References:
         Finlay, Jacobsen, Nurbekyan & Oberman, *How to train your neural ODE: the world of
@@ -141,24 +124,16 @@ class RegularizedLikelihood(Objective):
 class LearnEndTime(Callback):
     r"""TO-FLOW: learn the end time $T$ of the flow's continuous layers, alternating with the weights.
 
-    The fit loop's optimiser updates the weights $\theta$ with $T$ held fixed (the end
-    times are parameters outside its parameter list); after each of its steps this
-    callback takes one projected, clipped gradient step on $T$ with $\theta$ held fixed,
+    After each step of the fit loop's optimiser on the weights $\theta$, one projected, clipped gradient
+    step on $T$ with $\theta$ held fixed,
 
     $$
     T \leftarrow \Pi_{[T_{\min}, T_{\max}]}\Big(T - \eta\,
         \operatorname{clip}_c\big(\partial_T L(\theta, T) + \alpha\big)\Big),
     $$
 
-    the coordinate descent of Du et al. (2022) on $L(\theta, T) + \alpha T$: the
-    temporal regulariser $\alpha T$ favours short integration times (fewer solver
-    steps) and the clipping keeps a noisy minibatch gradient from moving $T$ far in one
-    step. $\partial_T L$ comes from the same backward pass as the weights' gradient
-    (each [`ContinuousFlow`][flowkit.bijectors.ContinuousFlow] integrates in normalised
-    time, so $T$ is an ordinary parameter, with adjoint or direct gradients alike). It
-    combines with the RNODE regularisers of
-    [`RegularizedLikelihood`][flowkit.train.continuous.RegularizedLikelihood], whose
-    metrics (and progress bar) report `t1` and the NFE per step.
+    the coordinate descent of Du et al. (2022) on $L(\theta, T) + \alpha T$ (short integration times).
+    $\partial_T L$ comes from the weights' backward pass (the layers integrate in normalised time).
 
     Arguments:
         flow: the flow being fitted (the one passed to [`fit`][flowkit.train.fit]).
@@ -221,20 +196,16 @@ class LearnEndTime(Callback):
             layer.t1.grad = None
 
 
+def _leaves(b: Bijector) -> list[Bijector]:
+    """The layers of a bijector, nested chains flattened, data side first."""
+    return [leaf for layer in b for leaf in _leaves(layer)] if isinstance(b, Chain) else [b]
+
+
 def _continuous_end(flow: FlowModel, where: str) -> tuple[ContinuousFlow, list[Bijector]]:
-    """The ContinuousFlow that ends the flow's bijector and the parameter-free layers before it."""
-    layers: list[Bijector] = []
-
-    def flatten(b: Bijector) -> None:
-        if isinstance(b, Chain):
-            for layer in b:
-                flatten(layer)
-        else:
-            layers.append(b)
-
+    """The ContinuousFlow that ends a bijective flow and the parameter-free layers before it."""
     if not getattr(flow, "bijective", False):
         raise ValueError(f"{where}: the flow must be a Flow whose bijector ends with a ContinuousFlow")
-    flatten(flow.bijector)
+    layers = _leaves(flow.bijector)
     if not isinstance(layers[-1], ContinuousFlow):
         raise ValueError(
             f"{where}: the flow's bijector must end with a ContinuousFlow (its last layer is a "
@@ -260,38 +231,31 @@ def _ot_pairing(x: Tensor, z: Tensor) -> Tensor:
 class FlowMatching(Objective):
     r"""Conditional flow matching of the [`ContinuousFlow`][flowkit.bijectors.ContinuousFlow] that ends a flow.
 
-    Data $x$ sit at normalised time $s = 0$ and base samples $z$ at $s = 1$. For
-    $s \sim U(0, 1)$ and a conditional path $x_s$ with velocity $u_s$, the loss regresses
-    the layer's velocity $v(x, s) = T f(x, sT, c)$
+    Data $x$ sit at normalised time $s = 0$ and base samples $z$ at $s = 1$. For $s \sim U(0, 1)$ and a
+    conditional path $x_s$ with velocity $u_s$, the loss regresses the layer's velocity $v(x, s) = T f(x, sT, c)$
     ([`ContinuousFlow.velocity`][flowkit.bijectors.ContinuousFlow.velocity]) onto it,
 
     $$
     L = E_{s, (x, z)}\, \big\| v(x_s, s) - u_s \big\|^2 ,
     $$
 
-    whose minimiser is the marginal field that carries the data distribution to the
-    base (Lipman et al. 2023); no ODE is solved.
+    whose minimiser is the marginal field that carries the data distribution to the base (Lipman et al. 2023).
 
     - `path="gaussian"`: independent pairs, $x_s = (1 - s)\, x + (\sigma + (1 - \sigma) s)\, z$,
-      $u_s = (1 - \sigma) z - x$ (the optimal-transport conditional Gaussian path of
-      Lipman et al., with $\sigma = \sigma_{\min}$, run from data to noise).
-    - `path="ot"`: pairs $(x, z)$ coupled by the exact optimal transport plan of the
-      minibatch (squared distances, an assignment problem), then
-      $x_s = (1 - s) x + s z + \sigma \epsilon$, $u_s = z - x$ (OT-CFM, Tong et al.):
-      straighter marginal paths, fewer solver steps when sampling or evaluating.
+      $u_s = (1 - \sigma) z - x$ (Lipman et al.'s optimal-transport conditional Gaussian path, data to noise).
+    - `path="ot"`: pairs $(x, z)$ coupled by the minibatch's exact optimal transport plan, then
+      $x_s = (1 - s) x + s z + \sigma \epsilon$, $u_s = z - x$ (OT-CFM, Tong et al.): straighter paths.
 
-    Layers before the ContinuousFlow (a fixed [`Standardization`][flowkit.bijectors.Standardization])
-    map the data first; they must have no trainable parameters. The exact likelihood
-    of the trained flow is `flow.log_prob` (one ODE solve), and `validation_loss` is
-    the flow-matching loss of the validation batch.
+    Layers before the ContinuousFlow (a fixed [`Standardization`][flowkit.bijectors.Standardization]) map
+    the data first; they must have no trainable parameters. `validation_loss` is the flow-matching loss.
 
     Arguments:
         path: `"gaussian"` or `"ot"`.
         sigma: the path's width $\sigma \ge 0$ (default `1e-3`).
 
     Raises:
-        ValueError: for an unknown path, a bad sigma; at the loss, a flow that does not end
-            with a ContinuousFlow, and a context with `path="ot"` (the minibatch plan ignores it).
+        ValueError: for an unknown path, a bad sigma; at the loss, a flow that does not end with a
+            ContinuousFlow, and a context with `path="ot"` (the minibatch plan ignores it).
 
     References:
         Lipman, Chen, Ben-Hamu, Nickel & Le, *Flow matching for generative modeling*, ICLR 2023

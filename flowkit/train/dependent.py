@@ -14,15 +14,11 @@ $$
 $$
 
 [`DependentMaximumLikelihood`][flowkit.train.DependentMaximumLikelihood] minimises an
-unbiased mini-batch estimate of $-\log p(X) / n$ over the flow, with $\lambda$ (or
-$\rho$) held fixed; [`DependenceUpdate`][flowkit.train.DependenceUpdate], a callback of
-[`fit`][flowkit.train.fit], alternates those steps with full-batch updates of
-$\lambda$ (or $\rho$) on the latents of all training points, as the paper's reference
-code does. Every point of a marginal test set is scored by the flow alone,
-`flow.log_prob(x)` (its base is $\mathcal N(0, I)$, the marginal of each $z_i$); held-out
-points that are related among themselves (test days of a stock pair, test relatives) have
-a joint likelihood under their own $\Sigma$ with the learned parameter,
-[`held_out`][flowkit.train.dependent.DependentMaximumLikelihood.held_out]`(...).log_likelihood`.
+unbiased mini-batch estimate of $-\log p(X) / n$ with $\lambda$ (or $\rho$) fixed;
+[`DependenceUpdate`][flowkit.train.DependenceUpdate] alternates those steps with full-batch
+updates of $\lambda$ (or $\rho$), as the paper's reference code does. Independent test points
+are scored by `flow.log_prob(x)` (each $z_i$ is marginally $\mathcal N(0, I)$); related held-out
+points by [`held_out`][flowkit.train.dependent.DependentMaximumLikelihood.held_out]`(...).log_likelihood`.
 
 Reference: M. Kirchler, C. Lippert, M. Kloft, *Training Normalizing Flows from
 Dependent Data*, ICML 2023 (code: `mkirchler/dependent_data_flows`).
@@ -65,16 +61,8 @@ def _logit(p: float) -> float:
 def _minimise_separable(negative: Any, low: float, high: float, size: int, points: int = 65) -> Tensor:
     r"""Minimise `negative(u)`, a sum of terms each in one coordinate of `u` (shape `(size,)`), per coordinate.
 
-    A grid of `points` values on $[\text{low}, \text{high}]$ for every coordinate at once, then
-    golden-section search in the bracket around each coordinate's best grid point (to the
-    float64 resolution of the logit); the better of the two is kept.
-
-    Arguments:
-        negative: maps a float64 tensor `(size,)` to the `(size,)` terms to minimise.
-        low: lower end of each coordinate's range.
-        high: upper end.
-        size: number of coordinates.
-        points: grid points.
+    A grid of `points` values on `[low, high]` for every coordinate at once, then golden-section search in
+    the bracket around each coordinate's best grid point (to float64 resolution); the better of the two is kept.
     """
     grid = torch.linspace(low, high, points, dtype=torch.float64)
     values = torch.stack([negative(torch.full((size,), float(u), dtype=torch.float64)) for u in grid])
@@ -99,12 +87,9 @@ def _minimise_separable(negative: Any, low: float, high: float, size: int, point
 class DependentMaximumLikelihood(Objective):
     r"""Maximum likelihood of a flow on dependent points, $\operatorname{vec} Z \sim \mathcal N(0, \Sigma \otimes I)$.
 
-    Give `kinship=K` for $\Sigma = \lambda I + (1 - \lambda) K$ or `groups=g` for
-    equicorrelated groups with correlation $\rho$ (shared, or one per group or group size with
-    `rho=`; see the [module][flowkit.train.dependent] for the likelihood). Batches carry the
-    indices of their points: train on [`with_indices`][flowkit.train.with_indices]`(x)`. With
-    $A = \Sigma^{-1}$ and a batch $B$ of $b$ points drawn uniformly without replacement, the
-    loss is minus the batch mean of
+    Batches carry the indices of their points: train on [`with_indices`][flowkit.train.with_indices]`(x)`.
+    With $A = \Sigma^{-1}$ and a batch $B$ of $b$ points drawn uniformly without replacement, the loss is minus
+    the batch mean of
 
     $$
     \ell_i = \log|\det J_f(x_i)| - \frac p2 \log 2\pi - \frac p{2n}\log|\Sigma|
@@ -112,49 +97,32 @@ class DependentMaximumLikelihood(Objective):
     $$
 
     whose expectation over batches is $\log p(X) / n$ (a pair $i, j$ is in a batch with
-    probability $b(b-1) / (n(n-1))$). A batch of one point has no pairs and drops the
-    second sum. $\lambda$ (or $\rho$) stays fixed during these steps; it lives on
-    $[\epsilon, 1 - \epsilon]$, is stored as a logit, and is refitted by
-    [`update`][flowkit.train.dependent.DependentMaximumLikelihood.update] (full batch, on the
-    latents of all points), which [`DependenceUpdate`][flowkit.train.DependenceUpdate]
-    calls during [`fit`][flowkit.train.fit]. With $K = I$ the loss is exactly
-    [`MaximumLikelihood`][flowkit.train.MaximumLikelihood]'s.
+    probability $b(b-1) / (n(n-1))$; a batch of one point drops the second sum). $\lambda$ (or
+    $\rho$), in $[\epsilon, 1 - \epsilon]$ and stored as a logit, stays fixed during these steps and is
+    refitted by [`update`][flowkit.train.dependent.DependentMaximumLikelihood.update]. With $K = I$ the
+    loss is exactly [`MaximumLikelihood`][flowkit.train.MaximumLikelihood]'s.
 
-    The flow must be a bijector over the [`DependentNormal`][flowkit.distributions.DependentNormal] base (a
-    [`Flow`][flowkit.flows.Flow]) that
-    [`base`][flowkit.train.dependent.DependentMaximumLikelihood.base] builds, which holds $\lambda$ or the
-    $\rho$'s so that the model saves them (a plain
-    [`StandardNormal`][flowkit.distributions.StandardNormal] base still works, with a DeprecationWarning:
-    the values then live in the objective only, and the saved model lacks them). Each $z_i$ is then
-    marginally $\mathcal N(0, I)$, and `flow.log_prob` is the model's marginal density,
-    the validation loss (the mean marginal NLL, of points with or without indices). That is the
-    exact likelihood of independent held-out points (the synthetic sets' validation and test
-    points; the paper selects its checkpoints by it); for related held-out points,
-    [`held_out`][flowkit.train.dependent.DependentMaximumLikelihood.held_out] gives their joint
-    likelihood.
-
-    Its [state][flowkit.train.dependent.DependentMaximumLikelihood.state_dict] (the parameters' logits and,
-    with `control_variate`, the cached latents) is saved in the checkpoints of [`fit`][flowkit.train.fit],
-    whatever the base, so that a resumed run repeats the uninterrupted one bit for bit.
+    The flow is a [`Flow`][flowkit.flows.Flow] over the [`DependentNormal`][flowkit.distributions.DependentNormal]
+    base that [`base`][flowkit.train.dependent.DependentMaximumLikelihood.base] builds, which holds the
+    parameters so that the model saves them (a plain `StandardNormal` base is deprecated: the saved model then
+    lacks them). The validation loss is the mean marginal NLL `-flow.log_prob(x)`. The objective's
+    [state][flowkit.train.dependent.DependentMaximumLikelihood.state_dict] is saved in the checkpoints of
+    [`fit`][flowkit.train.fit], so that a resumed run repeats the uninterrupted one bit for bit.
 
     Arguments:
-        kinship: an $n \times n$ kinship (correlation) matrix of the training points.
-        groups: a group label per training point (give `kinship` or `groups`).
-        value: the initial $\lambda$ (kinship) or $\rho$ (groups, every parameter), in
-            $[\epsilon, 1 - \epsilon]$.
+        kinship: an $n \times n$ kinship (correlation) matrix of the training points:
+            $\Sigma = \lambda I + (1 - \lambda) K$.
+        groups: a group label per training point, equicorrelated with $\rho$ (give `kinship` or `groups`).
+        value: the initial $\lambda$ or $\rho$ (every parameter), in $[\epsilon, 1 - \epsilon]$.
         eps: the margin $\epsilon$ that keeps the parameter away from 0 and 1.
-        rho: with `groups`: `"shared"` (one $\rho$), `"group"` (one per group, as the paper) or
-            `"size"` (one per group size).
-        control_variate: subtract a control variate from the pair sum (not in the paper): the latents
-            $\tilde z$ of all points cached at the last
-            [`update`][flowkit.train.dependent.DependentMaximumLikelihood.update] give the exact terms at
-            $\tilde z$, and the batch samples only the change since (the same expectation of the value and
-            its gradient; the bracket is written out in `docs/api/dependent.md`). Experimental: it
-            did not help on the paper's `equi` design and can hurt early training with $\rho$ near 1.
+        rho: with `groups`: `"shared"` (one $\rho$), `"group"` (one per group, as the paper) or `"size"`.
+        control_variate: subtract a control variate from the pair sum (not in the paper): the exact terms at
+            the latents $\tilde z$ cached at the last `update`, the batch sampling only the change since
+            (`docs/api/dependent.md`). Experimental: it can hurt early training with $\rho$ near 1.
 
     Raises:
-        ValueError: for a bad kinship matrix or group labels, `value` or `eps` out of range, or
-            `rho` other than `"shared"` with a kinship.
+        ValueError: for a bad kinship matrix or group labels, `value` or `eps` out of range, or `rho` other
+            than `"shared"` with a kinship.
 
     Examples:
         >>> import torch, flowkit
@@ -209,12 +177,7 @@ class DependentMaximumLikelihood(Objective):
         self.logits = torch.full((self.structure.parameters,), _logit(value), dtype=torch.float64)
 
     def base(self, event_shape: int | Sequence[int]) -> DependentNormal:
-        r"""A [`DependentNormal`][flowkit.distributions.DependentNormal] base sized for this objective.
-
-        With it as the flow's base, $\lambda$ (or the $\rho$'s) live in the model: saved by
-        [`flowkit.io.save`][flowkit.io.save] and in checkpoints, restored by a resumed [`fit`][flowkit.train.fit]
-        (which then does not refit them first). A flow with a plain `StandardNormal` base leaves them in the
-        objective (deprecated: the saved model then lacks the values; checkpoints carry them).
+        r"""A [`DependentNormal`][flowkit.distributions.DependentNormal] base: $\lambda$ or the $\rho$'s in the model.
 
         Examples:
             >>> import torch, flowkit
@@ -268,11 +231,7 @@ class DependentMaximumLikelihood(Objective):
         return self.structure.n
 
     def check_data(self, points: int | None) -> None:
-        r"""Refuse training data of another number of points than the kinship's or the group labels' `n`.
-
-        Fewer points than labels trained silently (the extra labels' points were never drawn, and $\Sigma$
-        was that of points that do not exist); more points fail at the first batch with an index past `n`.
-        """
+        """Refuse training data of another number of points than the kinship's or the group labels' `n`."""
         if points is not None and points != self.n:
             what = "kinship matrix is" if isinstance(self.structure, _covariance.Kinship) else "group labels are"
             raise ValueError(
@@ -287,11 +246,7 @@ class DependentMaximumLikelihood(Objective):
 
     @property
     def value(self) -> float | Tensor:
-        r"""The current $\lambda$ (kinship) or shared $\rho$ as a float.
-
-        With several parameters (a $\rho$ per group or size), the tensor
-        [`values`][flowkit.train.dependent.DependentMaximumLikelihood.values].
-        """
+        r"""The current $\lambda$ or shared $\rho$ as a float; with several parameters, the tensor `values`."""
         values = self.values
         return float(values[0]) if values.numel() == 1 else values
 
@@ -395,10 +350,8 @@ class DependentMaximumLikelihood(Objective):
     def held_out(self, kinship: Any = None, groups: Any = None) -> DependentMaximumLikelihood:
         r"""The same model over other points that are related among themselves (test relatives, test days).
 
-        The held-out points get their own $\Sigma$ (their kinship matrix or group labels) with this
-        objective's parameter: the same $\lambda$, the shared $\rho$, or each group size's $\rho$
-        (`rho="size"`). `held_out(...).log_likelihood(flow, x)` is then the joint log-likelihood
-        of the held-out points `x`, which are independent of the training points.
+        The held-out points get their own $\Sigma$ with this objective's $\lambda$, shared $\rho$ or each group
+        size's $\rho$; `held_out(...).log_likelihood(flow, x)` is their joint log-likelihood.
 
         Arguments:
             kinship: the held-out points' kinship matrix (for a kinship objective).
@@ -434,12 +387,9 @@ class DependentMaximumLikelihood(Objective):
     def update(self, flow: FlowModel, data: Any, batch_size: int = 4096) -> float | Tensor:
         r"""Refit $\lambda$ (or the $\rho$'s) to the latents of all training points, with the flow fixed.
 
-        Computes $z_i = f(x_i)$ for every point (in eval mode, without gradients), then
-        maximises the full-batch log-likelihood over the logit of each parameter on
-        $[\epsilon, 1 - \epsilon]$ (the likelihood is a sum of one term per parameter): a grid
-        of 65 logits, then golden-section search around the best (the paper's reference code
-        takes gradient steps on the same full-batch loss). A parameter of singleton groups only,
-        which the likelihood ignores, keeps its value.
+        Maximises the full-batch log-likelihood of $z_i = f(x_i)$ (eval mode) over each parameter's logit on
+        $[\epsilon, 1 - \epsilon]$: a grid of 65 logits, then golden-section search around the best (the paper
+        takes gradient steps). A parameter of singleton groups only, which the likelihood ignores, keeps its value.
 
         Arguments:
             flow: the flow.
@@ -481,9 +431,8 @@ class DependentMaximumLikelihood(Objective):
     def state_dict(self) -> dict[str, Any]:
         r"""The logits of $\lambda$ or the $\rho$'s (`"logits"`) and the control variate's cache (`"cache"`, or None).
 
-        The logits are the model's when its base holds them (then also in the flow's state dict), else the
-        objective's own. The cache holds the logits it was computed with, the latents $\tilde z$ of all points,
-        the products $\tilde m$ and $\operatorname{tr}(\tilde Z^\top A \tilde Z)$.
+        The cache holds its logits, the latents $\tilde z$, the products $\tilde m$ and
+        $\operatorname{tr}(\tilde Z^\top A \tilde Z)$.
         """
         cache = None if self.cache is None else dict(zip(_CACHE_KEYS, self.cache, strict=True))
         return {"logits": self.logits, "cache": cache}
@@ -557,27 +506,19 @@ def _points(data: Any, where: str) -> tuple[Tensor, Tensor | None]:
 class DependenceUpdate(Callback):
     r"""Alternate the flow's steps with full-batch updates of $\lambda$ (or $\rho$), as in Kirchler et al. 2023.
 
-    Every `every` steps of [`fit`][flowkit.train.fit] (and before the first, with `at_start`)
-    it calls
-    [`DependentMaximumLikelihood.update`][flowkit.train.dependent.DependentMaximumLikelihood.update]
-    on the latents of all training points; between updates the flow trains with the
-    parameter fixed, so each mini-batch loss is unbiased. At the very end it updates once more,
-    on the flow's final weights: those of the best validation when `fit` restores them
-    (`restore_best`), so that the parameter belongs to the flow that is returned.
+    Every `every` steps of [`fit`][flowkit.train.fit] (and before the first, with `at_start`) it calls
+    [`update`][flowkit.train.dependent.DependentMaximumLikelihood.update]; between updates the parameter is
+    fixed, so each mini-batch loss is unbiased. At the end it updates once more on the flow's final weights.
 
     Arguments:
         objective: the [`DependentMaximumLikelihood`][flowkit.train.DependentMaximumLikelihood] being minimised.
         flow: the flow being trained.
         data: the $n$ training points (`x`, `(x, context)` or `with_indices(...)`), in the
             order of the kinship matrix or group labels.
-        every: steps between updates (each costs one pass of the flow over the data, and for a
-            kinship one $n \times n$ product the next step; with groups, every 10 to 20 steps is cheap).
-        at_start: also update before the first step, on the latents of the untrained flow
-            (otherwise the flow's first `every` steps use the objective's initial value, as in the
-            paper's code). A resumed run continues with the value of its checkpoint; it updates
-            first only when the checkpoint lacks the value (one of an earlier version, which did not
-            save the objective's state, for a flow without a
-            [`DependentNormal`][flowkit.distributions.DependentNormal] base).
+        every: steps between updates (each one pass of the flow over the data).
+        at_start: also update before the first step (otherwise the first `every` steps use the initial value,
+            as in the paper's code). A resumed run continues with its checkpoint's value (refitted first
+            only when the checkpoint lacks it).
     """
 
     def __init__(

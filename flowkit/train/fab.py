@@ -9,25 +9,22 @@ D_2(p \,\|\, q_\theta) \propto \int \frac{p(x)^2}{q_\theta(x)}\, dx, \qquad
 = -Z_g\, E_{g}[\nabla_\theta \log q_\theta], \quad g = \frac{p^2/q_\theta}{Z_g},
 $$
 
-which is mass-covering (it blows up where $q$ misses mass of $p$). Its gradient is an expectation under
-$g \propto p^2/q$, the distribution for which importance sampling of it has the least variance, and FAB
-estimates it with [annealed importance sampling][flowkit.sampling.ais] from the flow to $p^2/q$
-(`alpha=2`): with AIS samples $x_i$ and their self-normalised weights $\bar w_i$ (both without gradient),
+which is mass-covering. FAB estimates the gradient, an expectation under $g \propto p^2/q$, with
+[annealed importance sampling][flowkit.sampling.ais] from the flow to $p^2/q$: with AIS samples $x_i$ and their
+self-normalised weights $\bar w_i$ (both without gradient),
 
 $$
 \mathcal L(\theta) = -\sum_i \bar w_i \log q_\theta(x_i), \qquad
 E[\nabla_\theta \mathcal L] \approx -E_g[\nabla_\theta \log q_\theta] = \nabla_\theta \log \int \frac{p^2}{q_\theta}.
 $$
 
-The flow's own samples seed AIS, AIS improves on them, and the flow is trained on the improvement: the
-*bootstrap*. The target is evaluated only inside AIS (counted in `target_evaluations`).
+The flow's samples seed AIS and the flow is trained on AIS's improvement of them: the *bootstrap*.
 
 **Prioritised replay buffer** (the paper's Algorithm 2, `replay_buffer=`): every `updates_per_ais`
 steps one AIS run adds its samples with their log weights $\log w_i$ (towards $p^2/q_{\theta_{old}}$) to
 a first-in-first-out buffer; each step draws a batch from the buffer with probability proportional to
-$w_i$ and minimises $-\frac1B \sum_b \log q_\theta(x_b)$. After the update the drawn points' weights are
-moved to the new flow's $p^2/q_{\theta_{new}}$: $\log w \leftarrow \log w - \log q_{\theta_{new}}(x) +
-\log q_{\theta_{old}}(x)$ (done at the start of the next step, when the flow has been updated).
+$w_i$ and minimises $-\frac1B \sum_b \log q_\theta(x_b)$. At the next step the drawn points' weights are
+moved to the updated flow: $\log w \leftarrow \log w - \log q_{\theta_{new}}(x) + \log q_{\theta_{old}}(x)$.
 
 References:
     Midgley, Stimper, Simm, Schölkopf & Hernández-Lobato, *Flow annealed importance sampling bootstrap*,
@@ -65,9 +62,6 @@ class PrioritisedReplayBuffer:
     Attributes:
         x: the points `(size, *event_shape)`.
         log_w: their current log weights (float64, `(size,)`).
-
-    Its contents go through [`state_dict`][flowkit.train.fab.PrioritisedReplayBuffer.state_dict] into
-    [`FAB`][flowkit.train.FAB]'s state, and so into the checkpoints of [`fit`][flowkit.train.fit].
     """
 
     def __init__(self, capacity: int, updates_per_ais: int = 4, min_fill: int | None = None) -> None:
@@ -150,9 +144,8 @@ class PrioritisedReplayBuffer:
     def adjust(self, index: Tensor, log_q_old: Tensor, log_q_new: Tensor, alpha: float = 2.0) -> None:
         r"""Move the weights of the points `index` from $p^\alpha q_{old}^{1-\alpha}$ to $p^\alpha q_{new}^{1-\alpha}$.
 
-        $\log w \leftarrow \log w + (\alpha - 1)(\log q_{old}(x) - \log q_{new}(x))$ (for FAB's $\alpha = 2$,
-        from $p^2/q_{old}$ to $p^2/q_{new}$; for $\alpha = 1$ the target does not depend on the flow and the weights
-        stay). A point drawn twice is adjusted once (its two entries carry the same values).
+        $\log w \leftarrow \log w + (\alpha - 1)(\log q_{old}(x) - \log q_{new}(x))$; a point drawn twice is
+        adjusted once.
         """
         delta = ((alpha - 1.0) * (log_q_old - log_q_new)).double().to(self.log_w.device)
         unique, first = _first_occurrences(index)
@@ -172,9 +165,8 @@ def _first_occurrences(index: Tensor) -> tuple[Tensor, Tensor]:
 class FAB(Objective):
     r"""Flow annealed importance sampling bootstrap: the $\alpha$-divergence ($\alpha = 2$) by AIS towards $p^2/q$.
 
-    `loss(flow, z)` takes the latent batch `z` the fit loop draws (`needs_data` is False): AIS starts at the
-    flow's images of `z` (see the module's docstring for the loss and its gradient). The kernels' step sizes,
-    one per intermediate distribution, are adapted from one step to the next (`adapt`).
+    `loss(flow, z)` takes the latent batch `z` the fit loop draws: AIS starts at the flow's images of `z` (see
+    the module for the loss). The kernels' step sizes, one per intermediate distribution, adapt across steps.
 
     Arguments:
         target: the [`Target`][flowkit.targets.Target].
@@ -195,13 +187,9 @@ class FAB(Objective):
         step_sizes: the current step sizes, float64 `(ais_steps,)`.
         default_clip: 10, the gradient-norm clip [`fit`][flowkit.train.fit] uses unless given another.
 
-    Its [state][flowkit.train.fab.FAB.state_dict] (the step sizes, the evaluation count, the number of
-    steps taken, the last AIS run's metrics, the replay buffer and the points drawn from it at the last step)
-    is saved in the checkpoints of [`fit`][flowkit.train.fit]: a resumed run repeats the uninterrupted one
-    bit for bit.
-
-    After each call, `metrics` gives the last AIS run's ESS (of its weights towards $p^\alpha q^{1-\alpha}$), its
-    mean acceptance, the mean step size, the target evaluations so far and, with a buffer, its size.
+    Its [state][flowkit.train.fab.FAB.state_dict] is saved in the checkpoints of [`fit`][flowkit.train.fit]: a
+    resumed run repeats the uninterrupted one bit for bit. `metrics` gives the last AIS run's ESS, acceptance
+    and mean step size, the target evaluations and the buffer's size.
 
     Examples:
         >>> import flowkit
@@ -212,9 +200,6 @@ class FAB(Objective):
         >>> objective.target_evaluations  # 64 samples, 1 + 2 x 5 leapfrog steps each
         704
 
-    References:
-        Midgley, Stimper, Simm, Schölkopf & Hernández-Lobato, *Flow annealed importance sampling bootstrap*,
-        ICLR 2023 (arXiv:2208.01893).
     """
 
     needs_data = False
@@ -334,10 +319,7 @@ class FAB(Objective):
         return result.samples, result.log_w
 
     def validation_loss(self, flow: FlowModel, batch: Any) -> Tensor:
-        """The held-out negative log-likelihood of target samples (`fit(..., val_data=samples)`), e.g. MD frames.
-
-        FAB trains without data; given samples, `fit` picks the best weights by their likelihood.
-        """
+        """The held-out negative log-likelihood of target samples (`fit(..., val_data=samples)`), e.g. MD frames."""
         x = batch[0] if isinstance(batch, (tuple, list)) else batch
         with torch.no_grad():
             return -flow.log_prob(x).mean()
@@ -351,8 +333,7 @@ class FAB(Objective):
     def state_dict(self) -> dict[str, Any]:
         """The step sizes, the target evaluations, the steps taken, the last AIS run's metrics and the buffer.
 
-        With a buffer, `"pending"` holds the points drawn at the last step and their log-densities then, whose
-        weights the next step moves to the updated flow (None before the first step).
+        `"pending"`: the buffer's points drawn at the last step and their log-densities then (or None).
         """
         pending = None if self._pending is None else {"index": self._pending[0], "log_q": self._pending[1]}
         return {

@@ -8,16 +8,11 @@ $$
 \mathcal L_F = \frac1B \sum_{b=1}^B \big\|\nabla_x \log q_\theta(x_b) - F(x_b)\big\|^2,
 $$
 
-which is zero exactly when $\log q_\theta = -u + \text{const}$ on the data, and adds
-the information of the forces to that of the positions (Köhler, Krämer & Noé 2021).
-Its gradient in $\theta$ differentiates $\nabla_x \log q_\theta$ once more (double
-backward through the flow), so the flow's log-density must be twice differentiable
-everywhere: smooth transformers ([`SmoothMixture`][flowkit.transformers.SmoothMixture])
-and smooth activations; splines give forces that jump at the knots.
-
-[`ForceMatching`][flowkit.train.ForceMatching] mixes it with maximum likelihood on the
-same batch; `BoltzmannGenerator(..., w_force=)` adds it to reverse KL and maximum
-likelihood on the generator's samples.
+zero exactly when $\log q_\theta = -u + \text{const}$ on the data. Its gradient is a double backward
+through the flow, whose log-density must be twice differentiable: smooth transformers
+([`SmoothMixture`][flowkit.transformers.SmoothMixture]) and activations (splines' forces jump at the knots).
+[`ForceMatching`][flowkit.train.ForceMatching] mixes it with maximum likelihood; `BoltzmannGenerator(...,
+w_force=)` adds it to reverse KL and maximum likelihood on the generator's samples.
 
 References:
     Köhler, Krämer & Noé, *Smooth normalizing flows*, NeurIPS 2021 (arXiv:2110.00351).
@@ -44,14 +39,9 @@ __all__ = ["ForceMatching", "model_forces", "force_matching_terms"]
 def model_forces(flow: Flow, x: Tensor, create_graph: bool = True) -> tuple[Tensor, Tensor]:
     r"""`log q(x)` and the model forces $\nabla_x \log q(x)$, by autograd.
 
-    Arguments:
-        flow: a [`Flow`][flowkit.flows.Flow].
-        x: points `(B, *event_shape)`.
-        create_graph: keep the graph of the forces, so that a loss on them can be
-            differentiated in the parameters (double backward).
-
     Returns:
-        `(log_q, forces)`, shapes `(B,)` and that of `x`; `log_q` keeps its graph.
+        `(log_q, forces)` at points `x` `(B, *event_shape)`; `log_q` keeps its graph, the forces theirs with
+        `create_graph` (for a double backward).
     """
     with torch.enable_grad():
         leaf = x.detach().requires_grad_(True)
@@ -63,14 +53,9 @@ def model_forces(flow: Flow, x: Tensor, create_graph: bool = True) -> tuple[Tens
 def force_matching_terms(flow: Flow, target: Target, x: Tensor) -> tuple[Tensor, Tensor]:
     """The negative log-likelihood and the force-matching loss of `flow` on the samples `x`, in one pass.
 
-    Arguments:
-        flow: a [`Flow`][flowkit.flows.Flow].
-        target: the [`Target`][flowkit.targets.Target] whose forces are the reference.
-        x: samples `(B, *event_shape)`.
-
     Returns:
-        `(nll, force_loss)`: `mean(-log q(x))` and the mean over the batch of
-        `|grad log q(x) - F(x)|^2` (summed over the event), both scalars with graphs.
+        `(nll, force_loss)`: `mean(-log q(x))` and the batch mean of `|grad log q(x) - F(x)|^2`, with `F` the
+        target's forces, both scalars with graphs.
     """
     log_q, forces = model_forces(flow, x, create_graph=torch.is_grad_enabled())
     reference = target.force(x.detach()).to(forces)
@@ -80,16 +65,13 @@ def force_matching_terms(flow: Flow, target: Target, x: Tensor) -> tuple[Tensor,
 class ForceMatching(Objective):
     r"""Maximum likelihood plus force matching on data: $w_{NLL}\,\mathrm{NLL} + w_F\,\mathcal L_F$.
 
-    The batches are configurations `x` from the target (MD or MCMC samples); the
-    reference forces are `target.force(x)`. See the module
-    [`flowkit.train.force_matching`][flowkit.train.force_matching] for the loss.
+    The batches are configurations `x` from the target (MD or MCMC samples); the reference forces are
+    `target.force(x)`. `metrics` gives `nll` and `force_loss` of the batch.
 
     Arguments:
         target: the [`Target`][flowkit.targets.Target] whose forces are matched.
         w_force: weight $w_F \ge 0$ of the force-matching term.
         w_nll: weight $w_{NLL} \ge 0$ of the negative log-likelihood.
-
-    After each call, `metrics` gives `nll` and `force_loss` of the batch.
 
     Examples:
         >>> import torch, flowkit
@@ -99,9 +81,6 @@ class ForceMatching(Objective):
         >>> history = fit(flow, ForceMatching(target), target.sample(256), steps=3, progress=False)
         >>> len(history.loss)
         3
-
-    References:
-        Köhler, Krämer & Noé, *Smooth normalizing flows*, NeurIPS 2021 (arXiv:2110.00351).
     """
 
     needs_data = True

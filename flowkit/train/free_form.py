@@ -21,12 +21,9 @@ The last term is not the log-determinant but has its gradient where $g$ inverts 
   same estimator with $g'$ the pseudo-inverse of $f'$: $\nabla_\theta \tfrac12 \log\det(f' f'^\top) =
   \mathrm{tr}\big(f'^{+}\, \partial_\theta f'\big)$.
 
-Both Jacobian-vector products are forward-mode (`torch.autograd.forward_ad`): $g'(z) v_k$ from a dual
-pass of the decoder (whose primal is the reconstruction $g(z)$), then $f'(x)\,u_k$, $u_k = \mathrm{SG}(g'(z)
-v_k)$, from a dual pass of the encoder, dotted with $v_k$; the $K$ probes go through the networks as one
-batch. The encoder's Jacobian is taken at the data point $x$, not at its reconstruction $g(f(x))$: the
-paper's stable objective (section 4 of the ICLR paper), which avoids the diverging curvature of the
-naive injective likelihood. A training step costs about $2 + 3K$ network passes and no determinant.
+Both Jacobian-vector products are forward-mode, the $K$ probes as one batch: about $2 + 3K$ network passes
+and no determinant. The encoder's Jacobian is taken at $x$, not at $g(f(x))$ (the ICLR paper's stable
+objective, section 4).
 """
 
 from __future__ import annotations
@@ -49,9 +46,8 @@ __all__ = ["FreeFormLikelihood", "log_det_surrogate", "orthonormal_probes"]
 def orthonormal_probes(batch: int, features: int, probes: int, like: Tensor) -> Tensor:
     r"""Probe vectors of shape `(probes, batch, features)`: per point, $\sqrt{d}$ times orthonormal vectors.
 
-    The Q factor of a Gaussian `(features, probes)` matrix per point, scaled by $\sqrt{d}$ (`d = features`),
-    so that $\frac{1}{K} \sum_k v_k v_k^\top$ has expectation $I$ and equals $I$ when `probes == features`.
-    Drawn with torch's global generator, in `like`'s dtype and device.
+    The Q factor of a Gaussian `(features, probes)` matrix per point, drawn with torch's global generator in
+    `like`'s dtype and device.
     """
     gaussian = torch.randn(batch, features, probes, dtype=like.dtype, device=like.device)
     q = torch.linalg.qr(gaussian).Q  # (batch, features, probes), orthonormal columns
@@ -62,9 +58,8 @@ def log_det_surrogate(encoder: nn.Module, decoder: nn.Module, x: Tensor, probes:
     r"""The latent points, the log-determinant surrogate and the reconstruction of points `x` `(B, D)`.
 
     Returns `(z, surrogate, x1)`: `z = f(x)` `(B, d)`, the surrogate
-    $\frac{1}{K} \sum_k v_k^\top f'(x)\, \mathrm{SG}(g'(z) v_k)$ `(B,)` (see the module), and the
-    reconstruction `x1 = g(z)` `(B, D)`; all three carry gradients to both networks' parameters (the
-    surrogate to the encoder's only).
+    $\frac{1}{K} \sum_k v_k^\top f'(x)\, \mathrm{SG}(g'(z) v_k)$ `(B,)` (to the encoder's parameters only)
+    and the reconstruction `x1 = g(z)` `(B, D)`, with their graphs.
     """
     batch = x.shape[0]
     z = encoder(x)
@@ -87,27 +82,25 @@ def log_det_surrogate(encoder: nn.Module, decoder: nn.Module, x: Tensor, probes:
 class FreeFormLikelihood(Objective):
     r"""Maximum likelihood for free-form flows: a `FreeFormFlow` or an `InjectiveFlow` (encoder and decoder).
 
-    The loss is the mean over the batch of the module's $\mathcal{L}(x)$: $\beta$ times the squared
-    reconstruction error, minus the latent log density, minus the log-determinant surrogate of
-    [`log_det_surrogate`][flowkit.train.free_form.log_det_surrogate] with `probes` orthonormal probes
-    (minus the log-determinant of a `FreeFormFlow`'s fixed preprocessing). Its gradient is that of the
-    NLL plus $\beta$ times the reconstruction error wherever the decoder inverts the encoder; its value is
-    not the NLL. The validation loss is the same sum with the exact log density of the model's `log_prob`
-    in place of the surrogate (an $O(D)$-pass Jacobian per point).
-
-    Draxler, Sorrenson, Zimmermann, Rousselot & Köthe, "Free-form flows: make any architecture a normalizing
-    flow", AISTATS 2024; Sorrenson, Draxler, Rousselot, Hummerich, Zimmermann & Köthe, "Lifting architectural
-    constraints of injective flows", ICLR 2024.
+    The loss is the batch mean of the module's $\mathcal{L}(x)$ (minus the log-determinant of a
+    `FreeFormFlow`'s fixed preprocessing): its gradient, not its value, is the NLL's plus $\beta$ times the
+    reconstruction error's wherever the decoder inverts the encoder. The validation loss puts the exact
+    `log_prob` in place of the surrogate.
 
     Arguments:
-        beta: weight of the squared reconstruction error, at least 0 (the papers use 10 to 500 on
-            standardised data; it must be large enough that $g \approx f^{-1}$, or the surrogate is biased).
-        probes: number $K$ of probe vectors per point, from 1 to the latent dimension $d$ ($K = d$ makes the
-            gradient exact at $g = f^{-1}$; the papers use 1).
+        beta: weight of the squared reconstruction error, at least 0 (the papers use 10 to 500 on standardised
+            data; large enough that $g \approx f^{-1}$, or the surrogate is biased).
+        probes: number $K$ of probe vectors per point, from 1 to the latent dimension $d$ ($K = d$: the exact
+            gradient at $g = f^{-1}$; the papers use 1).
 
     Raises:
-        ValueError: `beta` negative or not finite, `probes` not a positive integer; at the first batch,
-            `probes` above the latent dimension, a model that is not a free-form flow, or a batch with context.
+        ValueError: `beta` negative or not finite, `probes` not a positive integer; at the first batch, `probes`
+            above the latent dimension, a model that is not a free-form flow, or a batch with context.
+
+    References:
+        Draxler, Sorrenson, Zimmermann, Rousselot & Köthe, *Free-form flows: make any architecture a normalizing
+        flow*, AISTATS 2024; Sorrenson, Draxler, Rousselot, Hummerich, Zimmermann & Köthe, *Lifting
+        architectural constraints of injective flows*, ICLR 2024.
 
     Examples:
         >>> import torch

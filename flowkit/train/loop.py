@@ -1,21 +1,11 @@
 """The fit loop: one loop for every objective.
 
-[`fit`][flowkit.train.fit] minimises `objective.loss(flow, batch)` plus the
-flow's auxiliary loss (`flowkit.utils.auxiliary_loss`) with a
-gradient optimiser. It knows nothing of a particular objective: objectives that
-learn from data receive batches of it (`x` or `(x, context)`); objectives with
-`needs_data = False` receive latent batches `z ~ flow.base` when no data is given.
-
-The loop has three parts, after FlowJAX's `fit_to_data`:
-[`train_step`][flowkit.train.loop.train_step] takes one optimisation step
-(loss, backward, clipping, the guard that skips a step with a non-finite loss
-or gradient, the optimiser step); a [`TrainState`][flowkit.train.state.TrainState]
-holds the counters, the history and the RNG bookkeeping of exact resume; and
-[callbacks][flowkit.train.callbacks] do everything around the step: the warning
-about data outside the splines' bound, EMA, validation and early stopping,
-progress, checkpoints and saving the model. The torch thread count of a run is
-decided in one place, with [`default_threads`][flowkit.train.default_threads].
-Data-parallel training under `torchrun` is in [`distributed`][flowkit.train.distributed].
+[`fit`][flowkit.train.fit] minimises `objective.loss(flow, batch)` plus the flow's auxiliary loss with a
+gradient optimiser, on batches of data (`x` or `(x, context)`) or, for objectives with `needs_data = False`,
+latent batches `z ~ flow.base`. [`train_step`][flowkit.train.loop.train_step] takes one step (skipped when
+the loss or the gradient is not finite); a [`TrainState`][flowkit.train.state.TrainState] holds the counters,
+the history and the RNG bookkeeping of exact resume; [callbacks][flowkit.train.callbacks] do everything
+around the step. Data-parallel training under `torchrun` is in [`distributed`][flowkit.train.distributed].
 """
 
 from __future__ import annotations
@@ -137,21 +127,14 @@ def train_step(
     return StepOutcome(value, lr, grad_norm, metrics)
 
 
-#: A model of at most this many trainable numbers is small: per-call dispatch, not memory traffic, dominates
-#: its optimiser step and gradient norm, so `fit` batches them into fewer calls (see `_make_optimizer`,
-#: `_global_norm`). Measured on one CPU thread, Adam's multi-tensor update was faster up to 5.8e5
-#: parameters (4.4 against 4.8 ms a step) and slower from 1.8e6 (15.2 against 12.4 ms).
+#: A model of at most this many trainable numbers is small: dispatch, not memory traffic, dominates its
+#: optimiser step and gradient norm, so `fit` batches them into fewer calls (Adam's multi-tensor update
+#: was faster on one CPU thread up to 5.8e5 parameters, slower from 1.8e6).
 _SMALL_MODEL_NUMBERS = 1 << 20
 
 
 def _global_norm(grads: list[Tensor]) -> Tensor:
-    """The 2-norm of all gradients together.
-
-    A small model's gradients (at most `_SMALL_MODEL_NUMBERS` numbers) are concatenated and normed
-    at once: two operations, where a per-tensor norm and the norm of those norms take three and cost
-    more in dispatch than the copy (a flow of about 10^4 parameters: 25 us against 40 us a step on one
-    CPU thread). Larger models take a fused norm per tensor and the norm of those norms, without the copy.
-    """
+    """The 2-norm of all gradients: of their concatenation for a small model (fewer calls), else of their norms."""
     if not grads:
         return torch.zeros(())
     device, dtype = grads[0].device, grads[0].dtype
@@ -177,12 +160,8 @@ _CHOSEN_THREADS: contextvars.ContextVar[int | None] = contextvars.ContextVar("fl
 def default_threads(features: int) -> int | None:
     """The number of torch CPU threads `fit` and the `flowkit` commands use by default for events of `features` numbers.
 
-    One thread up to `SINGLE_THREAD_FEATURES` (16)
-    numbers per event, else None (torch's choice, one per core). The matrices of a small
-    flow are so small that a second thread costs more in synchronisation than it gives; on a
-    busy machine, where the threads wait for each other's core, tens of times more (on 2 cores
-    shared with about 20 busy processes, 200 steps of `RealNVP(2)` on moons took 414-470 s on
-    two threads and 15-31 s on one).
+    One thread up to `SINGLE_THREAD_FEATURES` (16) numbers per event, else None (torch's choice): a small
+    flow's second thread costs more in synchronisation than it gives, tens of times more on a busy machine.
     """
     return 1 if features <= SINGLE_THREAD_FEATURES else None
 
@@ -199,10 +178,9 @@ def chosen_threads(threads: int | None) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _run_threads(flow: nn.Module, threads: int | None) -> Iterator[None]:
-    """The torch CPU threads of a run of `fit`; the previous count is restored on exit.
+    """The torch CPU threads of a run of `fit`, restored on exit.
 
-    `threads` if given, else the count of an enclosing `chosen_threads`, else (on CPU, unless
-    `torch.set_num_threads` has changed the count since flowkit was imported: that count is kept)
+    `threads`, an enclosing `chosen_threads`'s, a count set since flowkit was imported, or (on CPU)
     `default_threads` of the flow's event size.
     """
     chosen = torch.get_num_threads() != _THREADS_AT_IMPORT  # torch.set_num_threads was called: keep it
@@ -249,14 +227,9 @@ def _standardize(flow: nn.Module, data: Any, robust: bool = False) -> None:
 
 
 def _make_optimizer(optimizer: Any, params: list[nn.Parameter], lr: float) -> torch.optim.Optimizer:
-    """The run's optimiser; one built here from a name (or None: Adam) for a small model takes the multi-tensor update.
+    """The run's optimiser; one built from a name (None: Adam) for a small model takes the `foreach` update.
 
-    torch's `foreach` implementation updates all parameters with one call per operation instead of one
-    per parameter, with the same numbers as the per-tensor loop torch takes by default on the CPU (bit
-    for bit, float32 and float64: `tests/train/test_loop.py`). For a model of at most
-    `_SMALL_MODEL_NUMBERS` parameters it saves most of the step's dispatch (Adam on a 2-layer NSF of
-    10^4 parameters, one thread: 0.4 against 0.6 ms a step); larger ones keep torch's default, since the
-    multi-tensor update's temporaries for all parameters at once cost more memory traffic there.
+    torch's multi-tensor update gives the same numbers as its per-tensor loop, bit for bit, in fewer calls.
     """
     if optimizer is None:
         optimizer = "adam"
@@ -451,12 +424,7 @@ def _make_run(args: _Arguments, ctx: DistributedContext, data_seed: int) -> _Run
 
 
 def _make_callbacks(run: _Run) -> tuple[CallbackList, Progress, Checkpoint | None]:
-    """The built-in callbacks, in the order their hooks must run, with the user's before the checkpoint.
-
-    The checkpoint and the saved model come last, so that they hold what every callback did at a step
-    (a [`DependenceUpdate`][flowkit.train.DependenceUpdate]'s refit, an end time learnt by a callback)
-    and at the end.
-    """
+    """The built-in callbacks in the order their hooks run; the user's before the checkpoint and the saved model."""
     args, ctx, flow = run.args, run.ctx, run.args.flow
     bound = None if args.standardize else _BoundWarning(flow, _data_tensor(args.data))
     ema = EMA(flow, args.ema) if args.ema is not None else None
@@ -574,37 +542,28 @@ def fit(
 ) -> History:
     """Train `flow` by minimising `objective.loss(flow, batch)` plus its auxiliary loss.
 
-    A step whose loss or gradient norm is not finite is skipped (no update), counted in
-    `History.skipped` and warned about.
+    A step whose loss or gradient norm is not finite is skipped, counted in `History.skipped` and warned about.
 
     Arguments:
         flow: the model (a [`Flow`][flowkit.flows.Flow], or any module the objective understands).
         objective: an [`Objective`][flowkit.train.Objective] (or any object with a `loss(flow, batch)` method).
-        data: a tensor `x` (or array), a pair `(x, context)`, a `Dataset` yielding either, or a
-            `DataLoader` (used as given). Floating tensors are cast to the flow's dtype and moved to
-            its device. None for objectives with `needs_data = False`: each step draws
-            `z = flow.base.sample((batch_size,))`.
+        data: a tensor `x` (or array), a pair `(x, context)`, a `Dataset` yielding either, or a `DataLoader`,
+            cast to the flow's dtype and device. None for objectives with `needs_data = False`: each step
+            draws `z = flow.base.sample((batch_size,))`.
         steps: number of optimisation steps (give this or `epochs`).
         epochs: number of passes over `data` (1 when neither `steps` nor `epochs` is given).
         batch_size: points per batch (per process under `torchrun`).
         lr: learning rate.
-        optimizer: None (Adam), `"adam"`, `"adamw"`, `"sgd"`, `"rmsprop"`, a torch optimizer over
-            the flow's parameters, or a factory called as `factory(params, lr=lr)`. One built from
-            a name (or None) for a flow of at most 2^20 parameters takes torch's multi-tensor update
-            (`foreach=True`), which gives the same numbers as its per-tensor loop in fewer calls.
-        schedule: `"cosine"` (decay to 0 over the run), `"step"` (times 0.1 at 50% and 75%), None,
-            a torch LR scheduler, or `factory(optimizer)`. A `ReduceLROnPlateau` is stepped with
-            the validation loss; others once per step.
-        clip: maximum global gradient norm; None takes the objective's
-            [`default_clip`][flowkit.train.Objective] (10 for [`BoltzmannGenerator`][flowkit.train.BoltzmannGenerator]
-            and [`PathGradientVI`][flowkit.train.PathGradientVI], none for the likelihood objectives);
-            `float("inf")` turns clipping off.
+        optimizer: None (Adam), `"adam"`, `"adamw"`, `"sgd"`, `"rmsprop"`, a torch optimizer over the flow's
+            parameters, or a factory called as `factory(params, lr=lr)`.
+        schedule: `"cosine"` (decay to 0 over the run), `"step"` (times 0.1 at 50% and 75%), None, a torch LR
+            scheduler (a `ReduceLROnPlateau` is stepped with the validation loss), or `factory(optimizer)`.
+        clip: maximum global gradient norm; None takes the objective's [`default_clip`][flowkit.train.Objective]
+            (10 for the energy-based objectives, none for the likelihood ones); `float("inf")`: no clipping.
         val_data: validation data, in any form of `data`; the loss is the objective's
             [`validation_loss`][flowkit.train.objective.Objective.validation_loss] in eval mode, averaged over points.
-        patience: stop after this many validations in a row without improvement (needs `val_data`).
-            Validations are `val_every` steps apart, so `patience` validations are
-            `patience * val_every` steps; the progress bar shows both. Give `val_every` to fix the
-            period: its default depends on the run's length and the size of the data.
+        patience: stop after this many validations in a row without improvement (needs `val_data`), that is
+            `patience * val_every` steps (the progress bar shows both).
         checkpoint_dir: directory for `checkpoint.safetensors` (pickle-free), `history.csv`,
             `history.json` and, at the end, the model saved with [`flowkit.io.save`][flowkit.io.save] in `model/`.
         resume: continue from the checkpoint in `checkpoint_dir`, if any: exactly as if uninterrupted
@@ -624,15 +583,12 @@ def fit(
         callbacks: [`Callback`][flowkit.train.Callback]s run after the built-in ones (before the checkpoint and
             the saved model, which then hold what they did).
         threads: torch CPU threads during the run, restored on exit (default:
-            [`default_threads`][flowkit.train.default_threads] of the flow's event size, one thread
-            for events of at most 16 numbers, unless `torch.set_num_threads` has changed the count
-            since flowkit was imported; then that count).
-        standardize: put [`Standardization.from_data(x)`][flowkit.bijectors.Standardization.from_data]
-            of the training data first in the flow's chain, in place, so that the rest of the flow
-            sees standardised data while `log_prob` stays in data units (`data` must be a tensor or
-            `(x, context)`; the flow is then saved as a [`Flow`][flowkit.flows.Flow] of that chain).
-            `"robust"` standardises by the median and the interquartile range / 1.349 (heavy tails).
-            Without it, `fit` warns when most points lie outside the splines' bound.
+            [`default_threads`][flowkit.train.default_threads] of the flow's event size, unless
+            `torch.set_num_threads` has changed the count since flowkit was imported).
+        standardize: put [`Standardization.from_data(x)`][flowkit.bijectors.Standardization.from_data] of the
+            training data (a tensor or `(x, context)`) first in the flow's chain, in place; `"robust"`: by the
+            median and the interquartile range / 1.349. Without it, `fit` warns when most points lie outside
+            the splines' bound.
 
     Returns:
         The [`History`][flowkit.train.History] (also written to `checkpoint_dir`); `history.steps_run`

@@ -10,15 +10,13 @@ $$
 \cdot \partial_\theta T_\theta(z)\big],
 $$
 
-which has zero variance when $q = p$. It is computed as the surrogate
-`mean(-log w).detach() + t - t.detach()` with $t = \frac1B \sum_b x_b \cdot \mathrm{sg}(g_b)$
-and $g = \nabla_x \log q + \nabla_x u$. Three estimators share the loss value:
+which has zero variance when $q = p$: the surrogate `mean(-log w).detach() + t - t.detach()` with
+$t = \frac1B \sum_b x_b \cdot \mathrm{sg}(g_b)$, $g = \nabla_x \log q + \nabla_x u$. Three estimators share
+the loss value:
 
-- `"fast"` (Vaitl et al. 2024, Alg. 1): $\nabla_x \log q$ is carried
-  along the sampling pass, layer by layer, by the score rules of
-  [`flowkit.train.score_rules`][flowkit.train.score_rules], with no second pass through the flow;
-- `"standard"`: samples, then $\nabla_x \log q$ by autograd through `log_prob`
-  at the detached sample (a second pass);
+- `"fast"` (Vaitl et al. 2024, Alg. 1): $\nabla_x \log q$ carried along the sampling pass by the
+  [score rules][flowkit.train.score_rules], without a second pass through the flow;
+- `"standard"`: $\nabla_x \log q$ by autograd through `log_prob` at the detached sample (a second pass);
 - `"reparam"`: the plain reparameterised gradient of the reverse KL.
 
 References:
@@ -44,24 +42,14 @@ from ..utils import value_and_gradient
 from .objective import Objective
 from .score_rules import forward_with_score, inverse_with_score
 
-__all__ = [
-    "PathGradientVI",
-    "sample_with_score",
-    "reverse_kl_loss",
-    "forward_kl_loss",
-    "ESTIMATORS",
-]
+__all__ = ["PathGradientVI", "sample_with_score", "reverse_kl_loss", "forward_kl_loss", "ESTIMATORS"]
 
 #: The reverse-KL gradient estimators of :class:`PathGradientVI`.
 ESTIMATORS = ("fast", "standard", "reparam")
 
 
 def _check_flow(flow: FlowModel, target: Target, where: str, exact: bool = True) -> None:
-    """Check a flow against a target; `exact`: the estimator walks an exact bijection's layers (`flow.bijective`).
-
-    With `exact`, the flow must also pass [`require_exact_weights`][flowkit.flows.base.require_exact_weights]:
-    the reverse KL weights the flow's own samples by its density.
-    """
+    """Check a flow against a target; `exact`: the estimator weights samples of an exact bijection's layers."""
     if exact:
         require_exact_weights(flow, where)
     if exact and not getattr(flow, "bijective", False):
@@ -87,17 +75,13 @@ def _latent(flow: FlowModel, z: Tensor | int, where: str) -> Tensor:
 def sample_with_score(flow: Flow, z: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     r"""Push latent points through the flow carrying the score: the fast recursion.
 
-    Starting from $g_0 = \nabla_z \log q_0(z)$, every layer on the
-    sampling path maps $g \leftarrow (g - \nabla \log|\det J|) J^{-1}$
+    From $g_0 = \nabla_z \log q_0(z)$, every layer on the sampling path maps
+    $g \leftarrow (g - \nabla \log|\det J|) J^{-1}$
     ([`inverse_with_score`][flowkit.train.score_rules.inverse_with_score]).
 
-    Arguments:
-        flow: a [`Flow`][flowkit.flows.Flow].
-        z: latent points `(B, *latent_shape)`.
-
     Returns:
-        `(x, log_q, score)`: samples `x = T(z)` and `log q(x)` with their
-        graphs, and $\nabla_x \log q(x)$ without one.
+        `(x, log_q, score)` of latent points `z` `(B, *latent_shape)`: samples `x = T(z)` and `log q(x)` with
+        their graphs, and $\nabla_x \log q(x)$ without one.
     """
     with outermost():
         log_q0, score = value_and_gradient(flow.base.log_prob, z)
@@ -115,8 +99,7 @@ def _path_surrogate(log_w: Tensor, point: Tensor, direction: Tensor) -> Tensor:
 def reverse_kl_loss(flow: FlowModel, target: Target, z: Tensor, estimator: str = "fast") -> tuple[Tensor, Tensor]:
     """Reverse-KL loss on the latent batch `z` with the chosen gradient estimator.
 
-    The value is `mean(u(x) + log q(x))` (the reverse KL minus `log Z`) for
-    every estimator; only the gradient differs (see the module docstring).
+    The value is `mean(u(x) + log q(x))` (the reverse KL minus `log Z`); the estimators differ in gradient.
 
     Returns:
         `(loss, log_w)` with the detached log weights `-u(x) - log q(x)` of the batch.
@@ -128,16 +111,14 @@ def reverse_kl_loss(flow: FlowModel, target: Target, z: Tensor, estimator: str =
         return -log_w.mean(), log_w.detach()
     if estimator == "fast":
         x, log_q, score = sample_with_score(flow, z)
-        energy, force = target.energy_and_force(x.detach())
-        log_w = -energy - log_q.detach()
-        return _path_surrogate(log_w, x, score - force), log_w
-    with outermost():
-        x = flow.bijector.inverse(z)[0]
-        with torch.enable_grad():
-            leaf = x.detach().requires_grad_(True)
-            z_back, ladj = flow.bijector(leaf)
-            log_q = flow.base.log_prob(z_back) + ladj
-            (score,) = torch.autograd.grad(log_q.sum(), leaf)
+    else:
+        with outermost():
+            x = flow.bijector.inverse(z)[0]
+            with torch.enable_grad():
+                leaf = x.detach().requires_grad_(True)
+                z_back, ladj = flow.bijector(leaf)
+                log_q = flow.base.log_prob(z_back) + ladj
+                (score,) = torch.autograd.grad(log_q.sum(), leaf)
     energy, force = target.energy_and_force(x.detach())
     log_w = -energy - log_q.detach()
     return _path_surrogate(log_w, x, score - force), log_w
@@ -146,10 +127,8 @@ def reverse_kl_loss(flow: FlowModel, target: Target, z: Tensor, estimator: str =
 class PathGradientVI(Objective):
     r"""Reverse KL $KL(q_\theta \| p)$ to a target energy, trained without data.
 
-    `loss(flow, z)` takes a latent batch `z` drawn from the flow's base (the
-    fit loop draws it, so two estimators can be compared on the same `z`;
-    an int `B` draws `B` points). The loss value is
-    $\mathrm{mean}(u(x) + \log q(x)) = KL - \log Z$, for every estimator.
+    `loss(flow, z)` takes a latent batch `z` drawn from the flow's base (an int `B` draws `B` points). The loss
+    value is $\mathrm{mean}(u(x) + \log q(x)) = KL - \log Z$, for every estimator.
 
     Arguments:
         target: the [`Target`][flowkit.targets.Target].
@@ -157,9 +136,8 @@ class PathGradientVI(Objective):
             `"standard"` (sticking-the-landing path gradient with a second pass)
             or `"reparam"` (plain reparameterised gradient).
 
-    After each call, `metrics` gives the batch's ESS and log Z estimate. [`fit`][flowkit.train.fit]
-    clips the gradient norm at `default_clip = 10` unless given another `clip`, as for
-    [`BoltzmannGenerator`][flowkit.train.BoltzmannGenerator].
+    `metrics` gives the batch's ESS and log Z estimate; [`fit`][flowkit.train.fit] clips the gradient norm at
+    `default_clip = 10` unless given another `clip`.
 
     Examples:
         >>> import flowkit

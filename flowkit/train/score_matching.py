@@ -8,21 +8,11 @@ $$
           + \underbrace{\sum_{i\,\text{constant}} \log|\det J_i|}_{-\log Z},
 $$
 
-where the second sum runs over the layers with `ladj_is_constant` (dense
-and LU linear layers, permutations, ActNorm). Seen as an energy-based model
-with energy `E` and normalising constant `Z`, the flow has the score
-`s(x) = \nabla_x \log p(x) = -\nabla_x E(x)`, which does not involve any
-`det W`. Score matching fits `s` to the data, so a flow of dense
-`D x D` layers trains in $O(D^2)$ per point instead of the
-$O(D^3)$ of the determinants that maximum likelihood needs.
-
-[`energy`][flowkit.train.score_matching.energy] walks the flow's layers (nested [`Chain`][flowkit.bijectors.Chain]
-s recursively): a layer with a constant log-determinant runs through its cheap
-`call()` and its determinant is never computed; every other layer runs its
-`forward` and its log-determinant enters `E`. [`ScoreMatching`][flowkit.train.ScoreMatching] is the
-training objective; [`exact_log_prob`][flowkit.train.exact_log_prob] evaluates the exact likelihood of a
-score-matched flow with the constant log-determinants computed once. The moving
-average of the weights used for evaluation is [`EMA`][flowkit.train.EMA] (or `fit(..., ema=0.999)`).
+where the second sum runs over the layers with `ladj_is_constant` (dense and LU linear layers,
+permutations, ActNorm). The score $s(x) = \nabla_x \log p(x) = -\nabla_x E(x)$ involves no `det W`, so
+score matching trains a flow of dense `D x D` layers in $O(D^2)$ per point instead of $O(D^3)$.
+[`ScoreMatching`][flowkit.train.ScoreMatching] is the objective; [`exact_log_prob`][flowkit.train.exact_log_prob]
+evaluates the exact likelihood with the constant log-determinants computed once.
 
 References:
     Chao, Sun, Hsu, Lee, Lee, *Training Energy-Based Normalizing Flow with
@@ -92,8 +82,7 @@ def _energy_and_constant(
 def energy(flow: Flow, x: Tensor, context: Tensor | None = None) -> Tensor:
     """EBFlow energy `E(x) = -log p_Z(g(x)) - sum of the input-dependent log-determinants`.
 
-    `log p(x) = -E(x) + sum of the constant log-determinants`; no
-    determinant of a layer with `ladj_is_constant` is computed.
+    Layers with `ladj_is_constant` run through their `call()`: their determinants are never computed.
 
     Arguments:
         flow: a [`Flow`][flowkit.flows.Flow] (any bijector, any base).
@@ -134,14 +123,9 @@ def exact_log_prob(
 ) -> Tensor:
     """Exact `log p(x)`, with the constant log-determinants computed once for all of `x`.
 
-    `log p(x) = -E(x) + sum_constant log|det J_i|`: the energy runs on
-    batches of `batch_size` points, the determinants of the layers with
-    `ladj_is_constant` once (on the first point). With `preprocessing`
-    (e.g. [`Logit`][flowkit.bijectors.Logit]), the flow models the
-    preprocessed data `y = h(x)` ("match after preprocessing") and the
-    density of the raw data is `log p(x) = log p_flow(h(x)) + log|det J_h(x)|`.
-
-    Runs without gradients.
+    `log p(x) = -E(x) + sum_constant log|det J_i|`, without gradients. With `preprocessing` (e.g.
+    [`Logit`][flowkit.bijectors.Logit]) the flow models `y = h(x)` and
+    `log p(x) = log p_flow(h(x)) + log|det J_h(x)|`.
 
     Arguments:
         flow: a [`Flow`][flowkit.flows.Flow].
@@ -165,10 +149,8 @@ def exact_log_prob(
             if preprocessing is not None:
                 xb, ladj_pre = preprocessing(xb, cb)
             if constant is None:
-                e_first, c_first = _energy_and_constant(
-                    flow, xb[:1], None if cb is None else cb[:1], True, "exact_log_prob"
-                )
-                constant = c_first.reshape(-1)[0]
+                first = _energy_and_constant(flow, xb[:1], None if cb is None else cb[:1], True, "exact_log_prob")
+                constant = first[1].reshape(-1)[0]
             e = energy(flow, xb, cb)
             out.append(-e + constant + ladj_pre)
     if not out:
@@ -185,36 +167,22 @@ def _repeat(t: Tensor | None, times: int) -> Tensor | None:
 class ScoreMatching(Objective):
     r"""Score-matching objective of EBFlow: fit the flow's score, never its constant log-determinants.
 
-    The flow is an energy model with `E(x)` from [`energy`][flowkit.train.score_matching.energy]; the score
-    `s = -\nabla_x E` is matched to the data by one of three estimators of
-    the Fisher divergence (up to a constant), each divided by the number of
-    dimensions `D` of an event:
+    The score `s = -\nabla_x E` ([`energy`][flowkit.train.score_matching.energy]) is matched to the data by one
+    of three estimators of the Fisher divergence (up to a constant), each divided by the event size `D`:
 
     - `"ssm"`, sliced score matching with variance reduction:
-      $\frac1D\,\mathbb E\big[v^\top \nabla_x (v^\top s(x)) + \tfrac12 |s(x)|^2\big]$
-      with Rademacher slices `v` (`slices` of them per point); the
-      Hessian-vector product costs one more backward pass.
+      $\frac1D\,\mathbb E\big[v^\top \nabla_x (v^\top s(x)) + \tfrac12 |s(x)|^2\big]$ with Rademacher slices
+      `v` (`slices` per point; one more backward pass);
     - `"dsm"`, denoising score matching with noise level `sigma`:
-      $\frac1D\,\mathbb E\,\tfrac12\,|s(x + \sigma n) + n / \sigma|^2$, `n ~ N(0, I)`;
-      it matches the score of the data smoothed by `N(0, sigma^2 I)`, so
-      `sigma` sets a bias.
-    - `"fdsm"`, finite-difference sliced score matching with step `epsilon`:
-      `v` uniform on the sphere of radius `epsilon`,
-      $\mathbb E\big[(E(x+v) - E(x-v))^2/8 + 2E(x) - E(x+v) - E(x-v)\big] / \epsilon^2$;
-      no second derivative at all. Because `E|v^T a|^2 = epsilon^2 |a|^2 / D`,
-      this already estimates the SSM objective divided by `D`.
+      $\frac1D\,\mathbb E\,\tfrac12\,|s(x + \sigma n) + n / \sigma|^2$, `n ~ N(0, I)` (the score of the data
+      smoothed by `N(0, sigma^2 I)`: `sigma` sets a bias);
+    - `"fdsm"`, finite-difference sliced score matching with `v` uniform on the sphere of radius `epsilon`:
+      $\mathbb E\big[(E(x+v) - E(x-v))^2/8 + 2E(x) - E(x+v) - E(x-v)\big] / \epsilon^2$, no second
+      derivative (it estimates the SSM objective divided by `D`).
 
-    For the SSM objective the expectation is exactly
-    `(1/D) E_data[1/2 |s|^2 + tr(grad s)]`; for a Gaussian model with
-    covariance `S_m` and centred data with covariance `S_d` it is
-    `(1/D) (1/2 tr(S_m^-1 S_d S_m^-1) - tr S_m^-1)`, minimised at `S_m = S_d`.
-
-    Optionally `energy_weight * mean(E)` is added to keep energies low
-    (EBFlow's lambda). With `preprocessing` (e.g. [`Logit`][flowkit.bijectors.Logit])
-    the batch is raw data: it is preprocessed without gradients before matching
-    ("match after preprocessing", MaP), and
-    [`validation_loss`][flowkit.train.score_matching.ScoreMatching.validation_loss] reports the
-    exact NLL of the raw data, the preprocessing's log-determinant added back.
+    The SSM expectation is exactly `(1/D) E_data[1/2 |s|^2 + tr(grad s)]`. With `preprocessing` the batch is
+    raw data, preprocessed without gradients before matching (MaP), and the validation loss is the raw data's
+    exact NLL.
 
     Arguments:
         method: `"ssm"`, `"dsm"` or `"fdsm"`.
