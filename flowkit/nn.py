@@ -237,6 +237,21 @@ class MLP(Conditioner, nn.Sequential):
         _zero_linear(self.last, bias)
 
 
+def _grid_input(x: Tensor, context: Tensor | None, channels: int, where: str) -> Tensor:
+    """A grid `(..., channels, H, W)`, checked, with the context appended as constant planes (batch broadcast).
+
+    Convolutions then run on it in channels-last (NHWC) layout, which oneDNN's CPU convolutions run natively.
+    """
+    if x.dim() < 3 or x.shape[-3] != channels:
+        raise ValueError(f"{where} expects (..., {channels}, H, W) inputs, got shape {tuple(x.shape)}")
+    if context is not None:
+        batch = broadcast_shapes(x.shape[:-3], context.shape[:-1])
+        x = x.expand(*batch, *x.shape[-3:])
+        planes = context.expand(*batch, context.shape[-1])[..., None, None].expand(*batch, -1, *x.shape[-2:])
+        x = torch.cat([x, planes], dim=-3)
+    return x
+
+
 class ConvNet(Conditioner):
     r"""Convolutional [`Conditioner`][flowkit.nn.Conditioner] on `(..., C, H, W)` grids (images and lattices).
 
@@ -296,14 +311,7 @@ class ConvNet(Conditioner):
 
     def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
         """Outputs `(..., out_channels, H, W)` for a grid `(..., in_channels, H, W)` and the context."""
-        if x.dim() < 3 or x.shape[-3] != self.in_channels:
-            raise ValueError(f"ConvNet expects (..., {self.in_channels}, H, W) inputs, got shape {tuple(x.shape)}")
-        if context is not None:
-            batch = broadcast_shapes(x.shape[:-3], context.shape[:-1])
-            x = x.expand(*batch, *x.shape[-3:])
-            planes = context.expand(*batch, context.shape[-1])[..., None, None].expand(*batch, -1, *x.shape[-2:])
-            x = torch.cat([x, planes], dim=-3)
-        # Channels-last (NHWC) is the layout oneDNN's CPU convolutions run natively: no reorder per call.
+        x = _grid_input(x, context, self.in_channels, "ConvNet")
         h = self.net(x.reshape(-1, *x.shape[-3:]).contiguous(memory_format=torch.channels_last))
         return h.reshape(*x.shape[:-3], *h.shape[-3:])
 
@@ -541,6 +549,11 @@ class SharedTrunk(Configurable, nn.Module):
             size, shared by all steps.
         autoregressive: MADE masks, for [`MaskedAutoregressive`][flowkit.bijectors.MaskedAutoregressive] layers.
         order: the autoregressive order, a permutation of `range(in_features)` (natural order when `None`).
+        kernel: `None` for the fully connected trunk above; an odd kernel size for a convolutional one on
+            `(..., C, H, W)` grids, as [`ConvNet`][flowkit.nn.ConvNet] (features are then channels, the context
+            enters as constant planes, the embedding as constant channels: a per-step bias $\sum_{u,v} A_1[:, e, u, v]
+            e_k$ of the first convolution, exact away from zero-padded borders; weights count $k^2$ times).
+        padding_mode: `"zeros"` (images) or `"circular"` (periodic lattices), for a convolutional trunk.
 
     Examples:
         >>> import torch
@@ -568,6 +581,8 @@ class SharedTrunk(Configurable, nn.Module):
         out_features: int | None = None,
         autoregressive: bool = False,
         order: Sequence[int] | None = None,
+        kernel: int | None = None,
+        padding_mode: str = "zeros",
     ) -> None:
         super().__init__()
         hidden = [int(h) for h in hidden]
@@ -581,6 +596,15 @@ class SharedTrunk(Configurable, nn.Module):
             raise ValueError(f"SharedTrunk: out_features must be None or positive, got {out_features}")
         if order is not None and not autoregressive:
             raise ValueError("SharedTrunk: order applies to an autoregressive trunk only (autoregressive=True)")
+        if kernel is not None and (autoregressive or kernel < 1 or kernel % 2 == 0):
+            raise ValueError(
+                f"SharedTrunk: kernel must be a positive odd size (same padding) and the trunk not autoregressive, got "
+                f"kernel={kernel}, autoregressive={autoregressive}"
+            )
+        if padding_mode not in ("zeros", "circular"):
+            raise ValueError(f"SharedTrunk: padding_mode must be 'zeros' or 'circular', got {padding_mode!r}")
+        self.kernel = None if kernel is None else int(kernel)
+        self.padding_mode = padding_mode
         self.in_features = int(in_features)
         self.context_features = int(context)
         self.embedding = int(embedding)
@@ -603,14 +627,19 @@ class SharedTrunk(Configurable, nn.Module):
                 layers.append(MaskedLinear(degree_h[:, None] >= degree[None, :]))
                 degree = degree_h
         else:
-            layers = [nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:], strict=True)]
+            layers = [self._layer(a, b) for a, b in zip(sizes[:-1], sizes[1:], strict=True)]
         self.layers = nn.ModuleList(layers)
         self.last = None if self.out_features is None else self.output_layer(self.out_features)
 
-    def output_layer(self, out_features: int) -> nn.Linear:
+    def _layer(self, a: int, b: int) -> nn.Linear | nn.Conv2d:
+        if self.kernel is None:
+            return nn.Linear(a, b)
+        return nn.Conv2d(a, b, self.kernel, padding=self.kernel // 2, padding_mode=self.padding_mode)
+
+    def output_layer(self, out_features: int) -> nn.Linear | nn.Conv2d:
         """A fresh output projection `h_L -> out_features` (masked when autoregressive: block `i` sees degrees < i)."""
         if self.order is None:
-            return nn.Linear(self.hidden[-1], out_features)
+            return self._layer(self.hidden[-1], out_features)
         if out_features % self.in_features:
             raise ValueError(
                 f"SharedTrunk: an autoregressive output of {out_features} is not a multiple of the "
@@ -696,23 +725,31 @@ class SharedConditioner(Conditioner):
             weights.append((last.masked_weight() if isinstance(last, MaskedLinear) else last.weight, last.bias))
         w, b = weights[0]
         n, c = trunk.in_features, trunk.context_features
-        if self.embedding is not None:
-            b = torch.addmv(b, w[:, n + c :], self.embedding)
+        if self.embedding is not None:  # a constant input: a bias (through every tap, for a convolution)
+            taps = w[:, n + c :] if w.dim() == 2 else w[:, n + c :].sum((-2, -1))
+            b = torch.addmv(b, taps, self.embedding)
         columns = w[:, : n + c] if self.in_features == n else torch.cat([w[:, : self.in_features], w[:, n : n + c]], 1)
         weights[0] = (columns, b)
         if self.gates is not None:
             for i, gate in enumerate(self.gates):
                 w, b = weights[i + 1]
-                weights[i + 1] = (w * gate, b)
+                weights[i + 1] = (w * gate.view(-1, *[1] * (w.dim() - 2)), b)
         return weights
 
     def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
-        """Outputs `(..., out_features)` for inputs `(..., in_features)` and the context."""
+        """Outputs `(..., out_features)` for inputs `(..., in_features)` (grids `(..., C, H, W)` when convolutional)."""
         weights = self.weights()
-        h = F.linear(broadcast_context(x, context), *weights[0])
-        for w, b in weights[1:]:
-            h = F.linear(self.trunk.act(h), w, b)
-        return h
+        if self.trunk.kernel is None:
+            h = F.linear(broadcast_context(x, context), *weights[0])
+            for w, b in weights[1:]:
+                h = F.linear(self.trunk.act(h), w, b)
+            return h
+        x = _grid_input(x, context, self.in_features, "SharedConditioner")
+        conv = self.trunk.layers[0]._conv_forward  # the trunk's padding for every layer
+        h = x.reshape(-1, *x.shape[-3:]).contiguous(memory_format=torch.channels_last)
+        for i, (w, b) in enumerate(weights):
+            h = conv(self.trunk.act(h) if i else h, w, b)
+        return h.reshape(*x.shape[:-3], *h.shape[-3:])
 
 
 def time_embedding(t: Tensor, frequencies: int) -> Tensor:

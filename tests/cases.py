@@ -143,6 +143,16 @@ def _shared_autoregressive() -> tuple[Bijector, Tensor]:
     return randomize(Chain(first, Reverse(3), second)), torch.randn(6, 3)
 
 
+def _shared_convolutional() -> tuple[Bijector, Tensor]:
+    """Three channel couplings of `(3, 4, 4)` grids on one convolutional trunk, with a context, circular padding."""
+    trunk = SharedTrunk(2, (6,), context=2, embedding=3, kernel=3, padding_mode="circular")
+    layers = [
+        MaskedCoupling(Affine(), (3, 4, 4), "channel", k % 2, context=2, conditioner=SharedConditioner(trunk, n, o))
+        for k, (n, o) in enumerate([(2, 2), (1, 4), (2, 2)])
+    ]
+    return randomize(Chain(*layers), scale=0.1), torch.randn(5, 3, 4, 4)
+
+
 def _angles() -> Tensor:
     return Circle().sample((6, 4), dtype=torch.get_default_dtype())
 
@@ -189,6 +199,7 @@ BIJECTORS: dict[str, Case] = {
     ),
     "Chain(Coupling, shared conditioner)": _shared_couplings,
     "Chain(MaskedAutoregressive, shared conditioner, context)": _shared_autoregressive,
+    "Chain(MaskedCoupling, shared convolutional conditioner, context)": _shared_convolutional,
     "Coupling(Affine, mask)": lambda: (
         randomize(Coupling(Affine(), 4, mask=[1, 1, 0, 1], hidden=(8, 8))),
         torch.randn(6, 4),

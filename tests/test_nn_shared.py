@@ -163,3 +163,48 @@ def test_a_masked_autoregressive_layer_takes_the_trunks_order():
     assert list(layer.conditioner.order) == [1, 2, 0]
     with pytest.raises(ValueError, match="must be autoregressive"):
         MaskedAutoregressive(Affine(), 3, conditioner=SharedConditioner(SharedTrunk(3, (8,)), 3, 6))
+
+
+# The convolutional trunk (image flows' couplings).
+
+
+def test_the_convolutional_count_is_the_formula_with_kernel_taps():
+    trunk = SharedTrunk(2, (6, 5), context=2, embedding=3, kernel=3)
+    views = torch.nn.ModuleList(SharedConditioner(trunk, n, o) for n, o in [(2, 2), (1, 4), (2, 2)])
+    taps = 9
+    expected = (2 + 2 + 3) * taps * 6 + 6 + (6 * taps + 1) * 5 + sum(3 + 11 + (5 * taps + 1) * o for o in (2, 4, 2))
+    assert count(views) == expected
+
+
+def test_a_convolutional_step_sees_its_embedding_as_constant_channels():
+    torch.manual_seed(0)
+    trunk = randomize(SharedTrunk(3, (6,), "tanh", context=2, embedding=4, kernel=3, padding_mode="circular"))
+    view = randomize(SharedConditioner(trunk, 2, 5), seed=1)  # 2 of the trunk's 3 channels: the 3rd as zeros
+    x, c = torch.randn(7, 2, 5, 5), torch.randn(7, 2)
+    planes = [torch.zeros(7, 1, 5, 5), c[:, :, None, None].expand(7, 2, 5, 5), view.embedding[:, None, None]]
+    h = torch.tanh(trunk.layers[0](torch.cat([x, *(p.expand(7, -1, 5, 5) for p in planes)], 1)))
+    torch.testing.assert_close(view(x, c), view.last(h * view.gates[0][:, None, None]))
+    # circular padding: the step commutes with translations
+    torch.testing.assert_close(view(x.roll(2, -1), c), view(x, c).roll(2, -1), atol=1e-6, rtol=0)
+
+
+def test_a_shared_glow_has_one_trunk_per_level_and_fewer_parameters():
+    from flowkit.bijectors import MaskedCoupling
+    from flowkit.flows import Glow
+
+    flow = Glow((1, 8, 8), levels=2, steps=3, hidden=(16, 16), shared=True)
+    trunks = {id(m.conditioner.trunk) for m in flow.modules() if isinstance(m, MaskedCoupling)}
+    assert len(trunks) == 2
+    assert count(flow) < count(Glow((1, 8, 8), levels=2, steps=3, hidden=(16, 16)))
+    assert torch.isfinite(flow.log_prob(torch.rand(3, 1, 8, 8))).all()
+
+
+def test_a_convolutional_trunk_refuses_bad_options():
+    with pytest.raises(ValueError, match="positive odd size"):
+        SharedTrunk(2, (4,), kernel=2)
+    with pytest.raises(ValueError, match="positive odd size"):
+        SharedTrunk(2, (4,), kernel=3, autoregressive=True)
+    with pytest.raises(ValueError, match="padding_mode"):
+        SharedTrunk(2, (4,), kernel=3, padding_mode="reflect")
+    with pytest.raises(ValueError, match=r"expects \(\.\.\., 2, H, W\)"):
+        SharedConditioner(SharedTrunk(2, (4,), kernel=3), 2, 2)(torch.randn(3, 2))

@@ -37,6 +37,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -118,10 +119,12 @@ def _shared(
     context: int,
     activation: str,
     autoregressive: bool,
+    **options: Any,
 ) -> ConditionerFactory | None:
     """The factory of the layers' conditioners for `shared=` (None when they are independent), on one trunk.
 
-    `sizes` are the largest conditioning input and the output of the layers (the shared output layer's size).
+    `sizes` are the largest conditioning input and the output of the layers (the shared output layer's size);
+    `options` go to the [`SharedTrunk`][flowkit.nn.SharedTrunk] (a convolutional `kernel`).
     """
     if not (isinstance(shared, bool) or shared in SHARING):
         raise ValueError(f"{where}: shared must be one of {SHARING}, got {shared!r}")
@@ -138,6 +141,7 @@ def _shared(
         gates=shared != "naive",
         out_features=None if shared is True else sizes[1],
         autoregressive=autoregressive,
+        **options,
     )
 
     def build(in_features: int, out_features: int, context: int = 0) -> SharedConditioner:
