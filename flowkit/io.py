@@ -374,7 +374,9 @@ def _check_magnitudes(model: nn.Module, weights: Path) -> None:
 def save(model: nn.Module, path: str | os.PathLike) -> Path:
     """Save a flowkit model to the directory `path` (created if needed).
 
-    Writes `config.json` and `weights.safetensors`. Returns the directory.
+    Writes `config.json` and `weights.safetensors`. Returns the directory. An object that several parts of the model
+    hold (a [`SharedTrunk`][flowkit.nn.SharedTrunk] under the conditioners of several layers) is written once, as are
+    its weights, and [`load`][flowkit.io.load] builds it once.
 
     Raises:
         ValueError: `model` is not a flowkit model, or `path` (or a folder above it) is an existing file:

@@ -5,7 +5,9 @@ autoregressive layer) and the context to the transformer's parameters. [`Conditi
 the contract in one place; [`MLP`][flowkit.nn.MLP] (optionally with a $(\cos x, \sin x)$ embedding for angles) and
 [`MADE`][flowkit.nn.MADE] (masked, autoregressive) implement it, and any other module that does (a convolutional net for
 images or lattices) plugs into [`Coupling`][flowkit.bijectors.Coupling] and
-[`MaskedAutoregressive`][flowkit.bijectors.MaskedAutoregressive] the same way.
+[`MaskedAutoregressive`][flowkit.bijectors.MaskedAutoregressive] the same way. A
+[`SharedTrunk`][flowkit.nn.SharedTrunk] with one [`SharedConditioner`][flowkit.nn.SharedConditioner] per layer lets
+many layers share one network (NanoFlow).
 """
 
 from __future__ import annotations
