@@ -54,7 +54,7 @@ def _count_objects(value: Any, counts: dict[int, int]) -> None:
         item = stack.pop()
         if isinstance(item, Configurable):
             counts[id(item)] = counts.get(id(item), 0) + 1
-            if counts[id(item)] == 1:
+            if counts[id(item)] == 1 and "_flowkit_config" in vars(item):  # to_config refuses the others, by name
                 stack.extend(get_config(item)[1].values())
         elif isinstance(item, functools.partial):
             stack.extend(item.keywords.values())
