@@ -149,6 +149,8 @@ def test_bad_arguments_are_refused_by_name():
         SharedConditioner(torch.nn.Linear(2, 2), 2, 2)
     with pytest.raises(ValueError, match="shared must be one of"):
         NSF(3, shared="yes")
+    with pytest.raises(ValueError, match="shared must be one of"):
+        NSF(3, shared=1)
     with pytest.raises(ValueError, match="either conditioner= or shared="):
         RealNVP(4, shared=True, conditioner=lambda i, o, context: None)
     with pytest.raises(ValueError, match="no residual blocks"):

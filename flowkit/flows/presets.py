@@ -126,7 +126,7 @@ def _shared(
     `sizes` are the largest conditioning input and the output of the layers (the shared output layer's size);
     `options` go to the [`SharedTrunk`][flowkit.nn.SharedTrunk] (a convolutional `kernel`).
     """
-    if not (isinstance(shared, bool) or shared in SHARING):
+    if not (shared is False or shared is True or (isinstance(shared, str) and shared in SHARING)):
         raise ValueError(f"{where}: shared must be one of {SHARING}, got {shared!r}")
     if shared is False:
         return None
