@@ -8,6 +8,7 @@ directory from an untrusted source can at worst be refused (see [`load`][flowkit
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import importlib
 import inspect
@@ -38,10 +39,44 @@ WEIGHTS_FILE = "weights.safetensors"
 _DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
+#: While a config is written: how often each flowkit object (by `id`) occurs in it, and the objects numbered so far.
+_WRITING: contextvars.ContextVar[tuple[dict[int, int], dict[int, int]] | None] = contextvars.ContextVar(
+    "flowkit_io_writing", default=None
+)
+#: While a config is read: the objects built so far for its `__shared__` entries, by number.
+_READING: contextvars.ContextVar[dict[int, Any] | None] = contextvars.ContextVar("flowkit_io_reading", default=None)
+
+
+def _count_objects(value: Any, counts: dict[int, int]) -> None:
+    """Count the occurrences of each flowkit object among `value`'s recorded arguments, nested (each walked once)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Configurable):
+            counts[id(item)] = counts.get(id(item), 0) + 1
+            if counts[id(item)] == 1 and "_flowkit_config" in vars(item):  # to_config refuses the others, by name
+                stack.extend(get_config(item)[1].values())
+        elif isinstance(item, functools.partial):
+            stack.extend(item.keywords.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+
+
 def _encode(value: Any, where: str) -> Any:
     if isinstance(value, Configurable):
         _check_buildable(value, where)
-        return to_config(value)
+        writing = _WRITING.get()
+        if writing is None or writing[0].get(id(value), 1) == 1:
+            return to_config(value)
+        # An object several parents hold (a trunk shared by the conditioners of several layers): written in full at its
+        # first occurrence, referred to by number at the others, so that `load` builds it once.
+        numbers = writing[1]
+        if id(value) in numbers:
+            return {"__shared__": {"id": numbers[id(value)]}}
+        numbers[id(value)] = len(numbers)
+        return {"__shared__": {"id": numbers[id(value)], "object": to_config(value)}}
     factory = value.func if isinstance(value, functools.partial) and not value.args else value
     if isinstance(factory, type) and registry.get(factory.__name__) is factory:
         # A registered class, or a functools.partial of one with keyword arguments (a preset's conditioner=).
@@ -80,6 +115,14 @@ def to_config(module: Configurable) -> dict[str, Any]:
     """
     cls, args = get_config(module)
     _check_buildable(module, cls.__name__)
+    if _WRITING.get() is None:  # the outermost call: count the objects that occur more than once
+        counts: dict[int, int] = {}
+        _count_objects(module, counts)
+        token = _WRITING.set((counts, {}))
+        try:
+            return to_config(module)
+        finally:
+            _WRITING.reset(token)
     return {"class": cls.__name__, "args": {k: _encode(v, f"{cls.__name__}.{k}") for k, v in args.items()}}
 
 
@@ -89,6 +132,8 @@ def _decode(value: Any, where: str) -> Any:
             return {k: _decode(v, f"{where}.{k}") for k, v in value["__dict__"].items()}
         if set(value) == {"__factory__"}:
             return _decode_factory(value["__factory__"], where)
+        if set(value) == {"__shared__"}:
+            return _decode_shared(value["__shared__"], where)
         return _build(value, where)
     if isinstance(value, list):
         return [_decode(v, f"{where}[{i}]") for i, v in enumerate(value)]
@@ -125,6 +170,20 @@ def _registered_class(config: Any, where: str, shape: str) -> tuple[type, str]:
     return cls, name
 
 
+def _decode_shared(entry: Any, where: str) -> Any:
+    """An object several parents hold: built at its first occurrence (`{"id": n, "object": ...}`), then referred to."""
+    built = _READING.get()
+    if built is None or not isinstance(entry, dict) or not isinstance(entry.get("id"), int):
+        raise ValueError(f"invalid model config at {where}: a shared object needs an integer 'id'")
+    number = entry["id"]
+    if set(entry) == {"id", "object"} and number not in built:
+        built[number] = _build(entry["object"], where)
+        return built[number]
+    if set(entry) == {"id"} and number in built:
+        return built[number]
+    raise ValueError(f"invalid model config at {where}: shared object {number} is defined twice or used before it is")
+
+
 def _decode_factory(config: Any, where: str) -> Any:
     """A registered class (no arguments) or a `functools.partial` of one, from `{"class": name, "args": {...}}`."""
     cls, name = _registered_class(config, where, "a factory needs 'class' and 'args'")
@@ -156,7 +215,11 @@ def from_config(config: Any, where: str = "config") -> Any:
     """
     if json_depth(config) > MAX_DEPTH:
         raise ValueError(f"invalid model config at {where}: nested too deeply (more than {MAX_DEPTH} levels)")
-    return _build(config, where)
+    token = _READING.set({})
+    try:
+        return _build(config, where)
+    finally:
+        _READING.reset(token)
 
 
 def _build(config: Any, where: str) -> Any:
@@ -311,7 +374,9 @@ def _check_magnitudes(model: nn.Module, weights: Path) -> None:
 def save(model: nn.Module, path: str | os.PathLike) -> Path:
     """Save a flowkit model to the directory `path` (created if needed).
 
-    Writes `config.json` and `weights.safetensors`. Returns the directory.
+    Writes `config.json` and `weights.safetensors`. Returns the directory. An object that several parts of the model
+    hold (a [`SharedTrunk`][flowkit.nn.SharedTrunk] under the conditioners of several layers) is written once, as are
+    its weights, and [`load`][flowkit.io.load] builds it once.
 
     Raises:
         ValueError: `model` is not a flowkit model, or `path` (or a folder above it) is an existing file:
@@ -326,7 +391,8 @@ def save(model: nn.Module, path: str | os.PathLike) -> Path:
             f"(new or existing) holding {CONFIG_FILE} and {WEIGHTS_FILE}: give a directory path"
         )
     directory.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
+    # A tensor several modules hold (a shared trunk's weights) is written once, under its first key.
+    state = {first: v.detach().cpu().contiguous().clone() for first, v in _first_keys(model).items()}
     dtypes = {str(v.dtype).removeprefix("torch.") for v in state.values() if v.is_floating_point()}
     header = {
         "format": FORMAT,
@@ -338,6 +404,29 @@ def save(model: nn.Module, path: str | os.PathLike) -> Path:
     (directory / CONFIG_FILE).write_text(json.dumps(header, indent=2))
     write_safetensors(state, directory / WEIGHTS_FILE, metadata={"format": FORMAT})
     return directory
+
+
+def _first_keys(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict without the keys of tensors it already holds under an earlier key (shared modules)."""
+    first: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for key, tensor in model.state_dict(keep_vars=True).items():
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            first[key] = tensor
+    return first
+
+
+def _aliases(model: nn.Module) -> dict[str, str]:
+    """Each state-dict key of a tensor held under an earlier key too, mapped to that first key."""
+    first: dict[int, str] = {}
+    aliases = {}
+    for key, tensor in model.state_dict(keep_vars=True).items():
+        if id(tensor) in first:
+            aliases[key] = first[id(tensor)]
+        else:
+            first[id(tensor)] = key
+    return aliases
 
 
 def write_safetensors(tensors: dict[str, torch.Tensor], path: str | os.PathLike, metadata: dict[str, str]) -> None:
@@ -408,6 +497,9 @@ def load(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> n
     for key, tensor in state.items():
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             raise ValueError(f"load: {weights_path} holds non-finite values (NaN or inf) in {key!r}")
+    for key, first in _aliases(model).items():
+        if key not in state and first in state:  # a shared tensor, saved once
+            state[key] = state[first]
     if not mixed:
         model = model.to(dtype)
     hooks = _dtype_checks(model, weights_path, mixed)

@@ -5,7 +5,9 @@ autoregressive layer) and the context to the transformer's parameters. [`Conditi
 the contract in one place; [`MLP`][flowkit.nn.MLP] (optionally with a $(\cos x, \sin x)$ embedding for angles) and
 [`MADE`][flowkit.nn.MADE] (masked, autoregressive) implement it, and any other module that does (a convolutional net for
 images or lattices) plugs into [`Coupling`][flowkit.bijectors.Coupling] and
-[`MaskedAutoregressive`][flowkit.bijectors.MaskedAutoregressive] the same way.
+[`MaskedAutoregressive`][flowkit.bijectors.MaskedAutoregressive] the same way. A
+[`SharedTrunk`][flowkit.nn.SharedTrunk] with one [`SharedConditioner`][flowkit.nn.SharedConditioner] per layer lets
+many layers share one network (NanoFlow).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ __all__ = [
     "ConvNet",
     "MaskedLinear",
     "MADE",
+    "SharedTrunk",
+    "SharedConditioner",
     "VectorField",
     "PotentialField",
     "time_embedding",
@@ -235,6 +239,21 @@ class MLP(Conditioner, nn.Sequential):
         _zero_linear(self.last, bias)
 
 
+def _grid_input(x: Tensor, context: Tensor | None, channels: int, where: str) -> Tensor:
+    """A grid `(..., channels, H, W)`, checked, with the context appended as constant planes (batch broadcast).
+
+    Convolutions then run on it in channels-last (NHWC) layout, which oneDNN's CPU convolutions run natively.
+    """
+    if x.dim() < 3 or x.shape[-3] != channels:
+        raise ValueError(f"{where} expects (..., {channels}, H, W) inputs, got shape {tuple(x.shape)}")
+    if context is not None:
+        batch = broadcast_shapes(x.shape[:-3], context.shape[:-1])
+        x = x.expand(*batch, *x.shape[-3:])
+        planes = context.expand(*batch, context.shape[-1])[..., None, None].expand(*batch, -1, *x.shape[-2:])
+        x = torch.cat([x, planes], dim=-3)
+    return x
+
+
 class ConvNet(Conditioner):
     r"""Convolutional [`Conditioner`][flowkit.nn.Conditioner] on `(..., C, H, W)` grids (images and lattices).
 
@@ -294,14 +313,7 @@ class ConvNet(Conditioner):
 
     def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
         """Outputs `(..., out_channels, H, W)` for a grid `(..., in_channels, H, W)` and the context."""
-        if x.dim() < 3 or x.shape[-3] != self.in_channels:
-            raise ValueError(f"ConvNet expects (..., {self.in_channels}, H, W) inputs, got shape {tuple(x.shape)}")
-        if context is not None:
-            batch = broadcast_shapes(x.shape[:-3], context.shape[:-1])
-            x = x.expand(*batch, *x.shape[-3:])
-            planes = context.expand(*batch, context.shape[-1])[..., None, None].expand(*batch, -1, *x.shape[-2:])
-            x = torch.cat([x, planes], dim=-3)
-        # Channels-last (NHWC) is the layout oneDNN's CPU convolutions run natively: no reorder per call.
+        x = _grid_input(x, context, self.in_channels, "ConvNet")
         h = self.net(x.reshape(-1, *x.shape[-3:]).contiguous(memory_format=torch.channels_last))
         return h.reshape(*x.shape[:-3], *h.shape[-3:])
 
@@ -326,6 +338,20 @@ class MaskedLinear(nn.Linear):
 
     def forward(self, x: Tensor) -> Tensor:
         return F.linear(x, self.masked_weight(), self.bias)
+
+
+def _degrees(order: Sequence[int], context: int, hidden: Sequence[int]) -> tuple[Tensor, Tensor, list[Tensor]]:
+    """MADE's degrees: each feature's rank in `order` (1..D), those of the inputs (context: 0), of the hidden units.
+
+    Hidden degrees cycle through `[low, D - 1]`; degree-0 units (which see only the context) let the first
+    feature's parameters depend on the context (`low = 0` with a context, 1 without).
+    """
+    features = len(order)
+    rank = torch.empty(features, dtype=torch.long)
+    rank[torch.tensor(order)] = torch.arange(1, features + 1)
+    degree_in = torch.cat([rank, torch.zeros(context, dtype=torch.long)])
+    low = 0 if context else min(1, features - 1)
+    return rank, degree_in, [torch.arange(int(width)) % max(1, features - low) + low for width in hidden]
 
 
 class MADE(Conditioner):
@@ -376,20 +402,12 @@ class MADE(Conditioner):
         self.out_features = features * params_per_feature
         self.context_features = int(context)
         self.order = order
-        rank = torch.empty(features, dtype=torch.long)
-        rank[torch.tensor(order)] = torch.arange(1, features + 1)
-        degree_in = torch.cat([rank, torch.zeros(self.context_features, dtype=torch.long)])
-        # Hidden degrees cycle through [low, D - 1]; degree-0 units (which see only
-        # the context) let the first feature's parameters depend on the context.
-        low = 0 if self.context_features else min(1, features - 1)
+        rank, degree_in, self._hidden_degrees = _degrees(order, self.context_features, hidden)
         self.act = globals()["activation"](activation)
         self.hidden_layers = nn.ModuleList()
         self.residual_blocks = nn.ModuleList() if residual else None
         degree = degree_in
-        self._hidden_degrees: list[Tensor] = []
-        for width in hidden:
-            degree_h = torch.arange(width) % max(1, features - low) + low
-            self._hidden_degrees.append(degree_h)
+        for degree_h in self._hidden_degrees:
             self.hidden_layers.append(MaskedLinear(degree_h[:, None] >= degree[None, :]))
             if residual:
                 square = degree_h[:, None] >= degree_h[None, :]
@@ -486,6 +504,254 @@ class MADE(Conditioner):
             columns[i] = solve(i, F.linear(self.act(h), w_last[block, : sizes[-1]], b_last[block]))
             previous = i
         return torch.stack(columns, dim=-1)  # type: ignore[arg-type]
+
+
+class SharedTrunk(Configurable, nn.Module):
+    r"""The hidden layers that the conditioners of $K$ flow steps share (NanoFlow).
+
+    One network serves every step; step $k$ is told apart by its *flow indication embedding* $e_k \in \mathbb{R}^E$,
+    concatenated to the input, by multiplicative gates $g_{k,l}$ on the hidden units of layer $l$, and by its own
+    output projection $(W_k, b_k)$, zero at the start (so each step starts as the identity):
+
+    $$
+    h_1 = g_{k,1} \odot \sigma(A_1 [x, c, e_k] + a_1), \quad
+    h_l = g_{k,l} \odot \sigma(A_l h_{l-1} + a_l), \quad
+    \text{out}_k = W_k h_L + b_k .
+    $$
+
+    The trunk holds the $A_l, a_l$; the steps (the views) hold $e_k$, $g_{k,l}$ (ones at the start) and
+    $W_k, b_k$. With hidden sizes $h_1, \dots, h_L$, input size $n$, context size $c$ and outputs $o_k$, the $K$
+    steps hold
+
+    $$
+    \underbrace{(n + c + E + 1)\, h_1 + \sum_{l=2}^{L} (h_{l-1} + 1)\, h_l}_{\text{trunk, once}}
+    + \sum_{k=1}^{K} \Big( E + \sum_{l=1}^{L} h_l + (h_L + 1)\, o_k \Big)
+    $$
+
+    parameters (without gates drop $\sum_l h_l$; with `out_features` the output layer is one, shared: $(h_L + 1)\, o$
+    once instead of per step), against $K \big((n + c + 1) h_1 + \sum_{l \ge 2} (h_{l-1} + 1) h_l + (h_L + 1) o\big)$
+    for $K$ independent [`MLP`][flowkit.nn.MLP]s: the hidden layers, the bulk for wide networks, are counted once.
+    With `embedding=0`, `gates=False` and a shared output layer nothing tells the steps apart: every step computes the
+    same function (NanoFlow's "naive" sharing, the ablation that fails).
+
+    With `autoregressive=True` the layers are masked as [`MADE`][flowkit.nn.MADE]'s (degrees from `order`; the
+    embedding, like the context, enters with degree 0: it is a constant, a per-step bias of the first layer that carries
+    nothing across the order), and each step's projection is masked so that its output block `i` sees only hidden units
+    of lower degree: every step is an autoregressive conditioner with the trunk's `order`.
+
+    Arguments:
+        in_features: size of the largest conditioning input a step feeds it (a step with fewer inputs, as the
+            alternating couplings of an odd number of features, uses the first columns: as if zero-padded).
+        hidden: sizes of the shared hidden layers (at least one).
+        activation: name of the activation (see [`activation`][flowkit.nn.activation]).
+        context: number of context features.
+        embedding: size $E$ of each step's flow indication embedding (0: none).
+        gates: per-step multiplicative gates on the hidden units.
+        out_features: `None` (NanoFlow): each step has its own output projection; a number: one output layer of that
+            size, shared by all steps.
+        autoregressive: MADE masks, for [`MaskedAutoregressive`][flowkit.bijectors.MaskedAutoregressive] layers.
+        order: the autoregressive order, a permutation of `range(in_features)` (natural order when `None`).
+        kernel: `None` for the fully connected trunk above; an odd kernel size for a convolutional one on
+            `(..., C, H, W)` grids, as [`ConvNet`][flowkit.nn.ConvNet] (features are then channels, the context
+            enters as constant planes, the embedding as constant channels: a per-step bias $\sum_{u,v} A_1[:, e, u, v]
+            e_k$ of the first convolution, exact away from zero-padded borders; weights count $k^2$ times).
+        padding_mode: `"zeros"` (images) or `"circular"` (periodic lattices), for a convolutional trunk.
+
+    Examples:
+        >>> import torch
+        >>> trunk = SharedTrunk(2, hidden=(16, 16), embedding=4)
+        >>> steps = [SharedConditioner(trunk, 2, 6) for _ in range(3)]
+        >>> sum(p.numel() for p in torch.nn.ModuleList(steps).parameters())  # 7 * 16 + 17 * 16 + 3 * (4 + 32 + 17 * 6)
+        798
+        >>> steps[0](torch.randn(5, 2)).shape
+        torch.Size([5, 6])
+
+    References:
+        Lee, Kim & Yoon, *NanoFlow: Scalable normalizing flows with sublinear parameter complexity*,
+        NeurIPS 2020 (arXiv:2006.06280).
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        hidden: Sequence[int] = (64, 64),
+        activation: str = "relu",
+        *,
+        context: int = 0,
+        embedding: int = 8,
+        gates: bool = True,
+        out_features: int | None = None,
+        autoregressive: bool = False,
+        order: Sequence[int] | None = None,
+        kernel: int | None = None,
+        padding_mode: str = "zeros",
+    ) -> None:
+        super().__init__()
+        hidden = [int(h) for h in hidden]
+        if in_features < 1 or context < 0 or embedding < 0 or not hidden or any(h < 1 for h in hidden):
+            raise ValueError(
+                f"SharedTrunk needs in_features >= 1, context >= 0, embedding >= 0 and at least one hidden layer of "
+                f"positive size, got in_features={in_features}, context={context}, embedding={embedding}, "
+                f"hidden={tuple(hidden)}"
+            )
+        if out_features is not None and out_features < 1:
+            raise ValueError(f"SharedTrunk: out_features must be None or positive, got {out_features}")
+        if order is not None and not autoregressive:
+            raise ValueError("SharedTrunk: order applies to an autoregressive trunk only (autoregressive=True)")
+        if kernel is not None and (autoregressive or kernel < 1 or kernel % 2 == 0):
+            raise ValueError(
+                f"SharedTrunk: kernel must be a positive odd size (same padding) and the trunk not autoregressive, got "
+                f"kernel={kernel}, autoregressive={autoregressive}"
+            )
+        if padding_mode not in ("zeros", "circular"):
+            raise ValueError(f"SharedTrunk: padding_mode must be 'zeros' or 'circular', got {padding_mode!r}")
+        self.kernel = None if kernel is None else int(kernel)
+        self.padding_mode = padding_mode
+        self.in_features = int(in_features)
+        self.context_features = int(context)
+        self.embedding = int(embedding)
+        self.gates = bool(gates)
+        self.hidden = hidden
+        self.out_features = None if out_features is None else int(out_features)
+        self.act = globals()["activation"](activation)
+        self.order: list[int] | None = None
+        sizes = [self.in_features + self.context_features + self.embedding, *hidden]
+        if autoregressive:
+            order = list(range(self.in_features)) if order is None else [int(i) for i in order]
+            if sorted(order) != list(range(self.in_features)):
+                raise ValueError(f"SharedTrunk: order must be a permutation of range({self.in_features}), got {order}")
+            self.order = order
+            rank, degree_in, self._degrees = _degrees(order, self.context_features, hidden)
+            self._rank = rank
+            degree = torch.cat([degree_in, torch.zeros(self.embedding, dtype=torch.long)])
+            layers: list[nn.Linear] = []
+            for degree_h in self._degrees:
+                layers.append(MaskedLinear(degree_h[:, None] >= degree[None, :]))
+                degree = degree_h
+        else:
+            layers = [self._layer(a, b) for a, b in zip(sizes[:-1], sizes[1:], strict=True)]
+        self.layers = nn.ModuleList(layers)
+        self.last = None if self.out_features is None else self.output_layer(self.out_features)
+
+    def _layer(self, a: int, b: int) -> nn.Linear | nn.Conv2d:
+        if self.kernel is None:
+            return nn.Linear(a, b)
+        return nn.Conv2d(a, b, self.kernel, padding=self.kernel // 2, padding_mode=self.padding_mode)
+
+    def output_layer(self, out_features: int) -> nn.Linear | nn.Conv2d:
+        """A fresh output projection `h_L -> out_features` (masked when autoregressive: block `i` sees degrees < i)."""
+        if self.order is None:
+            return self._layer(self.hidden[-1], out_features)
+        if out_features % self.in_features:
+            raise ValueError(
+                f"SharedTrunk: an autoregressive output of {out_features} is not a multiple of the "
+                f"{self.in_features} features"
+            )
+        degree_out = self._rank.repeat_interleave(out_features // self.in_features)
+        return MaskedLinear(degree_out[:, None] > self._degrees[-1][None, :])
+
+    def weights(self) -> list[tuple[Tensor, Tensor]]:
+        r"""$(A_l, a_l)$ of every hidden layer (masked when autoregressive), and the shared output layer's if any."""
+        layers = [*self.layers, *([] if self.last is None else [self.last])]
+        return [
+            (layer.masked_weight() if isinstance(layer, MaskedLinear) else layer.weight, layer.bias) for layer in layers
+        ]
+
+
+class SharedConditioner(Conditioner):
+    r"""One flow step's view of a [`SharedTrunk`][flowkit.nn.SharedTrunk]: a [`Conditioner`][flowkit.nn.Conditioner].
+
+    Holds the step's own parameters (embedding $e_k$, gates $g_{k,l}$, output projection $W_k, b_k$) and a reference
+    to the trunk, which several views share: a model's `parameters()` count the trunk once, and
+    [`flowkit.io`][flowkit.io] saves and loads it once. The gates multiply the hidden units, which is the same as
+    scaling the columns of the next layer's weight: one pass costs what a plain MLP's does. Autoregressive when the
+    trunk is (`order` is the trunk's); its inverse runs the generic feature-by-feature solve.
+
+    Arguments:
+        trunk: the shared hidden layers.
+        in_features: size of this step's conditioning input, at most the trunk's (its `in_features` by default;
+            the trunk's exactly when autoregressive).
+        out_features: number of outputs (the trunk's when it has a shared output layer).
+
+    Examples:
+        >>> import torch
+        >>> from flowkit.bijectors import Coupling
+        >>> from flowkit.transformers import Affine
+        >>> trunk = SharedTrunk(2, hidden=(32, 32))
+        >>> layers = [Coupling(Affine(), 4, parity=k % 2, conditioner=SharedConditioner(trunk, 2, 4)) for k in range(4)]
+        >>> torch.allclose(layers[0](torch.randn(3, 4))[1], torch.zeros(3))  # every step starts as the identity
+        True
+    """
+
+    def __init__(self, trunk: SharedTrunk, in_features: int | None = None, out_features: int | None = None) -> None:
+        super().__init__()
+        if not isinstance(trunk, SharedTrunk):
+            raise ValueError(f"SharedConditioner: trunk must be a SharedTrunk, got {type(trunk).__name__}")
+        self.in_features = trunk.in_features if in_features is None else int(in_features)
+        if not 1 <= self.in_features <= trunk.in_features or (
+            trunk.order is not None and self.in_features != trunk.in_features
+        ):
+            raise ValueError(
+                f"SharedConditioner: in_features={in_features} does not fit a trunk of {trunk.in_features} inputs "
+                f"(at most that many; exactly when autoregressive)"
+            )
+        if trunk.out_features is None:
+            if out_features is None or out_features < 1:
+                raise ValueError(
+                    "SharedConditioner: out_features (positive) is needed when the trunk has no shared output layer"
+                )
+            self.out_features = int(out_features)
+        else:
+            if out_features is not None and out_features != trunk.out_features:
+                raise ValueError(
+                    f"SharedConditioner: out_features={out_features} differs from the trunk's shared output layer "
+                    f"({trunk.out_features})"
+                )
+            self.out_features = trunk.out_features
+        self.context_features = trunk.context_features
+        self.order = trunk.order
+        self.trunk = trunk
+        self.embedding = nn.Parameter(torch.randn(trunk.embedding)) if trunk.embedding else None
+        self.gates = nn.ParameterList([torch.ones(h) for h in trunk.hidden]) if trunk.gates else None
+        self.last = trunk.output_layer(self.out_features) if trunk.out_features is None else None
+
+    def zero_last(self, bias: Tensor | None = None) -> None:
+        _zero_linear(self.trunk.last if self.last is None else self.last, bias)
+
+    def weights(self) -> list[tuple[Tensor, Tensor]]:
+        r"""This step's effective `(weight, bias)` per layer: embedding and gates folded into the trunk's weights."""
+        trunk = self.trunk
+        weights = trunk.weights()
+        if self.last is not None:
+            last = self.last
+            weights.append((last.masked_weight() if isinstance(last, MaskedLinear) else last.weight, last.bias))
+        w, b = weights[0]
+        n, c = trunk.in_features, trunk.context_features
+        if self.embedding is not None:  # a constant input: a bias (through every tap, for a convolution)
+            taps = w[:, n + c :] if w.dim() == 2 else w[:, n + c :].sum((-2, -1))
+            b = torch.addmv(b, taps, self.embedding)
+        columns = w[:, : n + c] if self.in_features == n else torch.cat([w[:, : self.in_features], w[:, n : n + c]], 1)
+        weights[0] = (columns, b)
+        if self.gates is not None:
+            for i, gate in enumerate(self.gates):
+                w, b = weights[i + 1]
+                weights[i + 1] = (w * gate.view(-1, *[1] * (w.dim() - 2)), b)
+        return weights
+
+    def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
+        """Outputs `(..., out_features)` for inputs `(..., in_features)` (grids `(..., C, H, W)` when convolutional)."""
+        weights = self.weights()
+        if self.trunk.kernel is None:
+            h = F.linear(broadcast_context(x, context), *weights[0])
+            for w, b in weights[1:]:
+                h = F.linear(self.trunk.act(h), w, b)
+            return h
+        x = _grid_input(x, context, self.in_features, "SharedConditioner")
+        conv = self.trunk.layers[0]._conv_forward  # the trunk's padding for every layer
+        h = x.reshape(-1, *x.shape[-3:]).contiguous(memory_format=torch.channels_last)
+        for i, (w, b) in enumerate(weights):
+            h = conv(self.trunk.act(h) if i else h, w, b)
+        return h.reshape(*x.shape[:-3], *h.shape[-3:])
 
 
 def time_embedding(t: Tensor, frequencies: int) -> Tensor:

@@ -76,7 +76,7 @@ from flowkit.flows import FlowModel, LangevinBlock, MetropolisBlock
 from flowkit.flows.images import EIW
 from flowkit.flows.registry import build_data_flow, build_flow, build_image_flow
 from flowkit.lattice import Z2Equivariant
-from flowkit.nn import MLP, ConvNet, VectorField
+from flowkit.nn import MLP, ConvNet, SharedConditioner, SharedTrunk, VectorField
 from flowkit.testing import randomize
 from flowkit.transformers import (
     Affine,
@@ -120,6 +120,37 @@ def _marginal_tail_cdf(output: str) -> tuple[Bijector, Tensor]:
     data = torch.randn(2000, 3, generator=gen) / torch.rand(2000, 3, generator=gen).sqrt()  # t-like tails
     layer = MarginalTailCDF(3, knots=64, anchors=300, output=output).fit(data)
     return layer, torch.randn(6, 3, generator=gen) * 4
+
+
+def _shared_couplings() -> tuple[Bijector, Tensor]:
+    """Three spline couplings of 5 features on one conditioner trunk (NanoFlow), identity parts of 2 and 3 features."""
+    trunk = SharedTrunk(3, (16,), context=2, embedding=4)
+    layers = [
+        Coupling(
+            RationalQuadraticSpline(4, 3.0), 5, parity=k % 2, context=2, conditioner=SharedConditioner(trunk, n, o)
+        )
+        for k, (n, o) in enumerate([(2, 33), (3, 22), (2, 33)])
+    ]
+    return randomize(Chain(*layers), scale=0.2), torch.randn(6, 5)
+
+
+def _shared_autoregressive() -> tuple[Bijector, Tensor]:
+    """Two affine autoregressive layers on one masked trunk (NanoFlow), with a context and a reversal between."""
+    trunk = SharedTrunk(3, (12, 12), context=2, embedding=4, autoregressive=True, order=[1, 2, 0])
+    first, second = (
+        MaskedAutoregressive(Affine(), 3, context=2, conditioner=SharedConditioner(trunk, 3, 6)) for _ in "ab"
+    )
+    return randomize(Chain(first, Reverse(3), second)), torch.randn(6, 3)
+
+
+def _shared_convolutional() -> tuple[Bijector, Tensor]:
+    """Three channel couplings of `(3, 4, 4)` grids on one convolutional trunk, with a context, circular padding."""
+    trunk = SharedTrunk(2, (6,), context=2, embedding=3, kernel=3, padding_mode="circular")
+    layers = [
+        MaskedCoupling(Affine(), (3, 4, 4), "channel", k % 2, context=2, conditioner=SharedConditioner(trunk, n, o))
+        for k, (n, o) in enumerate([(2, 2), (1, 4), (2, 2)])
+    ]
+    return randomize(Chain(*layers), scale=0.1), torch.randn(5, 3, 4, 4)
 
 
 def _angles() -> Tensor:
@@ -166,6 +197,9 @@ BIJECTORS: dict[str, Case] = {
         randomize(AffineCoupling(4, parity=1, hidden=(16,), context=2)),
         torch.randn(6, 4),
     ),
+    "Chain(Coupling, shared conditioner)": _shared_couplings,
+    "Chain(MaskedAutoregressive, shared conditioner, context)": _shared_autoregressive,
+    "Chain(MaskedCoupling, shared convolutional conditioner, context)": _shared_convolutional,
     "Coupling(Affine, mask)": lambda: (
         randomize(Coupling(Affine(), 4, mask=[1, 1, 0, 1], hidden=(8, 8))),
         torch.randn(6, 4),
@@ -441,6 +475,7 @@ FLOW_PRESETS: dict[str, Callable[[], tuple[FlowModel, Tensor]]] = {
     "free-form": lambda: _vector("free-form"),
     "lattice": lambda: _vector("lattice", 16, transforms=2),
     "maf": lambda: _vector("maf", transforms=2),
+    "nanoflow": lambda: _vector("nanoflow", transforms=2, bins=4),
     "naf": lambda: _vector("naf", transforms=2),
     "nsf": lambda: _vector("nsf", transforms=2, bins=4),
     "nsf-coupling": lambda: _vector("nsf-coupling", transforms=2, bins=4),

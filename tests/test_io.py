@@ -680,3 +680,60 @@ def test_every_saveable_class_is_in_a_module_io_imports_before_it_builds():
             importlib.import_module(info.name)
     homes = {cls.__module__.split(".")[1] for cls in registry.values() if cls.__module__.startswith("flowkit.")}
     assert homes <= set(flowkit.io.SAVEABLE_MODULES), sorted(homes - set(flowkit.io.SAVEABLE_MODULES))
+
+
+# Objects several parents hold (a conditioner trunk shared by several layers) are written and built once.
+
+
+def _shared_trunk_flow():
+    from flowkit.bijectors import Coupling
+    from flowkit.nn import SharedConditioner, SharedTrunk
+    from flowkit.transformers import Affine
+
+    trunk = SharedTrunk(2, (8,), context=1, embedding=3)
+    layers = [
+        Coupling(Affine(), 4, parity=k % 2, context=1, conditioner=SharedConditioner(trunk, 2, 4)) for k in range(3)
+    ]
+    return randomize(Flow(Chain(*layers), StandardNormal(4)))
+
+
+def test_a_shared_trunk_round_trips_once(tmp_path):
+    from safetensors import safe_open
+
+    model = _shared_trunk_flow()
+    flowkit.io.save(model, tmp_path / "m")
+    loaded = flowkit.io.load(tmp_path / "m")
+    trunks = {id(layer.conditioner.trunk) for layer in loaded.bijector}
+    assert len(trunks) == 1
+    count = sum(p.numel() for p in model.parameters())
+    assert sum(p.numel() for p in loaded.parameters()) == count
+    with safe_open(str(tmp_path / "m" / "weights.safetensors"), "pt") as f:
+        assert sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys()) == count
+    x, c = torch.randn(5, 4), torch.randn(5, 1)
+    torch.testing.assert_close(loaded.log_prob(x, c), model.log_prob(x, c), rtol=0, atol=0)
+    config = json.loads((tmp_path / "m" / "config.json").read_text())["model"]
+    assert json.dumps(config).count('"__shared__"') == 3  # written once, referred to twice
+
+
+def test_a_shared_preset_round_trips(tmp_path):
+    from flowkit.flows import NSF
+
+    model = randomize(NSF(3, transforms=3, hidden=(8,), bins=4, shared=True))
+    flowkit.io.save(model, tmp_path / "m")
+    loaded = flowkit.io.load(tmp_path / "m")
+    x = torch.randn(5, 3)
+    torch.testing.assert_close(loaded.log_prob(x), model.log_prob(x), rtol=0, atol=0)
+    assert sum(p.numel() for p in loaded.parameters()) == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize(
+    "entry, match",
+    [
+        ({"id": 0}, "used before it is"),
+        ({"id": "0", "object": {}}, "needs an integer 'id'"),
+        ({"id": 0, "object": {"class": "Affine", "args": {}}, "extra": 1}, "defined twice or used before"),
+    ],
+)
+def test_malformed_shared_entries_are_refused(entry, match):
+    with pytest.raises(ValueError, match=match):
+        from_config({"class": "Chain", "args": {"*bijectors": [{"__shared__": entry}]}})

@@ -40,7 +40,7 @@ from ..transformers import Affine, Transformer
 from ..utils import aggregates_auxiliary_loss, auxiliary_loss, into_open_unit_interval
 from .base import FlowModel
 from .flow import Flow
-from .presets import ConditionerFactory, _checked
+from .presets import ConditionerFactory, _checked, _shared
 from .registry import preset
 
 __all__ = ["Glow", "EIW", "multiscale", "Dequantized", "VariationalDequantizer"]
@@ -107,16 +107,20 @@ def _glow_steps(
     activation: str,
     conditioner: ConditionerFactory | None,
     where: str,
+    shared: bool | str = False,
 ) -> StepFactory:
     def build(shape: tuple[int, int, int], level: int) -> list[Bijector]:
         if shape[0] < 2:
             raise ValueError(f"{where}: level {level + 1} works on {shape}; its coupling layers need 2 channels")
         layers: list[Bijector] = []
+        # One trunk per level (NanoFlow's estimator per scale), on the identity channels of the couplings.
+        sizes = (shape[0] - shape[0] // 2, shape[0] // 2 * transformer.params_per_element)
+        factory = _shared(where, shared, conditioner, sizes, hidden, 0, activation, False, kernel=kernel) or conditioner
         for i in range(count):
             net = None
-            if conditioner is not None:  # parity 0 transforms the first C // 2 channels, given the others
+            if factory is not None:  # parity 0 transforms the first C // 2 channels, given the others
                 transformed = shape[0] // 2 if i % 2 == 0 else shape[0] - shape[0] // 2
-                net = conditioner(shape[0] - transformed, transformed * transformer.params_per_element, context=0)
+                net = factory(shape[0] - transformed, transformed * transformer.params_per_element, context=0)
             coupling = MaskedCoupling(
                 copy.deepcopy(transformer), shape, "channel", i % 2, hidden, kernel, "zeros", 0, activation, net
             )
@@ -152,6 +156,9 @@ class Glow(Flow):
             coupling's conditioner, such as `functools.partial(flowkit.nn.ConvNet, hidden=(128, 128))`
             (see [`MaskedCoupling`][flowkit.bijectors.MaskedCoupling]).
         base: the latent distribution on `shape` (a standard normal by default).
+        shared: the couplings of each level share one convolutional conditioner trunk (NanoFlow, see
+            [`SharedTrunk`][flowkit.nn.SharedTrunk]): `False`, `True` (per-step embedding, gates and output
+            convolution), `"output"` (the output convolution shared too) or `"naive"` (one conditioner per level).
 
     Examples:
         >>> import torch, flowkit
@@ -177,8 +184,11 @@ class Glow(Flow):
         transformer: Transformer | None = None,
         conditioner: ConditionerFactory | None = None,
         base: Distribution | None = None,
+        shared: bool | str = False,
     ) -> None:
-        self._build(shape, levels, steps, hidden, kernel, activation, alpha, transformer, conditioner, base, None)
+        self._build(
+            shape, levels, steps, hidden, kernel, activation, alpha, transformer, conditioner, base, None, shared
+        )
 
     def _build(
         self,
@@ -193,12 +203,13 @@ class Glow(Flow):
         conditioner: ConditionerFactory | None,
         base: Distribution | None,
         shuffle: Callable[[tuple[int, int, int]], Bijector] | None,
+        shared: bool | str = False,
     ) -> None:
         where = type(self).__name__
         shape = image_shape(shape, where)
         _checked(where, transformer, conditioner, {"levels": (levels, 1), "steps": (steps, 1)}, hidden)
         transformer = Affine() if transformer is None else transformer
-        make_steps = _glow_steps(steps, transformer, hidden, kernel, activation, conditioner, where)
+        make_steps = _glow_steps(steps, transformer, hidden, kernel, activation, conditioner, where, shared)
         body = multiscale(shape, levels, make_steps, shuffle)
         layers = [body] if alpha is None else [Logit(shape, alpha), body]
         super().__init__(Chain(*layers), StandardNormal(shape) if base is None else base)
@@ -231,6 +242,7 @@ class EIW(Glow):
         transformer: the coupling transformer instead of [`Affine`][flowkit.transformers.Affine].
         conditioner: a factory for each coupling's conditioner (as in [`Glow`][flowkit.flows.Glow]).
         base: the latent distribution (a standard normal by default).
+        shared: share one conditioner trunk per level (as in [`Glow`][flowkit.flows.Glow]).
 
     References:
         Chen, Du, Li, Zeng & Paisley, *EIW-Flow*, Pattern Recognition (2025), arXiv:2407.04958.
@@ -251,10 +263,13 @@ class EIW(Glow):
         transformer: Transformer | None = None,
         conditioner: ConditionerFactory | None = None,
         base: Distribution | None = None,
+        shared: bool | str = False,
     ) -> None:
         check_number(levels, "levels", where="EIW", integer=True, low=2)
         shuffle = functools.partial(EIWShuffle, reduction=reduction, weight=weight)
-        self._build(shape, levels, steps, hidden, kernel, activation, alpha, transformer, conditioner, base, shuffle)
+        self._build(
+            shape, levels, steps, hidden, kernel, activation, alpha, transformer, conditioner, base, shuffle, shared
+        )
 
 
 class VariationalDequantizer(Configurable, nn.Module):

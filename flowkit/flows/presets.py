@@ -13,6 +13,11 @@ Every preset takes, besides its sizes, three keyword-only arguments:
 - `base=`: the latent distribution, any flowkit [`Distribution`][flowkit.distributions.Distribution] with event shape
   `(features,)` (a [`StandardNormal`][flowkit.distributions.StandardNormal] by default).
 
+`RealNVP`, `MAF` and `NSF` also take `shared=` (NanoFlow, see [`SharedTrunk`][flowkit.nn.SharedTrunk]): `True` gives
+all layers one conditioner trunk, told apart by a per-step embedding, gates and output projection; `"output"` shares
+the output layer too (embedding and gates per step); `"naive"` is one conditioner for all layers (the ablation). The
+preset builds the sharing from its arguments, so a saved model loads with its trunk shared.
+
 Example:
     ```python
     import functools
@@ -32,6 +37,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -40,6 +46,7 @@ from .._validation import check_number
 from ..bijectors import Bijector, Chain, Coupling, MaskedAutoregressive, Permutation, Reverse
 from ..bijectors.coupling import coupling_mask
 from ..distributions import Distribution, StandardNormal
+from ..nn import SharedConditioner, SharedTrunk
 from ..transformers import Affine, RationalQuadraticSpline, Transformer
 from .flow import Flow
 from .registry import preset
@@ -49,6 +56,14 @@ __all__ = ["RealNVP", "MAF", "NSF"]
 #: Builds one layer's conditioner: `(in_features, out_features, context=...)` for couplings,
 #: `(features, params_per_feature, context=...)` for autoregressive layers.
 ConditionerFactory = Callable[..., nn.Module]
+
+
+#: The values of the presets' `shared=`: independent conditioners, NanoFlow's sharing (per-step embedding, gates and
+#: output projection), the output layer shared too, one conditioner for all layers.
+SHARING = (False, True, "output", "naive")
+
+#: The size of each step's flow indication embedding in the presets' shared conditioners.
+EMBEDDING = 8
 
 
 #: How `NSF(coupling=True)` permutes the features between layers (`"auto"`, the default: `"alternate"` at
@@ -93,6 +108,53 @@ def _checked(
             f"{where}: conditioner must be a factory that builds one conditioner per layer, such as "
             f"functools.partial(flowkit.nn.MLP, hidden=(256, 256)); got {type(conditioner).__name__}"
         )
+
+
+def _shared(
+    where: str,
+    shared: bool | str,
+    conditioner: ConditionerFactory | None,
+    sizes: tuple[int, int],
+    hidden: Sequence[int],
+    context: int,
+    activation: str,
+    autoregressive: bool,
+    **options: Any,
+) -> ConditionerFactory | None:
+    """The factory of the layers' conditioners for `shared=` (None when they are independent), on one trunk.
+
+    `sizes` are the largest conditioning input and the output of the layers (the shared output layer's size);
+    `options` go to the [`SharedTrunk`][flowkit.nn.SharedTrunk] (a convolutional `kernel`).
+    """
+    if not (shared is False or shared is True or (isinstance(shared, str) and shared in SHARING)):
+        raise ValueError(f"{where}: shared must be one of {SHARING}, got {shared!r}")
+    if shared is False:
+        return None
+    if conditioner is not None:
+        raise ValueError(f"{where}: give either conditioner= or shared=, not both")
+    trunk = SharedTrunk(
+        sizes[0],
+        hidden,
+        activation,
+        context=context,
+        embedding=0 if shared == "naive" else EMBEDDING,
+        gates=shared != "naive",
+        out_features=None if shared is True else sizes[1],
+        autoregressive=autoregressive,
+        **options,
+    )
+
+    def build(in_features: int, out_features: int, context: int = 0) -> SharedConditioner:
+        if autoregressive:  # called as (features, params_per_feature, context=...)
+            out_features *= in_features
+        if shared is not True and out_features != sizes[1]:
+            raise ValueError(
+                f"{where}: shared={shared!r} shares the output layer, which needs layers of one size; these have "
+                f"{sizes[1]} and {out_features} outputs (an odd number of features): use shared=True"
+            )
+        return SharedConditioner(trunk, in_features, out_features)
+
+    return build
 
 
 def _base(base: Distribution | None, features: int) -> Distribution:
@@ -188,6 +250,8 @@ class RealNVP(Flow):
         conditioner: a factory `conditioner(in_features, out_features, context=context)` for
             each layer's conditioner (`hidden` and `activation` are then unused).
         base: the latent distribution (a standard normal by default).
+        shared: share one conditioner trunk between the layers (NanoFlow; see the module's help): `False`, `True`,
+            `"output"` or `"naive"`.
 
     References:
         Dinh, Sohl-Dickstein & Bengio, *Density estimation using Real NVP*, ICLR 2017 (arXiv:1605.08803).
@@ -204,10 +268,16 @@ class RealNVP(Flow):
         transformer: Transformer | None = None,
         conditioner: ConditionerFactory | None = None,
         base: Distribution | None = None,
+        shared: bool | str = False,
     ) -> None:
         sizes = {"features": (features, 2), "transforms": (transforms, 1), "context": (context, 0)}
         _checked("RealNVP", transformer, conditioner, sizes, hidden)
         transformer = Affine() if transformer is None else transformer
+        out = (features - features // 2) * transformer.params_per_element  # the first layer's (parity 0)
+        conditioner = (
+            _shared("RealNVP", shared, conditioner, (features - features // 2, out), hidden, context, activation, False)
+            or conditioner
+        )
         layers = [
             _coupling(transformer, features, None, i % 2, hidden, context, activation, conditioner)
             for i in range(transforms)
@@ -234,6 +304,8 @@ class MAF(Flow):
             autoregressive conditioner for each layer, e.g. `functools.partial(flowkit.nn.MADE, hidden=(256, 256))`
             (`hidden`, `residual` and `activation` are then unused).
         base: the latent distribution (a standard normal by default).
+        shared: share one conditioner trunk between the layers (NanoFlow; see the module's help): `False`, `True`,
+            `"output"` or `"naive"` (not with `residual`).
 
     References:
         Papamakarios, Pavlakou & Murray, *Masked Autoregressive Flow for Density Estimation*,
@@ -252,10 +324,17 @@ class MAF(Flow):
         transformer: Transformer | None = None,
         conditioner: ConditionerFactory | None = None,
         base: Distribution | None = None,
+        shared: bool | str = False,
     ) -> None:
         sizes = {"features": (features, 1), "transforms": (transforms, 1), "context": (context, 0)}
         _checked("MAF", transformer, conditioner, sizes, hidden)
         transformer = Affine() if transformer is None else transformer
+        if shared is not False and residual:
+            raise ValueError("MAF: a shared conditioner has no residual blocks (residual=False)")
+        out = features * transformer.params_per_element
+        conditioner = (
+            _shared("MAF", shared, conditioner, (features, out), hidden, context, activation, True) or conditioner
+        )
         layers: list[Bijector] = [
             _autoregressive(transformer, features, hidden, context, residual, activation, conditioner)
             for _ in range(transforms)
@@ -263,6 +342,16 @@ class MAF(Flow):
         super().__init__(_with_permutations(layers, features, random=False), _base(base, features))
 
 
+@preset(
+    "nanoflow",
+    "coupling NSF whose layers share one conditioner, told apart by per-step embeddings (NanoFlow)",
+    one_pass=True,
+    transforms=8,
+    hidden=(128, 128),
+    bins=8,
+    coupling=True,
+    shared=True,
+)
 @preset("nsf", "autoregressive NSF (neural spline flow)", bench=True, transforms=5, hidden=(128, 128), bins=8)
 @preset(
     "nsf-coupling", "coupling NSF", one_pass=True, bench=True, transforms=5, hidden=(128, 128), bins=8, coupling=True
@@ -305,6 +394,9 @@ class NSF(Flow):
         near_identity: `True` for `start="near"`, `False` for `start="identity"`; `None` (the
             default) leaves the choice to `start`.
         start: where every layer starts: `"identity"`, `"near"`, `"random"` (see above) or `None` (the defaults above).
+        shared: share one conditioner trunk between the layers (NanoFlow; see the module's help): `False`, `True`,
+            `"output"` or `"naive"` (not with `residual`). `start` then moves the per-step output projections
+            (`shared=True`) and leaves a shared output layer at the identity.
 
     Examples:
         >>> import torch, flowkit
@@ -334,6 +426,7 @@ class NSF(Flow):
         permutations: str = "auto",
         near_identity: bool | None = None,
         start: str | None = None,
+        shared: bool | str = False,
     ) -> None:
         if permutations not in PERMUTATIONS:
             raise ValueError(f"NSF: permutations must be one of {', '.join(PERMUTATIONS)}; got {permutations!r}")
@@ -354,6 +447,13 @@ class NSF(Flow):
         _checked("NSF", transformer, conditioner, {**sizes, "bins": (bins, 1)}, hidden)
         spline = transformer is None or isinstance(transformer, RationalQuadraticSpline)
         transformer = RationalQuadraticSpline(bins, bound) if transformer is None else transformer
+        if shared is not False and residual:
+            raise ValueError("NSF: a shared conditioner has no residual blocks (residual=False)")
+        sizes_in = features // 2 if coupling else features  # the identity halves all have D // 2 features
+        out = (features - sizes_in if coupling else features) * transformer.params_per_element
+        factory = _shared("NSF", shared, conditioner, (sizes_in, out), hidden, context, activation, not coupling)
+        default = conditioner is None
+        conditioner = factory or conditioner
         if coupling:
             layers: list[Bijector] = [
                 _coupling(
@@ -366,7 +466,7 @@ class NSF(Flow):
                 _autoregressive(transformer, features, hidden, context, residual, activation, conditioner)
                 for _ in range(transforms)
             ]
-        if spline and conditioner is None and start != "identity":
+        if spline and default and start != "identity":
             _move_start(layers, start)
         chain = _with_permutations(layers, features, random=coupling, identity=permutations == "alternate")
         super().__init__(chain, _base(base, features))

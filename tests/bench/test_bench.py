@@ -114,3 +114,15 @@ def test_families_benchmark_trains_the_free_form_flow_at_nsf_cpu_time(script, tm
     (pair,) = report["comparisons"]
     assert (pair["model"], pair["reference"]) == ("flowkit-free-form", "flowkit-nsf")
     assert pair["within_0.1_nats"] == (pair["difference"] <= 0.1)
+
+
+def test_bench_shared_conditioners(script, tmp_path):
+    out = tmp_path / "shared.json"
+    argv = ["--dataset", "moons", "--steps", "3", "--seeds", "2", "--transforms", "3", "--hidden", "8", "--bins", "4"]
+    results = script("shared").main([*argv, "--out", str(out)])
+    assert json.loads(out.read_text())["variants"].keys() == results["variants"].keys()
+    variants = results["variants"]
+    assert set(variants) == {"independent", "nanoflow", "output", "naive"}
+    assert variants["naive"]["parameters"] < variants["output"]["parameters"] < variants["nanoflow"]["parameters"]
+    for name in ("nanoflow", "output", "naive"):
+        assert set(variants[name]["vs_independent"]) == {"difference", "paired_se"}

@@ -113,7 +113,7 @@ def test_every_target_spec_has_what_the_command_needs():
     data_files = {f for spec in TARGET_SPECS.values() for f in spec.data_files}
     assert set(OUTPUTS) == {"model", "metrics.json", "history.csv"} | plot_files | data_files  # no stale output name
     assert all(callable(build) for build in FLOWS.values())
-    assert set(FLOWS) == {"realnvp", "nsf-coupling", "lattice", "nsf"}  # nsf: the deprecated name of nsf-coupling
+    assert set(FLOWS) == {"realnvp", "nsf-coupling", "nanoflow", "lattice", "nsf"}  # nsf: the old name of nsf-coupling
 
 
 def test_the_cli_guide_lists_every_target():
