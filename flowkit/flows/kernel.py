@@ -107,7 +107,7 @@ class KernelCouplingFlow(Flow):
         >>> flow = flowkit.flows.KernelCouplingFlow(2, transforms=4, inducing=16)
         >>> flow.log_prob(torch.randn(3, 2)).shape
         torch.Size([3])
-        >>> flowkit.flows.count_parameters(flow) == 4 * (16 * (1 + 2) + 1 + 2)
+        >>> flowkit.flows.registry.count_parameters(flow) == 4 * (16 * (1 + 2) + 1 + 2)
         True
 
     References:
