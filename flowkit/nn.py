@@ -515,102 +515,7 @@ _KERNELS: dict[str, Callable[[Tensor], Tensor]] = {
 }
 
 
-class _KernelMachine(Conditioner):
-    """What the kernel conditioners share: inducing points, lengthscales, weights, bias and the kernel."""
-
-    def __init__(
-        self,
-        where: str,
-        inputs: int,
-        out_features: int,
-        inducing: int,
-        kernel: str,
-        lengthscale: float | Sequence[float],
-        ard: bool,
-    ) -> None:
-        super().__init__()
-        if kernel not in _KERNELS:
-            raise ValueError(f"{where}: unknown kernel {kernel!r}; choose one of {', '.join(_KERNELS)}")
-        inducing = check_number(inducing, "inducing", where=where, integer=True, low=1, rule="at least one point")
-        sizes = [lengthscale] if isinstance(lengthscale, (int, float)) else list(lengthscale)
-        if len(sizes) not in (1, inputs if ard else 1):
-            raise ValueError(
-                f"{where}: lengthscale must be one number or, with ard=True, one per input ({inputs}); "
-                f"got {lengthscale!r}"
-            )
-        for size in sizes:
-            check_number(size, "lengthscale", where=where, positive=True)
-        self.kernel = kernel
-        self.inducing = inducing
-        self.ard = bool(ard)
-        self.inducing_points = nn.Parameter(torch.randn(inducing, inputs))
-        initial = torch.as_tensor(sizes, dtype=torch.get_default_dtype()).expand(inputs if ard else 1).clone()
-        self.raw_lengthscales = nn.Parameter(_softplus_inverse(initial))
-        self.weight = nn.Parameter(torch.randn(inducing, out_features) / math.sqrt(inducing))  # zero_last zeroes it
-        self.bias = nn.Parameter(torch.zeros(out_features))
-
-    @property
-    def lengthscales(self) -> Tensor:
-        r"""The lengthscales $\ell = \operatorname{softplus}(\text{raw}) > 0$: one per input (`ard`) or one."""
-        return F.softplus(self.raw_lengthscales)
-
-    def _squared_differences(self, x: Tensor, context: Tensor | None) -> Tensor:
-        r"""$((u_j - z_{mj}) / \ell_j)^2$ of shape `(..., M, d)` for the inputs $u = [x, \text{context}]$."""
-        u = broadcast_context(x, context)
-        return ((u.unsqueeze(-2) - self.inducing_points) / self.lengthscales).square()
-
-    def zero_last(self, bias: Tensor | None = None) -> None:
-        with torch.no_grad():
-            self.weight.zero_()
-            if bias is None:
-                self.bias.zero_()
-            else:
-                self.bias.copy_(bias)
-
-    def init_inducing(self, x: Tensor, context: Tensor | None = None, generator: torch.Generator | None = None) -> None:
-        r"""Put the inducing points on data: `M` rows of $u = [x, \text{context}]$ drawn without replacement.
-
-        With fewer rows than inducing points, every row is used and the rest are rows drawn again plus Gaussian noise
-        of a tenth of each input's standard deviation (distinct points, so that their weights do not move together).
-
-        Arguments:
-            x: the conditioner's inputs `(..., in_features)` (batch dimensions are flattened).
-            context: the context, broadcast against `x`'s batch shape.
-            generator: the random generator (torch's global one when None).
-
-        Raises:
-            ValueError: for inputs of the wrong size, no rows, or non-finite values.
-        """
-        where = type(self).__name__ + ".init_inducing"
-        with torch.no_grad():
-            u = broadcast_context(x, context)
-            if u.shape[-1] != self.inducing_points.shape[1] or u.numel() == 0:
-                raise ValueError(
-                    f"{where}: needs rows of {self.in_features} inputs and {self.context_features} context features, "
-                    f"got x of shape {tuple(x.shape)} and context of shape "
-                    f"{None if context is None else tuple(context.shape)}"
-                )
-            u = u.reshape(-1, u.shape[-1]).to(self.inducing_points)
-            if not bool(torch.isfinite(u).all()):
-                raise ValueError(f"{where}: the data have non-finite values")
-            n, m = u.shape[0], self.inducing
-            rows = torch.randperm(n, generator=generator)
-            index = rows.repeat(-(-m // n))[:m].to(u.device)
-            points = u[index]
-            if n < m:
-                spread = u.std(0, unbiased=False) if n > 1 else torch.ones_like(u[0])
-                noise = torch.randn(m - n, u.shape[1], generator=generator).to(u)
-                points[n:] += 0.1 * spread.clamp_min(torch.finfo(u.dtype).eps) * noise
-            self.inducing_points.copy_(points)
-
-    def extra_repr(self) -> str:
-        return (
-            f"in_features={self.in_features}, out_features={self.out_features}, context={self.context_features}, "
-            f"inducing={self.inducing}, kernel={self.kernel!r}, ard={self.ard}"
-        )
-
-
-class KernelMachine(_KernelMachine):
+class KernelMachine(Conditioner):
     r"""Kernel-machine [`Conditioner`][flowkit.nn.Conditioner] (Ferumal flows): parameters as sums of kernels.
 
     With inputs $u = [x, c]$ (the context $c$, when given, is concatenated to $x$ and has its own lengthscales),
@@ -669,12 +574,33 @@ class KernelMachine(_KernelMachine):
         *,
         context: int = 0,
     ) -> None:
+        super().__init__()
+        where = type(self).__name__
         if in_features < 0 or context < 0 or out_features < 1 or in_features + context < 1:
             raise ValueError(
-                f"KernelMachine needs a non-empty input and out_features >= 1, got in_features={in_features}, "
+                f"{where} needs a non-empty input and out_features >= 1, got in_features={in_features}, "
                 f"context={context}, out_features={out_features}"
             )
-        super().__init__("KernelMachine", in_features + context, out_features, inducing, kernel, lengthscale, ard)
+        inputs = in_features + context
+        if kernel not in _KERNELS:
+            raise ValueError(f"{where}: unknown kernel {kernel!r}; choose one of {', '.join(_KERNELS)}")
+        inducing = check_number(inducing, "inducing", where=where, integer=True, low=1, rule="at least one point")
+        sizes = [lengthscale] if isinstance(lengthscale, (int, float)) else list(lengthscale)
+        if len(sizes) not in (1, inputs if ard else 1):
+            raise ValueError(
+                f"{where}: lengthscale must be one number or, with ard=True, one per input ({inputs}); "
+                f"got {lengthscale!r}"
+            )
+        for size in sizes:
+            check_number(size, "lengthscale", where=where, positive=True)
+        self.kernel = kernel
+        self.inducing = inducing
+        self.ard = bool(ard)
+        self.inducing_points = nn.Parameter(torch.randn(inducing, inputs))
+        initial = torch.as_tensor(sizes, dtype=torch.get_default_dtype()).expand(inputs if ard else 1).clone()
+        self.raw_lengthscales = nn.Parameter(_softplus_inverse(initial))
+        self.weight = nn.Parameter(torch.randn(inducing, out_features) / math.sqrt(inducing))  # zero_last zeroes it
+        self.bias = nn.Parameter(torch.zeros(out_features))
         self.in_features = int(in_features)
         self.out_features = int(out_features)
         self.context_features = int(context)
@@ -683,8 +609,68 @@ class KernelMachine(_KernelMachine):
         gram = _KERNELS[self.kernel](self._squared_differences(x, context).sum(-1))  # (..., M)
         return gram @ self.weight + self.bias
 
+    @property
+    def lengthscales(self) -> Tensor:
+        r"""The lengthscales $\ell = \operatorname{softplus}(\text{raw}) > 0$: one per input (`ard`) or one."""
+        return F.softplus(self.raw_lengthscales)
 
-class MaskedKernelMachine(_KernelMachine):
+    def _squared_differences(self, x: Tensor, context: Tensor | None) -> Tensor:
+        r"""$((u_j - z_{mj}) / \ell_j)^2$ of shape `(..., M, d)` for the inputs $u = [x, \text{context}]$."""
+        u = broadcast_context(x, context)
+        return ((u.unsqueeze(-2) - self.inducing_points) / self.lengthscales).square()
+
+    def zero_last(self, bias: Tensor | None = None) -> None:
+        with torch.no_grad():
+            self.weight.zero_()
+            if bias is None:
+                self.bias.zero_()
+            else:
+                self.bias.copy_(bias)
+
+    def init_inducing(self, x: Tensor, context: Tensor | None = None, generator: torch.Generator | None = None) -> None:
+        r"""Put the inducing points on data: `M` rows of $u = [x, \text{context}]$ drawn without replacement.
+
+        With fewer rows than inducing points, every row is used and the rest are rows drawn again plus Gaussian noise
+        of a tenth of each input's standard deviation (distinct points, so that their weights do not move together).
+
+        Arguments:
+            x: the conditioner's inputs `(..., in_features)` (batch dimensions are flattened).
+            context: the context, broadcast against `x`'s batch shape.
+            generator: the random generator (torch's global one when None).
+
+        Raises:
+            ValueError: for inputs of the wrong size, no rows, or non-finite values.
+        """
+        where = f"{type(self).__name__}.init_inducing"
+        with torch.no_grad():
+            u = broadcast_context(x, context)
+            if u.shape[-1] != self.inducing_points.shape[1] or u.numel() == 0:
+                raise ValueError(
+                    f"{where}: needs rows of {self.in_features} inputs and {self.context_features} context features, "
+                    f"got x of shape {tuple(x.shape)} and context of shape "
+                    f"{None if context is None else tuple(context.shape)}"
+                )
+            u = u.reshape(-1, u.shape[-1]).to(self.inducing_points)
+            if not bool(torch.isfinite(u).all()):
+                raise ValueError(f"{where}: the data have non-finite values")
+            n, m = u.shape[0], self.inducing
+            rows = torch.randperm(n, generator=generator)
+            index = rows.repeat(-(-m // n))[:m].to(u.device)
+            points = u[index]
+            if n < m:
+                spread = u.std(0, unbiased=False) if n > 1 else torch.ones_like(u[0])
+                noise = torch.randn(m - n, u.shape[1], generator=generator).to(u)
+                points[n:] += 0.1 * spread.clamp_min(torch.finfo(u.dtype).eps) * noise
+            self.inducing_points.copy_(points)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, context={self.context_features}, "
+            f"inducing={self.inducing}, kernel={self.kernel!r}, ard={self.ard}"
+        )
+
+
+class MaskedKernelMachine(KernelMachine):
     r"""Autoregressive [`KernelMachine`][flowkit.nn.KernelMachine]: one kernel machine per feature, on masked inputs.
 
     For the feature of rank $r(i)$ in `order`, the kernel sees only the features before it and the context: with the
@@ -745,12 +731,9 @@ class MaskedKernelMachine(_KernelMachine):
         order = list(range(features)) if order is None else [int(i) for i in order]
         if sorted(order) != list(range(features)):
             raise ValueError(f"MaskedKernelMachine: order must be a permutation of range({features}), got {order}")
-        out = features * params_per_feature
-        super().__init__("MaskedKernelMachine", features + context, out, inducing, kernel, lengthscale, ard)
-        self.features = self.in_features = int(features)
+        super().__init__(features, features * params_per_feature, inducing, kernel, lengthscale, ard, context=context)
+        self.features = int(features)
         self.params_per_feature = int(params_per_feature)
-        self.out_features = out
-        self.context_features = int(context)
         self.order = order
         rank = torch.empty(features, dtype=torch.long)
         rank[torch.tensor(order)] = torch.arange(features)
