@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._config import Configurable
+from ._validation import check_number
 from .utils import broadcast_shapes
 
 __all__ = [
@@ -31,6 +32,8 @@ __all__ = [
     "MADE",
     "SharedTrunk",
     "SharedConditioner",
+    "KernelMachine",
+    "MaskedKernelMachine",
     "VectorField",
     "PotentialField",
     "time_embedding",
@@ -504,6 +507,262 @@ class MADE(Conditioner):
             columns[i] = solve(i, F.linear(self.act(h), w_last[block, : sizes[-1]], b_last[block]))
             previous = i
         return torch.stack(columns, dim=-1)  # type: ignore[arg-type]
+
+
+def _softplus_inverse(y: Tensor) -> Tensor:
+    r"""$\log(e^y - 1)$, the raw value whose softplus is `y > 0`."""
+    return y + torch.log(-torch.expm1(-y))
+
+
+def _matern(r2: Tensor, nu_times_2: int) -> Tensor:
+    r"""Matérn profile of a squared scaled distance: $\nu = 3/2$ (`3`) or $5/2$ (`5`).
+
+    $\sqrt{r^2}$ is taken of $\max(r^2, \text{tiny})$: at $r = 0$ the gradient is 0 (both profiles are flat there), not
+    `inf * 0`.
+    """
+    s = (nu_times_2 * r2.clamp_min(torch.finfo(r2.dtype).tiny)).sqrt()
+    polynomial = 1 + s if nu_times_2 == 3 else 1 + s + s.square() / 3
+    return polynomial * torch.exp(-s)
+
+
+#: Stationary kernels as functions of the squared scaled distance $r^2 = \sum_j (u_j - z_j)^2 / \ell_j^2$.
+_KERNELS: dict[str, Callable[[Tensor], Tensor]] = {
+    "squared_exponential": lambda r2: torch.exp(-0.5 * r2),
+    "matern32": partial(_matern, nu_times_2=3),
+    "matern52": partial(_matern, nu_times_2=5),
+}
+
+
+class KernelMachine(Conditioner):
+    r"""Kernel-machine [`Conditioner`][flowkit.nn.Conditioner] (Ferumal flows): parameters as sums of kernels.
+
+    With inputs $u = [x, c]$ (the context $c$, when given, is concatenated to $x$ and has its own lengthscales),
+    `M` learnable inducing points $z_m$, learnable lengthscales $\ell$ and weights $\alpha_m \in \mathbb R^{P}$,
+
+    $$\theta(u) = \sum_{m=1}^{M} \alpha_m\, k(u, z_m) + b, \qquad k(u, z) = \kappa(r), \quad
+    r^2 = \sum_j \frac{(u_j - z_j)^2}{\ell_j^2},$$
+
+    a kernel machine of the form the representer theorem gives, with the points it is expanded on learnt (as inducing
+    points are in sparse Gaussian processes). The kernels (`kernel=`):
+
+    - `"squared_exponential"`: $\kappa(r) = e^{-r^2/2}$;
+    - `"matern32"`: $\kappa(r) = (1 + \sqrt3\, r)\, e^{-\sqrt3\, r}$;
+    - `"matern52"`: $\kappa(r) = (1 + \sqrt5\, r + \tfrac53 r^2)\, e^{-\sqrt5\, r}$.
+
+    The lengthscales are $\ell = \operatorname{softplus}(\rho) > 0$ of free parameters $\rho$, one per input
+    (`ard=True`) or one shared; the kernel's amplitude is the scale of $\alpha$. The inducing points start from a
+    standard normal (the scale of standardised data), or on data with
+    [`init_inducing`][flowkit.nn.KernelMachine.init_inducing]; the layer's `zero_last` sets $\alpha = 0$ and $b$ to the
+    transformer's identity parameters, so a coupling layer starts as the identity.
+
+    With `d = in_features + context` inputs, `P = out_features` outputs and `L = d` lengthscales (`ard=True`) or 1,
+    the number of parameters is
+
+    $$M\,(d + P) + L + P.$$
+
+    Arguments:
+        in_features: size of the conditioning input `x`.
+        out_features: number of outputs `P`.
+        inducing: number of inducing points `M` (at least 1).
+        kernel: `"squared_exponential"`, `"matern32"` or `"matern52"`.
+        lengthscale: the starting lengthscale(s), positive: one number, or with `ard=True` one per input.
+        ard: one lengthscale per input (automatic relevance determination) instead of one shared.
+        context: number of context features, concatenated to `x`.
+
+    Examples:
+        >>> import torch
+        >>> net = KernelMachine(2, 4, inducing=16, kernel="matern52", context=1)
+        >>> net(torch.randn(5, 2), torch.randn(5, 1)).shape
+        torch.Size([5, 4])
+        >>> sum(p.numel() for p in net.parameters()) == 16 * (3 + 4) + 3 + 4
+        True
+
+    References:
+        English, Kirchler & Lippert, *Kernelised Normalising Flows* (Ferumal flows), ICLR 2024 (arXiv:2307.14839).
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        inducing: int = 64,
+        kernel: str = "squared_exponential",
+        lengthscale: float | Sequence[float] = 1.0,
+        ard: bool = True,
+        *,
+        context: int = 0,
+    ) -> None:
+        super().__init__()
+        where = type(self).__name__
+        if in_features < 0 or context < 0 or out_features < 1 or in_features + context < 1:
+            raise ValueError(
+                f"{where} needs a non-empty input and out_features >= 1, got in_features={in_features}, "
+                f"context={context}, out_features={out_features}"
+            )
+        inputs = in_features + context
+        if kernel not in _KERNELS:
+            raise ValueError(f"{where}: unknown kernel {kernel!r}; choose one of {', '.join(_KERNELS)}")
+        inducing = check_number(inducing, "inducing", where=where, integer=True, low=1, rule="at least one point")
+        sizes = [lengthscale] if isinstance(lengthscale, (int, float)) else list(lengthscale)
+        if len(sizes) not in (1, inputs if ard else 1):
+            raise ValueError(
+                f"{where}: lengthscale must be one number or, with ard=True, one per input ({inputs}); "
+                f"got {lengthscale!r}"
+            )
+        for size in sizes:
+            check_number(size, "lengthscale", where=where, positive=True)
+        self.kernel = kernel
+        self.inducing = inducing
+        self.ard = bool(ard)
+        self.inducing_points = nn.Parameter(torch.randn(inducing, inputs))
+        initial = torch.as_tensor(sizes, dtype=torch.get_default_dtype()).expand(inputs if ard else 1).clone()
+        self.raw_lengthscales = nn.Parameter(_softplus_inverse(initial))
+        self.weight = nn.Parameter(torch.randn(inducing, out_features) / math.sqrt(inducing))  # zero_last zeroes it
+        self.bias = nn.Parameter(torch.zeros(out_features))
+        self.in_features = int(in_features)
+        self.out_features = int(out_features)
+        self.context_features = int(context)
+
+    def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
+        gram = _KERNELS[self.kernel](self._squared_differences(x, context).sum(-1))  # (..., M)
+        return gram @ self.weight + self.bias
+
+    @property
+    def lengthscales(self) -> Tensor:
+        r"""The lengthscales $\ell = \operatorname{softplus}(\text{raw}) > 0$: one per input (`ard`) or one."""
+        return F.softplus(self.raw_lengthscales)
+
+    def _squared_differences(self, x: Tensor, context: Tensor | None) -> Tensor:
+        r"""$((u_j - z_{mj}) / \ell_j)^2$ of shape `(..., M, d)` for the inputs $u = [x, \text{context}]$."""
+        u = broadcast_context(x, context)
+        return ((u.unsqueeze(-2) - self.inducing_points) / self.lengthscales).square()
+
+    def zero_last(self, bias: Tensor | None = None) -> None:
+        with torch.no_grad():
+            self.weight.zero_()
+            if bias is None:
+                self.bias.zero_()
+            else:
+                self.bias.copy_(bias)
+
+    def init_inducing(self, x: Tensor, context: Tensor | None = None, generator: torch.Generator | None = None) -> None:
+        r"""Put the inducing points on data: `M` rows of $u = [x, \text{context}]$ drawn without replacement.
+
+        With fewer rows than inducing points, every row is used and the rest are rows drawn again plus Gaussian noise
+        of a tenth of each input's standard deviation (distinct points, so that their weights do not move together).
+
+        Arguments:
+            x: the conditioner's inputs `(..., in_features)` (batch dimensions are flattened).
+            context: the context, broadcast against `x`'s batch shape.
+            generator: the random generator (torch's global one when None).
+
+        Raises:
+            ValueError: for inputs of the wrong size, no rows, or non-finite values.
+        """
+        where = f"{type(self).__name__}.init_inducing"
+        with torch.no_grad():
+            u = broadcast_context(x, context)
+            if u.shape[-1] != self.inducing_points.shape[1] or u.numel() == 0:
+                raise ValueError(
+                    f"{where}: needs rows of {self.in_features} inputs and {self.context_features} context features, "
+                    f"got x of shape {tuple(x.shape)} and context of shape "
+                    f"{None if context is None else tuple(context.shape)}"
+                )
+            u = u.reshape(-1, u.shape[-1]).to(self.inducing_points)
+            if not bool(torch.isfinite(u).all()):
+                raise ValueError(f"{where}: the data have non-finite values")
+            n, m = u.shape[0], self.inducing
+            rows = torch.randperm(n, generator=generator)
+            index = rows.repeat(-(-m // n))[:m].to(u.device)
+            points = u[index]
+            if n < m:
+                spread = u.std(0, unbiased=False) if n > 1 else torch.ones_like(u[0])
+                noise = torch.randn(m - n, u.shape[1], generator=generator).to(u)
+                points[n:] += 0.1 * spread.clamp_min(torch.finfo(u.dtype).eps) * noise
+            self.inducing_points.copy_(points)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, context={self.context_features}, "
+            f"inducing={self.inducing}, kernel={self.kernel!r}, ard={self.ard}"
+        )
+
+
+class MaskedKernelMachine(KernelMachine):
+    r"""Autoregressive [`KernelMachine`][flowkit.nn.KernelMachine]: one kernel machine per feature, on masked inputs.
+
+    For the feature of rank $r(i)$ in `order`, the kernel sees only the features before it and the context: with the
+    mask $\mu_{ij} = [r(j) < r(i)]$ (1 on the context),
+
+    $$\theta_i(u) = \sum_{m=1}^{M} \alpha_{m i}\, k_i(u, z_m) + b_i, \qquad k_i(u, z) = \kappa(r_i), \quad
+    r_i^2 = \sum_j \mu_{ij} \frac{(u_j - z_j)^2}{\ell_j^2},$$
+
+    which is the kernel $\kappa$ on the projection of $u$ onto the coordinates feature $i$ may depend on (a valid
+    kernel for each $i$). The inducing points and lengthscales are shared by the `D` machines; each has its own
+    weights $\alpha_{mi} \in \mathbb R^{P}$ and bias. So $\theta_i$ depends only on $x_{<i}$ (in `order`) and the
+    context, and the Jacobian of a [`MaskedAutoregressive`][flowkit.bijectors.MaskedAutoregressive] layer is
+    triangular; the first feature's parameters are constant (or a function of the context). The inverse is the
+    generic one of [`Conditioner.invert`][flowkit.nn.Conditioner.invert] (`D` passes).
+
+    With `d = D + context` inputs, `P = params_per_feature` and `L = d` lengthscales (`ard=True`) or 1, the number of
+    parameters is
+
+    $$M\,(d + D P) + L + D P.$$
+
+    Arguments:
+        features: number of features `D`.
+        params_per_feature: number of outputs per feature `P`.
+        inducing: number of inducing points `M` (at least 1).
+        kernel: `"squared_exponential"`, `"matern32"` or `"matern52"` (see [`KernelMachine`][flowkit.nn.KernelMachine]).
+        lengthscale: the starting lengthscale(s), positive: one number, or with `ard=True` one per input.
+        ard: one lengthscale per input instead of one shared.
+        context: number of context features, seen by every feature's machine.
+        order: the autoregressive order, a permutation of `range(D)` (natural order when None).
+
+    Examples:
+        >>> import torch
+        >>> net = MaskedKernelMachine(3, 2, inducing=8, order=[2, 0, 1])
+        >>> net(torch.randn(5, 3)).shape
+        torch.Size([5, 6])
+
+    References:
+        English, Kirchler & Lippert, *Kernelised Normalising Flows* (Ferumal flows), ICLR 2024 (arXiv:2307.14839).
+    """
+
+    def __init__(
+        self,
+        features: int,
+        params_per_feature: int,
+        inducing: int = 64,
+        kernel: str = "squared_exponential",
+        lengthscale: float | Sequence[float] = 1.0,
+        ard: bool = True,
+        *,
+        context: int = 0,
+        order: Sequence[int] | None = None,
+    ) -> None:
+        if features < 1 or params_per_feature < 1 or context < 0:
+            raise ValueError(
+                f"MaskedKernelMachine needs features >= 1, params_per_feature >= 1 and context >= 0, got "
+                f"{features}, {params_per_feature}, {context}"
+            )
+        order = list(range(features)) if order is None else [int(i) for i in order]
+        if sorted(order) != list(range(features)):
+            raise ValueError(f"MaskedKernelMachine: order must be a permutation of range({features}), got {order}")
+        super().__init__(features, features * params_per_feature, inducing, kernel, lengthscale, ard, context=context)
+        self.features = int(features)
+        self.params_per_feature = int(params_per_feature)
+        self.order = order
+        rank = torch.empty(features, dtype=torch.long)
+        rank[torch.tensor(order)] = torch.arange(features)
+        seen = torch.cat([rank[None, :] < rank[:, None], torch.ones(features, context, dtype=torch.bool)], dim=1)
+        self.register_buffer("mask", seen, persistent=False)  # (D, d): the inputs feature i's machine sees
+
+    def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
+        r2 = self._squared_differences(x, context) @ self.mask.to(self.weight.dtype).T  # (..., M, D)
+        gram = _KERNELS[self.kernel](r2)
+        weight = self.weight.view(self.inducing, self.features, self.params_per_feature)
+        return torch.einsum("...mi,mip->...ip", gram, weight).flatten(-2) + self.bias
 
 
 class SharedTrunk(Configurable, nn.Module):

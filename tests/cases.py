@@ -76,7 +76,7 @@ from flowkit.flows import FlowModel, LangevinBlock, MetropolisBlock
 from flowkit.flows.images import EIW
 from flowkit.flows.registry import build_data_flow, build_flow, build_image_flow
 from flowkit.lattice import Z2Equivariant
-from flowkit.nn import MLP, ConvNet, SharedConditioner, SharedTrunk, VectorField
+from flowkit.nn import MLP, ConvNet, KernelMachine, MaskedKernelMachine, SharedConditioner, SharedTrunk, VectorField
 from flowkit.testing import randomize
 from flowkit.transformers import (
     Affine,
@@ -274,6 +274,40 @@ BIJECTORS: dict[str, Case] = {
     "MaskedAutoregressive(1 feature, context)": lambda: (
         randomize(MaskedAutoregressive(RationalQuadraticSpline(4, 2.0), 1, hidden=(8,), context=2), scale=0.2),
         1.5 * torch.randn(6, 1),
+    ),
+    # kernel-machine conditioners (Ferumal flows)
+    "Coupling(Affine, KernelMachine, context)": lambda: (
+        randomize(Coupling(Affine(), 4, parity=1, context=2, conditioner=KernelMachine(2, 4, inducing=6, context=2))),
+        torch.randn(6, 4),
+    ),
+    "Coupling(spline, KernelMachine matern32, shared lengthscale)": lambda: (
+        randomize(
+            Coupling(
+                RationalQuadraticSpline(4, 2.0),
+                5,
+                conditioner=KernelMachine(2, 3 * 11, inducing=5, kernel="matern32", ard=False),
+            ),
+            scale=0.2,
+        ),
+        1.5 * torch.randn(6, 5),
+    ),
+    "MaskedAutoregressive(Affine, MaskedKernelMachine matern52, context, order)": lambda: (
+        randomize(
+            MaskedAutoregressive(
+                Affine(),
+                4,
+                context=2,
+                conditioner=MaskedKernelMachine(4, 2, 6, "matern52", context=2, order=[2, 0, 3, 1]),
+            )
+        ),
+        torch.randn(6, 4),
+    ),
+    "MaskedAutoregressive(spline, MaskedKernelMachine)": lambda: (
+        randomize(
+            MaskedAutoregressive(RationalQuadraticSpline(4, 2.0), 3, conditioner=MaskedKernelMachine(3, 11, 5)),
+            scale=0.2,
+        ),
+        1.5 * torch.randn(6, 3),
     ),
     # activations
     "SmoothLeakyReLU": lambda: (SmoothLeakyReLU(4, alpha=0.3), torch.randn(5, 4) * 3),
@@ -473,6 +507,7 @@ FLOW_PRESETS: dict[str, Callable[[], tuple[FlowModel, Tensor]]] = {
     "bnaf": lambda: _vector("bnaf", transforms=2, hidden=(4,)),
     "cnf": lambda: _vector("cnf"),
     "free-form": lambda: _vector("free-form"),
+    "kernel-coupling": lambda: _vector("kernel-coupling", transforms=2),
     "lattice": lambda: _vector("lattice", 16, transforms=2),
     "maf": lambda: _vector("maf", transforms=2),
     "nanoflow": lambda: _vector("nanoflow", transforms=2, bins=4),

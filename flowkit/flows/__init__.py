@@ -8,6 +8,7 @@ from .continuous import CNF
 from .flow import Flow, FlowDistribution
 from .free_form import FreeFormFlow, InjectiveFlow, ResidualMLP
 from .images import EIW, Glow
+from .kernel import KernelCouplingFlow, init_inducing
 from .lattice import LatticeFlow
 from .molecules import internal_coordinate_flow
 from .neural import BNAF, NAF, UNAF
@@ -35,6 +36,8 @@ __all__ = [
     "NAF",
     "UNAF",
     "BNAF",
+    "KernelCouplingFlow",
+    "init_inducing",
     "ResidualFlow",
     "PlanarFlow",
     "CNF",
