@@ -80,10 +80,13 @@ from flowkit.nn import MLP, ConvNet, VectorField
 from flowkit.testing import randomize
 from flowkit.transformers import (
     Affine,
+    Bernstein,
     CircularSpline,
+    Gaussianization,
     MonotonicMLP,
     RationalQuadraticSpline,
     SmoothMixture,
+    SumOfSquares,
     Transformer,
     UnconstrainedMonotonic,
 )
@@ -365,6 +368,31 @@ BIJECTORS: dict[str, Case] = {
         randomize(MaskedAutoregressive(UnconstrainedMonotonic(5, nodes=24), 3, hidden=(8,)), scale=0.3),
         1.5 * torch.randn(6, 3),
     ),
+    # polynomial and Gaussianization transformers (numerical inverses on a bracket)
+    "Coupling(Bernstein)": lambda: (
+        randomize(Coupling(Bernstein(degree=6, bound=3.0), 4, hidden=(8,))),
+        1.5 * torch.randn(6, 4),
+    ),
+    "MaskedAutoregressive(Bernstein, context)": lambda: (
+        randomize(MaskedAutoregressive(Bernstein(degree=5, bound=2.0), 3, hidden=(8,), context=2)),
+        1.5 * torch.randn(6, 3),
+    ),
+    "Coupling(SumOfSquares)": lambda: (
+        randomize(Coupling(SumOfSquares(degree=3, polynomials=2, bound=3.0), 4, hidden=(8,))),
+        1.5 * torch.randn(6, 4),
+    ),
+    "MaskedAutoregressive(SumOfSquares)": lambda: (
+        randomize(MaskedAutoregressive(SumOfSquares(degree=2, polynomials=3, bound=2.0), 3, hidden=(8,))),
+        1.5 * torch.randn(6, 3),
+    ),
+    "Coupling(Gaussianization)": lambda: (
+        randomize(Coupling(Gaussianization(3), 4, hidden=(8,))),
+        1.5 * torch.randn(6, 4),
+    ),
+    "MaskedAutoregressive(Gaussianization, normal, context)": lambda: (
+        randomize(MaskedAutoregressive(Gaussianization(3, kernel="normal"), 3, hidden=(8,), context=2)),
+        1.5 * torch.randn(6, 3),
+    ),
     "BlockNeuralAutoregressive": lambda: (randomize(BlockNeuralAutoregressive(3, hidden=(6, 5))), torch.randn(6, 3)),
     "BlockNeuralAutoregressive(context)": lambda: (
         randomize(BlockNeuralAutoregressive(2, hidden=(4,), context=2)),
@@ -396,6 +424,10 @@ TRANSFORMERS: dict[str, Callable[[], Transformer]] = {
     "SmoothMixture(circle)": lambda: SmoothMixture(3, circular=True, power=2),
     "MonotonicMLP": lambda: MonotonicMLP(4, layers=2),
     "UnconstrainedMonotonic": lambda: UnconstrainedMonotonic(4),
+    "Bernstein": lambda: Bernstein(degree=8, bound=3.0),
+    "SumOfSquares": lambda: SumOfSquares(degree=3, polynomials=2, bound=3.0),
+    "Gaussianization": lambda: Gaussianization(4),
+    "Gaussianization(normal)": lambda: Gaussianization(3, kernel="normal"),
 }
 
 #: Base distributions: name -> ``() -> distribution``, events of at most two elements (checked by
