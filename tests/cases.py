@@ -58,6 +58,7 @@ from flowkit.bijectors import (
     SmoothTanh,
     SplineCoupling,
     Standardization,
+    Sylvester,
     TailLU,
 )
 from flowkit.bijectors.image import Conv1x1, EIWShuffle, FactorOut, Squeeze
@@ -347,6 +348,21 @@ BIJECTORS: dict[str, Case] = {
     "Planar": lambda: (randomize(Planar(3), scale=1.0), 2 * torch.randn(6, 3)),
     "Radial": lambda: (randomize(Radial(3), scale=1.0), 2 * torch.randn(6, 3)),
     "Radial(1 feature)": lambda: (randomize(Radial(1), scale=1.0), 2 * torch.randn(6, 1)),
+    # Householder reflections and Sylvester flows (van den Berg et al. 2018; back-substitution inverse)
+    "Householder": lambda: (Householder(4, reflections=3), torch.randn(6, 4)),
+    "Householder(1 reflection, 1 feature)": lambda: (Householder(1), torch.randn(6, 1)),
+    "Sylvester(orthogonal, 2 of 4 columns)": lambda: (
+        randomize(Sylvester(4, columns=2), scale=1.0),
+        2 * torch.randn(6, 4),
+    ),
+    "Sylvester(householder)": lambda: (
+        randomize(Sylvester(3, variant="householder", reflections=2), scale=1.0),
+        2 * torch.randn(6, 3),
+    ),
+    "Sylvester(triangular, reverse)": lambda: (
+        randomize(Sylvester(4, variant="triangular", reverse=True), scale=1.0),
+        2 * torch.randn(6, 4),
+    ),
     "MaskedAutoregressive(SmoothMixture)": lambda: (
         randomize(MaskedAutoregressive(SmoothMixture(2, low=-2.0, high=2.0), 3, hidden=(12,), activation="tanh")),
         torch.rand(6, 3) * 3.8 - 1.9,
