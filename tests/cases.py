@@ -36,6 +36,7 @@ from flowkit.bijectors import (
     ConvexMoebius,
     Coupling,
     DoubleMoebius,
+    Householder,
     InternalCoordinates,
     Invert,
     Linear,
