@@ -36,6 +36,7 @@ from flowkit.bijectors import (
     ConvexMoebius,
     Coupling,
     DoubleMoebius,
+    ElementwiseTransformer,
     Householder,
     InternalCoordinates,
     Invert,
@@ -400,6 +401,14 @@ BIJECTORS: dict[str, Case] = {
     ),
     "MaskedAutoregressive(SumOfSquares)": lambda: (
         randomize(MaskedAutoregressive(SumOfSquares(degree=2, polynomials=3, bound=2.0), 3, hidden=(8,))),
+        1.5 * torch.randn(6, 3),
+    ),
+    "ElementwiseTransformer(Gaussianization)": lambda: (
+        randomize(ElementwiseTransformer(Gaussianization(3), 3)),
+        1.5 * torch.randn(6, 3),
+    ),
+    "ElementwiseTransformer(Bernstein, context)": lambda: (
+        randomize(ElementwiseTransformer(Bernstein(degree=6, bound=2.0), 3, context=2, hidden=(8,))),
         1.5 * torch.randn(6, 3),
     ),
     "Coupling(Gaussianization)": lambda: (

@@ -7,6 +7,7 @@ from .base import Bijector, Chain, Invert, Reshape
 from .block_autoregressive import BlockNeuralAutoregressive
 from .continuous import ContinuousFlow
 from .coupling import AffineCoupling, Coupling
+from .elementwise import ElementwiseTransformer
 from .householder import Householder
 from .image import Conv1x1, EIWShuffle, FactorOut, Squeeze
 from .internal import InternalCoordinates
@@ -62,6 +63,7 @@ __all__ = [
     "Radial",
     "Householder",
     "Sylvester",
+    "ElementwiseTransformer",
     "ContinuousFlow",
     "Domain",
     "Real",

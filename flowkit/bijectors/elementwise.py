@@ -1,0 +1,88 @@
+r"""A transformer applied to every feature with its own parameters: free ones, or a function of the context alone.
+
+$z_i = \tau(x_i; \theta_i)$ with $\log|\det \partial z / \partial x| = \sum_i \log \tau'(x_i; \theta_i)$: no feature
+conditions another (the elementwise layers of Gaussianization flows, between rotations). Unconditional, the
+$\theta_i$ are parameters of the layer; with a context $c$, $\theta = \mathrm{MLP}(c)$ (zuko's
+`ElementWiseTransform`). Both start at the transformer's `identity_params`.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from .._validation import check_number
+from ..nn import MLP
+from ..transformers import Transformer
+from .base import Bijector
+
+__all__ = ["ElementwiseTransformer"]
+
+
+class ElementwiseTransformer(Bijector):
+    r"""Apply a [`Transformer`][flowkit.transformers.Transformer] to each of `features`, parameters per feature.
+
+    See [the module][flowkit.bijectors.elementwise]. The inverse is the transformer's (closed form or numerical,
+    as it states).
+
+    Arguments:
+        transformer: the elementwise map (copied).
+        features: number of features `D`.
+        context: number of context features (0: the parameters are free, `D x params_per_element` of them).
+        hidden: hidden sizes of the network from the context to the parameters (with a context only).
+        activation: that network's activation.
+
+    Examples:
+        >>> import torch
+        >>> from flowkit.transformers import Gaussianization
+        >>> layer = ElementwiseTransformer(Gaussianization(4), 3)
+        >>> z, ladj = layer(torch.randn(5, 3))
+        >>> z.shape, ladj.shape
+        (torch.Size([5, 3]), torch.Size([5]))
+    """
+
+    def __init__(
+        self,
+        transformer: Transformer,
+        features: int,
+        context: int = 0,
+        hidden: Sequence[int] = (64, 64),
+        activation: str = "relu",
+    ) -> None:
+        super().__init__()
+        if not isinstance(transformer, Transformer):
+            raise ValueError(f"ElementwiseTransformer: transformer must be a Transformer, got {type(transformer)}")
+        features = check_number(features, "features", where="ElementwiseTransformer", integer=True, low=1)
+        self.context_features = check_number(context, "context", where="ElementwiseTransformer", integer=True, low=0)
+        self.transformer = copy.deepcopy(transformer)
+        self.event_shape = torch.Size((features,))
+        self.domain = transformer.domain
+        identity = transformer.identity_params().repeat(features, 1)
+        if self.context_features:
+            self.hyper = MLP(self.context_features, identity.numel(), hidden, activation)
+            self.hyper.zero_last(identity.flatten())
+        else:
+            self.params = nn.Parameter(identity)
+
+    def _params(self, x: Tensor, context: Tensor | None) -> Tensor:
+        if context is None:
+            params = self.params
+        else:
+            params = self.hyper(context).unflatten(-1, (self.event_shape[0], -1))
+        return params.expand(*x.shape, -1)
+
+    def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        params = self._params(x, context)
+        z, ladj = self.transformer(x.expand(params.shape[:-1]), params)
+        return z, ladj.sum(-1)
+
+    def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        params = self._params(z, context)
+        x, ladj = self.transformer.inverse(z.expand(params.shape[:-1]), params)
+        return x, ladj.sum(-1)
+
+    def extra_repr(self) -> str:
+        return f"features={self.event_shape[0]}, context={self.context_features}"
