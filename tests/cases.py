@@ -495,8 +495,10 @@ def _fitted(name: str) -> tuple[FlowModel, Tensor]:
 #: tests/test_registry.py.
 FLOW_PRESETS: dict[str, Callable[[], tuple[FlowModel, Tensor]]] = {
     "bnaf": lambda: _vector("bnaf", transforms=2, hidden=(4,)),
+    "bpf": lambda: _vector("bpf", transforms=2),
     "cnf": lambda: _vector("cnf"),
     "free-form": lambda: _vector("free-form"),
+    "gf": lambda: _vector("gf", transforms=2),
     "lattice": lambda: _vector("lattice", 16, transforms=2),
     "maf": lambda: _vector("maf", transforms=2),
     "naf": lambda: _vector("naf", transforms=2),
@@ -505,6 +507,7 @@ FLOW_PRESETS: dict[str, Callable[[], tuple[FlowModel, Tensor]]] = {
     "planar": lambda: _vector("planar", transforms=2),
     "realnvp": lambda: _vector("realnvp", transforms=2),
     "residual": lambda: _vector("residual", transforms=2),
+    "sospf": lambda: _vector("sospf", transforms=2),
     "unaf": lambda: _vector("unaf", transforms=2),
     "eiw": lambda: _image("eiw"),
     "glow": lambda: _image("glow"),

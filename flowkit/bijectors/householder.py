@@ -76,7 +76,7 @@ class Householder(Bijector):
         return x
 
     def matrix(self) -> Tensor:
-        """The orthogonal matrix $Q = H_K \\cdots H_1$ (`z = x Q^T` for row vectors)."""
+        r"""The orthogonal matrix $Q = H_K \cdots H_1$ (`z = x Q^T` for row vectors)."""
         eye = torch.eye(self.event_shape[0], dtype=self.vectors.dtype, device=self.vectors.device)
         return self._reflect(eye, self._units()).mT
 

@@ -31,14 +31,14 @@ __all__ = ["LinearTails"]
 
 
 class LinearTails(Transformer):
-    """Base of the transformers that are a monotone map on `[-B, B]` and linear outside (see the module).
+    r"""Base of the transformers that are a monotone map on `[-B, B]` and linear outside (see the module).
 
     Subclasses implement `_constrain(params)` (the constrained coefficients, as a tuple of tensors with a trailing
     coefficient dimension) and `_on_bound(x, coefficients)` (`(f(x), log f'(x))` for `|x| <= B`).
 
     Arguments:
         bound: the half-width `B` of the interval where the map is a polynomial.
-        min_slope: the least slope $\\delta$ of the map, in `(0, 1)`.
+        min_slope: the least slope $\delta$ of the map, in `(0, 1)`.
         iterations: safeguarded Newton steps of the inverse.
     """
 

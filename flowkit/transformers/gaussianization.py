@@ -178,7 +178,7 @@ class Gaussianization(Transformer):
         return x, -(log_density + 0.5 * y * y + _LOG_SQRT_2PI)
 
     def identity_params(self) -> Tensor:
-        """Equal weights, centres over `[-1, 1]`, components of unit variance (scale $\\sqrt3/\\pi$ for the logistic)."""
+        r"""Equal weights, centres over `[-1, 1]`, unit-variance components (scale $\sqrt3/\pi$ if logistic)."""
         k = self.components
         scale = math.sqrt(3) / math.pi if self.kernel == "logistic" else 1.0
         centres = torch.linspace(-1.0, 1.0, k) if k > 1 else torch.zeros(1)
