@@ -67,7 +67,7 @@ def normal_quantile_from_log(log_p: Tensor, newton_steps: int = 2) -> Tensor:
         >>> import torch
         >>> y = normal_quantile_from_log(torch.tensor([math.log(0.025), -1000.0], dtype=torch.float64))
         >>> [round(v, 4) for v in y.tolist()]
-        [-1.96, -44.5924]
+        [-1.96, -44.6157]
     """
     with torch.no_grad():
         ell = log_p.detach()
