@@ -51,6 +51,9 @@ COMPARISONS: dict[str, tuple[str, ...]] = {
     "flowkit-residual": ("flowkit-nsf", "normflows-residual"),
     "flowkit-planar": ("flowkit-nsf",),
     "flowkit-free-form": ("flowkit-nsf",),
+    "flowkit-bpf": ("flowkit-nsf", "zuko-bpf"),
+    "flowkit-sospf": ("flowkit-nsf", "zuko-sospf"),
+    "flowkit-gf": ("flowkit-nsf", "zuko-gf"),
 }
 #: The free-form flow, trained at NSF's CPU time (steps scaled by the ratio of times per step).
 FREE_FORM, FREE_FORM_REFERENCE = "flowkit-free-form", "flowkit-nsf"

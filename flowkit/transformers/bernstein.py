@@ -11,8 +11,9 @@ $$
 *Monotone by construction.* The coefficients are an offset plus a cumulative sum of positive increments,
 $\theta_0 = -B + c$ and $\theta_{k+1} - \theta_k = d_k = \frac{2B}{M}\,(\delta + \mathrm{softplus}(r_k))$, so
 $f'$ is a positive combination of the basis: $f'(x) \ge \delta$ for every parameter value (the basis sums to 1).
-Both $f$ and $f'$ are evaluated by de Casteljau's algorithm (convex combinations only: $f' > 0$ in floating
-point too, and exact at the ends, $f(-B) = \theta_0$, $f(B) = \theta_M$).
+Both $f$ and $f'$ are sums over the basis, whose terms are products of powers of $u$ and $1 - u$ (one set of powers
+serves both degrees): non-negative in floating point too, so $f' > 0$, and exact at the ends, $f(-B) = \theta_0$,
+$f(B) = \theta_M$.
 
 *Smooth linear extrapolation* (zuko's): the first two and the last two increments are tied,
 $d_0 = d_1$ and $d_{M-2} = d_{M-1}$, so that $f''(\pm B) = 0$, and outside $[-B, B]$ the map continues along its
@@ -34,6 +35,8 @@ References:
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -41,32 +44,33 @@ from torch import Tensor
 from .._validation import check_number
 from ._linear_tails import LinearTails
 
-__all__ = ["Bernstein", "de_casteljau"]
+__all__ = ["Bernstein", "bernstein_bases"]
 
 
-def de_casteljau(coefficients: Tensor, u: Tensor) -> Tensor:
-    r"""The polynomial $\sum_k c_k b_{k,n}(u)$ in Bernstein form, by de Casteljau's algorithm.
+def bernstein_bases(u: Tensor, degree: int) -> tuple[Tensor, Tensor]:
+    r"""The Bernstein bases of degrees $M$ and $M - 1$ at `u`: $b_{k,n}(u) = \binom{n}{k} u^k (1 - u)^{n - k}$.
 
-    Each of the $n$ rounds replaces neighbours $(c_k, c_{k+1})$ by $(1 - u) c_k + u c_{k+1}$: for $u \in [0, 1]$ only
-    convex combinations, so positive coefficients give a positive value also in floating point.
+    Both come from one set of powers $u^k$, $(1 - u)^k$, $k \le M$ (`pow` differentiates $u^0$ at $u = 0$ as 0).
 
     Arguments:
-        coefficients: $c_0, \dots, c_n$ in the last dimension, broadcastable with `u` before it.
         u: points in `[0, 1]`.
+        degree: $M \ge 1$.
 
     Returns:
-        The values, of the broadcast shape of `u` and the coefficients' batch shape.
+        `(b_M, b_{M-1})`, of the shape of `u` with a trailing dimension of `M + 1` and `M`.
 
     Examples:
         >>> import torch
-        >>> de_casteljau(torch.tensor([0.0, 1.0, 2.0]), torch.tensor([0.25, 0.5]))  # reproduces 2u
-        tensor([0.5000, 1.0000])
+        >>> b, _ = bernstein_bases(torch.tensor([0.0, 0.5]), 2)
+        >>> b.tolist()
+        [[1.0, 0.0, 0.0], [0.25, 0.5, 0.25]]
     """
+    k = torch.arange(degree + 1, dtype=u.dtype, device=u.device)
     u = u.unsqueeze(-1)
-    v = 1 - u
-    while coefficients.shape[-1] > 1:
-        coefficients = v * coefficients[..., :-1] + u * coefficients[..., 1:]
-    return coefficients.squeeze(-1)
+    up, down = u.pow(k), (1 - u).pow(k)
+    binomials = [[math.comb(n, j) for j in range(n + 1)] for n in (degree, degree - 1)]
+    top, below = (torch.tensor(b, dtype=u.dtype, device=u.device) for b in binomials)
+    return top * up * down.flip(-1), below * up[..., :-1] * down[..., :-1].flip(-1)
 
 
 class Bernstein(LinearTails):
@@ -120,9 +124,9 @@ class Bernstein(LinearTails):
 
     def _on_bound(self, x: Tensor, coefficients: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
         theta, increments = coefficients
-        u = (x + self.bound) / (2 * self.bound)
-        slope = (self.degree / (2 * self.bound)) * de_casteljau(increments, u)
-        return de_casteljau(theta, u), torch.log(slope)
+        basis, lower = bernstein_bases((x + self.bound) / (2 * self.bound), self.degree)
+        slope = (self.degree / (2 * self.bound)) * (lower * increments).sum(-1)
+        return (basis * theta).sum(-1), torch.log(slope)
 
     def identity_params(self) -> Tensor:
         params = torch.full((self.params_per_element,), self._identity_slope_logit())
