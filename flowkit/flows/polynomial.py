@@ -37,7 +37,13 @@ def _autoregressive_flow(
     return _with_permutations(list(layers), features, random=False), _base(base, features)
 
 
-@preset("bpf", "Bernstein polynomial flow: MADEs emitting monotone Bernstein polynomials", transforms=3, degree=16)
+@preset(
+    "bpf",
+    "Bernstein polynomial flow: MADEs emitting monotone Bernstein polynomials",
+    transforms=3,
+    hidden=(64, 64),
+    degree=16,
+)
 class BPF(Flow):
     """Bernstein polynomial flow: MADE layers emitting [`Bernstein`][flowkit.transformers.Bernstein] polynomials.
 
@@ -85,7 +91,14 @@ class BPF(Flow):
         super().__init__(*_autoregressive_flow(transformer, *args))
 
 
-@preset("sospf", "sum-of-squares polynomial flow: MADEs emitting SOS maps", transforms=3, degree=4, polynomials=3)
+@preset(
+    "sospf",
+    "sum-of-squares polynomial flow: MADEs emitting SOS maps",
+    transforms=3,
+    hidden=(64, 64),
+    degree=4,
+    polynomials=3,
+)
 class SOSPF(Flow):
     """Sum-of-squares polynomial flow: MADE layers emitting [`SumOfSquares`][flowkit.transformers.SumOfSquares] maps.
 
