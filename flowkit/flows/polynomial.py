@@ -42,7 +42,7 @@ def _autoregressive_flow(
     "Bernstein polynomial flow: MADEs emitting monotone Bernstein polynomials",
     transforms=3,
     hidden=(64, 64),
-    degree=16,
+    degree=18,
 )
 class BPF(Flow):
     """Bernstein polynomial flow: MADE layers emitting [`Bernstein`][flowkit.transformers.Bernstein] polynomials.
@@ -51,7 +51,8 @@ class BPF(Flow):
         features: number of features `D`.
         transforms: number of autoregressive layers.
         hidden: hidden sizes of each MADE.
-        degree: the degree `M` of each polynomial.
+        degree: the degree `M` of each polynomial (18: 17 parameters per feature, as many as zuko's BPF of its
+            degree 16, whose four end increments are fixed).
         bound: the half-width of the interval where each map is a polynomial (linear outside).
         context: number of context features (0 for an unconditional flow).
         residual: residual MADE blocks.
@@ -75,7 +76,7 @@ class BPF(Flow):
         features: int,
         transforms: int = 3,
         hidden: Sequence[int] = (64, 64),
-        degree: int = 16,
+        degree: int = 18,
         bound: float = 5.0,
         context: int = 0,
         residual: bool = False,

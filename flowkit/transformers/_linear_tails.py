@@ -18,8 +18,6 @@ with the implicit gradients $\partial x / \partial y = 1 / f'(x)$.
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
@@ -79,7 +77,3 @@ class LinearTails(Transformer):
         root = monotone_inverse(value, slope, target, low, high, self.iterations, where=where)
         log_slope = self._on_bound(root, coefficients)[1]
         return root + (y - target) * torch.exp(-log_slope), -log_slope
-
-    def _identity_slope_logit(self) -> float:
-        """The pre-softplus value `r` with `min_slope + softplus(r) = 1`."""
-        return math.log(math.expm1(1 - self.min_slope))

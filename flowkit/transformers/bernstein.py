@@ -9,8 +9,12 @@ f'(x) = \frac{M}{2B} \sum_{k=0}^{M-1} (\theta_{k+1} - \theta_k)\, b_{k,M-1}(u).
 $$
 
 *Monotone by construction.* The coefficients are an offset plus a cumulative sum of positive increments,
-$\theta_0 = -B + c$ and $\theta_{k+1} - \theta_k = d_k = \frac{2B}{M}\,(\delta + \mathrm{softplus}(r_k))$, so
-$f'$ is a positive combination of the basis: $f'(x) \ge \delta$ for every parameter value (the basis sums to 1).
+$\theta_0 = -B + c$ and $\theta_{k+1} - \theta_k = d_k = \frac{2B}{M}\,\big(\delta + M (1 - \delta)\,
+\mathrm{softmax}(r)_k\big)$, so $f'$ is a positive combination of the basis: $f'(x) \ge \delta$ for every parameter
+value (the basis sums to 1). The increments share a fixed rise, $\theta_M - \theta_0 = 2B$ (zuko's normalisation):
+each map sends $[-B, B]$ onto $[-B + c, B + c]$, so the layers of a flow keep their outputs on the next layer's
+window. (Free increments, $\mathrm{softplus}(r_k)$, trained worse: on pinwheel, 300 steps, test NLL 2.90-2.95 against
+2.80-2.81 with the softmax; zuko's BPF 2.78-2.80.)
 Both $f$ and $f'$ are sums over the basis, whose terms are products of powers of $u$ and $1 - u$ (one set of powers
 serves both degrees): non-negative in floating point too, so $f' > 0$, and exact at the ends, $f(-B) = \theta_0$,
 $f(B) = \theta_M$.
@@ -18,7 +22,7 @@ $f(B) = \theta_M$.
 *Smooth linear extrapolation* (zuko's): the first two and the last two increments are tied,
 $d_0 = d_1$ and $d_{M-2} = d_{M-1}$, so that $f''(\pm B) = 0$, and outside $[-B, B]$ the map continues along its
 tangent: $f$ is $C^2$ on the real line. The free increments
-are $n = M - 2$ (one for $M \le 3$, where the map is affine). The identity is $c = 0$ and all
+are $n = M - 2$ (one for $M \le 3$, where the map is affine). The identity is $c = 0$ and $r = 0$, all
 $d_k = 2B / M$ (a Bernstein polynomial reproduces linear functions).
 
 *Inverse*: closed form outside $[\theta_0, \theta_M]$ (the tails), safeguarded Newton
@@ -38,7 +42,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from .._validation import check_number
@@ -77,7 +80,7 @@ class Bernstein(LinearTails):
     r"""Bernstein polynomial of degree $M$ on `[-bound, bound]`, monotone by positive increments, linear outside.
 
     See [the module][flowkit.transformers.bernstein] for the maths. Parameters per element: `n + 1` with
-    $n = \max(M - 2, 1)$ free increments, laid out as the offset $c$ then the pre-softplus increments $r$.
+    $n = \max(M - 2, 1)$ free increments, laid out as the offset $c$ then the increments' logits $r$.
     The slope is at least `min_slope` everywhere. The inverse is numerical (safeguarded Newton on `[-B, B]`,
     `iterations` steps, checked to the residual tolerance of [`flowkit.root_finding`][flowkit.root_finding] or
     [`ConvergenceError`][flowkit.root_finding.ConvergenceError]); outside the bound it is closed form.
@@ -115,7 +118,8 @@ class Bernstein(LinearTails):
             raw = torch.cat([raw[..., :1], raw, raw[..., -1:]], dim=-1)
         elif self.degree == 2:
             raw = torch.cat([raw, raw], dim=-1)
-        return (2 * self.bound / self.degree) * (self.min_slope + F.softplus(raw))
+        shares = self.degree * (1 - self.min_slope) * torch.softmax(raw, dim=-1)
+        return (2 * self.bound / self.degree) * (self.min_slope + shares)
 
     def _constrain(self, params: Tensor) -> tuple[Tensor, Tensor]:
         increments = self._increments(params[..., 1:])
@@ -129,9 +133,7 @@ class Bernstein(LinearTails):
         return (basis * theta).sum(-1), torch.log(slope)
 
     def identity_params(self) -> Tensor:
-        params = torch.full((self.params_per_element,), self._identity_slope_logit())
-        params[0] = 0.0
-        return params
+        return torch.zeros(self.params_per_element)
 
     def extra_repr(self) -> str:
         return f"degree={self.degree}, bound={self.bound}"

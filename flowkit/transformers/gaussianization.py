@@ -55,9 +55,9 @@ def normal_quantile_from_log(log_p: Tensor, newton_steps: int = 2) -> Tensor:
     r"""$\Phi^{-1}(e^{\ell})$ for log-probabilities $\ell \le \log\frac12$, accurate where $e^{\ell}$ underflows.
 
     A start from `torch.special.ndtri` where $e^\ell$ is a normal number with room to spare, else from the tail
-    asymptote $-\sqrt{u - \log u}$, $u = -2\ell - \log 2\pi$ (both without gradients), then `newton_steps` Newton
-    steps on $\log\Phi(y) = \ell$ with the graph: their derivative at the root is the implicit one,
-    $\partial y / \partial \ell = \Phi(y) / \varphi(y)$, whatever the start.
+    asymptote $-\sqrt{u - \log u}$, $u = -2\ell - \log 2\pi$, then `newton_steps` Newton steps on
+    $\log\Phi(y) = \ell$, all without gradients but the last, which carries the graph: the derivative of a Newton step
+    at the root is the implicit one, $\partial y / \partial \ell = \Phi(y) / \varphi(y)$, whatever came before.
 
     Arguments:
         log_p: the log-probabilities $\ell \le \log\frac12$.
@@ -76,10 +76,15 @@ def normal_quantile_from_log(log_p: Tensor, newton_steps: int = 2) -> Tensor:
         u = (-2 * ell - 2 * _LOG_SQRT_2PI).clamp_min(2.0)
         asymptote = -torch.sqrt(u - torch.log(u))
         y = torch.where(ell > threshold, direct, asymptote)
-    for _ in range(newton_steps):
-        log_cdf = torch.special.log_ndtr(y)
-        y = y - (log_cdf - log_p) * torch.exp(log_cdf + 0.5 * y * y + _LOG_SQRT_2PI)
-    return y
+        for _ in range(newton_steps - 1):
+            y = _newton_step(y, ell)
+    return _newton_step(y, log_p)
+
+
+def _newton_step(y: Tensor, log_p: Tensor) -> Tensor:
+    """One Newton step on `log Phi(y) = log_p`."""
+    log_cdf = torch.special.log_ndtr(y)
+    return y - (log_cdf - log_p) * torch.exp(log_cdf + 0.5 * y * y + _LOG_SQRT_2PI)
 
 
 class Gaussianization(Transformer):
