@@ -1,7 +1,9 @@
-"""The BPF, SOSPF and GF presets: sizes as declared, samples from the exact inverse, the GF parameter count."""
+"""The BPF, SOSPF and GF presets: sizes as declared, samples from the exact inverse, the GF count, save and load."""
 
 import pytest
 import torch
+
+import flowkit
 
 from flowkit.flows import GF, build_flow
 from flowkit.flows.registry import count_parameters
@@ -32,3 +34,15 @@ def test_gf_parameter_count_is_as_stated():
     for features, transforms, components in ((2, 3, 8), (5, 2, 4)):
         flow = GF(features, transforms, components)
         assert count_parameters(flow) == transforms * 3 * components * features + (transforms - 1) * features**2
+
+
+@pytest.mark.parametrize("name", ["bpf", "sospf", "gf"])
+def test_save_and_load_give_identical_log_prob(name, tmp_path):
+    flow = build_flow(name, 3, transforms=2, hidden=(8,))
+    with torch.no_grad():
+        for p in flow.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    flowkit.io.save(flow, tmp_path / "m")
+    loaded = flowkit.io.load(tmp_path / "m")
+    x = torch.randn(10, 3)
+    assert type(loaded) is type(flow) and torch.equal(flow.log_prob(x), loaded.log_prob(x))
