@@ -4,7 +4,6 @@ import pytest
 import torch
 
 import flowkit
-
 from flowkit.flows import GF, build_flow
 from flowkit.flows.registry import count_parameters
 
