@@ -9,7 +9,7 @@ $\theta_i$ are parameters of the layer; with a context $c$, $\theta = \mathrm{ML
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -26,7 +26,9 @@ class ElementwiseTransformer(Bijector):
     r"""Apply a [`Transformer`][flowkit.transformers.Transformer] to each of `features`, parameters per feature.
 
     See [the module][flowkit.bijectors.elementwise]. The inverse is the transformer's (closed form or numerical,
-    as it states).
+    as it states). The parameters go to the transformer unexpanded, `(D, P)` against points `(..., D)`, so that its
+    constraints (a softmax, a softplus) run once per feature rather than once per point: the transformer broadcasts
+    them (every flowkit transformer does; `tests/transformers/test_base.py`).
 
     Arguments:
         transformer: the elementwise map (copied).
@@ -67,22 +69,23 @@ class ElementwiseTransformer(Bijector):
         else:
             self.params = nn.Parameter(identity)
 
-    def _params(self, x: Tensor, context: Tensor | None) -> Tensor:
+    def _params(self, context: Tensor | None) -> Tensor:
+        """`(D, P)` free parameters, or `(..., D, P)` from the context; not expanded to the points' batch shape."""
         if context is None:
-            params = self.params
-        else:
-            params = self.hyper(context).unflatten(-1, (self.event_shape[0], -1))
-        return params.expand(*x.shape, -1)
+            return self.params
+        return self.hyper(context).unflatten(-1, (self.event_shape[0], -1))
+
+    def _run(self, method: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]], x: Tensor, context: Tensor | None):
+        params = self._params(context)
+        shape = torch.broadcast_shapes(x.shape, params.shape[:-1])
+        y, ladj = method(x.expand(shape), params)
+        return y, torch.broadcast_to(ladj, shape).sum(-1)
 
     def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        params = self._params(x, context)
-        z, ladj = self.transformer(x.expand(params.shape[:-1]), params)
-        return z, ladj.sum(-1)
+        return self._run(self.transformer.forward, x, context)
 
     def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        params = self._params(z, context)
-        x, ladj = self.transformer.inverse(z.expand(params.shape[:-1]), params)
-        return x, ladj.sum(-1)
+        return self._run(self.transformer.inverse, z, context)
 
     def extra_repr(self) -> str:
         return f"features={self.event_shape[0]}, context={self.context_features}"
