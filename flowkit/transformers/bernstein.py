@@ -21,8 +21,8 @@ $f(B) = \theta_M$.
 
 *Smooth linear extrapolation* (zuko's): the first two and the last two increments are tied,
 $d_0 = d_1$ and $d_{M-2} = d_{M-1}$, so that $f''(\pm B) = 0$, and outside $[-B, B]$ the map continues along its
-tangent: $f$ is $C^2$ on the real line. The free increments
-are $n = M - 2$ (one for $M \le 3$, where the map is affine). The identity is $c = 0$ and $r = 0$, all
+tangent: $f$ is $C^2$ on the real line. The free shares are $n = M - 2$ for $M \ge 4$; below, the ties leave none
+and the map is the shift $x + c$. The identity is $c = 0$ and $r = 0$, all
 $d_k = 2B / M$ (a Bernstein polynomial reproduces linear functions).
 
 *Inverse*: closed form outside $[\theta_0, \theta_M]$ (the tails), safeguarded Newton
@@ -80,13 +80,13 @@ class Bernstein(LinearTails):
     r"""Bernstein polynomial of degree $M$ on `[-bound, bound]`, monotone by positive increments, linear outside.
 
     See [the module][flowkit.transformers.bernstein] for the maths. Parameters per element: `n + 1` with
-    $n = \max(M - 2, 1)$ free increments, laid out as the offset $c$ then the increments' logits $r$.
+    $n = M - 2$ free increments ($n = 0$ for $M \le 3$), laid out as the offset $c$ then the increments' logits $r$.
     The slope is at least `min_slope` everywhere. The inverse is numerical (safeguarded Newton on `[-B, B]`,
     `iterations` steps, checked to the residual tolerance of [`flowkit.root_finding`][flowkit.root_finding] or
     [`ConvergenceError`][flowkit.root_finding.ConvergenceError]); outside the bound it is closed form.
 
     Arguments:
-        degree: the degree $M \ge 1$ (degrees 1 to 3 give affine maps: the tied end increments leave one free).
+        degree: the degree $M \ge 1$ (degrees 1 to 3 give shifts $x + c$: the tied end increments leave none free).
         bound: the half-width $B$ of the interval where the map is a polynomial.
         min_slope: the least slope $\delta \in (0, 1)$.
         iterations: safeguarded Newton steps of the inverse.
@@ -109,17 +109,15 @@ class Bernstein(LinearTails):
     def __init__(self, degree: int = 16, bound: float = 5.0, min_slope: float = 1e-3, iterations: int = 100) -> None:
         super().__init__(bound, min_slope, iterations)
         self.degree = check_number(degree, "degree", where="Bernstein", integer=True, low=1)
-        self.free = max(self.degree - 2, 1)
-        self.params_per_element = self.free + 1
+        self.params_per_element = (self.degree - 2 if self.degree >= 4 else 0) + 1
 
     def _increments(self, raw: Tensor) -> Tensor:
-        """The `M` increments from the `n` free ones: the end ones repeated (`f'' = 0` at the bound)."""
-        if self.degree >= 3:
-            raw = torch.cat([raw[..., :1], raw, raw[..., -1:]], dim=-1)
-        elif self.degree == 2:
-            raw = torch.cat([raw, raw], dim=-1)
-        shares = self.degree * (1 - self.min_slope) * torch.softmax(raw, dim=-1)
-        return (2 * self.bound / self.degree) * (self.min_slope + shares)
+        """The `M` increments from the `n` free logits: the end ones repeated (`f'' = 0` at the bound)."""
+        unit = 2 * self.bound / self.degree
+        if self.degree < 4:  # no free share: every increment is 2B / M
+            return torch.full((*raw.shape[:-1], self.degree), unit, dtype=raw.dtype, device=raw.device)
+        shares = torch.softmax(torch.cat([raw[..., :1], raw, raw[..., -1:]], dim=-1), dim=-1)
+        return unit * (self.min_slope + self.degree * (1 - self.min_slope) * shares)
 
     def _constrain(self, params: Tensor) -> tuple[Tensor, Tensor]:
         increments = self._increments(params[..., 1:])
