@@ -33,7 +33,7 @@ $$
 whose root lies within $|R_{ii}| < 1$ of the right-hand side: safeguarded Newton
 ([`monotone_inverse`][flowkit.root_finding.monotone_inverse]) on that bracket, checked to the root finder's residual
 tolerance (else [`ConvergenceError`][flowkit.root_finding.ConvergenceError]), with implicit gradients; then
-$x = z - Q R \tanh(a)$. Pyro's Sylvester layer has no inverse.
+$x = z - Q R \tanh(a)$. (Pyro's Sylvester layer computes no inverse.)
 
 References:
     van den Berg, Hasenclever, Tomczak & Welling, *Sylvester Normalizing Flows for Variational Inference*,
