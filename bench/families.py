@@ -1,4 +1,4 @@
-"""Flow families benchmark: NAF, UNAF and BNAF (and the other families of issue 30) next to NSF and their peers.
+"""Flow families benchmark: NAF, UNAF, BNAF, BPF, SOSPF, GF (and the others) next to NSF and their peers.
 
 Every model trains on the same splits, standardisation, optimiser, batch size, step budget and
 seeds (the `fit` loop of `flowkit bench likelihood`, best validation checkpoint restored), and the
@@ -14,6 +14,8 @@ slow spell of a shared machine falls on all of them. Reported:
   median round), and its ratio to each reference.
 
     python bench/families.py --datasets 2d --steps 1000 --seeds 3 --threads 1
+    python bench/families.py --datasets 2d --steps 300 --threads 1 \
+        --models flowkit-bpf,zuko-bpf,flowkit-sospf,zuko-sospf,flowkit-gf,zuko-gf   # issue 42's families
 
 The free-form flow (`flowkit-free-form`, trained by `FreeFormLikelihood` with `--beta`) is compared
 with NSF at equal CPU time: it trains for `--steps` times NSF's time per step over its own, and its
@@ -51,6 +53,9 @@ COMPARISONS: dict[str, tuple[str, ...]] = {
     "flowkit-residual": ("flowkit-nsf", "normflows-residual"),
     "flowkit-planar": ("flowkit-nsf",),
     "flowkit-free-form": ("flowkit-nsf",),
+    "flowkit-bpf": ("flowkit-nsf", "zuko-bpf"),
+    "flowkit-sospf": ("flowkit-nsf", "zuko-sospf"),
+    "flowkit-gf": ("flowkit-nsf", "zuko-gf"),
 }
 #: The free-form flow, trained at NSF's CPU time (steps scaled by the ratio of times per step).
 FREE_FORM, FREE_FORM_REFERENCE = "flowkit-free-form", "flowkit-nsf"

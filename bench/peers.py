@@ -43,6 +43,9 @@ PEERS = (
     "normflows-residual",
     "zuko-naf",
     "zuko-unaf",
+    "zuko-bpf",
+    "zuko-sospf",
+    "zuko-gf",
 )
 #: Layers and hidden sizes of the presets at the command line's defaults (`flowkit.flows.registry`).
 _DEFAULTS = {
@@ -53,6 +56,9 @@ _DEFAULTS = {
     "residual": (5, (64, 64)),
     "naf": (3, (64, 64)),
     "unaf": (3, (64, 64)),
+    "bpf": (3, (64, 64)),
+    "sospf": (3, (64, 64)),
+    "gf": (3, (64, 64)),  # no network without a context
 }
 
 
@@ -294,7 +300,8 @@ def build_peer(
     `[-5, 5]`, `zuko-nsf-coupling`/`nflows-nsf-coupling` their coupling NSFs;
     `zuko-maf`/`nflows-maf` affine MAFs; `zuko-realnvp` an affine
     coupling flow; `zuko-naf`/`zuko-unaf` zuko's NAF and UNAF (MADEs of the same hidden sizes, zuko's
-    monotonic and integrand networks at its defaults). `None` sizes take the preset's defaults. Standardisation
+    monotonic and integrand networks at its defaults); `zuko-bpf`/`zuko-sospf`/`zuko-gf` zuko's polynomial and
+    Gaussianization flows at its defaults. `None` sizes take the preset's defaults. Standardisation
     (when `standardize_with` is given) is the same fixed map as flowkit's,
     with its log-determinant.
     """
@@ -315,6 +322,14 @@ def build_peer(
         import zuko
 
         model = getattr(zuko.flows, kind.upper())(features, transforms=transforms, hidden_features=hidden)
+    elif kind in ("bpf", "sospf"):  # zuko's defaults: degree 16; degree 4 with 3 polynomials (as flowkit's presets)
+        import zuko
+
+        model = getattr(zuko.flows, kind.upper())(features, transforms=transforms, hidden_features=hidden)
+    elif kind == "gf":  # zuko's defaults: 8 components per feature, random rotations in between
+        import zuko
+
+        model = zuko.flows.GF(features, transforms=transforms)
     else:
         import zuko
 

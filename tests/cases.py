@@ -36,6 +36,8 @@ from flowkit.bijectors import (
     ConvexMoebius,
     Coupling,
     DoubleMoebius,
+    ElementwiseTransformer,
+    Householder,
     InternalCoordinates,
     Invert,
     Linear,
@@ -58,6 +60,7 @@ from flowkit.bijectors import (
     SmoothTanh,
     SplineCoupling,
     Standardization,
+    Sylvester,
     TailLU,
 )
 from flowkit.bijectors.image import Conv1x1, EIWShuffle, FactorOut, Squeeze
@@ -80,10 +83,13 @@ from flowkit.nn import MLP, ConvNet, KernelMachine, MaskedKernelMachine, SharedC
 from flowkit.testing import randomize
 from flowkit.transformers import (
     Affine,
+    Bernstein,
     CircularSpline,
+    Gaussianization,
     MonotonicMLP,
     RationalQuadraticSpline,
     SmoothMixture,
+    SumOfSquares,
     Transformer,
     UnconstrainedMonotonic,
 )
@@ -412,6 +418,21 @@ BIJECTORS: dict[str, Case] = {
     "Planar": lambda: (randomize(Planar(3), scale=1.0), 2 * torch.randn(6, 3)),
     "Radial": lambda: (randomize(Radial(3), scale=1.0), 2 * torch.randn(6, 3)),
     "Radial(1 feature)": lambda: (randomize(Radial(1), scale=1.0), 2 * torch.randn(6, 1)),
+    # Householder reflections and Sylvester flows (van den Berg et al. 2018; back-substitution inverse)
+    "Householder": lambda: (Householder(4, reflections=3), torch.randn(6, 4)),
+    "Householder(1 reflection, 1 feature)": lambda: (Householder(1), torch.randn(6, 1)),
+    "Sylvester(orthogonal, 2 of 4 columns)": lambda: (
+        randomize(Sylvester(4, columns=2), scale=1.0),
+        2 * torch.randn(6, 4),
+    ),
+    "Sylvester(householder)": lambda: (
+        randomize(Sylvester(3, variant="householder", reflections=2), scale=1.0),
+        2 * torch.randn(6, 3),
+    ),
+    "Sylvester(triangular, reverse)": lambda: (
+        randomize(Sylvester(4, variant="triangular", reverse=True), scale=1.0),
+        2 * torch.randn(6, 4),
+    ),
     "MaskedAutoregressive(SmoothMixture)": lambda: (
         randomize(MaskedAutoregressive(SmoothMixture(2, low=-2.0, high=2.0), 3, hidden=(12,), activation="tanh")),
         torch.rand(6, 3) * 3.8 - 1.9,
@@ -431,6 +452,39 @@ BIJECTORS: dict[str, Case] = {
     ),
     "MaskedAutoregressive(UnconstrainedMonotonic)": lambda: (
         randomize(MaskedAutoregressive(UnconstrainedMonotonic(5, nodes=24), 3, hidden=(8,)), scale=0.3),
+        1.5 * torch.randn(6, 3),
+    ),
+    # polynomial and Gaussianization transformers (numerical inverses on a bracket)
+    "Coupling(Bernstein)": lambda: (
+        randomize(Coupling(Bernstein(degree=6, bound=3.0), 4, hidden=(8,))),
+        1.5 * torch.randn(6, 4),
+    ),
+    "MaskedAutoregressive(Bernstein, context)": lambda: (
+        randomize(MaskedAutoregressive(Bernstein(degree=5, bound=2.0), 3, hidden=(8,), context=2)),
+        1.5 * torch.randn(6, 3),
+    ),
+    "Coupling(SumOfSquares)": lambda: (
+        randomize(Coupling(SumOfSquares(degree=3, polynomials=2, bound=3.0), 4, hidden=(8,))),
+        1.5 * torch.randn(6, 4),
+    ),
+    "MaskedAutoregressive(SumOfSquares)": lambda: (
+        randomize(MaskedAutoregressive(SumOfSquares(degree=2, polynomials=3, bound=2.0), 3, hidden=(8,))),
+        1.5 * torch.randn(6, 3),
+    ),
+    "ElementwiseTransformer(Gaussianization)": lambda: (
+        randomize(ElementwiseTransformer(Gaussianization(3), 3)),
+        1.5 * torch.randn(6, 3),
+    ),
+    "ElementwiseTransformer(Bernstein, context)": lambda: (
+        randomize(ElementwiseTransformer(Bernstein(degree=6, bound=2.0), 3, context=2, hidden=(8,))),
+        1.5 * torch.randn(6, 3),
+    ),
+    "Coupling(Gaussianization)": lambda: (
+        randomize(Coupling(Gaussianization(3), 4, hidden=(8,))),
+        1.5 * torch.randn(6, 4),
+    ),
+    "MaskedAutoregressive(Gaussianization, normal, context)": lambda: (
+        randomize(MaskedAutoregressive(Gaussianization(3, kernel="normal"), 3, hidden=(8,), context=2)),
         1.5 * torch.randn(6, 3),
     ),
     "BlockNeuralAutoregressive": lambda: (randomize(BlockNeuralAutoregressive(3, hidden=(6, 5))), torch.randn(6, 3)),
@@ -464,6 +518,10 @@ TRANSFORMERS: dict[str, Callable[[], Transformer]] = {
     "SmoothMixture(circle)": lambda: SmoothMixture(3, circular=True, power=2),
     "MonotonicMLP": lambda: MonotonicMLP(4, layers=2),
     "UnconstrainedMonotonic": lambda: UnconstrainedMonotonic(4),
+    "Bernstein": lambda: Bernstein(degree=8, bound=3.0),
+    "SumOfSquares": lambda: SumOfSquares(degree=3, polynomials=2, bound=3.0),
+    "Gaussianization": lambda: Gaussianization(4),
+    "Gaussianization(normal)": lambda: Gaussianization(3, kernel="normal"),
 }
 
 #: Base distributions: name -> ``() -> distribution``, events of at most two elements (checked by
@@ -505,8 +563,10 @@ def _fitted(name: str) -> tuple[FlowModel, Tensor]:
 #: tests/test_registry.py.
 FLOW_PRESETS: dict[str, Callable[[], tuple[FlowModel, Tensor]]] = {
     "bnaf": lambda: _vector("bnaf", transforms=2, hidden=(4,)),
+    "bpf": lambda: _vector("bpf", transforms=2),
     "cnf": lambda: _vector("cnf"),
     "free-form": lambda: _vector("free-form"),
+    "gf": lambda: _vector("gf", transforms=2),
     "kernel-coupling": lambda: _vector("kernel-coupling", transforms=2),
     "lattice": lambda: _vector("lattice", 16, transforms=2),
     "maf": lambda: _vector("maf", transforms=2),
@@ -517,6 +577,7 @@ FLOW_PRESETS: dict[str, Callable[[], tuple[FlowModel, Tensor]]] = {
     "planar": lambda: _vector("planar", transforms=2),
     "realnvp": lambda: _vector("realnvp", transforms=2),
     "residual": lambda: _vector("residual", transforms=2),
+    "sospf": lambda: _vector("sospf", transforms=2),
     "unaf": lambda: _vector("unaf", transforms=2),
     "eiw": lambda: _image("eiw"),
     "glow": lambda: _image("glow"),

@@ -7,6 +7,8 @@ from .base import Bijector, Chain, Invert, Reshape
 from .block_autoregressive import BlockNeuralAutoregressive
 from .continuous import ContinuousFlow
 from .coupling import AffineCoupling, Coupling
+from .elementwise import ElementwiseTransformer
+from .householder import Householder
 from .image import Conv1x1, EIWShuffle, FactorOut, Squeeze
 from .internal import InternalCoordinates
 from .linear import Linear, LULinear
@@ -18,6 +20,7 @@ from .residual import Residual
 from .sphere import ConvexDoubleMoebius, ConvexMoebius, DoubleMoebius, Moebius, RigidCoupling
 from .spline_coupling import CircularSplineCoupling, SplineCoupling
 from .standardization import Standardization
+from .sylvester import Sylvester
 from .tails import MarginalTailCDF, TailLU
 
 __all__ = [
@@ -58,6 +61,9 @@ __all__ = [
     "Residual",
     "Planar",
     "Radial",
+    "Householder",
+    "Sylvester",
+    "ElementwiseTransformer",
     "ContinuousFlow",
     "Domain",
     "Real",

@@ -7,11 +7,13 @@ from .base import FlowModel, require_exact_weights
 from .continuous import CNF
 from .flow import Flow, FlowDistribution
 from .free_form import FreeFormFlow, InjectiveFlow, ResidualMLP
+from .gaussianization import GF
 from .images import EIW, Glow
 from .kernel import KernelCouplingFlow, init_inducing
 from .lattice import LatticeFlow
 from .molecules import internal_coordinate_flow
 from .neural import BNAF, NAF, UNAF
+from .polynomial import BPF, SOSPF
 from .presets import MAF, NSF, RealNVP
 from .residual import PlanarFlow, ResidualFlow
 from .rigid import RigidBodyFlow
@@ -36,6 +38,9 @@ __all__ = [
     "NAF",
     "UNAF",
     "BNAF",
+    "BPF",
+    "SOSPF",
+    "GF",
     "KernelCouplingFlow",
     "init_inducing",
     "ResidualFlow",

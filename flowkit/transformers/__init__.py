@@ -2,8 +2,11 @@
 
 from .affine import Affine
 from .base import Transformer
+from .bernstein import Bernstein
+from .gaussianization import Gaussianization
 from .monotonic import MonotonicMLP, UnconstrainedMonotonic
 from .smooth import SmoothMixture
+from .sos import SumOfSquares
 from .spline import CircularSpline, RationalQuadraticSpline, unconstrained_rqs
 
 __all__ = [
@@ -15,4 +18,7 @@ __all__ = [
     "SmoothMixture",
     "MonotonicMLP",
     "UnconstrainedMonotonic",
+    "Bernstein",
+    "SumOfSquares",
+    "Gaussianization",
 ]

@@ -57,7 +57,7 @@ def test_bench_likelihood_command(script, tmp_path, capsys):
     assert result["summary"][0]["parameters"] == result["summary"][1]["parameters"]
 
 
-@pytest.mark.parametrize("name", ["zuko-nsf", "zuko-maf", "zuko-realnvp", "nflows-nsf", "nflows-maf"])
+@pytest.mark.parametrize("name", ["zuko-nsf", "zuko-maf", "zuko-realnvp", "nflows-nsf", "nflows-maf", "zuko-sospf"])
 def test_peers_match_flowkit_sizes_and_standardise(script, name):
     import flowkit
 

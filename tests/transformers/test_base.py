@@ -16,6 +16,19 @@ def test_every_public_transformer_has_a_case():
     assert not missing, f"add a case to tests/cases.py TRANSFORMERS for: {', '.join(missing)}"
 
 
+@pytest.mark.parametrize("name", TRANSFORMERS)
+def test_parameters_broadcast_against_the_points(name):
+    # ElementwiseTransformer passes `(D, P)` parameters with points `(..., D)`.
+    transformer = TRANSFORMERS[name]()
+    x, params = _inputs(transformer, n=12)
+    x, params = x.reshape(4, 3).clamp(-3, 3) * (0.3 if isinstance(transformer, CircularSpline) else 1), params[:3]
+    for method in (transformer.forward, transformer.inverse):
+        y, ladj = method(x, params)
+        y_full, ladj_full = method(x, params.expand(4, 3, -1))
+        torch.testing.assert_close(y, y_full)
+        torch.testing.assert_close(torch.broadcast_to(ladj, y.shape), ladj_full)
+
+
 def _inputs(transformer, n=400):
     g = torch.Generator().manual_seed(0)
     if isinstance(transformer, CircularSpline):
