@@ -578,6 +578,7 @@ FLOW_PRESETS: dict[str, Callable[[], tuple[FlowModel, Tensor]]] = {
     "realnvp": lambda: _vector("realnvp", transforms=2),
     "residual": lambda: _vector("residual", transforms=2),
     "sospf": lambda: _vector("sospf", transforms=2),
+    "sylvester": lambda: _vector("sylvester", transforms=2),
     "unaf": lambda: _vector("unaf", transforms=2),
     "eiw": lambda: _image("eiw"),
     "glow": lambda: _image("glow"),

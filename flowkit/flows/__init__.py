@@ -15,7 +15,7 @@ from .molecules import internal_coordinate_flow
 from .neural import BNAF, NAF, UNAF
 from .polynomial import BPF, SOSPF
 from .presets import MAF, NSF, RealNVP
-from .residual import PlanarFlow, ResidualFlow
+from .residual import PlanarFlow, ResidualFlow, SylvesterFlow
 from .rigid import RigidBodyFlow
 from .stochastic import LangevinBlock, MetropolisBlock, StochasticBlock, StochasticFlow
 from .tails import COMET, TailAdaptive
@@ -45,6 +45,7 @@ __all__ = [
     "init_inducing",
     "ResidualFlow",
     "PlanarFlow",
+    "SylvesterFlow",
     "CNF",
     "Glow",
     "EIW",

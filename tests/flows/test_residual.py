@@ -10,7 +10,7 @@ import flowkit
 from flowkit.bijectors import Residual
 from flowkit.data import toy_splits
 from flowkit.distributions import StandardNormal
-from flowkit.flows import PlanarFlow, ResidualFlow, build_flow
+from flowkit.flows import PlanarFlow, ResidualFlow, SylvesterFlow, build_flow
 from flowkit.testing import check_flow, randomize
 from flowkit.train import MaximumLikelihood, fit
 
@@ -117,3 +117,20 @@ def test_residual_flow_leaves_the_gaussian_and_keeps_its_lipschitz_bound(logdet)
         jacobian = torch.autograd.functional.jacobian(lambda a, block=block: block.residual(a).sum(0), x)
         lipschitz = torch.linalg.matrix_norm(jacobian.permute(1, 0, 2), ord=2).max()
         assert 0.1 < float(lipschitz) <= c**3 * (1 + 1e-6)  # it has left the identity, within the bound
+
+
+@pytest.mark.parametrize("variant", ["householder", "orthogonal", "triangular"])
+def test_sylvester_flow_is_normalised_and_samples_by_its_exact_inverse(variant):
+    flow = SylvesterFlow(2, transforms=3, variant=variant).double()
+    randomize(flow)
+    layers = list(flow.bijector)
+    assert [layer.variant for layer in layers] == [variant] * 3
+    if variant == "triangular":  # the T-SNF alternates the identity and the reversal
+        assert [layer.reverse for layer in layers] == [False, True, False]
+    report = check_flow(flow)
+    assert report.passed, str(report)
+    x = torch.randn(64, 2, dtype=torch.float64)
+    z, ladj = flow.bijector(x)
+    back, ladj_inverse = flow.bijector.inverse(z)
+    torch.testing.assert_close(back, x, atol=1e-9, rtol=0)
+    torch.testing.assert_close(ladj_inverse, -ladj)
