@@ -15,7 +15,7 @@ from ..bijectors import BlockNeuralAutoregressive
 from ..distributions import Distribution
 from ..transformers import MonotonicMLP, UnconstrainedMonotonic
 from .flow import Flow
-from .presets import ConditionerFactory, _autoregressive, _base, _checked, _with_permutations
+from .presets import ConditionerFactory, _base, _checked, _reversed_autoregressive_stack, _with_permutations
 from .registry import preset
 
 __all__ = ["NAF", "UNAF", "BNAF"]
@@ -59,11 +59,8 @@ class NAF(Flow):
         sizes = {"features": (features, 1), "transforms": (transforms, 1), "context": (context, 0)}
         _checked("NAF", None, conditioner, {**sizes, "units": (units, 1), "layers": (layers, 1)}, hidden)
         transformer = MonotonicMLP(units, layers)
-        chain = [
-            _autoregressive(transformer, features, hidden, context, residual, activation, conditioner)
-            for _ in range(transforms)
-        ]
-        super().__init__(_with_permutations(chain, features, random=False), _base(base, features))
+        args = (features, transforms, hidden, context, residual, activation, conditioner, base)
+        super().__init__(*_reversed_autoregressive_stack(transformer, *args))
 
 
 @preset("unaf", "unconstrained NAF: integrals of positive networks", transforms=3, hidden=(64, 64))
@@ -107,11 +104,8 @@ class UNAF(Flow):
         sizes = {"features": (features, 1), "transforms": (transforms, 1), "context": (context, 0)}
         _checked("UNAF", None, conditioner, {**sizes, "units": (units, 1), "nodes": (nodes, 1)}, hidden)
         transformer = UnconstrainedMonotonic(units, nodes, bound)
-        chain = [
-            _autoregressive(transformer, features, hidden, context, residual, activation, conditioner)
-            for _ in range(transforms)
-        ]
-        super().__init__(_with_permutations(chain, features, random=False), _base(base, features))
+        args = (features, transforms, hidden, context, residual, activation, conditioner, base)
+        super().__init__(*_reversed_autoregressive_stack(transformer, *args))
 
 
 @preset("bnaf", "block neural autoregressive flow (hidden: per feature)", transforms=3, hidden=(16,))

@@ -11,30 +11,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..distributions import Distribution
-from ..transformers import Bernstein, SumOfSquares, Transformer
+from ..transformers import Bernstein, SumOfSquares
 from .flow import Flow
-from .presets import ConditionerFactory, _autoregressive, _base, _checked, _with_permutations
+from .presets import ConditionerFactory, _checked, _reversed_autoregressive_stack
 from .registry import preset
 
 __all__ = ["BPF", "SOSPF"]
-
-
-def _autoregressive_flow(
-    transformer: Transformer,
-    features: int,
-    transforms: int,
-    hidden: Sequence[int],
-    context: int,
-    residual: bool,
-    activation: str,
-    conditioner: ConditionerFactory | None,
-    base: Distribution | None,
-) -> tuple:
-    layers = [
-        _autoregressive(transformer, features, hidden, context, residual, activation, conditioner)
-        for _ in range(transforms)
-    ]
-    return _with_permutations(list(layers), features, random=False), _base(base, features)
 
 
 @preset(
@@ -89,7 +71,7 @@ class BPF(Flow):
         _checked("BPF", None, conditioner, {**sizes, "degree": (degree, 1)}, hidden)
         transformer = Bernstein(degree, bound)
         args = (features, transforms, hidden, context, residual, activation, conditioner, base)
-        super().__init__(*_autoregressive_flow(transformer, *args))
+        super().__init__(*_reversed_autoregressive_stack(transformer, *args))
 
 
 @preset(
@@ -146,4 +128,4 @@ class SOSPF(Flow):
         _checked("SOSPF", None, conditioner, {**sizes, "degree": (degree, 1), "polynomials": (polynomials, 1)}, hidden)
         transformer = SumOfSquares(degree, polynomials, bound)
         args = (features, transforms, hidden, context, residual, activation, conditioner, base)
-        super().__init__(*_autoregressive_flow(transformer, *args))
+        super().__init__(*_reversed_autoregressive_stack(transformer, *args))

@@ -215,6 +215,25 @@ def _with_permutations(layers: list[Bijector], features: int, random: bool, iden
     return Chain(*chain)
 
 
+def _reversed_autoregressive_stack(
+    transformer: Transformer,
+    features: int,
+    transforms: int,
+    hidden: Sequence[int],
+    context: int,
+    residual: bool,
+    activation: str,
+    conditioner: ConditionerFactory | None,
+    base: Distribution | None,
+) -> tuple[Chain, Distribution]:
+    """`transforms` autoregressive layers of `transformer` with reversals in between, and the base: the NAF layout."""
+    layers = [
+        _autoregressive(transformer, features, hidden, context, residual, activation, conditioner)
+        for _ in range(transforms)
+    ]
+    return _with_permutations(layers, features, random=False), _base(base, features)
+
+
 def _move_start(layers: Sequence[Bijector], start: str) -> None:
     """Move each default conditioner's last layer off the identity, by `U(-1/sqrt(n), 1/sqrt(n))` for `n` inputs.
 
