@@ -3,22 +3,16 @@
 from __future__ import annotations
 
 import math
-import os
-import signal
-import subprocess
-import sys
-import textwrap
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from interruptions import KillAt, Killed, run_killed_by_sigkill
 
 import flowkit
 from flowkit.data import equicorrelated_groups, random_kinship, stock_pairs
 from flowkit.train import (
-    Callback,
     DependenceUpdate,
     DependentMaximumLikelihood,
     MaximumLikelihood,
@@ -593,19 +587,14 @@ def test_a_dependent_normal_base_carries_rho_through_save_load_and_an_exact_resu
     x = torch.randn(n, 2, generator=torch.Generator().manual_seed(3))
     groups = torch.arange(n) // 8
 
-    class Killed(Exception):
-        pass
-
-    class KillAt(Callback):  # the run is killed mid-training (no end-of-run update, as for a real kill)
-        def on_step_end(self, state):
-            if state.step == 3:
-                raise Killed
-
     def run(directory, resume, kill=False):
         torch.manual_seed(0)
         objective = DependentMaximumLikelihood(groups=groups, rho="group")
         flow = flowkit.flows.RealNVP(2, transforms=1, hidden=(8,), base=objective.base(2))
-        callbacks = [DependenceUpdate(objective, flow, x, every=2), *([KillAt()] if kill else [])]
+        callbacks = [
+            DependenceUpdate(objective, flow, x, every=2),
+            *([KillAt(3)] if kill else []),
+        ]  # killed mid-training: no end-of-run update
         options = dict(steps=6, batch_size=16, progress=False, seed=0, checkpoint_dir=directory, resume=resume)
         fit(flow, objective, with_indices(x), callbacks=callbacks, checkpoint_every=1, **options)
         return flow, objective
@@ -626,21 +615,6 @@ def test_a_dependent_normal_base_carries_rho_through_save_load_and_an_exact_resu
     assert torch.equal(loaded.base.values, straight.base.values)
 
 
-class _Killed(Exception):
-    pass
-
-
-class _KillAt(Callback):
-    """Raise at the end of step `step`: after DependenceUpdate, before that step's checkpoint (a kill between two)."""
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_step_end(self, state) -> None:
-        if state.step == self.step:
-            raise _Killed
-
-
 def _dependent_run(directory, resume=False, kill=None, base="dependent-normal", every=3):
     """8 steps on 48 points in groups of 6 (a rho per group, the control variate), checkpoints every 2 steps.
 
@@ -652,7 +626,7 @@ def _dependent_run(directory, resume=False, kill=None, base="dependent-normal", 
     objective = DependentMaximumLikelihood(groups=torch.arange(n) // 6, rho="group", control_variate=True)
     plain = base == "standard-normal"
     flow = flowkit.flows.RealNVP(2, transforms=1, hidden=(8,), base=None if plain else objective.base(2))
-    callbacks = [DependenceUpdate(objective, flow, x, every=every), *([_KillAt(kill)] if kill else [])]
+    callbacks = [DependenceUpdate(objective, flow, x, every=every), *([KillAt(kill)] if kill else [])]
     options = dict(steps=8, batch_size=12, progress=False, seed=0, checkpoint_every=2, resume=resume)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -677,29 +651,15 @@ def _assert_same_dependent_run(straight, resumed) -> None:
 @pytest.mark.parametrize("every", [2, 3])  # the checkpoint it resumes from (step 4's) at an update, or between two
 def test_a_killed_dependent_run_with_a_control_variate_resumes_bit_for_bit(tmp_path, base, every):
     straight = _dependent_run(None, base=base, every=every)
-    with pytest.raises(_Killed):  # the checkpoint of step 4 holds the last update (of step 4 or 3), its cached latents
+    with pytest.raises(Killed):  # the checkpoint of step 4 holds the last update (of step 4 or 3), its cached latents
         _dependent_run(tmp_path, kill=5, base=base, every=every)
     _assert_same_dependent_run(straight, _dependent_run(tmp_path, resume=True, base=base, every=every))
-
-
-_KILLED_SCRIPT = """
-import os, signal, sys, torch
-sys.path.insert(0, {tests!r})
-import test_dependent as t
-torch.set_num_threads(1)
-t._KillAt.on_step_end = lambda self, state: state.step == self.step and os.kill(os.getpid(), signal.SIGKILL)
-t._dependent_run({directory!r}, kill=5)
-"""
 
 
 def test_a_dependent_run_killed_by_sigkill_resumes_bit_for_bit(tmp_path):
     # Killed at the end of step 5, after the update of step 3: the checkpoint of step 4 holds the rho's (in the
     # flow's base), the control variate's cached latents and the RNG states; nothing of the killed process is left.
-    script = _KILLED_SCRIPT.format(tests=str(Path(__file__).parent), directory=str(tmp_path))
-    root = str(Path(flowkit.__file__).parent.parent)  # the flowkit under test, in the child process too
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
-    killed = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], env=env, capture_output=True, timeout=300)
-    assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()[-2000:]
+    run_killed_by_sigkill(__file__, f"_dependent_run({str(tmp_path)!r}, kill=5)")
     saved = load_state(tmp_path / CHECKPOINT_FILE)
     assert saved["step"] == 4 and saved["objective"][0]["cache"] is not None
     _assert_same_dependent_run(_dependent_run(None), _dependent_run(tmp_path, resume=True))

@@ -7,23 +7,18 @@ counts, bad input, and its state through a checkpoint: a killed run resumes bit 
 from __future__ import annotations
 
 import math
-import os
-import signal
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 import torch
 from cases import MISMATCH, mismatched_free_form
+from interruptions import KillAt, Killed, run_killed_by_sigkill
 
-import flowkit
 from flowkit.bijectors import Reverse
 from flowkit.distributions import DiagNormal, rigid_domain
 from flowkit.flows import Flow, LatticeFlow, RealNVP, RigidBodyFlow
 from flowkit.targets import DoubleWell, Energy, GaussianMixture, ManyWell, MatrixFisher, Phi4
-from flowkit.train import FAB, Callback, PrioritisedReplayBuffer, fit
+from flowkit.train import FAB, PrioritisedReplayBuffer, fit
 from flowkit.train.checkpoint import load_state, save_state
 from flowkit.train.loop import CHECKPOINT_FILE
 
@@ -188,21 +183,6 @@ def test_fab_refuses_a_flow_whose_samples_do_not_follow_its_density() -> None:
 # ---- the state goes through the checkpoint: a killed and resumed run repeats the uninterrupted one bit for bit
 
 
-class _Killed(Exception):
-    pass
-
-
-class _KillAt(Callback):
-    """Raise at the end of step `step` (a kill between two checkpoints; the checkpoint comes after this hook)."""
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_step_end(self, state) -> None:
-        if state.step == self.step:
-            raise _Killed
-
-
 def _fab_run(directory: Path | None, buffer: bool, resume: bool = False, kill: int | None = None):
     """10 steps of FAB on a double well, checkpoints every 2 steps; a fresh flow and objective, as a new process."""
     torch.manual_seed(123)  # the fresh flow's initial weights (a resumed run gets the checkpoint's)
@@ -211,7 +191,7 @@ def _fab_run(directory: Path | None, buffer: bool, resume: bool = False, kill: i
     replay = PrioritisedReplayBuffer(64, updates_per_ais=3, min_fill=48) if buffer else None
     objective = FAB(DoubleWell(), ais_steps=2, n_leapfrog=2, replay_buffer=replay)
     history = fit(flow, objective, steps=10, batch_size=16, lr=1e-2, progress=False, seed=0, checkpoint_every=2,
-                  checkpoint_dir=directory, resume=resume, callbacks=[_KillAt(kill)] if kill else [])  # fmt: skip
+                  checkpoint_dir=directory, resume=resume, callbacks=[KillAt(kill)] if kill else [])  # fmt: skip
     return flow, objective, history
 
 
@@ -232,7 +212,7 @@ def _assert_same_fab_run(a, b) -> None:
 @pytest.mark.parametrize("buffer", [True, False], ids=["buffer", "no-buffer"])
 def test_a_killed_fab_run_resumes_bit_for_bit(tmp_path: Path, buffer: bool) -> None:
     straight = _fab_run(None, buffer)
-    with pytest.raises(_Killed):  # killed at step 9: the last checkpoint is step 8's, mid-way between AIS runs
+    with pytest.raises(Killed):  # killed at step 9: the last checkpoint is step 8's, mid-way between AIS runs
         _fab_run(tmp_path, buffer, kill=9)
     saved = load_state(tmp_path / CHECKPOINT_FILE)
     resumed = _fab_run(tmp_path, buffer, resume=True)
@@ -242,25 +222,9 @@ def test_a_killed_fab_run_resumes_bit_for_bit(tmp_path: Path, buffer: bool) -> N
         assert saved["objective"][0]["buffer"]["next"] == 16 and saved["objective"][0]["pending"] is not None
 
 
-_KILLED_SCRIPT = """
-import os, signal, sys, torch
-sys.path.insert(0, {tests!r})
-sys.path.insert(0, {cases!r})
-import test_fab
-torch.set_num_threads(1)
-test_fab._KillAt.on_step_end = lambda self, state: state.step == self.step and os.kill(os.getpid(), signal.SIGKILL)
-test_fab._fab_run({directory!r}, True, kill=9)
-"""
-
-
 @pytest.mark.slow
 def test_a_fab_run_killed_by_sigkill_resumes_bit_for_bit(tmp_path: Path) -> None:
-    here = Path(__file__).parent
-    script = _KILLED_SCRIPT.format(tests=str(here), cases=str(here.parent), directory=str(tmp_path))
-    root = str(Path(flowkit.__file__).parent.parent)  # the flowkit under test, in the child process too
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
-    killed = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], env=env, capture_output=True, timeout=300)
-    assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()[-2000:]
+    run_killed_by_sigkill(__file__, f"_fab_run({str(tmp_path)!r}, True, kill=9)")
     assert load_state(tmp_path / CHECKPOINT_FILE)["step"] == 8
     _assert_same_fab_run(_fab_run(None, True), _fab_run(tmp_path, True, resume=True))
 
@@ -287,7 +251,7 @@ def test_fab_state_round_trips_and_refuses_another_fabs(tmp_path: Path) -> None:
 
 
 def test_a_checkpoint_without_objective_state_still_resumes_with_a_warning(tmp_path: Path) -> None:
-    with pytest.raises(_Killed):
+    with pytest.raises(Killed):
         _fab_run(tmp_path, True, kill=9)
     saved = load_state(tmp_path / CHECKPOINT_FILE)
     del saved["objective"]  # as written before objectives' state was saved
