@@ -591,10 +591,8 @@ def test_a_dependent_normal_base_carries_rho_through_save_load_and_an_exact_resu
         torch.manual_seed(0)
         objective = DependentMaximumLikelihood(groups=groups, rho="group")
         flow = flowkit.flows.RealNVP(2, transforms=1, hidden=(8,), base=objective.base(2))
-        callbacks = [
-            DependenceUpdate(objective, flow, x, every=2),
-            *([KillAt(3)] if kill else []),
-        ]  # killed mid-training: no end-of-run update
+        # Killed mid-training: no end-of-run update, as for a real kill.
+        callbacks = [DependenceUpdate(objective, flow, x, every=2), *([KillAt(3)] if kill else [])]
         options = dict(steps=6, batch_size=16, progress=False, seed=0, checkpoint_dir=directory, resume=resume)
         fit(flow, objective, with_indices(x), callbacks=callbacks, checkpoint_every=1, **options)
         return flow, objective
