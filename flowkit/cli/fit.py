@@ -203,6 +203,7 @@ def fit_dataset(args: argparse.Namespace) -> dict[str, Any]:
     from .. import io
     from ..data import evaluate_nll, load, standardize, training_data
     from ..distributions import StudentT
+    from ..flows import init_inducing
     from ..flows.registry import build_data_flow, build_flow, build_image_flow, count_parameters, parse_hidden
     from ..train import default_threads, fit
 
@@ -239,6 +240,8 @@ def fit_dataset(args: argparse.Namespace) -> dict[str, Any]:
                 raise ValueError(f"--base student-t applies to the bijective presets: {error}") from None
         if not args.no_standardize:
             flow = standardize(flow, data.train, robust=args.robust_standardize)
+        # Kernel conditioners (kernel-coupling) put their inducing points on the training data they will see.
+        init_inducing(flow, data.train, generator=torch.Generator().manual_seed(args.seed))
     out.mkdir(parents=True, exist_ok=True)
     train = training_data(data)
     start = time.perf_counter()

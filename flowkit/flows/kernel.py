@@ -55,13 +55,16 @@ def init_inducing(
             [`KernelMachine.init_inducing`][flowkit.nn.KernelMachine.init_inducing]).
     """
     bijector = model.bijector if isinstance(model, Flow) else model
+    layers = _layers(bijector)
+    kernels = [callable(getattr(getattr(layer, "conditioner", None), "init_inducing", None)) for layer in layers]
     count = 0
     with torch.no_grad():
-        for layer in _layers(bijector):
-            conditioner = getattr(layer, "conditioner", None)
-            if callable(getattr(conditioner, "init_inducing", None)):
+        for layer, kernel in zip(layers, kernels, strict=True):
+            if count == sum(kernels):  # no kernel conditioner further on: the data need not go further
+                break
+            if kernel:
                 identity = getattr(layer, "identity_idx", None)  # a coupling's kept features
-                conditioner.init_inducing(x if identity is None else x[..., identity], context, generator)
+                layer.conditioner.init_inducing(x if identity is None else x[..., identity], context, generator)
                 count += 1
             x = layer(x, context)[0]
     return count

@@ -231,3 +231,19 @@ def test_bench_likelihood_writes_valid_json_with_one_seed(tmp_path):
     text = out.read_text()
     assert "NaN" not in text
     assert json.loads(text)["summary"][0]["test_nll_2se_seeds"] is None  # one seed: no spread over seeds
+
+
+def test_fit_kernel_coupling_puts_the_inducing_points_on_the_standardised_training_data(tmp_path):
+    x = np.random.default_rng(0).normal(size=(200, 3)) * [1, 10, 100]
+    np.save(tmp_path / "d.npy", x)
+    argv = ["fit", str(tmp_path / "d.npy"), "--model", "kernel-coupling", "--steps", "1", "--lr", "1e-12"]
+    assert main([*argv, "--out", str(tmp_path / "r"), "--no-plots", "--no-progress", "--transforms", "2"]) == 0
+    flow = flowkit.io.load(tmp_path / "r" / "model")
+    standardization = flow.bijector[0]
+    z = standardization(torch.as_tensor(x, dtype=torch.float32))[0]
+    modules = flow.bijector.modules()
+    first = next(m for m in modules if isinstance(getattr(m, "conditioner", None), flowkit.nn.KernelMachine))
+    points = first.conditioner.inducing_points.detach()
+    rows = z[:, first.identity_idx]
+    distance = torch.cdist(points, rows).min(dim=1).values  # each point is a row of the data it sees
+    assert float(distance.max()) < 1e-4
