@@ -391,7 +391,7 @@ def tail_value_at_risk(x: object, level: float = 0.99, side: str = "upper") -> n
 def loglog_tail_distance(samples: object, data: object, tail: float = 0.1, points: int = 200) -> np.ndarray:
     r"""Area between the log-log tail quantile curves of `|samples|` and `|data|`, per dimension.
 
-    With $Q$ the empirical quantile function of $|x|$ and $s = -\log(1 - p)$ for $p$ from $1 - $ `tail`
+    With $Q$ the empirical quantile function of $|x|$ and $s = -\log(1 - p)$ for $p$ from 1 - `tail`
     to $1 - 1/N$ (the data's largest order statistic), the distance is
     $\int |\log Q_{\text{model}}(p) - \log Q_{\text{data}}(p)|\, ds$ by the trapezoid rule on `points`
     values of $s$. Power-law tails are straight lines of slope $\xi$ on this scale, so a model with the
