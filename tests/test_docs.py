@@ -78,6 +78,23 @@ class _Loads(HTMLParser):
         self.urls.append(values[LOADING[tag]])
 
 
+def test_every_notebook_is_a_tutorial_in_the_nav():
+    """docs/hooks/notebooks.py makes a page of each notebook; the Tutorials section of the nav lists each once."""
+    nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        entry = f"tutorials/{path.stem}.md"
+        assert nav.count(entry) == 1, f"add `- TITLE: {entry}` to a group of the Tutorials section of mkdocs.yml"
+
+
+def test_citation_names_the_version():
+    sys.path.insert(0, str(ROOT))
+    import flowkit
+
+    version = flowkit.__version__
+    assert f'version: "{version}"' in (ROOT / "CITATION.cff").read_text(encoding="utf-8")
+    assert f"version = {{{version}}}" in (ROOT / "docs" / "cite.md").read_text(encoding="utf-8")
+
+
 def test_site_loads_nothing_from_another_host(build):
     _, site = build
     found = []
