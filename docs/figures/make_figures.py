@@ -66,11 +66,11 @@ def alanine() -> None:
     from flowkit.train import BoltzmannGenerator, MaximumLikelihood, fit
 
     target = flowkit.targets.AlanineDipeptide(temperature=1000.0)
-    frames = flowkit.data.alanine_dipeptide_md(1000.0, ns=0.5, seed=0)
+    frames = flowkit.data.alanine_dipeptide_md(1000.0, ns=2.0, seed=0)
     phi_md, psi_md = backbone_dihedrals(frames)
     internal = alanine_internal_coordinates(target.minimum())
     flow = internal_coordinate_flow(internal, blocks=2, hidden=(64, 64))
-    fit(flow, MaximumLikelihood(), frames.float(), steps=400, batch_size=256, lr=1e-3, clip=10.0, progress=False)
+    fit(flow, MaximumLikelihood(), frames.float(), steps=1500, batch_size=256, lr=1e-3, clip=10.0, progress=False)
     fit(
         flow,
         BoltzmannGenerator(target, samples=frames.float(), w_kl=0.1),
@@ -85,7 +85,7 @@ def alanine() -> None:
     keep = same_chirality(x.double(), internal.reference.double(), ALANINE_CHIRAL_CENTRES) & torch.isfinite(log_w)
     x, log_w = x[keep], log_w[keep]
     phi, psi = backbone_dihedrals(x)
-    print(f"alanine: {len(frames)} MD frames (0.5 ns), reverse ESS {flowkit.sampling.ess(log_w):.4f}")
+    print(f"alanine: {len(frames)} MD frames (2 ns), reverse ESS {flowkit.sampling.ess(log_w):.4f}")
     save(
         plot.ramachandran(
             phi, psi, log_w, raw=True, reference=(phi_md, psi_md), titles=("flow (raw)", "flow (reweighted)", "MD")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import pkgutil
+import re
 from typing import Any
 
 from mkdocs.structure.files import File, Files
@@ -21,8 +22,13 @@ def _summary(obj: Any) -> str:
     """The first paragraph of a class's, function's or module's docstring, on one line."""
     if not (inspect.isclass(obj) or inspect.isroutine(obj) or inspect.ismodule(obj)):
         return ""
-    doc = inspect.getdoc(obj) or ""
-    return " ".join(doc.split("\n\n", 1)[0].split()).replace("|", "\\|")
+    doc = " ".join((inspect.getdoc(obj) or "").split("\n\n", 1)[0].split())
+    # A table cell ends at any `|`: escape it in prose, and write it as \vert / \Vert inside the maths.
+    parts = re.split(r"(\$[^$]+\$)", doc)
+    return "".join(
+        part.replace("\\|", "\\Vert{}").replace("|", "\\vert{}") if part.startswith("$") else part.replace("|", "\\|")
+        for part in parts
+    )
 
 
 def index_markdown() -> str:
