@@ -103,7 +103,7 @@ def test_site_loads_nothing_from_another_host(build):
         parser.feed(page.read_text(encoding="utf-8"))
         found += [f"{page.relative_to(site)}: {url}" for url in parser.urls if EXTERNAL.match(url)]
     assert not found, "the site loads from another host (serve it from docs/ instead):\n" + "\n".join(found)
-    assert (site / "javascripts" / "mathjax" / "tex-chtml-full.js").exists()
+    assert (site / "javascripts" / "mathjax" / "tex-svg-full.js").exists()
 
 
 SKIPPED = {"script", "style", "code", "pre", "kbd", "samp", "svg", "math"}

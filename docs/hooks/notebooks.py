@@ -73,7 +73,10 @@ def notebook_markdown(path: Path) -> tuple[str, dict[str, bytes]]:
                     "(drop `FLOWKIT_SMALL=1` for the full budget). The outputs below come from the small budget."
                 )
         elif cell.cell_type == "code" and cell.source.strip():
-            parts.append(_fence(cell.source, "python"))
+            # IPython magics (`%matplotlib inline`) are the notebook's business, not the reader's.
+            source = "\n".join(line for line in cell.source.splitlines() if not line.startswith("%"))
+            if source.strip():
+                parts.append(_fence(source, "python"))
             for output in cell.get("outputs", []):
                 text = _output_markdown(output, path.stem, images)
                 if text:

@@ -31,13 +31,17 @@ else the kernel estimate (the first that is positive).
 and [`estimate_tails`][flowkit.stats.estimate_tails] on model samples against data.
 
 References:
-    Hill, *A simple general approach to inference about the tail of a distribution*, Ann. Stat. 1975;
+    Hill, *A simple general approach to inference about the tail of a distribution*, Ann. Stat. 1975
+    ([doi:10.1214/aos/1176343247](https://doi.org/10.1214/aos/1176343247));
     Dekkers, Einmahl & de Haan, *A moment estimator for the index of an extreme-value distribution*,
-    Ann. Stat. 1989; Danielsson, de Haan, Peng & de Vries, *Using a bootstrap method to choose the sample
-    fraction in tail index estimation*, J. Multivariate Anal. 2001; Groeneboom, Lopuhaä & de Wolf,
+    Ann. Stat. 1989 ([doi:10.1214/aos/1176347397](https://doi.org/10.1214/aos/1176347397));
+    Danielsson, de Haan, Peng & de Vries, *Using a bootstrap method to choose the sample
+    fraction in tail index estimation*, J. Multivariate Anal. 2001
+    ([doi:10.1006/jmva.2000.1903](https://doi.org/10.1006/jmva.2000.1903)); Groeneboom, Lopuhaä & de Wolf,
     *Kernel-type estimators for the extreme value index*, Ann. Stat. 2003; Voitalov et al., *Scale-free
-    networks well done*, Phys. Rev. Research 2019; Laszkiewicz, Lederer & Fischer, *Marginal
-    Tail-Adaptive Normalizing Flows*, ICML 2022 (arXiv:2206.10311).
+    networks well done*, Phys. Rev. Research 2019
+    ([doi:10.1103/PhysRevResearch.1.033034](https://doi.org/10.1103/PhysRevResearch.1.033034));
+    Laszkiewicz, Lederer & Fischer, *Marginal Tail-Adaptive Normalizing Flows*, ICML 2022 (arXiv:2206.10311).
 """
 
 from __future__ import annotations
