@@ -56,28 +56,6 @@ def test_no_rst_markup_in_built_html(build):
     assert not found, "RST roles or math directives in the built HTML (convert the docstrings):\n" + "\n".join(found)
 
 
-EXTERNAL = re.compile(r"^(?:[a-z][a-z0-9+.-]*:)?//", re.IGNORECASE)
-LOADING = {"script": "src", "img": "src", "iframe": "src", "link": "href", "source": "src", "embed": "src"}
-
-
-class _Loads(HTMLParser):
-    """The URLs a page loads: scripts, images, frames and linked stylesheets, icons and fonts (not hyperlinks)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.urls: list[str] = []
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        values = dict(attrs)
-        if tag not in LOADING or not values.get(LOADING[tag]):
-            return
-        if tag == "link" and not {"stylesheet", "icon", "preload", "preconnect", "manifest"} & set(
-            (values.get("rel") or "").split()
-        ):
-            return
-        self.urls.append(values[LOADING[tag]])
-
-
 def test_every_notebook_is_a_tutorial_in_the_nav():
     """docs/hooks/notebooks.py makes a page of each notebook; the Tutorials section of the nav lists each once."""
     nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
@@ -95,35 +73,36 @@ def test_citation_names_the_version():
     assert f"version = {{{version}}}" in (ROOT / "docs" / "cite.md").read_text(encoding="utf-8")
 
 
-def test_site_loads_nothing_from_another_host(build):
-    _, site = build
-    found = []
-    for page in sorted(site.rglob("*.html")):
-        parser = _Loads()
-        parser.feed(page.read_text(encoding="utf-8"))
-        found += [f"{page.relative_to(site)}: {url}" for url in parser.urls if EXTERNAL.match(url)]
-    assert not found, "the site loads from another host (serve it from docs/ instead):\n" + "\n".join(found)
-    assert (site / "javascripts" / "mathjax" / "tex-svg-full.js").exists()
-
-
+EXTERNAL = re.compile(r"^(?:[a-z][a-z0-9+.-]*:)?//", re.IGNORECASE)
+LOADING = {"script": "src", "img": "src", "iframe": "src", "link": "href", "source": "src", "embed": "src"}
+LINKED = {"stylesheet", "icon", "preload", "preconnect", "manifest"}
 SKIPPED = {"script", "style", "code", "pre", "kbd", "samp", "svg", "math"}
 TYPESET = {"arithmatex", "md-nav__link"}  # what docs/javascripts/mathjax.js has MathJax typeset
+VOID = {"br", "img", "input", "meta", "link", "hr", "wbr", "source", "col", "area", "base", "embed"}
 LATEX = re.compile(r"\\(?:[a-zA-Z]{2,}|[{}_^,;!])|\^\{|_\{")
 
 
-class _Prose(HTMLParser):
-    """The text a reader sees as prose: not code, scripts, or the math spans that MathJax typesets."""
+class _Page(HTMLParser):
+    """One page: what it loads and the prose a reader sees.
+
+    It loads scripts, images, frames, stylesheets and icons (hyperlinks are not loads); its prose is the text
+    outside code, scripts and what MathJax typesets.
+    """
 
     def __init__(self) -> None:
         super().__init__(convert_charrefs=True)
+        self.urls: list[str] = []
         self.skip: list[str] = []
         self.text: list[str] = []
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag in {"br", "img", "input", "meta", "link", "hr", "wbr", "source", "col", "area", "base", "embed"}:
+        values = dict(attrs)
+        if tag in LOADING and values.get(LOADING[tag]):
+            if tag != "link" or LINKED & set((values.get("rel") or "").split()):
+                self.urls.append(values[LOADING[tag]])
+        if tag in VOID:
             return
-        classes = (dict(attrs).get("class") or "").split()
-        if self.skip or tag in SKIPPED or TYPESET & set(classes):
+        if self.skip or tag in SKIPPED or TYPESET & set((values.get("class") or "").split()):
             self.skip.append(tag)
 
     def handle_endtag(self, tag: str) -> None:
@@ -136,21 +115,33 @@ class _Prose(HTMLParser):
             self.text.append(data)
 
 
-def test_no_stray_dollar_or_raw_latex_in_prose(build):
+@pytest.fixture(scope="module")
+def pages(build):
     _, site = build
-    found = []
+    parsed = {}
     for page in sorted(site.rglob("*.html")):
-        parser = _Prose()
+        parser = _Page()
         parser.feed(page.read_text(encoding="utf-8"))
-        for text in parser.text:
-            for match in re.finditer(r"\$", text):
-                found.append(
-                    f"{page.relative_to(site)}: '$' in ...{text[max(0, match.start() - 60) : match.end() + 60]!r}"
-                )
-            for match in LATEX.finditer(text):
-                found.append(
-                    f"{page.relative_to(site)}: LaTeX in ...{text[max(0, match.start() - 60) : match.end() + 60]!r}"
-                )
+        parsed[str(page.relative_to(site))] = parser
+    return parsed
+
+
+@pytest.mark.slow
+def test_site_loads_nothing_from_another_host(build, pages):
+    _, site = build
+    found = [f"{name}: {url}" for name, page in pages.items() for url in page.urls if EXTERNAL.match(url)]
+    assert not found, "the site loads from another host (serve it from docs/ instead):\n" + "\n".join(found)
+    assert (site / "javascripts" / "mathjax" / "tex-svg-full.js").exists()
+
+
+@pytest.mark.slow
+def test_no_stray_dollar_or_raw_latex_in_prose(pages):
+    found = []
+    for name, page in pages.items():
+        for text in page.text:
+            for kind, pattern in (("'$'", re.compile(r"\$")), ("LaTeX", LATEX)):
+                for match in pattern.finditer(text):
+                    found.append(f"{name}: {kind} in ...{text[max(0, match.start() - 60) : match.end() + 60]!r}")
     found = list(dict.fromkeys(found))
     assert not found, (
         "a `$` or LaTeX outside math (a `$` in a docstring needs its pair, or code quotes):\n" + "\n".join(found[:50])
