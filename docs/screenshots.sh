@@ -29,3 +29,14 @@ shot() {  # name, path, height
 shot home "" 2200
 shot tutorial tutorials/09_lattice_phi4/ 2600
 shot benchmarks benchmarks/ 2400
+# Fewer colours, a fraction of the bytes: the screenshots are committed.
+python - "$out" <<'PY'
+import sys
+from pathlib import Path
+
+from PIL import Image
+
+for path in sorted(Path(sys.argv[1]).glob("*.png")):
+    Image.open(path).convert("RGB").quantize(colors=128).save(path, optimize=True)
+    print(f"{path}: {path.stat().st_size // 1024} KiB")
+PY

@@ -35,7 +35,7 @@ def save(figure: plt.Figure, name: str) -> None:
 
 
 def density() -> None:
-    """A neural spline flow fitted to the two-moons data: its density with the test points on top."""
+    """A neural spline flow fitted to the two-moons data: its density with the test points, its samples by the data."""
     from flowkit.train import MaximumLikelihood, fit
 
     data = flowkit.data.load("moons")
@@ -44,6 +44,7 @@ def density() -> None:
     nll = flowkit.data.evaluate_nll(flow, data.test)
     print(f"moons: NSF test NLL {nll.mean:.3f} +- {nll.two_se:.3f}")
     save(plot.density(flow, data.test, title=f"NSF on moons, test NLL {nll.mean:.2f}"), "density_moons.png")
+    save(plot.samples_vs_data(flow, data.test, n=1000), "samples_moons.png")
 
 
 def lattice() -> None:
