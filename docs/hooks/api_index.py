@@ -43,7 +43,10 @@ def index_markdown() -> str:
     for info in sorted(pkgutil.iter_modules(flowkit.__path__), key=lambda m: m.name):
         if info.name.startswith("_"):
             continue
-        module = importlib.import_module(f"flowkit.{info.name}")
+        try:
+            module = importlib.import_module(f"flowkit.{info.name}")
+        except ImportError:  # an optional dependency missing: the module's own page says so
+            continue
         names = list(getattr(module, "__all__", []))
         if not names:
             continue
