@@ -105,7 +105,7 @@ def check_converged(root: Tensor, target: Tensor, residual: Tensor, slope: Tenso
 def solve_monotone(
     fn: Any, target: Tensor, grid: int, bisection_steps: int, newton_steps: int, where: str = "solve_monotone"
 ) -> Tensor:
-    r"""The root $u \in [0, 1]$ of $f(u) = $ `target` for increasing `fn`, with a fixed number of steps.
+    r"""The root $u \in [0, 1]$ of $f(u)$ = `target` for increasing `fn`, with a fixed number of steps.
 
     The root must lie in `[0, 1]`. The bracket comes from counting the grid values below the target, `bisection_steps`
     halve it, and `newton_steps` safeguarded Newton steps finish (a step that leaves the bracket becomes its midpoint).

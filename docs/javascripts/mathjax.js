@@ -1,5 +1,6 @@
 // MathJax settings for pymdownx.arithmatex (generic mode): typeset only the
-// `arithmatex` spans and blocks, and again after each instant page load.
+// `arithmatex` spans and blocks, and the navigation's links (a heading's maths reaches the table of
+// contents as \(...\)), and again after each instant page load.
 window.MathJax = {
   tex: {
     inlineMath: [["\\(", "\\)"]],
@@ -9,7 +10,7 @@ window.MathJax = {
   },
   options: {
     ignoreHtmlClass: ".*|",
-    processHtmlClass: "arithmatex",
+    processHtmlClass: "arithmatex|md-nav__link",
   },
 };
 

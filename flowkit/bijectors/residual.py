@@ -225,7 +225,7 @@ class Residual(Bijector):
     **Initialisation.** The last linear layer starts at a tenth of its default scale (near the identity) and every
     LipSwish at $\beta$ = `beta` = 32: $\phi_\beta(x) \approx x / 2.2 + \beta x^2 / 8.8$ for $|\beta x| \lesssim 1$, so
     at Chen et al.'s $\beta \approx 0.97$ the network is nearly linear on unit-scale data (and stayed at the Gaussian
-    fit; flowkit issue 38). $\beta$ does not change the Lipschitz bound.
+    fit). $\beta$ does not change the Lipschitz bound.
 
     **Inverse.** The fixed-point iteration $x_{k+1} = z - g(x_k)$ from $x_0 = z$, a contraction with rate
     $\mathrm{Lip}(g) \le c$, runs until $\max |x_{k+1} - x_k| \le$ `tolerance` (or, below that, the dtype's rounding

@@ -24,7 +24,10 @@ from .tails import COMET, TailAdaptive
 # Last: the modules above fill the registry's tables as they run.
 from .registry import DATA_PRESETS, PRESET_NAMES, PRESETS, Preset, build_data_flow, build_flow, parse_hidden, preset
 
-__all__ = [
+__all__ = [  # in the order of the API page: the presets first
+    "NSF",
+    "RealNVP",
+    "MAF",
     "FlowModel",
     "require_exact_weights",
     "Flow",
@@ -32,9 +35,6 @@ __all__ = [
     "FreeFormFlow",
     "InjectiveFlow",
     "ResidualMLP",
-    "RealNVP",
-    "MAF",
-    "NSF",
     "NAF",
     "UNAF",
     "BNAF",

@@ -48,7 +48,7 @@ Every importance-weighting path asks [`require_exact_weights`][flowkit.flows.bas
 which refuses such a model with a `ValueError` that names it and says why; AIS, FAB and path-gradient
 training, which also evaluate `log_prob` along the way, ask it for an exact density too.
 
-[`flowkit.sampling`][flowkit.sampling.importance] computes the weights $\log w = -u(x) - \log q$ from the
+[`flowkit.sampling`][flowkit.sampling] computes the weights $\log w = -u(x) - \log q$ from the
 latent-to-data map `latent_to_data(z)`: $x = T(z)$ and $\log q$ (a stochastic flow's path density).
 """
 
@@ -70,14 +70,14 @@ __all__ = ["FlowModel", "require_exact_weights"]
 
 
 class FlowModel(Configurable, nn.Module, ABC):
-    """The abstract base of flowkit's models (see the module's table).
+    """The abstract base of flowkit's models (see the table of [the flow contract][flowkit.flows.base]).
 
     A subclass implements `event_shape`, `log_prob` (or raises a ValueError that says what to use
     instead), `rsample` (or `sample`) and, where they differ from the defaults, `path_log_likelihood`,
     `rsample_and_log_prob`, `auxiliary_loss` and `latent_to_data`, and
     sets the abilities `exact_log_prob`, `samples_match_density` (with `sampler_mismatch` saying why, when
     False), `bijective` and `free_form`. A model that cannot offer `rsample_and_log_prob` or
-    `to_distribution` either lacks it or raises an error that says why (see the module's table).
+    `to_distribution` either lacks it or raises an error that says why (see the contract's table).
     """
 
     _flowkit_register: ClassVar[bool] = False  # abstract: nothing to save by itself
@@ -117,7 +117,7 @@ class FlowModel(Configurable, nn.Module, ABC):
         """Log density of events `x` `(..., *event_shape)`, with the batch shape."""
 
     def path_log_likelihood(self, x: Tensor, context: Tensor | None = None) -> Tensor:
-        """The log-likelihood that maximum likelihood maximises (see the module's table; default `log_prob`)."""
+        """The log-likelihood that maximum likelihood maximises (see the contract's table; default `log_prob`)."""
         return self.log_prob(x, context)
 
     def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:

@@ -75,7 +75,7 @@ STARTS = ("identity", "near", "random")
 
 
 def _default_start(coupling: bool, features: int) -> str:
-    """The start of `NSF(start=None, near_identity=None)`, as measured in issue 38 (`docs/benchmarks.md`)."""
+    """The start of `NSF(start=None, near_identity=None)`, as measured against zuko (see the benchmarks page)."""
     if not coupling:
         return "near"
     return "random" if features == 2 else "identity"
@@ -383,7 +383,7 @@ class NSF(Flow):
     layer, as in zuko's and RealNVP's couplings) are fast both ways. Each spline has `bins` bins on `[-bound, bound]`
     and is the identity outside.
 
-    The default starts, measured in issue 38 (`docs/benchmarks.md`): autoregressive layers start near the identity
+    The default starts, measured against zuko (see the benchmarks page): autoregressive layers start near the identity
     (`"near"`: zero last weights, last biases the spline's identity parameters plus $U(-1/\sqrt{n}, 1/\sqrt{n})$ offsets
     for `n` inputs, off the symmetric point that training escapes slowly); coupling layers at `D = 2` where zuko's start
     (`"random"`: last weights and offsets as a fresh `nn.Linear`'s), exactly at the identity above (`"identity"`). All

@@ -31,13 +31,17 @@ else the kernel estimate (the first that is positive).
 and [`estimate_tails`][flowkit.stats.estimate_tails] on model samples against data.
 
 References:
-    Hill, *A simple general approach to inference about the tail of a distribution*, Ann. Stat. 1975;
+    Hill, *A simple general approach to inference about the tail of a distribution*, Ann. Stat. 1975
+    ([doi:10.1214/aos/1176343247](https://doi.org/10.1214/aos/1176343247));
     Dekkers, Einmahl & de Haan, *A moment estimator for the index of an extreme-value distribution*,
-    Ann. Stat. 1989; Danielsson, de Haan, Peng & de Vries, *Using a bootstrap method to choose the sample
-    fraction in tail index estimation*, J. Multivariate Anal. 2001; Groeneboom, Lopuhaä & de Wolf,
+    Ann. Stat. 1989 ([doi:10.1214/aos/1176347397](https://doi.org/10.1214/aos/1176347397));
+    Danielsson, de Haan, Peng & de Vries, *Using a bootstrap method to choose the sample
+    fraction in tail index estimation*, J. Multivariate Anal. 2001
+    ([doi:10.1006/jmva.2000.1903](https://doi.org/10.1006/jmva.2000.1903)); Groeneboom, Lopuhaä & de Wolf,
     *Kernel-type estimators for the extreme value index*, Ann. Stat. 2003; Voitalov et al., *Scale-free
-    networks well done*, Phys. Rev. Research 2019; Laszkiewicz, Lederer & Fischer, *Marginal
-    Tail-Adaptive Normalizing Flows*, ICML 2022 (arXiv:2206.10311).
+    networks well done*, Phys. Rev. Research 2019
+    ([doi:10.1103/PhysRevResearch.1.033034](https://doi.org/10.1103/PhysRevResearch.1.033034));
+    Laszkiewicz, Lederer & Fischer, *Marginal Tail-Adaptive Normalizing Flows*, ICML 2022 (arXiv:2206.10311).
 """
 
 from __future__ import annotations
@@ -391,7 +395,7 @@ def tail_value_at_risk(x: object, level: float = 0.99, side: str = "upper") -> n
 def loglog_tail_distance(samples: object, data: object, tail: float = 0.1, points: int = 200) -> np.ndarray:
     r"""Area between the log-log tail quantile curves of `|samples|` and `|data|`, per dimension.
 
-    With $Q$ the empirical quantile function of $|x|$ and $s = -\log(1 - p)$ for $p$ from $1 - $ `tail`
+    With $Q$ the empirical quantile function of $|x|$ and $s = -\log(1 - p)$ for $p$ from 1 - `tail`
     to $1 - 1/N$ (the data's largest order statistic), the distance is
     $\int |\log Q_{\text{model}}(p) - \log Q_{\text{data}}(p)|\, ds$ by the trapezoid rule on `points`
     values of $s$. Power-law tails are straight lines of slope $\xi$ on this scale, so a model with the

@@ -118,7 +118,8 @@ class DependentMaximumLikelihood(Objective):
         rho: with `groups`: `"shared"` (one $\rho$), `"group"` (one per group, as the paper) or `"size"`.
         control_variate: subtract a control variate from the pair sum (not in the paper): the exact terms at
             the latents $\tilde z$ cached at the last `update`, the batch sampling only the change since
-            (`docs/api/dependent.md`). Experimental: it can hurt early training with $\rho$ near 1.
+            (see [dependent data][flowkit.train.dependent]). Experimental: it can hurt early training with $\rho$
+            near 1.
 
     Raises:
         ValueError: for a bad kinship matrix or group labels, `value` or `eps` out of range, or `rho` other

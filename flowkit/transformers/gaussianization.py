@@ -92,7 +92,7 @@ class Gaussianization(Transformer):
 
     See [the module][flowkit.transformers.gaussianization] for the maths, the log-space evaluation and the inverse.
     Parameters per element: `3 K`, laid out as `K` weight logits, `K` centres $\mu_k$ and `K` pre-softplus scales
-    ($s_k = $ `min_scale` $+ \mathrm{softplus}(\hat s_k)$). `identity_params` gives equal weights, centres spread over
+    ($s_k$ = `min_scale` + $\mathrm{softplus}(\hat s_k)$). `identity_params` gives equal weights, centres spread over
     `[-1, 1]` and unit-variance components: close to the identity, with the components apart.
 
     *Stated tolerance of the inverse*: the root passes the residual test of

@@ -234,8 +234,9 @@ class SmoothMixture(Transformer):
         min_scale: smallest component scale $s_k$ (at least 1 on the circle, where a bump must
             fit in one period).
         max_scale: largest component scale.
-        max_sharpness: the sharpness $\alpha$ of each component ranges over $(\alpha_u, \alpha_u + $
-            `max_sharpness`$)$, with $\alpha_u$ the unimodal bound (0.8657 for `power=1`, 0.3052 for `power=2`).
+        max_sharpness: the sharpness $\alpha$ of each component ranges over $(\alpha_u, \alpha_u + m)$
+            with $m$ = `max_sharpness` and $\alpha_u$ the unimodal bound (0.8657 for `power=1`, 0.3052 for
+            `power=2`).
         grid: bracketing cells of the inverse.
         bisection_steps: bisection steps of the inverse.
         newton_steps: Newton steps of the inverse.
