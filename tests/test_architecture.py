@@ -33,7 +33,7 @@ LAYERS = (
     ("flowkit.transformers.rational_quadratic",),
     ("flowkit.kernels",),
     ("flowkit.transformers", "flowkit.nn", "flowkit.distributions"),
-    ("flowkit.bijectors", "flowkit.lattice", "flowkit._legacy"),
+    ("flowkit.bijectors", "flowkit.lattice", "flowkit._legacy", "flowkit.embeddings"),
     ("flowkit.targets",),
     # Markov transition kernels: below the flows, whose stochastic blocks make the samplers' moves
     ("flowkit.transitions",),

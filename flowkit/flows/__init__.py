@@ -5,6 +5,7 @@
 
 from .base import FlowModel, require_exact_weights
 from .continuous import CNF
+from .embedded import EmbeddedFlow
 from .flow import Flow, FlowDistribution
 from .free_form import FreeFormFlow, InjectiveFlow, ResidualMLP
 from .gaussianization import GF
@@ -29,6 +30,7 @@ __all__ = [
     "require_exact_weights",
     "Flow",
     "FlowDistribution",
+    "EmbeddedFlow",
     "FreeFormFlow",
     "InjectiveFlow",
     "ResidualMLP",

@@ -14,6 +14,8 @@ from typing import Any, TypeVar
 
 from torch import Tensor, nn
 
+from ..embeddings import ConditionEmbedding
+from .embedded import EmbeddedFlow
 from .flow import Flow
 
 __all__ = [
@@ -58,15 +60,32 @@ class Preset:
     one_pass: bool = False
     bench: bool = False
 
-    def __call__(self, first: Any, *, context: int = 0, **sizes: Any) -> Any:
+    def __call__(
+        self, first: Any, *, context: int = 0, embedding: ConditionEmbedding | None = None, **sizes: Any
+    ) -> Any:
         """Build on `first` (see `kind`) with `sizes` for its arguments (None, or one it does not take: ignored).
 
         Every preset takes `context`, the number of context features of a conditional flow (0, the default:
-        unconditional); it is passed on only when positive.
+        unconditional), passed on only when positive; and `embedding`, a
+        [`ConditionEmbedding`][flowkit.embeddings.ConditionEmbedding] of the raw condition: the flow is then built
+        with `context=embedding.out_features` and returned inside an [`EmbeddedFlow`][flowkit.flows.EmbeddedFlow].
 
         Raises:
-            ValueError: for a number of transforms below 1, bad hidden sizes or a negative `context`.
+            ValueError: for a number of transforms below 1, bad hidden sizes, a negative `context`, or both
+                `context` and an `embedding` whose sizes differ.
         """
+        if embedding is not None:
+            if not isinstance(embedding, ConditionEmbedding):
+                raise ValueError(
+                    f"preset {self.name!r}: embedding must be a flowkit.embeddings.ConditionEmbedding, "
+                    f"got {type(embedding).__name__}"
+                )
+            if context and context != embedding.out_features:
+                raise ValueError(
+                    f"preset {self.name!r}: context={context} differs from the embedding's {embedding.out_features} "
+                    "features; give the embedding alone"
+                )
+            return EmbeddedFlow(self(first, context=embedding.out_features, **sizes), embedding)
         given = {k: v for k, v in sizes.items() if v is not None and k in self.arguments}
         if "hidden" in given:
             given["hidden"] = parse_hidden(given["hidden"])
@@ -152,7 +171,8 @@ def build_flow(
     hidden: Sequence[int] | None = None,
     bins: int | None = None,
     context: int = 0,
-) -> Flow:
+    embedding: ConditionEmbedding | None = None,
+) -> Flow | EmbeddedFlow:
     """Build the preset called `name` (case-insensitive; one of `PRESET_NAMES`) on vectors of `features`.
 
     Arguments:
@@ -162,6 +182,8 @@ def build_flow(
         hidden: conditioner hidden sizes (None: the preset's).
         bins: spline bins (the presets with splines; None: the preset's).
         context: number of context features (0: an unconditional flow).
+        embedding: an embedding of raw conditions (a [`ConditionEmbedding`][flowkit.embeddings.ConditionEmbedding]):
+            the flow takes its output as context, inside an [`EmbeddedFlow`][flowkit.flows.EmbeddedFlow].
 
     Returns:
         A flow on vectors `(D,)`, conditional on a context of `context` features when positive.
@@ -169,7 +191,8 @@ def build_flow(
     Raises:
         ValueError: for an unknown name (the message lists the known ones) or bad sizes.
     """
-    return _build(PRESETS, "flow", name, features, transforms=transforms, hidden=hidden, bins=bins, context=context)
+    sizes = {"transforms": transforms, "hidden": hidden, "bins": bins, "context": context, "embedding": embedding}
+    return _build(PRESETS, "flow", name, features, **sizes)
 
 
 def parse_hidden(text: str | Sequence[int]) -> tuple[int, ...]:
