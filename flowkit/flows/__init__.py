@@ -19,6 +19,7 @@ from .presets import MAF, NSF, RealNVP
 from .residual import PlanarFlow, ResidualFlow, SylvesterFlow
 from .rigid import RigidBodyFlow
 from .stochastic import LangevinBlock, MetropolisBlock, StochasticBlock, StochasticFlow
+from .support import bounded
 from .tails import COMET, TailAdaptive
 
 # isort: split
@@ -31,6 +32,7 @@ __all__ = [
     "Flow",
     "FlowDistribution",
     "EmbeddedFlow",
+    "bounded",
     "FreeFormFlow",
     "InjectiveFlow",
     "ResidualMLP",
