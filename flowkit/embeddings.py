@@ -10,7 +10,9 @@ $\max_{\phi, \psi} \mathbb{E}\, \log q_\phi(\theta \mid e_\psi(y))$.
 - [`DeepSetEmbedding`][flowkit.embeddings.DeepSetEmbedding]: a set of iid observations `(..., N, d)` (NaN rows
   pad sets of fewer observations), as $\rho(\mathrm{pool}_n\, \phi(y_n))$, invariant to their order;
 - [`Conv1dEmbedding`][flowkit.embeddings.Conv1dEmbedding]: a spectrum `(..., L)` or `(..., k, L)`, through 1-D
-  convolutions and an MLP.
+  convolutions and an MLP;
+- [`StandardizedEmbedding`][flowkit.embeddings.StandardizedEmbedding]: the z-score of the condition with fixed
+  statistics of the training simulations, before another embedding (or alone, for a vector).
 
 Every embedding checks its input (shape, dtype, finiteness) and says what is wrong with a `ValueError`, and saves
 and loads with [`flowkit.io`][flowkit.io] inside the flow that holds it.
@@ -29,7 +31,14 @@ from ._validation import check_number, module_dtype, outermost
 from .nn import MLP
 from .nn import activation as make_activation
 
-__all__ = ["ConditionEmbedding", "MLPEmbedding", "DeepSetEmbedding", "Conv1dEmbedding", "POOLINGS"]
+__all__ = [
+    "ConditionEmbedding",
+    "MLPEmbedding",
+    "DeepSetEmbedding",
+    "Conv1dEmbedding",
+    "StandardizedEmbedding",
+    "POOLINGS",
+]
 
 #: The poolings of [`DeepSetEmbedding`][flowkit.embeddings.DeepSetEmbedding].
 POOLINGS = ("mean", "sum")
@@ -272,3 +281,111 @@ class Conv1dEmbedding(ConditionEmbedding):
         batch = condition.shape[: condition.dim() - len(self.condition_shape)]
         grid = condition.reshape(math.prod(batch), self.in_channels, self.condition_shape[-1])
         return self.head(self.convolutions(grid).flatten(1)).reshape(*batch, self.out_features)
+
+
+class StandardizedEmbedding(ConditionEmbedding):
+    r"""The z-score $(y - \mu) / \sigma$ of a condition with fixed statistics, then an embedding (or none).
+
+    Simulation outputs span scales a network trains badly on; sbi z-scores them with the statistics of the first
+    round's simulations, and so does [`sbi_builder`][flowkit.inference.sbi_builder] with this module. The statistics
+    have the condition's shape, or, for a set of observations (`condition_shape` `(None, d)`), one per observation
+    feature, so that the set embedding stays invariant to the order of the observations. NaN padding stays NaN.
+
+    Arguments:
+        loc: the means $\mu$, flat (row-major) over `stats_shape`.
+        scale: the standard deviations $\sigma$ (positive), likewise.
+        condition_shape: the event shape of one condition (`None` for a set's number of observations).
+        embedding: the embedding of the z-scored condition; None for a vector condition passed on as it is.
+
+    Raises:
+        ValueError: for statistics of the wrong size, a scale that is not positive, or no embedding for a
+            condition that is not a vector.
+
+    Examples:
+        >>> import torch
+        >>> y = 100 + 10 * torch.randn(500, 3)
+        >>> z = StandardizedEmbedding.from_data(y)(y)
+        >>> [round(v, 3) for v in (z.mean().item(), z.std().item())]
+        [0.0, 0.999]
+    """
+
+    def __init__(
+        self,
+        loc: Sequence[float],
+        scale: Sequence[float],
+        condition_shape: Sequence[int | None],
+        embedding: ConditionEmbedding | None = None,
+    ) -> None:
+        super().__init__()
+        where = "StandardizedEmbedding"
+        shape = tuple(None if s is None else int(s) for s in condition_shape)
+        stats = tuple(s for s in shape if s is not None) if shape and shape[0] is None else shape
+        if any(s is None for s in stats):
+            raise ValueError(f"{where}: only the leading entry of condition_shape may be None, got {shape}")
+        if embedding is not None:
+            if not isinstance(embedding, ConditionEmbedding):
+                raise ValueError(f"{where}: embedding must be a ConditionEmbedding, got {type(embedding).__name__}")
+            if tuple(embedding.condition_shape) != shape:
+                raise ValueError(
+                    f"{where}: the embedding takes conditions of shape {embedding.condition_shape}, not {shape}"
+                )
+        elif len(shape) != 1 or shape[0] is None:
+            raise ValueError(f"{where}: a condition of shape {shape} needs an embedding to a vector")
+        loc_t, scale_t = torch.as_tensor(loc, dtype=torch.float32), torch.as_tensor(scale, dtype=torch.float32)
+        if loc_t.numel() != math.prod(stats) or scale_t.numel() != math.prod(stats):
+            raise ValueError(
+                f"{where}: loc and scale need {math.prod(stats)} values (the shape {stats}), "
+                f"got {loc_t.numel()} and {scale_t.numel()}"
+            )
+        if not bool((scale_t > 0).all()) or not bool(torch.isfinite(loc_t).all()):
+            raise ValueError(f"{where}: scale must be positive and loc finite")
+        self.condition_shape = shape
+        self.embedding = embedding
+        self.out_features = embedding.out_features if embedding is not None else int(shape[0])  # type: ignore[arg-type]
+        self.register_buffer("loc", loc_t.reshape(stats))
+        self.register_buffer("scale", scale_t.reshape(stats))
+
+    @classmethod
+    def from_data(
+        cls, y: Tensor, embedding: ConditionEmbedding | None = None, structured: bool = False
+    ) -> StandardizedEmbedding:
+        """The z-score with the statistics of conditions `y` `(N, *condition_shape)` (NaN padding ignored).
+
+        Arguments:
+            y: the training conditions.
+            embedding: the embedding after the z-score; its `condition_shape` sets the shape (and a set's
+                statistics per observation feature), else `y[0].shape`.
+            structured: one mean and one deviation for all entries (sbi's `"structured"`, for spectra whose
+                points share a scale); else one per entry (sbi's `"independent"`).
+
+        Raises:
+            ValueError: for `y` that is not a floating tensor with conditions of the embedding's shape.
+        """
+        if not isinstance(y, Tensor) or not y.is_floating_point() or y.dim() < 2:
+            raise ValueError("StandardizedEmbedding.from_data: y must be a floating tensor (N, *condition_shape)")
+        shape = tuple(embedding.condition_shape) if embedding is not None else tuple(y.shape[1:])
+        if embedding is not None:
+            embedding.check(y, "StandardizedEmbedding.from_data")
+        flat = y.detach().double()
+        if shape and shape[0] is None:  # a set: statistics per observation feature, over sets and observations
+            flat = flat.reshape(-1, *shape[1:])
+        if structured:
+            flat = flat.reshape(-1, 1)
+        present = ~torch.isnan(flat)
+        count = present.sum(0).clamp_min(1)
+        mean = torch.nansum(flat, 0) / count
+        std = (torch.nansum((flat - mean).square(), 0) / (count - 1).clamp_min(1)).sqrt()
+        stats = tuple(s for s in shape if s is not None)
+        mean, std = mean.expand(stats) if structured else mean, std.expand(stats) if structured else std
+        std = torch.where(std > 1e-14, std, torch.ones_like(std))  # a constant entry: unscaled (as sbi)
+        return cls(mean.flatten().tolist(), std.flatten().tolist(), shape, embedding).to(y.dtype)
+
+    def _check_values(self, condition: Tensor, where: str) -> None:
+        if self.embedding is not None:
+            self.embedding._check_values(condition, where)
+        else:
+            super()._check_values(condition, where)
+
+    def embed(self, condition: Tensor) -> Tensor:
+        z = (condition - self.loc) / self.scale
+        return z if self.embedding is None else self.embedding.embed(z)
