@@ -148,6 +148,7 @@ SAVEABLE_MODULES = (
     "distributions",
     "embeddings",
     "flows",
+    "inference",
     "lattice",
     "nn",
     "targets",

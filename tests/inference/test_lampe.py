@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import flowkit
 from flowkit.embeddings import MLPEmbedding
 from flowkit.inference import ConditionedFlow, lampe_flow
 
@@ -44,3 +45,16 @@ def test_lampe_flow_takes_an_embedding_and_a_prior() -> None:
         lampe_flow(2, 4, embedding=MLPEmbedding(5, 3))
     with pytest.raises(ValueError, match="unknown preset"):
         lampe_flow(2, 4, "nope")
+
+
+def test_a_lampe_flow_saves_and_loads(tmp_path) -> None:
+
+    flow = lampe_flow(2, 3, "realnvp", transforms=2, hidden=(8,))
+    with torch.no_grad():
+        for p in flow.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    theta, x = torch.randn(4, 2), torch.randn(4, 3)
+    flowkit.io.save(flow, tmp_path / "m")
+    loaded = flowkit.io.load(tmp_path / "m")
+    assert isinstance(loaded, ConditionedFlow)
+    torch.testing.assert_close(loaded(x).log_prob(theta), flow(x).log_prob(theta))
