@@ -28,7 +28,8 @@ def test_lampe_npe_builds_evaluates_and_trains_a_flowkit_flow() -> None:
 
     loss = NPELoss(estimator)
     optimizer = torch.optim.Adam(estimator.parameters(), lr=3e-3)
-    start = float(loss(theta, x))
+    with torch.no_grad():
+        start = float(loss(theta, x))
     for _ in range(60):
         optimizer.zero_grad()
         loss(theta, x).backward()
