@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from torch import Tensor, nn
 
+from .._validation import check_number
 from ..embeddings import ConditionEmbedding
 from .embedded import EmbeddedFlow
 from .flow import Flow
@@ -91,8 +92,7 @@ class Preset:
             given["hidden"] = parse_hidden(given["hidden"])
         if given.get("transforms", 1) < 1:
             raise ValueError(f"transforms must be at least 1, got {given['transforms']}")
-        if isinstance(context, bool) or not isinstance(context, int) or context < 0:
-            raise ValueError(f"preset {self.name!r}: context must be a non-negative integer, got {context!r}")
+        context = check_number(context, "context", where=f"preset {self.name!r}", integer=True, low=0)
         if context:
             given["context"] = context
         return self.build(first, **{**self.arguments, **given})

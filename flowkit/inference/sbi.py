@@ -189,6 +189,13 @@ def sbi_estimator(model: EmbeddedFlow, input_shape: Sequence[int], condition_sha
     return _estimator_class()(model, torch.Size(input_shape), torch.Size(condition_shape))
 
 
+def __getattr__(name: str) -> Any:
+    # The estimator's class by its name, for pickle (sbi's posteriors are saved with pickle): made on first use.
+    if name == "FlowkitEstimator":
+        return _estimator_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 @functools.cache
 def _estimator_class() -> type:
     from sbi.neural_nets.estimators.base import ConditionalDensityEstimator
@@ -230,4 +237,5 @@ def _estimator_class() -> type:
             """Samples `(*sample_shape, batch, D)` and their log density `(*sample_shape, batch)`."""
             return self.model.flow.sample_and_log_prob(tuple(sample_shape), self._context(condition))
 
+    FlowkitEstimator.__qualname__ = "FlowkitEstimator"  # found again by pickle through the module's __getattr__
     return FlowkitEstimator

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 import torch
 
@@ -98,6 +100,10 @@ def test_sbis_npe_trains_a_flowkit_flow_whose_posterior_density_is_flowkits(tmp_
     # and the leakage correction is exactly zero, since no mass lies outside the prior's box.
     theta_o = samples[:50]
     torch.testing.assert_close(posterior.log_prob(theta_o, x=x_o), estimator.model.log_prob(theta_o, x_o))
+
+    # The posterior pickles, as sbi users save it.
+    again = pickle.loads(pickle.dumps(posterior))
+    torch.testing.assert_close(again.log_prob(theta_o, x=x_o), posterior.log_prob(theta_o, x=x_o))
 
     # The flowkit model saves and loads on its own.
     flowkit.io.save(estimator.model, tmp_path / "posterior")
