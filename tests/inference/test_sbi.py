@@ -80,7 +80,8 @@ def test_the_builder_refuses_bad_options_and_a_prior_without_bounds() -> None:
 
 
 @pytest.mark.slow
-def test_sbis_npe_trains_a_flowkit_flow_whose_posterior_density_is_flowkits(tmp_path) -> None:
+def test_sbis_npe_trains_a_flowkit_flow_whose_posterior_density_is_flowkits(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # sbi writes its training logs to ./sbi-logs
     prior, theta, x = _simulations(2000)
     builder = sbi_builder("nsf", prior=prior, transforms=2, hidden=(32, 32))
     inference = NPE(prior, density_estimator=builder, show_progress_bars=False)
