@@ -30,6 +30,7 @@ __all__ = [
     "Real",
     "Interval",
     "OpenInterval",
+    "Box",
     "Circle",
     "Sphere",
     "Product",
@@ -157,6 +158,60 @@ class OpenInterval(Interval):
 
     def __repr__(self) -> str:
         return f"OpenInterval({self.low}, {self.high})"
+
+
+class Box(Domain):
+    r"""A box $\prod_i (a_i, b_i)$ with bounds per feature, each side possibly infinite (a half-line, the real line).
+
+    The support of a prior in simulation-based inference. Its input check admits every finite point: a density on
+    the box (a flow ending in [`BoundedSupport`][flowkit.bijectors.BoundedSupport]) is zero outside it, so its
+    `log_prob` there is $-\infty$, not an error. Test points are drawn inside.
+
+    Arguments:
+        low: the lower bounds `(D,)` (`-inf` for none).
+        high: the upper bounds `(D,)` (`inf` for none), above `low`.
+    """
+
+    def __init__(self, low: Sequence[float], high: Sequence[float]) -> None:
+        self.low, self.high = tuple(float(a) for a in low), tuple(float(b) for b in high)
+        if len(self.low) != len(self.high) or not all(a < b for a, b in zip(self.low, self.high, strict=True)):
+            raise ValueError(f"Box: low {self.low} and high {self.high} must be bounds of equal length with low < high")
+
+    def _bounds(self, like: Tensor) -> tuple[Tensor, Tensor]:
+        low = torch.tensor(self.low, dtype=like.dtype, device=like.device)
+        return low, torch.tensor(self.high, dtype=like.dtype, device=like.device)
+
+    def sample(
+        self, shape: tuple[int, ...], *, dtype: torch.dtype = torch.float64, generator: torch.Generator | None = None
+    ) -> Tensor:
+        u = 0.02 + 0.96 * torch.rand(shape, dtype=dtype, generator=generator)
+        low, high = self._bounds(u)
+        half = 0.05 - torch.log1p(-u)  # on a half-line: a point 0.07 to 3.3 from the bound
+        inside = torch.where(torch.isfinite(high), high - half, torch.randn(shape, dtype=dtype, generator=generator))
+        inside = torch.where(torch.isfinite(low), low + half, inside)
+        both = torch.isfinite(low) & torch.isfinite(high)
+        return torch.where(both, torch.nan_to_num(low) + torch.nan_to_num(high - low, posinf=0.0) * u, inside)
+
+    def contains(self, x: Tensor) -> Tensor:
+        low, high = self._bounds(x)
+        return (x > low) & (x < high)
+
+    def log_volume(self, event_shape: tuple[int, ...]) -> float | None:
+        if not all(math.isfinite(a) and math.isfinite(b) for a, b in zip(self.low, self.high, strict=True)):
+            return None
+        return float(sum(math.log(b - a) for a, b in zip(self.low, self.high, strict=True)))
+
+    def uniform(
+        self, shape: tuple[int, ...], *, dtype: torch.dtype = torch.float64, generator: torch.Generator | None = None
+    ) -> Tensor:
+        if self.log_volume(tuple(shape[-1:])) is None:
+            return super().uniform(shape, dtype=dtype, generator=generator)
+        u = torch.rand(shape, dtype=dtype, generator=generator)
+        low, high = self._bounds(u)
+        return low + (high - low) * u
+
+    def __repr__(self) -> str:
+        return f"Box(low={list(self.low)}, high={list(self.high)})"
 
 
 class Circle(Interval):

@@ -29,6 +29,7 @@ from flowkit.bijectors import (
     AffineCoupling,
     Bijector,
     BlockNeuralAutoregressive,
+    BoundedSupport,
     Chain,
     CircularSplineCoupling,
     ContinuousFlow,
@@ -320,6 +321,11 @@ BIJECTORS: dict[str, Case] = {
     "SmoothLeakyReLU(image)": lambda: (SmoothLeakyReLU((2, 2, 2), alpha=0.1), torch.randn(5, 2, 2, 2) * 3),
     "SmoothTanh": lambda: (SmoothTanh(3, scale=2.0, leak=0.2), torch.randn(5, 3) * 2),
     "Logit": lambda: (Logit(3, alpha=0.05), torch.rand(5, 3) * 0.96 + 0.02),
+    # bounded supports: a box side, a half-line each way, the real line
+    "BoundedSupport": lambda: (
+        BoundedSupport([-1.0, 0.5, None, None], [2.0, None, -3.0, None]),
+        torch.stack([3 * torch.rand(6) - 1, 0.5 + 3 * torch.rand(6), -3 - 3 * torch.rand(6), torch.randn(6)], -1),
+    ),
     # standardization
     "Standardization": _standardization,
     # heavy tails

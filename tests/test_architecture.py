@@ -33,7 +33,7 @@ LAYERS = (
     ("flowkit.transformers.rational_quadratic",),
     ("flowkit.kernels",),
     ("flowkit.transformers", "flowkit.nn", "flowkit.distributions"),
-    ("flowkit.bijectors", "flowkit.lattice", "flowkit._legacy"),
+    ("flowkit.bijectors", "flowkit.lattice", "flowkit._legacy", "flowkit.embeddings"),
     ("flowkit.targets",),
     # Markov transition kernels: below the flows, whose stochastic blocks make the samplers' moves
     ("flowkit.transitions",),
@@ -41,6 +41,8 @@ LAYERS = (
     # what works on any flow and target
     ("flowkit.sampling", "flowkit.testing", "flowkit.data", "flowkit.io"),
     ("flowkit.train", "flowkit.interop", "flowkit.plot"),
+    # simulation-based inference: posterior estimators on the flows, in sbi and lampe
+    ("flowkit.inference",),
     # deprecated aliases: `flowkit.stochastic` serves flowkit.flows.stochastic
     ("flowkit.cli", "flowkit.__main__", "flowkit.stochastic"),
 )

@@ -1,6 +1,6 @@
 """Bijectors: invertible maps with log-determinants, data -> latent in the forward direction."""
 
-from ..domains import Circle, Domain, Interval, Product, Real, Sphere
+from ..domains import Box, Circle, Domain, Interval, Product, Real, Sphere
 from .activations import Logit, SmoothLeakyReLU, SmoothTanh
 from .autoregressive import MaskedAffineAutoregressive, MaskedAutoregressive, MaskedSplineAutoregressive
 from .base import Bijector, Chain, Invert, Reshape
@@ -20,6 +20,7 @@ from .residual import Residual
 from .sphere import ConvexDoubleMoebius, ConvexMoebius, DoubleMoebius, Moebius, RigidCoupling
 from .spline_coupling import CircularSplineCoupling, SplineCoupling
 from .standardization import Standardization
+from .support import BoundedSupport, support_bounds
 from .sylvester import Sylvester
 from .tails import MarginalTailCDF, TailLU
 
@@ -64,10 +65,13 @@ __all__ = [
     "Householder",
     "Sylvester",
     "ElementwiseTransformer",
+    "BoundedSupport",
+    "support_bounds",
     "ContinuousFlow",
     "Domain",
     "Real",
     "Interval",
+    "Box",
     "Circle",
     "Sphere",
     "Product",

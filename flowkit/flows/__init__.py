@@ -5,6 +5,7 @@
 
 from .base import FlowModel, require_exact_weights
 from .continuous import CNF
+from .embedded import EmbeddedFlow
 from .flow import Flow, FlowDistribution
 from .free_form import FreeFormFlow, InjectiveFlow, ResidualMLP
 from .gaussianization import GF
@@ -18,6 +19,7 @@ from .presets import MAF, NSF, RealNVP
 from .residual import PlanarFlow, ResidualFlow, SylvesterFlow
 from .rigid import RigidBodyFlow
 from .stochastic import LangevinBlock, MetropolisBlock, StochasticBlock, StochasticFlow
+from .support import bounded
 from .tails import COMET, TailAdaptive
 
 # isort: split
@@ -32,6 +34,8 @@ __all__ = [  # in the order of the API page: the presets first
     "require_exact_weights",
     "Flow",
     "FlowDistribution",
+    "EmbeddedFlow",
+    "bounded",
     "FreeFormFlow",
     "InjectiveFlow",
     "ResidualMLP",

@@ -49,12 +49,13 @@ __all__ = ["FreeFormFlow", "InjectiveFlow", "ResidualMLP", "jacobian"]
 _JACOBIAN_ROWS = 2**15
 
 
-def jacobian(function: Callable[[Tensor], Tensor], x: Tensor) -> tuple[Tensor, Tensor]:
+def jacobian(function: Callable[[Tensor], Tensor], x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
     r"""`(function(x), J)` for points `x` of shape `(B, n)`, with `J[b] =` $\partial\,$`function`$(x_b)/\partial x_b$.
 
     `function` maps `(N, n)` to `(N, m)` row by row. The Jacobian is exact: forward-mode derivatives
     along the $n$ unit vectors, batched into passes of at most $2^{15}$ rows. It is differentiable
-    (training through it by reverse mode works).
+    (training through it by reverse mode works). With a `context` `(B, C)`, `function` takes the rows
+    `[x_b, c_b]` `(N, n + C)` and the Jacobian is with respect to `x` only.
 
     Returns:
         The values `(B, m)` and the Jacobians `(B, m, n)`.
@@ -63,14 +64,16 @@ def jacobian(function: Callable[[Tensor], Tensor], x: Tensor) -> tuple[Tensor, T
     chunk = max(1, _JACOBIAN_ROWS // n)
     values, jacobians = [], []
     eye = torch.eye(n, dtype=x.dtype, device=x.device)
-    for part in x.split(chunk):
+    contexts = [None] * batch if context is None else context.split(chunk)
+    for part, rows in zip(x.split(chunk), contexts, strict=False):
         b = part.shape[0]
         # Row k * b + i is point i along direction k. Both are fresh copies: a reshaped expand of one row
         # (b = 1) is a view whose rows share memory, which forward-mode AD refuses to write tangents into.
         points = part.repeat(n, 1)
         directions = eye.repeat_interleave(b, dim=0)
         with fwad.dual_level():
-            out = function(fwad.make_dual(points, directions))
+            dual = fwad.make_dual(points, directions)
+            out = function(dual if rows is None else torch.cat([dual, rows.repeat(n, 1)], dim=-1))
             value, tangent = fwad.unpack_dual(out)
         m = value.shape[-1]
         if tangent is None:  # the function does not depend on its input
@@ -94,23 +97,34 @@ class ResidualMLP(Configurable, nn.Module):
         blocks: number of residual blocks.
         activation: the MLPs' activation (see [`activation`][flowkit.nn.activation]; smooth ones suit
             the forward-mode Jacobians of free-form flows).
+        context: number of context features `C`: the network then takes rows $[x, c]$ `(N, D + C)`, returns
+            `(N, D)`, and every block sees the context, $x \mapsto x + r_k(x, c)$.
     """
 
     def __init__(
-        self, features: int, hidden: Sequence[int] = (64, 64), blocks: int = 2, activation: str = "silu"
+        self,
+        features: int,
+        hidden: Sequence[int] = (64, 64),
+        blocks: int = 2,
+        activation: str = "silu",
+        context: int = 0,
     ) -> None:
         super().__init__()
         where = "ResidualMLP"
         features = int(check_number(features, "features", where=where, integer=True, low=1))
         blocks = int(check_number(blocks, "blocks", where=where, integer=True, low=1))
-        self.blocks = nn.ModuleList(MLP(features, features, tuple(hidden), activation) for _ in range(blocks))
+        context = int(check_number(context, "context", where=where, integer=True, low=0))
+        self.blocks = nn.ModuleList(
+            MLP(features, features, tuple(hidden), activation, context=context) for _ in range(blocks)
+        )
         for block in self.blocks:
             block.zero_last()
-        self.features = features
+        self.features, self.context = features, context
 
     def forward(self, x: Tensor) -> Tensor:
+        x, context = (x, None) if not self.context else x.split([self.features, self.context], dim=-1)
         for block in self.blocks:
-            x = x + block(x)
+            x = x + block(x, context)
         return x
 
 
@@ -129,10 +143,12 @@ class _EncoderDecoderFlow(FlowModel):
         latent_features: int,
         base: Distribution | None,
         where: str,
+        context: int = 0,
     ) -> None:
         super().__init__()
         features = int(check_number(features, "features", where=where, integer=True, low=1))
         latent_features = int(check_number(latent_features, "latent_features", where=where, integer=True, low=1))
+        self._context = int(check_number(context, "context", where=where, integer=True, low=0))
         for name, net in (("encoder", encoder), ("decoder", decoder)):
             if not isinstance(net, nn.Module):
                 raise ValueError(f"{where}: {name} must be a torch.nn.Module, got {type(net).__name__}")
@@ -152,17 +168,19 @@ class _EncoderDecoderFlow(FlowModel):
     def _check_shapes(self, where: str) -> None:
         """Refuse networks whose outputs do not have the latent and data shapes (one pass on a zero point)."""
         dtype = module_dtype(self.encoder) or module_dtype(self.base) or torch.get_default_dtype()
+        c = self._context
         checks = (
-            ("encoder", self.encoder, self.features, self.latent_features),
-            ("decoder", self.decoder, self.latent_features, self.features),
+            ("encoder", self.encoder, self.features + c, self.latent_features),
+            ("decoder", self.decoder, self.latent_features + c, self.features),
         )
         for name, net, inputs, outputs in checks:
             with torch.no_grad():
                 try:
                     out = net(torch.zeros(2, inputs, dtype=dtype))
                 except RuntimeError as error:
+                    with_context = f" (the point and its {c} context features)" if c else ""
                     raise ValueError(
-                        f"{where}: the {name} cannot take inputs of shape (N, {inputs}): {error}"
+                        f"{where}: the {name} cannot take inputs of shape (N, {inputs}){with_context}: {error}"
                     ) from None
             if not isinstance(out, Tensor) or tuple(out.shape) != (2, outputs):
                 got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
@@ -174,42 +192,79 @@ class _EncoderDecoderFlow(FlowModel):
     def event_shape(self) -> torch.Size:
         return torch.Size([self.features])
 
+    @property
+    def context_features(self) -> int:
+        """The number of context features `C` the networks take after the point (0: unconditional)."""
+        return self._context
+
     def preprocess(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """The points the encoder takes and the log-determinant of that map (the identity here)."""
         return x, x.new_zeros(x.shape[:-1])
 
-    def encode(self, x: Tensor) -> Tensor:
-        """Latent points `z = f(x)` of shape `(..., d)` for data `x` of shape `(..., D)`."""
+    def _rows(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """Points `(N, n)` and their contexts `(N, C)` (or None), the context broadcast to the points' batch."""
+        if context is None:
+            return x.reshape(-1, x.shape[-1]), None
+        batch = torch.broadcast_shapes(x.shape[:-1], context.shape[:-1])
+        x, context = x.expand(*batch, x.shape[-1]), context.expand(*batch, context.shape[-1])
+        return x.reshape(-1, x.shape[-1]), context.reshape(-1, context.shape[-1])
+
+    def network(self, name: str, context: Tensor | None = None) -> Callable[[Tensor], Tensor]:
+        """The `"encoder"` or `"decoder"` as a map of rows `(N, n)`, given contexts `(B, C)` (`N` a multiple of `B`).
+
+        Without a context, the network itself. With one, the map that appends to row `i` the context row
+        `i mod B`, the rows of `torch.repeat`: what the training objective's probes
+        (`x.repeat(probes, 1)`) need.
+        """
+        net = self.encoder if name == "encoder" else self.decoder
+        if context is None:
+            return net
+
+        def conditioned(rows: Tensor) -> Tensor:
+            return net(torch.cat([rows, context.repeat(rows.shape[0] // context.shape[0], 1)], dim=-1))
+
+        return conditioned
+
+    def encode(self, x: Tensor, context: Tensor | None = None) -> Tensor:
+        """Latent points `z = f(x)` of shape `(..., d)` for data `x` of shape `(..., D)` (and the context)."""
         y = self.preprocess(x)[0]
-        return self.encoder(y.reshape(-1, self.features)).reshape(*x.shape[:-1], self.latent_features)
+        rows, contexts = self._rows(y, context)
+        z = self.network("encoder", contexts)(rows)
+        return z.reshape(*rows_shape(y, context), self.latent_features)
 
-    def decode(self, z: Tensor) -> Tensor:
-        """Data points `x = g(z)` of shape `(..., D)` for latent points `z` of shape `(..., d)`."""
-        return self.decoder(z.reshape(-1, self.latent_features)).reshape(*z.shape[:-1], self.features)
+    def decode(self, z: Tensor, context: Tensor | None = None) -> Tensor:
+        """Data points `x = g(z)` of shape `(..., D)` for latent points `z` of shape `(..., d)` (and the context)."""
+        rows, contexts = self._rows(z, context)
+        return self.network("decoder", contexts)(rows).reshape(*rows_shape(z, context), self.features)
 
-    def reconstruct(self, x: Tensor) -> Tensor:
+    def reconstruct(self, x: Tensor, context: Tensor | None = None) -> Tensor:
         """`g(f(x))`: the reconstruction of `x` (for an injective flow, its projection onto the manifold)."""
-        return self.decode(self.encode(x))
+        return self.decode(self.encode(x, context), context)
 
     def _check(self, x: Tensor, context: Tensor | None, where: str) -> None:
         with outermost() as check:
             if check:
-                check_tensor(x, self.event_shape, name="x", dtype=module_dtype(self), where=where)
-                check_context(context, 0, None, where=where)
+                dtype = module_dtype(self)
+                check_tensor(x, self.event_shape, name="x", dtype=dtype, where=where)
+                check_context(context, self._context, x.shape[:-1], dtype=dtype, where=where)
 
     def log_prob(self, x: Tensor, context: Tensor | None = None) -> Tensor:
         """Log density of events `x` `(..., D)` (see the class), with the batch shape."""
         self._check(x, context, f"{type(self).__name__}.log_prob")
-        flat = x.reshape(-1, self.features)
-        return self._log_density(flat).reshape(x.shape[:-1])
+        flat, contexts = self._rows(x, context)
+        return self._log_density(flat, contexts).reshape(rows_shape(x, context))
 
-    def _log_density(self, x: Tensor) -> Tensor:
+    def _log_density(self, x: Tensor, context: Tensor | None) -> Tensor:
         raise NotImplementedError
 
     def rsample(self, shape: int | Sequence[int] = (), context: Tensor | None = None) -> Tensor:
-        """Samples `g(z)`, `z ~ base`, of shape `(*shape, D)`, differentiable in the decoder's parameters."""
-        check_context(context, 0, None, where=f"{type(self).__name__}.sample")
-        return self.decode(self.base.rsample(as_shape(shape)))
+        """Samples `g(z)`, `z ~ base`, of shape `(*shape, *context_batch, D)`, differentiable in the decoder."""
+        where = f"{type(self).__name__}.sample"
+        with outermost() as check:
+            if check:
+                check_context(context, self._context, None, dtype=module_dtype(self), where=where)
+        shape = as_shape(shape) + (() if context is None else tuple(context.shape[:-1]))
+        return self.decode(self.base.rsample(shape), context)
 
     def rsample_and_log_prob(
         self, shape: int | Sequence[int] = (), context: Tensor | None = None
@@ -225,12 +280,19 @@ class _EncoderDecoderFlow(FlowModel):
             `(x, log_prob(x))` of shapes `(*shape, D)` and `shape`.
         """
         x = self.rsample(shape, context)
-        return x, self.log_prob(x)
+        return x, self.log_prob(x, context)
 
     def latent_to_data(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """The decoder's samples `g(z)` and the model's `log_prob` there (see `rsample_and_log_prob`)."""
-        x = self.decode(z)
+        x = self.decode(z, context)
         return x, self.log_prob(x, context)
+
+
+def rows_shape(x: Tensor, context: Tensor | None) -> tuple[int, ...]:
+    """The batch shape of points `x` `(..., n)` broadcast with that of their context (if any)."""
+    if context is None:
+        return tuple(x.shape[:-1])
+    return tuple(torch.broadcast_shapes(x.shape[:-1], context.shape[:-1]))
 
 
 class FreeFormFlow(_EncoderDecoderFlow):
@@ -257,6 +319,9 @@ class FreeFormFlow(_EncoderDecoderFlow):
         base: the latent distribution (default: a standard normal on `D` features, in the encoder's dtype).
         preprocessing: an optional bijector applied to the data before the encoder (and inverted after the
             decoder); training treats it as fixed.
+        context: number of context features `C` (0: unconditional). The encoder then maps `(N, D + C)` to
+            `(N, D)`, the rows $[x, c]$, and the decoder $[z, c]$ likewise: $f(\cdot\,; c)$ and $g(\cdot\,; c)$, with
+            the Jacobian taken in $x$ only.
 
     Raises:
         ValueError: for a non-positive `features`, modules that are not `nn.Module`s, a base of another
@@ -283,6 +348,7 @@ class FreeFormFlow(_EncoderDecoderFlow):
         features: int,
         base: Distribution | None = None,
         preprocessing: Bijector | None = None,
+        context: int = 0,
     ) -> None:
         where = "FreeFormFlow"
         if preprocessing is not None:
@@ -295,7 +361,7 @@ class FreeFormFlow(_EncoderDecoderFlow):
                     f"{where}: preprocessing maps {tuple(preprocessing.event_shape)} to "
                     f"{tuple(preprocessing.latent_shape)}; it must keep the shape ({features},)"
                 )
-        super().__init__(encoder, decoder, features, features, base, where)
+        super().__init__(encoder, decoder, features, features, base, where, context)
         self.preprocessing = preprocessing
 
     def to_distribution(self, context: Tensor | None = None) -> FlowDistribution:
@@ -303,15 +369,17 @@ class FreeFormFlow(_EncoderDecoderFlow):
 
         Like the model itself, its samples follow the density only as far as the decoder inverts the encoder.
         """
-        check_context(context, 0, None, where="FreeFormFlow.to_distribution")
-        return FlowDistribution(self)
+        check_context(context, self._context, None, dtype=module_dtype(self), where="FreeFormFlow.to_distribution")
+        return FlowDistribution(self, context)
 
     def standardized(self, x: Tensor, robust: bool = False) -> FreeFormFlow:
         """The same networks with `Standardization.from_data(x, robust)` as their `preprocessing`."""
         if self.preprocessing is not None:
             raise ValueError("standardize: the FreeFormFlow has a preprocessing already")
         scaling = data_standardization(self, x, robust)
-        return FreeFormFlow(self.encoder, self.decoder, self.features, self.base, preprocessing=scaling)
+        return FreeFormFlow(
+            self.encoder, self.decoder, self.features, self.base, preprocessing=scaling, context=self._context
+        )
 
     def preprocess(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """`(h(x), log|det h'(x)|)` for the `preprocessing` bijector $h$ (the identity and 0 without one)."""
@@ -319,13 +387,13 @@ class FreeFormFlow(_EncoderDecoderFlow):
             return super().preprocess(x)
         return self.preprocessing(x)
 
-    def decode(self, z: Tensor) -> Tensor:
-        x = super().decode(z)
+    def decode(self, z: Tensor, context: Tensor | None = None) -> Tensor:
+        x = super().decode(z, context)
         return x if self.preprocessing is None else self.preprocessing.inverse(x)[0]
 
-    def _log_density(self, x: Tensor) -> Tensor:
+    def _log_density(self, x: Tensor, context: Tensor | None) -> Tensor:
         y, ladj = self.preprocess(x)
-        z, jac = jacobian(self.encoder, y)
+        z, jac = jacobian(self.encoder, y, context)
         return self.base.log_prob(z) + torch.linalg.slogdet(jac)[1] + ladj
 
 
@@ -352,6 +420,8 @@ class InjectiveFlow(_EncoderDecoderFlow):
         features: the data dimension `D`.
         latent_features: the manifold's dimension `d`, below `D`.
         base: the latent distribution (default: a standard normal on `d` features, in the encoder's dtype).
+        context: number of context features `C` (0: unconditional); the networks then take the rows
+            $[x, c]$ `(N, D + C)` and $[z, c]$ `(N, d + C)` (see [`FreeFormFlow`][flowkit.flows.FreeFormFlow]).
 
     Raises:
         ValueError: for `latent_features` not in `1, ..., D - 1`, modules that are not `nn.Module`s, a base
@@ -370,6 +440,7 @@ class InjectiveFlow(_EncoderDecoderFlow):
         features: int,
         latent_features: int,
         base: Distribution | None = None,
+        context: int = 0,
     ) -> None:
         where = "InjectiveFlow"
         check_number(features, "features", where=where, integer=True, low=1)
@@ -383,11 +454,11 @@ class InjectiveFlow(_EncoderDecoderFlow):
             rule=f"an integer from 1 to features - 1 = {features - 1} (an injective flow reduces the dimension; "
             "FreeFormFlow keeps it)",
         )
-        super().__init__(encoder, decoder, features, latent_features, base, where)
+        super().__init__(encoder, decoder, features, latent_features, base, where, context)
 
-    def _log_density(self, x: Tensor) -> Tensor:
-        z = self.encoder(x)
-        _, jac = jacobian(self.decoder, z)
+    def _log_density(self, x: Tensor, context: Tensor | None) -> Tensor:
+        z = self.network("encoder", context)(x)
+        _, jac = jacobian(self.decoder, z, context)
         gram = jac.transpose(-1, -2) @ jac
         return self.base.log_prob(z) - 0.5 * torch.linalg.slogdet(gram)[1]
 
@@ -407,11 +478,12 @@ class InjectiveFlow(_EncoderDecoderFlow):
             "log_prob and sample directly)"
         )
 
-    def distance_to_manifold(self, x: Tensor) -> Tensor:
+    def distance_to_manifold(self, x: Tensor, context: Tensor | None = None) -> Tensor:
         """`|x - g(f(x))|`: the distance of `x` to its projection onto the learned manifold, batch shape."""
-        return (x - self.reconstruct(x)).norm(dim=-1)
+        return (x - self.reconstruct(x, context)).norm(dim=-1)
 
 
 @preset("free-form", "free-form flow: residual MLPs as encoder and decoder", hidden=(64, 64))
-def _free_form_flow(features: int, hidden: Sequence[int]) -> FreeFormFlow:
-    return FreeFormFlow(ResidualMLP(features, hidden), ResidualMLP(features, hidden), features)
+def _free_form_flow(features: int, hidden: Sequence[int], context: int = 0) -> FreeFormFlow:
+    encoder, decoder = (ResidualMLP(features, hidden, context=context) for _ in range(2))
+    return FreeFormFlow(encoder, decoder, features, context=context)

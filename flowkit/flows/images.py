@@ -108,6 +108,7 @@ def _glow_steps(
     conditioner: ConditionerFactory | None,
     where: str,
     shared: bool | str = False,
+    context: int = 0,
 ) -> StepFactory:
     def build(shape: tuple[int, int, int], level: int) -> list[Bijector]:
         if shape[0] < 2:
@@ -115,14 +116,16 @@ def _glow_steps(
         layers: list[Bijector] = []
         # One trunk per level (NanoFlow's estimator per scale), on the identity channels of the couplings.
         sizes = (shape[0] - shape[0] // 2, shape[0] // 2 * transformer.params_per_element)
-        factory = _shared(where, shared, conditioner, sizes, hidden, 0, activation, False, kernel=kernel) or conditioner
+        factory = (
+            _shared(where, shared, conditioner, sizes, hidden, context, activation, False, kernel=kernel) or conditioner
+        )
         for i in range(count):
             net = None
             if factory is not None:  # parity 0 transforms the first C // 2 channels, given the others
                 transformed = shape[0] // 2 if i % 2 == 0 else shape[0] - shape[0] // 2
-                net = factory(shape[0] - transformed, transformed * transformer.params_per_element, context=0)
+                net = factory(shape[0] - transformed, transformed * transformer.params_per_element, context=context)
             coupling = MaskedCoupling(
-                copy.deepcopy(transformer), shape, "channel", i % 2, hidden, kernel, "zeros", 0, activation, net
+                copy.deepcopy(transformer), shape, "channel", i % 2, hidden, kernel, "zeros", context, activation, net
             )
             layers += [ActNorm(shape), Conv1x1(shape), coupling]
         return layers
@@ -152,13 +155,16 @@ class Glow(Flow):
             slowly (5.81 test bits/dim against 4.73 on Fashion-MNIST after 120 steps).
         transformer: the coupling transformer instead of [`Affine`][flowkit.transformers.Affine]
             (e.g. a [`RationalQuadraticSpline`][flowkit.transformers.RationalQuadraticSpline]).
-        conditioner: a factory `conditioner(in_channels, out_channels, context=0)` for each
+        conditioner: a factory `conditioner(in_channels, out_channels, context=context)` for each
             coupling's conditioner, such as `functools.partial(flowkit.nn.ConvNet, hidden=(128, 128))`
             (see [`MaskedCoupling`][flowkit.bijectors.MaskedCoupling]).
         base: the latent distribution on `shape` (a standard normal by default).
         shared: the couplings of each level share one convolutional conditioner trunk (NanoFlow, see
             [`SharedTrunk`][flowkit.nn.SharedTrunk]): `False`, `True` (per-step embedding, gates and output
             convolution), `"output"` (the output convolution shared too) or `"naive"` (one conditioner per level).
+        context: number of context features, such as `K` for one-hot class labels (0: unconditional): every
+            coupling's convolutional conditioner takes them as constant extra input planes (a class-conditional
+            Glow); pass `torch.nn.functional.one_hot(labels, K).float()` as the context.
 
     Examples:
         >>> import torch, flowkit
@@ -185,9 +191,22 @@ class Glow(Flow):
         conditioner: ConditionerFactory | None = None,
         base: Distribution | None = None,
         shared: bool | str = False,
+        context: int = 0,
     ) -> None:
         self._build(
-            shape, levels, steps, hidden, kernel, activation, alpha, transformer, conditioner, base, None, shared
+            shape,
+            levels,
+            steps,
+            hidden,
+            kernel,
+            activation,
+            alpha,
+            transformer,
+            conditioner,
+            base,
+            None,
+            shared,
+            context,
         )
 
     def _build(
@@ -204,12 +223,14 @@ class Glow(Flow):
         base: Distribution | None,
         shuffle: Callable[[tuple[int, int, int]], Bijector] | None,
         shared: bool | str = False,
+        context: int = 0,
     ) -> None:
         where = type(self).__name__
         shape = image_shape(shape, where)
-        _checked(where, transformer, conditioner, {"levels": (levels, 1), "steps": (steps, 1)}, hidden)
+        sizes = {"levels": (levels, 1), "steps": (steps, 1), "context": (context, 0)}
+        _checked(where, transformer, conditioner, sizes, hidden)
         transformer = Affine() if transformer is None else transformer
-        make_steps = _glow_steps(steps, transformer, hidden, kernel, activation, conditioner, where, shared)
+        make_steps = _glow_steps(steps, transformer, hidden, kernel, activation, conditioner, where, shared, context)
         body = multiscale(shape, levels, make_steps, shuffle)
         layers = [body] if alpha is None else [Logit(shape, alpha), body]
         super().__init__(Chain(*layers), StandardNormal(shape) if base is None else base)
@@ -243,6 +264,7 @@ class EIW(Glow):
         conditioner: a factory for each coupling's conditioner (as in [`Glow`][flowkit.flows.Glow]).
         base: the latent distribution (a standard normal by default).
         shared: share one conditioner trunk per level (as in [`Glow`][flowkit.flows.Glow]).
+        context: number of context features, such as one-hot class labels (as in [`Glow`][flowkit.flows.Glow]).
 
     References:
         Chen, Du, Li, Zeng & Paisley, *EIW-Flow*, Pattern Recognition (2025), arXiv:2407.04958.
@@ -264,11 +286,24 @@ class EIW(Glow):
         conditioner: ConditionerFactory | None = None,
         base: Distribution | None = None,
         shared: bool | str = False,
+        context: int = 0,
     ) -> None:
         check_number(levels, "levels", where="EIW", integer=True, low=2)
         shuffle = functools.partial(EIWShuffle, reduction=reduction, weight=weight)
         self._build(
-            shape, levels, steps, hidden, kernel, activation, alpha, transformer, conditioner, base, shuffle, shared
+            shape,
+            levels,
+            steps,
+            hidden,
+            kernel,
+            activation,
+            alpha,
+            transformer,
+            conditioner,
+            base,
+            shuffle,
+            shared,
+            context,
         )
 
 

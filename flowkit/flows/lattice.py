@@ -55,9 +55,12 @@ class LatticeFlow(Flow):
             `Affine` or `RationalQuadraticSpline` transformer).
         transformer: the transformer of every layer instead of `Affine()`
             (e.g. a [`RationalQuadraticSpline`][flowkit.transformers.RationalQuadraticSpline]).
-        conditioner: a factory `conditioner(channels, channels * params_per_element, context=0)`
+        conditioner: a factory `conditioner(channels, channels * params_per_element, context=context)`
             for each layer's grid conditioner (`hidden`, `kernel` and `activation` are then unused).
         base: the latent distribution (a standard normal on the lattice by default).
+        context: number of context features (0: unconditional), such as the couplings of the action: the
+            conditioners take them as constant extra input planes (the flow stays odd with `z2`: the
+            context is not reflected).
 
     Examples:
         >>> import torch, flowkit
@@ -85,9 +88,12 @@ class LatticeFlow(Flow):
         transformer: Transformer | None = None,
         conditioner: ConditionerFactory | None = None,
         base: Distribution | None = None,
+        context: int = 0,
     ) -> None:
         shape = _event_shape(lattice)
-        _checked("LatticeFlow", transformer, conditioner, {"transforms": (transforms, 1)}, hidden)
+        _checked(
+            "LatticeFlow", transformer, conditioner, {"transforms": (transforms, 1), "context": (context, 0)}, hidden
+        )
         if not isinstance(z2, bool):
             raise ValueError(f"LatticeFlow: z2 must be True or False, got {z2!r}")
         transformer = Affine() if transformer is None else transformer
@@ -97,12 +103,13 @@ class LatticeFlow(Flow):
             tr = copy.deepcopy(transformer)
             net = None
             if conditioner is not None:
-                net = conditioner(channels, channels * tr.params_per_element, context=0)
+                net = conditioner(channels, channels * tr.params_per_element, context=context)
             if z2:
                 if net is None:
-                    net = ConvNet(channels, channels * tr.params_per_element, hidden, kernel, activation, "circular")
+                    out = channels * tr.params_per_element
+                    net = ConvNet(channels, out, hidden, kernel, activation, "circular", context=context)
                 net = Z2Equivariant(net, tr, channels)
-            grid = (shape, "checkerboard", i % 2, hidden, kernel, "circular")
+            grid = (shape, "checkerboard", i % 2, hidden, kernel, "circular", context)
             layers.append(MaskedCoupling(tr, *grid, activation=activation, conditioner=net))
         super().__init__(Chain(*layers), StandardNormal(torch.Size(shape)) if base is None else base)
 

@@ -14,6 +14,9 @@ from typing import Any, TypeVar
 
 from torch import Tensor, nn
 
+from .._validation import check_number
+from ..embeddings import ConditionEmbedding
+from .embedded import EmbeddedFlow
 from .flow import Flow
 
 __all__ = [
@@ -58,17 +61,40 @@ class Preset:
     one_pass: bool = False
     bench: bool = False
 
-    def __call__(self, first: Any, **sizes: Any) -> Any:
+    def __call__(
+        self, first: Any, *, context: int = 0, embedding: ConditionEmbedding | None = None, **sizes: Any
+    ) -> Any:
         """Build on `first` (see `kind`) with `sizes` for its arguments (None, or one it does not take: ignored).
 
+        Every preset takes `context`, the number of context features of a conditional flow (0, the default:
+        unconditional), passed on only when positive; and `embedding`, a
+        [`ConditionEmbedding`][flowkit.embeddings.ConditionEmbedding] of the raw condition: the flow is then built
+        with `context=embedding.out_features` and returned inside an [`EmbeddedFlow`][flowkit.flows.EmbeddedFlow].
+
         Raises:
-            ValueError: for a number of transforms below 1, or bad hidden sizes.
+            ValueError: for a number of transforms below 1, bad hidden sizes, a negative `context`, or both
+                `context` and an `embedding` whose sizes differ.
         """
+        if embedding is not None:
+            if not isinstance(embedding, ConditionEmbedding):
+                raise ValueError(
+                    f"preset {self.name!r}: embedding must be a flowkit.embeddings.ConditionEmbedding, "
+                    f"got {type(embedding).__name__}"
+                )
+            if context and context != embedding.out_features:
+                raise ValueError(
+                    f"preset {self.name!r}: context={context} differs from the embedding's {embedding.out_features} "
+                    "features; give the embedding alone"
+                )
+            return EmbeddedFlow(self(first, context=embedding.out_features, **sizes), embedding)
         given = {k: v for k, v in sizes.items() if v is not None and k in self.arguments}
         if "hidden" in given:
             given["hidden"] = parse_hidden(given["hidden"])
         if given.get("transforms", 1) < 1:
             raise ValueError(f"transforms must be at least 1, got {given['transforms']}")
+        context = check_number(context, "context", where=f"preset {self.name!r}", integer=True, low=0)
+        if context:
+            given["context"] = context
         return self.build(first, **{**self.arguments, **given})
 
 
@@ -144,7 +170,9 @@ def build_flow(
     transforms: int | None = None,
     hidden: Sequence[int] | None = None,
     bins: int | None = None,
-) -> Flow:
+    context: int = 0,
+    embedding: ConditionEmbedding | None = None,
+) -> Flow | EmbeddedFlow:
     """Build the preset called `name` (case-insensitive; one of `PRESET_NAMES`) on vectors of `features`.
 
     Arguments:
@@ -153,14 +181,18 @@ def build_flow(
         transforms: number of layers (None: the preset's default, in `PRESETS[name].arguments`).
         hidden: conditioner hidden sizes (None: the preset's).
         bins: spline bins (the presets with splines; None: the preset's).
+        context: number of context features (0: an unconditional flow).
+        embedding: an embedding of raw conditions (a [`ConditionEmbedding`][flowkit.embeddings.ConditionEmbedding]):
+            the flow takes its output as context, inside an [`EmbeddedFlow`][flowkit.flows.EmbeddedFlow].
 
     Returns:
-        An unconditional flow on vectors `(D,)`.
+        A flow on vectors `(D,)`, conditional on a context of `context` features when positive.
 
     Raises:
         ValueError: for an unknown name (the message lists the known ones) or bad sizes.
     """
-    return _build(PRESETS, "flow", name, features, transforms=transforms, hidden=hidden, bins=bins)
+    sizes = {"transforms": transforms, "hidden": hidden, "bins": bins, "context": context, "embedding": embedding}
+    return _build(PRESETS, "flow", name, features, **sizes)
 
 
 def parse_hidden(text: str | Sequence[int]) -> tuple[int, ...]:
@@ -187,14 +219,23 @@ def count_parameters(model: nn.Module) -> int:
 
 
 def build_data_flow(
-    name: str, x: Tensor, *, transforms: int | None = None, hidden: Sequence[int] | None = None, bins: int | None = None
+    name: str,
+    x: Tensor,
+    *,
+    transforms: int | None = None,
+    hidden: Sequence[int] | None = None,
+    bins: int | None = None,
+    context: int = 0,
 ) -> Flow:
     """Build the preset called `name` (one of `DATA_PRESETS`) from training data `x` of shape `(N, D)`.
+
+    `context` is the number of context features (0: an unconditional flow).
 
     Raises:
         ValueError: for an unknown name, bad sizes or data the tail estimates or marginal fits refuse.
     """
-    return _build(DATA_PRESETS, "data-fitted flow", name, x, transforms=transforms, hidden=hidden, bins=bins)
+    sizes = {"transforms": transforms, "hidden": hidden, "bins": bins, "context": context}
+    return _build(DATA_PRESETS, "data-fitted flow", name, x, **sizes)
 
 
 def build_image_flow(
@@ -204,10 +245,14 @@ def build_image_flow(
     levels: int | None = None,
     steps: int | None = None,
     hidden: Sequence[int] | None = None,
+    context: int = 0,
 ) -> Flow:
     """Build the image preset called `name` (one of `IMAGE_PRESETS`) for images of `shape` `(C, H, W)`.
+
+    `context` is the number of context features, such as one-hot class labels (0: an unconditional flow).
 
     Raises:
         ValueError: for an unknown name or bad sizes.
     """
-    return _build(IMAGE_PRESETS, "image flow", name, tuple(shape), levels=levels, steps=steps, hidden=hidden)
+    sizes = {"levels": levels, "steps": steps, "hidden": hidden, "context": context}
+    return _build(IMAGE_PRESETS, "image flow", name, tuple(shape), **sizes)

@@ -29,13 +29,14 @@ objective, section 4).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.autograd.forward_ad as fwad
-from torch import Tensor, nn
+from torch import Tensor
 
-from .._validation import check_number, check_tensor, module_dtype
+from .._validation import check_context, check_number, check_tensor, module_dtype
 from ..flows.base import FlowModel
 from .batches import split_batch
 from .objective import Objective
@@ -54,12 +55,15 @@ def orthonormal_probes(batch: int, features: int, probes: int, like: Tensor) -> 
     return q.permute(2, 0, 1) * math.sqrt(features)
 
 
-def log_det_surrogate(encoder: nn.Module, decoder: nn.Module, x: Tensor, probes: int) -> tuple[Tensor, Tensor, Tensor]:
+def log_det_surrogate(
+    encoder: Callable[[Tensor], Tensor], decoder: Callable[[Tensor], Tensor], x: Tensor, probes: int
+) -> tuple[Tensor, Tensor, Tensor]:
     r"""The latent points, the log-determinant surrogate and the reconstruction of points `x` `(B, D)`.
 
     Returns `(z, surrogate, x1)`: `z = f(x)` `(B, d)`, the surrogate
     $\frac{1}{K} \sum_k v_k^\top f'(x)\, \mathrm{SG}(g'(z) v_k)$ `(B,)` (to the encoder's parameters only)
-    and the reconstruction `x1 = g(z)` `(B, D)`, with their graphs.
+    and the reconstruction `x1 = g(z)` `(B, D)`, with their graphs. The networks map rows to rows; a conditional
+    model's come from its `network(name, context)`, which appends the context of row `i mod B` to row `i`.
     """
     batch = x.shape[0]
     z = encoder(x)
@@ -95,7 +99,8 @@ class FreeFormLikelihood(Objective):
 
     Raises:
         ValueError: `beta` negative or not finite, `probes` not a positive integer; at the first batch, `probes`
-            above the latent dimension, a model that is not a free-form flow, or a batch with context.
+            above the latent dimension, a model that is not a free-form flow, or a context that does not fit the
+            model's.
 
     References:
         Draxler, Sorrenson, Zimmermann, Rousselot & Köthe, *Free-form flows: make any architecture a normalizing
@@ -121,8 +126,8 @@ class FreeFormLikelihood(Objective):
         self.probes = int(check_number(probes, "probes", where=where, integer=True, low=1))
         self._metrics: dict[str, float] = {}
 
-    def _points(self, flow: FlowModel, batch: Any) -> tuple[Tensor, Tensor, Tensor]:
-        """The batch's points in the encoder's space `(B, D)`, their preprocessing log-determinant, and `x`."""
+    def _points(self, flow: FlowModel, batch: Any) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        """The batch's points in the encoder's space `(B, D)`, their preprocessing log-determinant, `x`, context."""
         where = type(self).__name__
         if not getattr(flow, "free_form", False):
             raise ValueError(
@@ -130,21 +135,23 @@ class FreeFormLikelihood(Objective):
                 f"pair), got {type(flow).__name__}; train other flows with MaximumLikelihood"
             )
         x, context = split_batch(batch, where)
-        if context is not None:
-            raise ValueError(f"{where}: free-form flows are unconditional; the batch must hold points x only")
         check_tensor(x, flow.event_shape, name="x", dtype=module_dtype(flow), where=where)
+        check_context(context, flow.context_features, x.shape[:-1], dtype=module_dtype(flow), where=where)
         if self.probes > flow.latent_features:
             raise ValueError(
                 f"{where}: probes={self.probes} exceeds the latent dimension {flow.latent_features} "
                 "(at most that many orthonormal probes exist)"
             )
+        if context is not None:
+            context = context.expand(*x.shape[:-1], context.shape[-1]).reshape(-1, context.shape[-1])
         x = x.reshape(-1, flow.features)
         y, ladj = flow.preprocess(x)
-        return y, ladj, x
+        return y, ladj, x, context
 
     def loss(self, flow: FlowModel, batch: Any) -> Tensor:
-        y, ladj, _ = self._points(flow, batch)
-        z, surrogate, reconstructed = log_det_surrogate(flow.encoder, flow.decoder, y, self.probes)
+        y, ladj, _, context = self._points(flow, batch)
+        encoder, decoder = flow.network("encoder", context), flow.network("decoder", context)
+        z, surrogate, reconstructed = log_det_surrogate(encoder, decoder, y, self.probes)
         reconstruction = (y - reconstructed).square().sum(-1)
         nll = -(flow.base.log_prob(z) + surrogate + ladj)
         self._metrics = {"reconstruction": float(reconstruction.detach().mean())}
@@ -153,9 +160,10 @@ class FreeFormLikelihood(Objective):
     def validation_loss(self, flow: FlowModel, batch: Any) -> Tensor:
         """The mean exact NLL (the model's `log_prob`) plus `beta` times the squared reconstruction error."""
         with torch.no_grad():
-            y, _, x = self._points(flow, batch)
-            reconstruction = (y - flow.decoder(flow.encoder(y))).square().sum(-1)
-            return (-flow.log_prob(x) + self.beta * reconstruction).mean()
+            y, _, x, context = self._points(flow, batch)
+            encoder, decoder = flow.network("encoder", context), flow.network("decoder", context)
+            reconstruction = (y - decoder(encoder(y))).square().sum(-1)
+            return (-flow.log_prob(x, context) + self.beta * reconstruction).mean()
 
     def metrics(self) -> dict[str, float]:
         """The last batch's mean squared reconstruction error (in the encoder's space)."""
