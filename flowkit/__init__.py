@@ -10,6 +10,7 @@ __version__ = "0.1.0"
 
 #: The subpackages, imported on first use; `flowkit.plot` (matplotlib) among them.
 _SUBPACKAGES = (
+    "applications",
     "bijectors",
     "data",
     "distributions",
@@ -62,6 +63,7 @@ __all__ = [
     "testing",
     "io",
     "interop",
+    "applications",
     "Flow",
     "set_validation",
     "compile",
