@@ -2,9 +2,21 @@
 
 - [`mcmc_proposals`][flowkit.applications.mcmc_proposals]: flow proposals (IMH) against flow reparametrisation
   (NeuTra) in MCMC, and the IMH mixing bound (Grenioux et al., ICML 2023).
+- [`learned_index`][flowkit.applications.learned_index]: a flow-based learned index of sorted keys (NFL,
+  Wu et al., VLDB 2022).
 """
 
-from . import mcmc_proposals
+from . import learned_index, mcmc_proposals
+from .learned_index import KeyFlow, LearnedIndex
 from .mcmc_proposals import chain_mean, ess_per_evaluation, imh_tv_bound, imh_tv_by_quadrature
 
-__all__ = ["mcmc_proposals", "imh_tv_bound", "imh_tv_by_quadrature", "chain_mean", "ess_per_evaluation"]
+__all__ = [
+    "mcmc_proposals",
+    "learned_index",
+    "imh_tv_bound",
+    "imh_tv_by_quadrature",
+    "chain_mean",
+    "ess_per_evaluation",
+    "KeyFlow",
+    "LearnedIndex",
+]
