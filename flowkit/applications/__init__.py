@@ -4,9 +4,12 @@
   (NeuTra) in MCMC, and the IMH mixing bound (Grenioux et al., ICML 2023).
 - [`learned_index`][flowkit.applications.learned_index]: a flow-based learned index of sorted keys (NFL,
   Wu et al., VLDB 2022).
+- [`interventional`][flowkit.applications.interventional]: interventional normalizing flows, the density of a
+  potential outcome with a one-step (AIPTW) corrected target flow (Melnychuk et al., ICML 2023).
 """
 
-from . import learned_index, mcmc_proposals
+from . import interventional, learned_index, mcmc_proposals
+from .interventional import AIPTWCrossEntropy, PolynomialNormalSCM
 from .learned_index import KeyFlow, LearnedIndex
 from .mcmc_proposals import chain_mean, ess_per_evaluation, imh_tv_bound, imh_tv_by_quadrature
 
@@ -19,4 +22,7 @@ __all__ = [
     "ess_per_evaluation",
     "KeyFlow",
     "LearnedIndex",
+    "interventional",
+    "PolynomialNormalSCM",
+    "AIPTWCrossEntropy",
 ]
