@@ -6,12 +6,15 @@
   Wu et al., VLDB 2022).
 - [`interventional`][flowkit.applications.interventional]: interventional normalizing flows, the density of a
   potential outcome with a one-step (AIPTW) corrected target flow (Melnychuk et al., ICML 2023).
+- [`weak_supervision`][flowkit.applications.weak_supervision]: label learning flows, weakly supervised
+  classification from weak signals with error bounds (Lu et al.).
 """
 
-from . import interventional, learned_index, mcmc_proposals
+from . import interventional, learned_index, mcmc_proposals, weak_supervision
 from .interventional import AIPTWCrossEntropy, PolynomialNormalSCM
 from .learned_index import KeyFlow, LearnedIndex
 from .mcmc_proposals import chain_mean, ess_per_evaluation, imh_tv_bound, imh_tv_by_quadrature
+from .weak_supervision import LabelLearningFlow, LabelLearningObjective
 
 __all__ = [
     "mcmc_proposals",
@@ -25,4 +28,7 @@ __all__ = [
     "interventional",
     "PolynomialNormalSCM",
     "AIPTWCrossEntropy",
+    "weak_supervision",
+    "LabelLearningFlow",
+    "LabelLearningObjective",
 ]
