@@ -17,7 +17,7 @@ chain by quadrature [`imh_tv_by_quadrature`][flowkit.applications.mcmc_proposals
 (to check the bound), and the chain summaries the comparison needs
 ([`chain_mean`][flowkit.applications.mcmc_proposals.chain_mean],
 [`ess_per_evaluation`][flowkit.applications.mcmc_proposals.ess_per_evaluation]). The targets are
-[`BimodalGaussian`][flowkit.targets.BimodalGaussian] and [`NealFunnel`][flowkit.targets.NealFunnel].
+[`BimodalGaussian`][flowkit.targets.funnel.BimodalGaussian] and [`NealFunnel`][flowkit.targets.funnel.NealFunnel].
 
 **The bound.** If $w(x) \le W$ for every $x$ (with $\pi$ and $q$ normalised, so $W \ge 1$), the IMH kernel
 satisfies $P(x, A) \ge \pi(A)/W$ (a Doeblin minorisation), so from any start
