@@ -10,6 +10,7 @@ __version__ = "0.1.0"
 
 #: The subpackages, imported on first use; `flowkit.plot` (matplotlib) among them.
 _SUBPACKAGES = (
+    "applications",
     "bijectors",
     "data",
     "distributions",
@@ -66,6 +67,7 @@ __all__ = [
     "io",
     "interop",
     "inference",
+    "applications",
     "Flow",
     "set_validation",
     "compile",

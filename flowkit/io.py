@@ -144,6 +144,7 @@ def _decode(value: Any, where: str) -> Any:
 
 #: The modules that define saveable (`Configurable`) classes; `tests/test_io.py` checks that none is missing.
 SAVEABLE_MODULES = (
+    "applications",
     "bijectors",
     "distributions",
     "embeddings",

@@ -43,6 +43,8 @@ LAYERS = (
     ("flowkit.train", "flowkit.interop", "flowkit.plot"),
     # simulation-based inference: posterior estimators on the flows, in sbi and lampe
     ("flowkit.inference",),
+    # a paper's use of flows, built from all of the above
+    ("flowkit.applications",),
     # deprecated aliases: `flowkit.stochastic` serves flowkit.flows.stochastic
     ("flowkit.cli", "flowkit.__main__", "flowkit.stochastic"),
 )

@@ -8,6 +8,7 @@ Each target has [`energy`][flowkit.targets.base.Target.energy], `event_shape`,
 from .alanine import AlanineDipeptide
 from .base import Energy, Target
 from .evaluate import energy_of
+from .funnel import BimodalGaussian, NealFunnel
 from .lattice import Phi4, Phi4Hopping
 from .mixture import GaussianMixture
 from .openmm import OpenMMEnergy
@@ -34,4 +35,6 @@ __all__ = [
     "RigidDipoles",
     "WithAuxiliaries",
     "TorusDoubleWell",
+    "NealFunnel",
+    "BimodalGaussian",
 ]

@@ -1,0 +1,127 @@
+"""Learned index (NFL) against NumPy's binary search and pygm's PGM-index: lookups per second, memory, conflicts.
+
+For each key generator of `flowkit.applications.learned_index` and each size, the script fits a `KeyFlow` to a
+10% sample, builds the `LearnedIndex` on the transformed keys and the same index on the raw keys, checks every
+answer against `numpy.searchsorted`, and times `--queries` lookups of keys drawn from the array:
+
+- the learned indexes and `searchsorted` answer the whole batch in one vectorised call;
+- pygm's `SortedList` (a PGM-index, `pip install pygm`, in the `bench` extra) answers one `bisect_left` per
+  Python call; skipped with a note when pygm is missing.
+
+Memory is what each structure holds beyond the keys: the models, error bounds and flow parameters of the learned
+index, pygm's `index size`, none for binary search.
+
+    python bench/index.py --sizes 1000000,10000000 --threads 1
+
+(the defaults; a few minutes at one thread). Prints a Markdown table and writes JSON with `--out`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from flowkit.applications.learned_index import KeyFlow, LearnedIndex, clustered_keys, lognormal_keys, zipf_keys
+from flowkit.cli.index import timed_lookups
+
+GENERATORS = {"lognormal": lognormal_keys, "zipf": zipf_keys, "clustered": clustered_keys}
+
+
+def pgm_row(keys: np.ndarray, queries: np.ndarray, expected: np.ndarray) -> dict[str, Any] | None:
+    """Build pygm's PGM-index and time one `bisect_left` per query, or None without pygm."""
+    try:
+        import pygm
+    except ImportError:
+        return None
+    start = time.perf_counter()
+    pgm = pygm.SortedList(keys)
+    build = time.perf_counter() - start
+    bisect = pgm.bisect_left
+    answers = np.fromiter((bisect(q) for q in queries), dtype=np.int64, count=queries.size)
+    if not (answers == expected).all():
+        raise RuntimeError("pygm's answers differ from searchsorted")
+    return {
+        "lookups_per_second": timed_lookups(lambda qs: [bisect(q) for q in qs], queries),
+        "bytes": int(pgm.stats()["index size"]),
+        "build_seconds": build,
+    }
+
+
+def row(name: str, size: int, args: argparse.Namespace) -> dict[str, Any]:
+    keys = GENERATORS[name](size, seed=args.seed)
+    torch.manual_seed(args.seed)
+    start = time.perf_counter()
+    flow = KeyFlow().fit_keys(keys, steps=args.steps, seed=args.seed)
+    fit_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    learned = LearnedIndex(keys, flow=flow)
+    build_seconds = time.perf_counter() - start
+    raw = LearnedIndex(keys)
+    queries = keys[np.random.default_rng(args.seed).integers(0, keys.size, args.queries)]
+    expected = np.searchsorted(keys, queries, side="left")
+    for index in (learned, raw):
+        if not (index.lookup(queries) == expected).all():
+            raise RuntimeError("a learned index's answer differs from searchsorted")
+    return {
+        "keys": name,
+        "size": size,
+        "distinct": int(np.unique(keys).size),
+        "flow_conflicts": learned.conflicts(),
+        "raw_conflicts": raw.conflicts(),
+        "flow_index": {
+            "lookups_per_second": timed_lookups(learned.lookup, queries),
+            "bytes": learned.nbytes,
+            "build_seconds": build_seconds,
+            "fit_seconds": fit_seconds,
+        },
+        "raw_index": {"lookups_per_second": timed_lookups(raw.lookup, queries), "bytes": raw.nbytes},
+        "searchsorted": {
+            "lookups_per_second": timed_lookups(lambda q: np.searchsorted(keys, q, side="left"), queries),
+            "bytes": 0,
+        },
+        "pgm": pgm_row(keys, queries, expected),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=lambda s: [int(t) for t in s.split(",")], default=[1_000_000, 10_000_000])
+    parser.add_argument("--keys", type=lambda s: s.split(","), default=list(GENERATORS))
+    parser.add_argument("--queries", type=int, default=100_000)
+    parser.add_argument("--steps", type=int, default=300, help="fit steps of each key flow")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    rows = [row(name, size, args) for size in args.sizes for name in args.keys]
+    if any(r["pgm"] is None for r in rows):
+        print("pygm is not installed (pip install pygm, or the bench extra): its column is empty")
+    print(
+        "| keys | n | conflicts max/mean raw | conflicts max/mean flow | lookups/s flow idx | raw idx | "
+        "searchsorted | PGM | bytes flow idx | PGM |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        pgm = r["pgm"] or {"lookups_per_second": float("nan"), "bytes": "-"}
+        print(
+            f"| {r['keys']} | {r['size']:.0e} | {r['raw_conflicts']['max']:.0f}/{r['raw_conflicts']['mean']:.1f} | "
+            f"{r['flow_conflicts']['max']:.0f}/{r['flow_conflicts']['mean']:.1f} | "
+            f"{r['flow_index']['lookups_per_second']:.3g} | {r['raw_index']['lookups_per_second']:.3g} | "
+            f"{r['searchsorted']['lookups_per_second']:.3g} | {pgm['lookups_per_second']:.3g} | "
+            f"{r['flow_index']['bytes']} | {pgm['bytes']} |"
+        )
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"threads": args.threads, "args": vars(args), "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

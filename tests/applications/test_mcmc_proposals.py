@@ -1,0 +1,80 @@
+"""The IMH bound against the exact total variation of a Gaussian chain, and IMH's mode weights on two modes."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import norm
+
+from flowkit.applications.mcmc_proposals import chain_mean, ess_per_evaluation, imh_tv_bound, imh_tv_by_quadrature
+from flowkit.flows import RealNVP
+from flowkit.sampling import independent_metropolis
+from flowkit.targets import BimodalGaussian
+from flowkit.train import MaximumLikelihood, fit
+
+
+def _gaussian_tv(inflation: float, start: float, n_steps: int = 20, points: int = 2401) -> np.ndarray:
+    scale = 1.0 + inflation
+    grid = np.linspace(-12 * scale, 12 * scale, points)
+    return imh_tv_by_quadrature(norm.logpdf, lambda x: norm.logpdf(x, scale=scale), start, n_steps, grid)
+
+
+@pytest.mark.parametrize("inflation", [0.25, 1.0, 2.0])
+@pytest.mark.parametrize("start", [0.0, 0.7, 3.0])
+def test_exact_tv_of_the_gaussian_imh_chain_is_below_the_bound(inflation, start):
+    # Target N(0, 1), proposal N(0, (1 + l)^2): w = pi / q peaks at 0 with W = 1 + l.
+    tv = _gaussian_tv(inflation, start)
+    bound = np.array([imh_tv_bound(1.0 + inflation, n) for n in range(1, 21)])
+    assert (tv <= bound + 1e-12).all()
+    if start == 0.0:  # from the top of w the chain stays with probability exactly 1 - 1/W: the bound is attained
+        np.testing.assert_allclose(tv, bound, rtol=1e-6, atol=1e-12)
+    else:  # elsewhere it leaves faster
+        assert (tv[:5] < 0.99 * bound[:5]).all()
+
+
+def test_quadrature_converges_with_the_grid_and_keeps_the_mass():
+    coarse, fine = _gaussian_tv(1.0, 0.7, 10, 801), _gaussian_tv(1.0, 0.7, 10, 3201)
+    np.testing.assert_allclose(coarse, fine, atol=1e-4)
+    # A proposal equal to the target accepts everything: one step reaches the target exactly.
+    grid = np.linspace(-10, 10, 801)
+    np.testing.assert_allclose(imh_tv_by_quadrature(norm.logpdf, norm.logpdf, 1.0, 3, grid), 0.0, atol=1e-9)
+
+
+def test_bound_and_quadrature_reject_bad_input():
+    assert imh_tv_bound(1.0, 5) == 0.0 and imh_tv_bound(3.0, 0) == 1.0
+    with pytest.raises(ValueError, match="max_weight_ratio"):
+        imh_tv_bound(0.5, 3)
+    with pytest.raises(ValueError, match="n_steps"):
+        imh_tv_bound(2.0, -1)
+    with pytest.raises(ValueError, match="evenly spaced"):
+        imh_tv_by_quadrature(norm.logpdf, norm.logpdf, 0.0, 2, np.array([0.0, 1.0, 3.0]))
+    with pytest.raises(ValueError, match="finite"):
+        imh_tv_by_quadrature(norm.logpdf, lambda x: np.where(x > 0, -np.inf, 0.0), 0.0, 2, np.linspace(-1, 1, 5))
+
+
+def test_chain_mean_and_ess_per_evaluation():
+    values = torch.tensor([[0.0, 1.0, 1.0, 0.0]]).repeat(10, 1)
+    mean, se = chain_mean(values)
+    assert mean == 0.5 and se == pytest.approx(float(torch.tensor([0.0, 1.0, 1.0, 0.0]).std()) / 2)
+    white = torch.randn(4000, 4, generator=torch.Generator().manual_seed(0))
+    assert ess_per_evaluation(white, 2.0) == pytest.approx(0.5, rel=0.15)  # independent draws, two evaluations each
+    sticky = white.cumsum(0) / 50  # a random walk: strongly autocorrelated
+    assert ess_per_evaluation(sticky) < 0.05
+    assert ess_per_evaluation(torch.zeros(100, 2)) == 0.0 or math.isnan(ess_per_evaluation(torch.ones(100, 2)))
+    with pytest.raises(ValueError, match="chains"):
+        chain_mean(torch.zeros(10, 1))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dim", [2, 4, 8, 16])
+def test_imh_with_a_fitted_flow_recovers_the_mode_weights(dim):
+    # Grenioux et al.: a flow proposal handles multimodality in moderate dimension.
+    target = BimodalGaussian(dim, separation=4.0, weight=2 / 3)
+    torch.manual_seed(0)
+    x = target.sample(5000, generator=torch.Generator().manual_seed(1)).float()
+    flow = RealNVP(dim, transforms=6, hidden=(64, 64))
+    fit(flow, MaximumLikelihood(), x, steps=300, batch_size=256, lr=3e-3, progress=False, seed=0)
+    run = independent_metropolis(flow, target, 800, chains=64, generator=torch.Generator().manual_seed(2))
+    weight, se = chain_mean(target.mode_of(run.samples).double(), burn_in=100)
+    assert abs(weight - 2 / 3) < 3 * se and se < 0.02

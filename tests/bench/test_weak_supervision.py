@@ -1,0 +1,26 @@
+"""bench/weak_supervision.py at a tiny size: every method's accuracy for both kinds of bounds."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+@pytest.mark.slow
+def test_weak_supervision_script_reports_each_method(monkeypatch, tmp_path, capsys):
+    monkeypatch.syspath_prepend(str(BENCH))
+    spec = importlib.util.spec_from_file_location("bench_weak_supervision", BENCH / "weak_supervision.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "ws.json"
+    assert module.main(["--seeds", "1", "--steps", "3", "--out", str(out)]) == 0
+    assert "| oracle | mean |" in capsys.readouterr().out
+    runs = json.loads(out.read_text())["runs"]
+    assert [r["bounds"] for r in runs] == ["estimated", "oracle"]
+    for r in runs:
+        assert 0.5 < r["majority_vote"] < 1 and 0 <= r["llf"] <= 1
+        assert r["snorkel"] is None or 0 <= r["snorkel"] <= 1
+        assert set(r["penalties"]) == {"below_zero", "above_one", "simplex", "error_bounds"}
