@@ -143,7 +143,7 @@ def _decode(value: Any, where: str) -> Any:
 
 
 #: The modules that define saveable (`Configurable`) classes; `tests/test_io.py` checks that none is missing.
-SAVEABLE_MODULES = ("bijectors", "distributions", "flows", "lattice", "nn", "targets", "train", "transformers")
+SAVEABLE_MODULES = ("bijectors", "distributions", "events", "flows", "lattice", "nn", "targets", "train", "transformers")
 
 
 def register_every_class() -> None:

@@ -41,6 +41,8 @@ LAYERS = (
     # what works on any flow and target
     ("flowkit.sampling", "flowkit.testing", "flowkit.data", "flowkit.io"),
     ("flowkit.train", "flowkit.interop", "flowkit.plot"),
+    # temporal point processes: models trained with the fit loop, their plots
+    ("flowkit.events",),
     # deprecated aliases: `flowkit.stochastic` serves flowkit.flows.stochastic
     ("flowkit.cli", "flowkit.__main__", "flowkit.stochastic"),
 )
