@@ -212,7 +212,8 @@ class FlowInterEvent(InterEventDistribution):
 
     def _to_latent(self, tau: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
         z = self.standardized(tau)
-        z, params = torch.broadcast_tensors(z, h[..., 0])[0], self._split(h)
+        shape = torch.broadcast_shapes(z.shape, h.shape[:-1])  # the transformers take parameters of z's shape
+        z, params = z.expand(shape), self._split(h.expand(*shape, h.shape[-1]))
         total = torch.zeros_like(z)
         for transformer, p in zip(self.transformers, params, strict=True):
             z, ladj = transformer(z, p)
@@ -227,7 +228,8 @@ class FlowInterEvent(InterEventDistribution):
         return log_ndtr(-self._to_latent(tau, h)[0])
 
     def _from_latent(self, z: Tensor, h: Tensor) -> Tensor:
-        params = self._split(h)
+        shape = torch.broadcast_shapes(z.shape, h.shape[:-1])
+        z, params = z.expand(shape), self._split(h.expand(*shape, h.shape[-1]))
         for transformer, p in zip(reversed(self.transformers), reversed(params), strict=True):
             z, _ = transformer.inverse(z, p)
         return torch.exp(self.log_tau_mean + self.log_tau_std * z)

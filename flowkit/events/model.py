@@ -277,7 +277,7 @@ class EventModel(Configurable, nn.Module):
             if len(events) >= max_events:
                 raise ValueError(f"EventModel.sample: more than max_events={max_events} events before t_end={t_end}")
             events.append((times.clone(), marks, alive.clone()))
-            y, scaled = self._inputs(tau)
+            y, scaled = self._inputs(torch.where(alive, tau, torch.ones_like(tau)))  # finished rows stay finite
             state, _ = self.encoder.advance(state, y, marks, scaled)
         if not events:
             raise ValueError(f"EventModel.sample: no sequence has an event before t_end={t_end}")

@@ -13,6 +13,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from .._validation import check_number
 from ..train import History, Objective, fit
 from ..train.batches import split_batch
 from .data import EventBatch, EventSequences
@@ -21,10 +22,19 @@ __all__ = ["EventLikelihood", "fit_events"]
 
 
 class EventLikelihood(Objective):
-    r"""Negative log-likelihood per event of a batch of sequences, $-\sum_s \log p(s) / \sum_s n_s$.
+    r"""Negative log-likelihood per event of a batch of sequences.
+
+    With `events_per_sequence` $\bar n$ (the training set's mean, as [`fit_events`][flowkit.events.fit_events]
+    sets it) the loss is $-\sum_{s \in B} \log p(s) / (|B|\,\bar n)$, an unbiased estimate of the training set's
+    NLL per event, whose minimiser is the maximum-likelihood estimate; without, it is the batch's own ratio
+    $-\sum_s \log p(s) / \sum_s n_s$, which weights batches with few events more (biased when the number of
+    events per sequence varies, as for a Hawkes process).
 
     The batch is the pair `(x, context)` of [`EventBatch.to_tensors`][flowkit.events.EventBatch.to_tensors]
     (what [`EventSequences.as_fit_data`][flowkit.events.EventSequences.as_fit_data] gives the fit loop).
+
+    Arguments:
+        events_per_sequence: the mean number of events per training sequence, or None.
 
     Examples:
         >>> import torch
@@ -37,12 +47,22 @@ class EventLikelihood(Objective):
 
     needs_data = True
 
+    def __init__(self, events_per_sequence: float | None = None) -> None:
+        if events_per_sequence is not None:
+            events_per_sequence = check_number(
+                events_per_sequence, "events_per_sequence", where="EventLikelihood", positive=True
+            )
+        self.events_per_sequence = events_per_sequence
+
     def loss(self, flow: nn.Module, batch: Any) -> Tensor:
         x, context = split_batch(batch, "EventLikelihood")
         if context is None:
             raise ValueError("EventLikelihood: a batch must be (x, context) from EventSequences.as_fit_data()")
         events = EventBatch.from_tensors(x, context)
-        return -flow.log_likelihood(events).sum() / events.mask.sum()
+        total = -flow.log_likelihood(events).sum()
+        if self.events_per_sequence is None:
+            return total / events.mask.sum()
+        return total / (events.mask.shape[0] * self.events_per_sequence)
 
 
 def fit_events(
@@ -82,5 +102,6 @@ def fit_events(
         model.standardize_(train)
     dtype = next(model.parameters()).dtype
     val_data = None if val is None else val.as_fit_data(dtype)
-    return fit(model, EventLikelihood(), train.as_fit_data(dtype), val_data=val_data, batch_size=batch_size, lr=lr,
+    objective = EventLikelihood(train.num_events / len(train))
+    return fit(model, objective, train.as_fit_data(dtype), val_data=val_data, batch_size=batch_size, lr=lr,
                **options)  # fmt: skip
