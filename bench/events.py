@@ -105,8 +105,13 @@ def run_flowkit(name: str, train: EventSequences, test: EventSequences, args: ar
 # ---------------------------------------------------------------- EasyTPP
 
 
-def easytpp_batch(sequences: EventSequences, indices: list[int], pad: int) -> dict[str, torch.Tensor]:
-    """EasyTPP's model inputs for some sequences: times, deltas (the first from the window start), types, masks."""
+def easytpp_batch(
+    sequences: EventSequences, indices: list[int], pad: int, attention: bool = True
+) -> dict[str, torch.Tensor]:
+    """EasyTPP's model inputs for some sequences: times, deltas (the first from the window start), types, masks.
+
+    The attention mask (`B x L x L`) is built only when asked (THP reads it; IntensityFree and NHP do not).
+    """
     seqs = [sequences[i] for i in indices]
     length = max(len(s) for s in seqs)
     times = np.full((len(seqs), length), float(pad), dtype=np.float32)
@@ -117,13 +122,16 @@ def easytpp_batch(sequences: EventSequences, indices: list[int], pad: int) -> di
         n = len(s)
         times[row, :n], deltas[row, :n], types[row, :n], mask[row, :n] = s.times, s.inter_times, s.marks, True
     pad_keys = types == pad
-    attention = np.triu(np.ones((length, length), dtype=bool), k=1)[None] | pad_keys[:, None, :]
+    if attention:
+        mask_3d = np.triu(np.ones((length, length), dtype=bool), k=1)[None] | pad_keys[:, None, :]
+    else:
+        mask_3d = np.zeros((len(seqs), 0, 0), dtype=bool)
     return {
         "time_seqs": torch.as_tensor(times),
         "time_delta_seqs": torch.as_tensor(deltas),
         "type_seqs": torch.as_tensor(types),
         "seq_non_pad_mask": torch.as_tensor(mask),
-        "attention_mask": torch.as_tensor(attention),
+        "attention_mask": torch.as_tensor(mask_3d),
     }
 
 
@@ -143,12 +151,13 @@ def build_easytpp(name: str, train: EventSequences, args: argparse.Namespace) ->
     return BaseModel.generate_model_from_config(config)
 
 
-def easytpp_nll(model: Any, sequences: EventSequences, pad: int, batch_size: int) -> float:
+def easytpp_nll(model: Any, sequences: EventSequences, pad: int, batch_size: int, attention: bool) -> float:
     """EasyTPP's loss per scored event (events 2..n of each sequence) over `sequences`."""
     total, count = 0.0, 0
     with torch.no_grad():
         for begin in range(0, len(sequences), batch_size):
-            batch = easytpp_batch(sequences, list(range(begin, min(begin + batch_size, len(sequences)))), pad)
+            indices = list(range(begin, min(begin + batch_size, len(sequences))))
+            batch = easytpp_batch(sequences, indices, pad, attention)
             loss, events = model.loglike_loss(**batch)
             total += float(loss)
             count += int(events)
@@ -161,6 +170,7 @@ def run_easytpp(name: str, train: EventSequences, test: EventSequences, args: ar
     model = build_easytpp(name, train, args)
     pad = train.num_marks
     lr = args.lr if name == "easytpp-ifl" else 1e-3
+    attention = name == "easytpp-thp"
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     order = np.random.default_rng(args.seed_now)
     start = time.perf_counter()
@@ -168,7 +178,7 @@ def run_easytpp(name: str, train: EventSequences, test: EventSequences, args: ar
     for _ in range(args.epochs):
         permutation = order.permutation(len(train)).tolist()
         for begin in range(0, len(train), args.batch_size):
-            batch = easytpp_batch(train, permutation[begin : begin + args.batch_size], pad)
+            batch = easytpp_batch(train, permutation[begin : begin + args.batch_size], pad, attention)
             optimizer.zero_grad()
             loss, events = model.loglike_loss(**batch)
             (loss / max(events, 1)).backward()
@@ -176,7 +186,8 @@ def run_easytpp(name: str, train: EventSequences, test: EventSequences, args: ar
     seconds = time.perf_counter() - start
     model.eval()
     model.loss_integral_num_sample_per_step = args.integral_points
-    return {"conditional_nll": easytpp_nll(model, test, pad, 64), "seconds_per_epoch": seconds / args.epochs}
+    nll = easytpp_nll(model, test, pad, 64, attention)
+    return {"conditional_nll": nll, "seconds_per_epoch": seconds / args.epochs}
 
 
 # ---------------------------------------------------------------- the benchmark

@@ -28,7 +28,7 @@ from .simulators import (
     simulate,
     simulator,
 )
-from .training import EventLikelihood, fit_events
+from .training import EventLikelihood, LengthBucketSampler, fit_events
 
 __all__ = [
     "EventSequence",
@@ -49,6 +49,7 @@ __all__ = [
     "gamma_log_survival",
     "EventModel",
     "EventLikelihood",
+    "LengthBucketSampler",
     "fit_events",
     "PointProcess",
     "Hawkes",

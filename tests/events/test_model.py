@@ -157,3 +157,19 @@ def test_bad_model_arguments():
     seqs, _ = simulate("hawkes-multi", 100, seed=0)
     with pytest.raises(ValueError, match="2 marks, the model 1"):
         EventModel().double().log_prob(seqs)
+
+
+def test_length_buckets_cover_every_sequence_once_with_less_padding():
+    from flowkit.events import LengthBucketSampler
+
+    lengths = np.random.default_rng(0).integers(1, 200, size=1000)
+    sampler = LengthBucketSampler(lengths.tolist(), batch_size=16, seed=1)
+    batches = list(sampler.index_batches())
+    assert len(batches) == len(sampler) == 63
+    assert sorted(torch.cat(batches).tolist()) == list(range(1000))
+    padded = sum(len(b) * lengths[b.numpy()].max() for b in batches)
+    assert padded < 1.1 * lengths.sum()  # random batches of 16 pad to about 1.8 times
+    sampler.set_epoch(0, skip=60)
+    assert [b.tolist() for b in sampler.index_batches()] == [b.tolist() for b in batches[60:]]
+    sampler.set_epoch(1)
+    assert [b.tolist() for b in sampler.index_batches()] != [b.tolist() for b in batches]
