@@ -53,7 +53,7 @@ _LOG_2PI = math.log(2 * math.pi)
 
 
 class InterEventDistribution(Configurable, nn.Module):
-    r"""The contract of a conditional inter-event distribution (see [the module][flowkit.events.distributions]).
+    r"""The contract of a conditional inter-event distribution (see the module `flowkit.events.distributions`).
 
     Arguments:
         history: the size `H` of the history vector.

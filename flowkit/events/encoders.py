@@ -27,7 +27,7 @@ __all__ = ["HistoryEncoder", "GRUEncoder", "TransformerEncoder", "ConstantEncode
 
 
 class HistoryEncoder(Configurable, nn.Module):
-    """The contract of a history encoder (see [the module][flowkit.events.encoders]).
+    """The contract of a history encoder (see the module `flowkit.events.encoders`).
 
     Attributes:
         features: the size `H` of a history vector.

@@ -58,7 +58,7 @@ _MIN_TAU = 1e-9
 class EventModel(Configurable, nn.Module):
     r"""A marked temporal point process: encoder, inter-event distribution and mark head.
 
-    See [the module][flowkit.events.model] for the likelihood.
+    The likelihood is given on the [Event sequences](../api/events.md#the-likelihood) page.
 
     Arguments:
         num_marks: the number of marks $K$.

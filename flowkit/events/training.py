@@ -76,7 +76,7 @@ class LengthBucketSampler(ShardedBatchSampler):
 
     Each epoch permutes the sequences, sorts each run of `batch_size * pool` of them by length, cuts the runs into
     batches and shuffles the batches: every sequence once per epoch, batches of about equal lengths (less padding),
-    still random. Resuming skips batches as [`ShardedBatchSampler`][flowkit.train.ShardedBatchSampler] does.
+    still random. Resuming skips batches as [`ShardedBatchSampler`][flowkit.train.batches.ShardedBatchSampler] does.
 
     Arguments:
         lengths: the number of events of each sequence.
