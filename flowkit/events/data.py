@@ -385,7 +385,9 @@ def read_jsonl(path: str | os.PathLike, *, num_marks: int | None = None) -> Even
 
     EasyTPP: `time_since_start`, `type_event`, `dim_process` (the number of marks), `seq_idx`. ifl-tpp:
     `arrival_times`, `marks`, `t_start`, `t_end`, `num_marks`. A file holding one JSON object with a list
-    `sequences` (ifl-tpp's saved datasets) is read too.
+    `sequences` (ifl-tpp's saved datasets) is read too. An EasyTPP sequence whose first event is at time 0 (as in
+    EasyTPP's datasets) has its window start there: that event opens the window and is not modelled (EasyTPP's
+    likelihood does not score it either).
 
     Raises:
         ValueError: for lines that are not JSON objects with event times, or a bad sequence (named).
@@ -422,6 +424,10 @@ def read_jsonl(path: str | os.PathLike, *, num_marks: int | None = None) -> Even
                 declared.add(int(obj[key]))
         name = obj.get("name", obj.get("seq_idx", i))
         times = [math.nan if t is None else t for t in times]
+        if "time_since_start" in obj and "t_start" not in obj and len(times) and times[0] == 0:
+            # EasyTPP's sequences start with an event at time 0, which its likelihood does not score: the window
+            # starts there (a zero inter-event time has no log-density)
+            times, marks = times[1:], None if marks is None else marks[1:]
         sequences.append(
             {
                 "times": times,

@@ -99,6 +99,10 @@ def test_jsonl_readers_easytpp_and_ifltpp(tmp_path):
     _seqs().to_jsonl(ifl)
     back = read_jsonl(ifl)
     assert back.num_marks == 2 and back[0].t_end == 3.0 and back[1].times.tolist() == [0.1, 0.4]
+    # EasyTPP's own files start each sequence with an event at 0: the window opens there
+    easy.write_text(json.dumps({"time_since_start": [0.0, 0.4, 1.0], "type_event": [1, 0, 1], "dim_process": 2}))
+    (seq,) = read_jsonl(easy)
+    assert seq.times.tolist() == [0.4, 1.0] and seq.marks.tolist() == [0, 1] and seq.t_start == 0.0
     easy.write_text(json.dumps({"time_since_start": [0.5, 0.2], "type_event": [0, 0], "seq_idx": 7}))
     with pytest.raises(ValueError, match="'7'.*decreasing"):
         read_jsonl(easy)
