@@ -148,6 +148,7 @@ SAVEABLE_MODULES = (
     "bijectors",
     "distributions",
     "embeddings",
+    "events",
     "flows",
     "inference",
     "lattice",

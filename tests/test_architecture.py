@@ -41,6 +41,8 @@ LAYERS = (
     # what works on any flow and target
     ("flowkit.sampling", "flowkit.testing", "flowkit.data", "flowkit.io"),
     ("flowkit.train", "flowkit.interop", "flowkit.plot"),
+    # temporal point processes: models trained with the fit loop, their plots
+    ("flowkit.events",),
     # simulation-based inference: posterior estimators on the flows, in sbi and lampe
     ("flowkit.inference",),
     # a paper's use of flows, built from all of the above

@@ -22,7 +22,7 @@ from typing import Any as _Any
 __all__ = ["main", "build_parser", "COMMANDS"]
 
 #: Subcommand modules, in the order ``flowkit --help`` lists them.
-COMMANDS = ["fit", "sample", "check", "bench", "boltzmann", "index"]
+COMMANDS = ["fit", "sample", "check", "bench", "boltzmann", "events", "index"]
 
 #: One-line summaries for `flowkit --help`, which lists the subcommands without importing them (nor torch).
 _SUMMARIES = {
@@ -31,6 +31,7 @@ _SUMMARIES = {
     "check": "run the correctness checks on a saved model",
     "bench": "run a benchmark",
     "boltzmann": "train a Boltzmann generator on a target energy",
+    "events": "fit temporal point processes to event sequences",
     "index": "build a flow-based learned index of sorted keys",
 }
 
