@@ -22,7 +22,7 @@ from typing import Any as _Any
 __all__ = ["main", "build_parser", "COMMANDS"]
 
 #: Subcommand modules, in the order ``flowkit --help`` lists them.
-COMMANDS = ["fit", "sample", "check", "bench", "boltzmann"]
+COMMANDS = ["fit", "sample", "check", "bench", "boltzmann", "sbi"]
 
 #: One-line summaries for `flowkit --help`, which lists the subcommands without importing them (nor torch).
 _SUMMARIES = {
@@ -31,6 +31,7 @@ _SUMMARIES = {
     "check": "run the correctness checks on a saved model",
     "bench": "run a benchmark",
     "boltzmann": "train a Boltzmann generator on a target energy",
+    "sbi": "neural posterior estimation on a simulator, scored against its reference posterior",
 }
 
 
