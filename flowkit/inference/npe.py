@@ -301,9 +301,8 @@ class NeuralPosterior(Configurable, nn.Module):
             start = theta[best, torch.arange(x.shape[0])]
         z = self.theta_standardization(start)[0].detach().requires_grad_(True)
         optimizer = torch.optim.Adam([z], lr=lr)
-        for _ in range(steps):
-            optimizer.zero_grad()
-            (-self.flow.log_prob(z, context).sum()).backward()
+        for _ in range(steps):  # gradients of z alone: the flow's parameters keep theirs
+            (z.grad,) = torch.autograd.grad(-self.flow.log_prob(z, context).sum(), z)
             optimizer.step()
             if self.bounded:
                 with torch.no_grad():
