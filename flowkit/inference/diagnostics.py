@@ -262,7 +262,7 @@ def posterior_predictive_check(simulate: Callable[[Tensor], Tensor], samples: Te
 
     Arguments:
         simulate: the simulator, `theta (n, D) -> x (n, x_dim)` (e.g. a task's
-            [`simulate`][flowkit.inference.Task.simulate]).
+            `simulate`).
         samples: posterior samples `(n, D)` for the observation `x`.
         x: the observation `(x_dim,)`.
 

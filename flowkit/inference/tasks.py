@@ -313,7 +313,7 @@ class _LinearGaussian(Task):
 class GaussianLinear(_LinearGaussian):
     r"""sbibm's Gaussian linear task: $\theta \sim N(0, 0.1\,I_D)$, $x \mid \theta \sim N(\theta, 0.1\,I_D)$.
 
-    The posterior is $N(x / 2, 0.05\,I_D)$ (see [`posterior`][flowkit.inference.tasks._LinearGaussian.posterior]).
+    The posterior is $N(x / 2, 0.05\,I_D)$ (its `posterior(x)` gives the mean and covariance).
 
     Arguments:
         dim: the number of parameters `D` (and of data).
