@@ -43,7 +43,7 @@ LAYERS = (
     ("flowkit.train", "flowkit.interop", "flowkit.plot"),
     # temporal point processes: models trained with the fit loop, their plots
     ("flowkit.events",),
-    # simulation-based inference: posterior estimators on the flows, in sbi and lampe
+    # simulation-based inference: posterior estimators on the flows (in sbi and lampe too), trained with the fit loop
     ("flowkit.inference",),
     # a paper's use of flows, built from all of the above
     ("flowkit.applications",),

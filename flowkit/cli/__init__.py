@@ -22,7 +22,7 @@ from typing import Any as _Any
 __all__ = ["main", "build_parser", "COMMANDS"]
 
 #: Subcommand modules, in the order ``flowkit --help`` lists them.
-COMMANDS = ["fit", "sample", "check", "bench", "boltzmann", "events", "index"]
+COMMANDS = ["fit", "sample", "check", "bench", "boltzmann", "events", "index", "sbi"]
 
 #: One-line summaries for `flowkit --help`, which lists the subcommands without importing them (nor torch).
 _SUMMARIES = {
@@ -33,6 +33,7 @@ _SUMMARIES = {
     "boltzmann": "train a Boltzmann generator on a target energy",
     "events": "fit temporal point processes to event sequences",
     "index": "build a flow-based learned index of sorted keys",
+    "sbi": "neural posterior estimation on a simulator, scored against its reference posterior",
 }
 
 

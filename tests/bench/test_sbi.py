@@ -1,0 +1,34 @@
+"""bench/sbi.py at a tiny size: both estimators on the same simulations, the paired table, the transit toy, JSON."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+@pytest.mark.slow
+def test_sbi_bench_pairs_flowkit_with_sbi_seed_by_seed(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("bench_sbi", BENCH / "sbi.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "sbi.json"
+    argv = ["--tasks", "two_moons", "--budgets", "200", "--seeds", "2", "--observations", "1", "--samples", "60",
+            "--epochs", "1", "--transforms", "1", "--hidden", "8", "--transit-budget", "100", "--calibration", "20",
+            "--calibration-samples", "10", "--out", str(out)]  # fmt: skip
+    assert bench.main(argv) == 0
+    assert "| two_moons | 200 |" in capsys.readouterr().out
+    result = json.loads(out.read_text())
+    assert result["threads"] == 1 and len(result["transit"]) == 2
+    methods = {r["method"] for r in result["runs"]}
+    (row,) = result["summary"]
+    if "sbi" in methods:  # sbi is in the bench extra, not needed by the tests
+        assert len(result["runs"]) == 4
+        by = {(r["method"], r["seed"]): r["c2st"] for r in result["runs"]}
+        assert row["c2st_difference"] == pytest.approx(sum(by[("flowkit", s)] - by[("sbi", s)] for s in (0, 1)) / 2)
+    else:
+        assert methods == {"flowkit"} and "sbi_c2st" not in row
+    assert all(0.4 <= r["c2st"] <= 1 for r in result["runs"])
+    assert all(0 <= t["tarp_coverage_error"] <= 1 and 0.4 <= t["linear_c2st"] <= 1 for t in result["transit"])
