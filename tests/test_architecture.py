@@ -41,6 +41,8 @@ LAYERS = (
     # what works on any flow and target
     ("flowkit.sampling", "flowkit.testing", "flowkit.data", "flowkit.io"),
     ("flowkit.train", "flowkit.interop", "flowkit.plot"),
+    # what trains flows for an application: simulation-based inference, morphing simulated events into data
+    ("flowkit.inference",),
     # deprecated aliases: `flowkit.stochastic` serves flowkit.flows.stochastic
     ("flowkit.cli", "flowkit.__main__", "flowkit.stochastic"),
 )
