@@ -198,8 +198,7 @@ def mmd2(x: Tensor, y: Tensor, bandwidths: Sequence[float] = BANDWIDTHS) -> Tens
     n, m = len(x), len(y)
     both = torch.cat([x, y])
     d2 = torch.cdist(both, both).square()
-    gamma = torch.tensor([0.5 / w**2 for w in widths], dtype=x.dtype, device=x.device)
-    k = torch.exp(-d2[None] * gamma[:, None, None]).sum(0)
+    k = sum(torch.exp(d2 * (-0.5 / w**2)) for w in widths)
     kxx, kyy, kxy = k[:n, :n], k[n:, n:], k[:n, n:]
     return (
         (kxx.sum() - kxx.diagonal().sum()) / (n * (n - 1))
@@ -285,8 +284,10 @@ def morphing_flow(morph: Bijector, data_flow: Flow) -> Flow:
     """
     if not isinstance(morph, Bijector):
         raise ValueError(f"morphing_flow: morph must be a flowkit Bijector, got {type(morph).__name__}")
-    if not isinstance(data_flow, Flow):
-        raise ValueError(f"morphing_flow: data_flow must be a flowkit Flow, got {type(data_flow).__name__}")
+    if not (isinstance(getattr(data_flow, "bijector", None), Bijector) and isinstance(data_flow, nn.Module)):
+        raise ValueError(
+            f"morphing_flow: data_flow must be a flowkit Flow (a bijector over a base), got {type(data_flow).__name__}"
+        )
     for parameter in data_flow.parameters():
         parameter.requires_grad_(False)
     return Flow(Chain(morph, data_flow.bijector), data_flow.base)
