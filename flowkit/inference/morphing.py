@@ -71,12 +71,12 @@ class DiphotonToy:
     \eta_i = 2.2 \tanh(u_{i+2}/2).
     $$
 
-    Data are MC events passed through the known distortion [`distort`][flowkit.inference.DiphotonToy.distort]:
+    Data are MC events passed through the known distortion [`distort`][flowkit.inference.morphing.DiphotonToy.distort]:
     a pile-up dependent energy scale $s(c) = 1 + a + b c$ on both $p_T$, a non-linearity
     $1 + k \tanh((p_{T,2} - 40)/15)$ on the sub-leading one, a stretched and shifted $\eta_1$ and a cross-talk
     $\eta_2 + \kappa \eta_1$ that changes the correlation. The photons are taken back to back in azimuth, so that
     the diphoton invariant mass is $m_{\gamma\gamma} = \sqrt{2 p_{T,1} p_{T,2} (\cosh(\eta_1 - \eta_2) + 1)}$
-    ([`invariant_mass`][flowkit.inference.DiphotonToy.invariant_mass]).
+    ([`invariant_mass`][flowkit.inference.morphing.DiphotonToy.invariant_mass]).
 
     Arguments:
         scale: the energy-scale offset $a$.
@@ -296,7 +296,7 @@ def morphing_flow(morph: Bijector, data_flow: Flow) -> Flow:
 class UnpairedMorphing(nn.Module):
     r"""Morph MC events into data without pairs: a data flow, then a conditional morph trained by KL under MMD.
 
-    [`fit`][flowkit.inference.UnpairedMorphing.fit] runs [`fit`][flowkit.train.fit] twice: the data density
+    [`fit`][flowkit.inference.morphing.UnpairedMorphing.fit] runs [`fit`][flowkit.train.fit] twice: the data density
     `data_flow` (an [`NSF`][flowkit.flows.NSF], standardised) by maximum likelihood on the data, then the morph by
     maximum likelihood of the MC under [`morphing_flow`][flowkit.inference.morphing_flow] (the KL term), subject
     to $\mathrm{MMD}^2 \le \epsilon$ ([`MMDToData`][flowkit.inference.MMDToData], an

@@ -11,7 +11,7 @@ $$
 minimised over the flow's parameters $\theta$ by [`fit`][flowkit.train.fit]'s optimiser and *maximised*
 over the multipliers $\lambda_k$ by gradient ascent with their own learning rate $\eta$,
 $\lambda_k \leftarrow \lambda_k + \eta\, \partial\mathcal L / \partial\lambda_k = \lambda_k + \eta\, h_k$,
-taken inside [`loss`][flowkit.train.Constrained.loss] from the same batch as the flow's step. The damping
+taken inside [`loss`][flowkit.train.constraints.Constrained.loss] from the same batch as the flow's step. The damping
 $d_k \ge 0$ makes the constrained optimum a local minimum of $\mathcal L$ in $\theta$ where the plain
 Lagrangian has only a saddle, so gradient descent-ascent converges (Platt & Barr's theorem).
 
@@ -34,7 +34,7 @@ which the best objective falls as the bound is relaxed. Minimising $x^2$ subject
 at $\lambda = 2$. (The `mdmm` package writes the infeasibility as $a - c$, so its multipliers are the
 negatives of these for equalities.)
 
-**State.** The multipliers are state: [`state_dict`][flowkit.train.Constrained.state_dict] holds them
+**State.** The multipliers are state: [`state_dict`][flowkit.train.constraints.Constrained.state_dict] holds them
 (with the wrapped objective's own state), and the checkpoints of [`fit`][flowkit.train.fit] carry them, so
 a resumed run repeats the uninterrupted one bit for bit. The history logs, at every step, the wrapped
 objective's loss (`objective`), each constraint's value (`constraint_NAME`) and its multiplier
@@ -312,7 +312,7 @@ class Constrained(Objective):
         return {"multipliers": self.multipliers.clone(), "objective": self.objective.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a [`state_dict`][flowkit.train.Constrained.state_dict].
+        """Continue from a [`state_dict`][flowkit.train.constraints.Constrained.state_dict].
 
         Raises:
             ValueError: if `state` is not one of this objective (another number of constraints included).
