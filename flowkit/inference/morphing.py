@@ -337,8 +337,8 @@ class UnpairedMorphing(nn.Module):
         context: int = 0,
         transforms: int = 3,
         hidden: Sequence[int] = (64, 64),
-        morph_transforms: int = 2,
-        morph_hidden: Sequence[int] = (32, 32),
+        morph_transforms: int = 3,
+        morph_hidden: Sequence[int] = (64, 64),
         bins: int = 8,
     ) -> None:
         super().__init__()
