@@ -43,7 +43,8 @@ LAYERS = (
     ("flowkit.train", "flowkit.interop", "flowkit.plot"),
     # temporal point processes: models trained with the fit loop, their plots
     ("flowkit.events",),
-    # simulation-based inference: posterior estimators on the flows (in sbi and lampe too), trained with the fit loop
+    # simulation-based inference: posterior estimators on the flows (in sbi and lampe too), trained with the fit loop;
+    # morphing simulated events into data
     ("flowkit.inference",),
     # a paper's use of flows, built from all of the above
     ("flowkit.applications",),

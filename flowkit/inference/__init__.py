@@ -1,4 +1,4 @@
-"""Simulation-based inference: simulators, amortised posteriors, their diagnostics, flowkit flows in sbi and lampe."""
+"""Simulation-based inference: simulators, amortised posteriors, diagnostics, sbi and lampe backends, morphing."""
 
 from .diagnostics import (
     PredictiveCheck,
@@ -12,6 +12,7 @@ from .diagnostics import (
     tarp_coverage,
 )
 from .lampe import ConditionedFlow, lampe_flow
+from .morphing import DiphotonToy, MMDToData, UnpairedMorphing, mmd2, morphing_flow
 from .npe import NeuralPosterior, fit_posterior, posterior_flow
 from .plots import plot_corner, plot_coverage, plot_predictive, plot_sbc
 from .sbi import build_posterior_flow, sbi_builder, sbi_estimator
@@ -58,4 +59,9 @@ __all__ = [
     "build_posterior_flow",
     "lampe_flow",
     "ConditionedFlow",
+    "DiphotonToy",
+    "MMDToData",
+    "UnpairedMorphing",
+    "mmd2",
+    "morphing_flow",
 ]

@@ -3,6 +3,7 @@
 from .batches import split_batch, split_indexed_batch, with_indices
 from .boltzmann import BoltzmannGenerator
 from .callbacks import EMA, Callback
+from .constraints import AtLeast, AtMost, Constrained, Constraint, Equality
 from .continuous import FlowMatching, LearnEndTime, RegularizedLikelihood
 from .dependent import DependenceUpdate, DependentMaximumLikelihood
 from .fab import FAB, PrioritisedReplayBuffer
@@ -39,4 +40,9 @@ __all__ = [
     "DependenceUpdate",
     "with_indices",
     "split_indexed_batch",
+    "Constrained",
+    "Constraint",
+    "Equality",
+    "AtMost",
+    "AtLeast",
 ]
