@@ -22,6 +22,7 @@ from .spline_coupling import CircularSplineCoupling, SplineCoupling
 from .standardization import Standardization
 from .sylvester import Sylvester
 from .tails import MarginalTailCDF, TailLU
+from .transformer_autoregressive import TransformerAutoregressive
 
 __all__ = [
     "Bijector",
@@ -65,6 +66,7 @@ __all__ = [
     "Sylvester",
     "ElementwiseTransformer",
     "ContinuousFlow",
+    "TransformerAutoregressive",
     "Domain",
     "Real",
     "Interval",

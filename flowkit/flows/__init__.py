@@ -19,6 +19,7 @@ from .residual import PlanarFlow, ResidualFlow, SylvesterFlow
 from .rigid import RigidBodyFlow
 from .stochastic import LangevinBlock, MetropolisBlock, StochasticBlock, StochasticFlow
 from .tails import COMET, TailAdaptive
+from .tarflow import TarFlow
 
 # isort: split
 # Last: the modules above fill the registry's tables as they run.
@@ -48,6 +49,7 @@ __all__ = [
     "SylvesterFlow",
     "CNF",
     "Glow",
+    "TarFlow",
     "EIW",
     "LatticeFlow",
     "RigidBodyFlow",
