@@ -10,6 +10,7 @@ from .force_matching import ForceMatching
 from .free_form import FreeFormLikelihood
 from .likelihood import ForwardKLPathGradient, MaximumLikelihood
 from .loop import History, default_threads, fit
+from .noisy import FeatureAlignment, NoisyMaximumLikelihood
 from .objective import Objective
 from .pathgrad import PathGradientVI
 from .score_matching import ScoreMatching, exact_log_prob
@@ -39,4 +40,6 @@ __all__ = [
     "DependenceUpdate",
     "with_indices",
     "split_indexed_batch",
+    "NoisyMaximumLikelihood",
+    "FeatureAlignment",
 ]
