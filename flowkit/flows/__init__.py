@@ -10,6 +10,7 @@ from .free_form import FreeFormFlow, InjectiveFlow, ResidualMLP
 from .gaussianization import GF
 from .images import EIW, Glow
 from .kernel import KernelCouplingFlow, init_inducing
+from .latent import LatentFlow
 from .lattice import LatticeFlow
 from .molecules import internal_coordinate_flow
 from .neural import BNAF, NAF, UNAF
@@ -50,6 +51,7 @@ __all__ = [
     "CNF",
     "Glow",
     "TarFlow",
+    "LatentFlow",
     "EIW",
     "LatticeFlow",
     "RigidBodyFlow",

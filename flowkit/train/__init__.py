@@ -8,6 +8,7 @@ from .dependent import DependenceUpdate, DependentMaximumLikelihood
 from .fab import FAB, PrioritisedReplayBuffer
 from .force_matching import ForceMatching
 from .free_form import FreeFormLikelihood
+from .latent import LatentFlowLoss
 from .likelihood import ForwardKLPathGradient, MaximumLikelihood
 from .loop import History, default_threads, fit
 from .noisy import FeatureAlignment, NoisyMaximumLikelihood
@@ -42,4 +43,5 @@ __all__ = [
     "split_indexed_batch",
     "NoisyMaximumLikelihood",
     "FeatureAlignment",
+    "LatentFlowLoss",
 ]
