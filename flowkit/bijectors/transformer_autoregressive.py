@@ -75,8 +75,8 @@ class _Layer(nn.Module):
             cache["k"], cache["v"] = k, v
         keys = k.shape[-2]
         # query i sits at absolute position keys - length + i and sees the keys up to it
-        mask = torch.ones(length, keys, dtype=torch.bool, device=h.device).tril(keys - length)
-        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        mask = None if length == 1 else torch.ones(length, keys, dtype=torch.bool, device=h.device).tril(keys - length)
+        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # one new token sees every key
         h = h + self.proj(attended.transpose(1, 2).reshape(b, length, width))
         return h + self.mlp(self.norm2(h))
 
