@@ -2,7 +2,7 @@ r"""Latent flows (SimFlow): an autoencoder whose encoder variance is fixed, trai
 
 The encoder gives $q(z \mid x) = \mathcal N(\mu(x), \sigma^2 I)$ with $\sigma^2$ a fixed constant (SimFlow's 0.5),
 the decoder $\hat x = g(z)$, and a flow models the latents. The joint loss
-([`LatentFlowLoss`][flowkit.train.LatentFlowLoss]) is
+([`LatentFlowLoss`][flowkit.train.latent.LatentFlowLoss]) is
 
 $$L = \mathbb E_{\varepsilon}\Big[\lVert x - g(z) \rVert^2
 + \lambda \big(\log q(z \mid x) - \log p_{\text{flow}}(z)\big)\Big], \qquad z = \mu(x) + \sigma \varepsilon,$$

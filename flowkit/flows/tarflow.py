@@ -8,7 +8,7 @@ at the rate `label_dropout`, so that the same network is also the unconditional 
 guidance needs ([`generate`][flowkit.flows.TarFlow.generate]).
 
 **Noise augmentation and denoising.** Trained on $y = x + \sigma\varepsilon$
-([`NoisyMaximumLikelihood`][flowkit.train.NoisyMaximumLikelihood]), the flow models the noisy density $p_\sigma$, and
+([`NoisyMaximumLikelihood`][flowkit.train.noisy.NoisyMaximumLikelihood]), the flow models the noisy density $p_\sigma$, and
 Tweedie's formula gives the posterior mean of the clean image from its score,
 
 $$\mathbb E[x \mid y] = y + \sigma^2 \nabla_y \log p_\sigma(y),$$
@@ -87,9 +87,9 @@ class TarFlow(Flow):
             [`Glow`][flowkit.flows.Glow]); None for no preprocessing (a density on the real line, what noise
             augmentation needs).
         noise: the noise level $\sigma$ the flow is trained with (set by
-            [`NoisyMaximumLikelihood`][flowkit.train.NoisyMaximumLikelihood]; `generate(denoise=True)` uses it).
+            [`NoisyMaximumLikelihood`][flowkit.train.noisy.NoisyMaximumLikelihood]; `generate(denoise=True)` uses it).
         features: the size of the teacher features of an alignment loss
-            ([`FeatureAlignment`][flowkit.train.FeatureAlignment]): a projection head from the token width to it
+            ([`FeatureAlignment`][flowkit.train.noisy.FeatureAlignment]): a projection head from the token width to it
             (None: no head).
         expansion: MLP width over `width`.
         base: the latent distribution (standard normal).

@@ -1,9 +1,9 @@
 r"""Noise-augmented maximum likelihood and FlowBack's feature alignment, for TarFlow-style image flows.
 
-[`NoisyMaximumLikelihood`][flowkit.train.NoisyMaximumLikelihood] trains on $y = x + \sigma\varepsilon$, so that the
+[`NoisyMaximumLikelihood`][flowkit.train.noisy.NoisyMaximumLikelihood] trains on $y = x + \sigma\varepsilon$, so that the
 flow models the smoothed density $p_\sigma$ whose score denoises samples in one Tweedie step
 ([`tweedie_denoise`][flowkit.flows.tarflow.tweedie_denoise]).
-[`FeatureAlignment`][flowkit.train.FeatureAlignment] adds to it a REPA-style alignment of the flow's intermediate
+[`FeatureAlignment`][flowkit.train.noisy.FeatureAlignment] adds to it a REPA-style alignment of the flow's intermediate
 generative-pass features with those of a teacher network (FlowBack).
 """
 
@@ -82,7 +82,7 @@ class FeatureAlignment(NoisyMaximumLikelihood):
     Arguments:
         teacher: a module mapping images `(B, C, H, W)` to features `(B, D_f)`; run without gradients.
         weight: $\lambda$.
-        sigma: the training noise level (as in [`NoisyMaximumLikelihood`][flowkit.train.NoisyMaximumLikelihood]).
+        sigma: the training noise level (as in [`NoisyMaximumLikelihood`][flowkit.train.noisy.NoisyMaximumLikelihood]).
         block: which transformer block, data side first (the last to run in the generative pass is 0).
         layer: after which of the block's layers (1 = the first).
 
