@@ -74,3 +74,16 @@ def test_a_short_joint_run_on_the_digits_reconstructs_better_than_the_mean_image
         samples = model.sample(16)
     assert error < 0.6 * baseline, (error, baseline)
     assert samples.shape == (16, 1, 8, 8) and torch.isfinite(samples).all()
+
+
+def test_saves_and_loads(tmp_path):
+    from flowkit import io
+    from flowkit.testing import randomize
+
+    model = randomize(LatentFlow((1, 8, 8), hidden=8, variance=None), 0.1)
+    io.save(model, tmp_path / "m")
+    loaded = io.load(tmp_path / "m")
+    x, z = torch.rand(3, 1, 8, 8), torch.randn(3, 2, 4, 4)
+    assert isinstance(loaded, LatentFlow) and loaded.learned_variance
+    assert torch.allclose(loaded.encode(x)[1], model.encode(x)[1])
+    assert torch.allclose(loaded.flow.log_prob(z), model.flow.log_prob(z))
