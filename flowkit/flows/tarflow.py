@@ -8,7 +8,8 @@ at the rate `label_dropout`, so that the same network is also the unconditional 
 guidance needs ([`generate`][flowkit.flows.TarFlow.generate]).
 
 **Noise augmentation and denoising.** Trained on $y = x + \sigma\varepsilon$
-([`NoisyMaximumLikelihood`][flowkit.train.noisy.NoisyMaximumLikelihood]), the flow models the noisy density $p_\sigma$, and
+([`NoisyMaximumLikelihood`][flowkit.train.noisy.NoisyMaximumLikelihood]), the flow models the noisy density
+$p_\sigma$, and
 Tweedie's formula gives the posterior mean of the clean image from its score,
 
 $$\mathbb E[x \mid y] = y + \sigma^2 \nabla_y \log p_\sigma(y),$$

@@ -1,7 +1,7 @@
 r"""Noise-augmented maximum likelihood and FlowBack's feature alignment, for TarFlow-style image flows.
 
-[`NoisyMaximumLikelihood`][flowkit.train.noisy.NoisyMaximumLikelihood] trains on $y = x + \sigma\varepsilon$, so that the
-flow models the smoothed density $p_\sigma$ whose score denoises samples in one Tweedie step
+[`NoisyMaximumLikelihood`][flowkit.train.noisy.NoisyMaximumLikelihood] trains on $y = x + \sigma\varepsilon$, so that
+the flow models the smoothed density $p_\sigma$ whose score denoises samples in one Tweedie step
 ([`tweedie_denoise`][flowkit.flows.tarflow.tweedie_denoise]).
 [`FeatureAlignment`][flowkit.train.noisy.FeatureAlignment] adds to it a REPA-style alignment of the flow's intermediate
 generative-pass features with those of a teacher network (FlowBack).
