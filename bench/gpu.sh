@@ -36,4 +36,16 @@ fi
 "$PYTHON" bench/speed.py --device cuda --only --scaling --memory-784 "${SCALING[@]}" --out "$OUT/gpu_scaling.json"
 # The compiled path (Inductor), compile time amortised over a typical run.
 "$PYTHON" bench/speed.py --device cuda --only --compile "${STEPS[@]}" --out "$OUT/gpu_compile.json"
-echo "bench/gpu.sh: wrote $OUT/gpu_speed_fp32.json, gpu_speed_bf16.json, gpu_scaling.json, gpu_compile.json"
+# Transformer autoregressive flows (TarFlow) at a larger scale: wider blocks, longer budgets, Fashion-MNIST when its
+# idx files are there ($FLOWKIT_FASHION_MNIST or the Debian package's folder).
+FASHION=${FLOWKIT_FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
+ROOT=()
+if [[ -d "$FASHION" ]]; then ROOT=(--root "$FASHION"); fi
+if [[ "${QUICK:-0}" == "1" ]]; then
+    TARFLOW=(--seeds 1 --budget 10 --fashion-budget 10 --classifier-budget 10 --align-steps 50 --latent-steps 100)
+else
+    TARFLOW=(--seeds 3 --budget 300 --fashion-budget 900 --classifier-budget 300 --align-steps 3000 --latent-steps 5000
+             --blocks 8 --glow-hidden 128 --classifier-width 128 --batch-size 256 --cache-batch 256 --test-points 10000)
+fi
+"$PYTHON" bench/tarflow.py --device cuda "${ROOT[@]}" "${TARFLOW[@]}" --out "$OUT/gpu_tarflow.json"
+echo "bench/gpu.sh: wrote $OUT/gpu_speed_fp32.json, gpu_speed_bf16.json, gpu_scaling.json, gpu_compile.json, gpu_tarflow.json"

@@ -65,6 +65,7 @@ from flowkit.bijectors import (
     TailLU,
 )
 from flowkit.bijectors.image import Conv1x1, EIWShuffle, FactorOut, Squeeze
+from flowkit.bijectors.transformer_autoregressive import TransformerAutoregressive
 from flowkit.distributions import (
     DependentNormal,
     DiagNormal,
@@ -356,6 +357,15 @@ BIJECTORS: dict[str, Case] = {
         ),
         torch.randn(5, 1, 4, 4),
     ),
+    # transformer autoregressive flows (TarFlow): random output weights, not the identity of a fresh block
+    "TransformerAutoregressive": lambda: (
+        randomize(TransformerAutoregressive((2, 4, 4), patch=2, width=8, layers=2, heads=2), scale=0.2),
+        torch.randn(5, 2, 4, 4),
+    ),
+    "TransformerAutoregressive(reverse, classes)": lambda: (
+        randomize(TransformerAutoregressive((1, 4, 6), patch=2, width=8, layers=1, heads=2, reverse=True, classes=3)),
+        torch.randn(5, 1, 4, 6),
+    ),
     # sphere (rigid bodies): inputs on S^3 and the torus, ladj against the tangent-space Jacobian
     "Moebius": lambda: (randomize(Moebius(4), scale=1.0), _quaternions(6)),
     "Moebius(circle, 2 heads)": lambda: (
@@ -588,6 +598,7 @@ FLOW_PRESETS: dict[str, Callable[[], tuple[FlowModel, Tensor]]] = {
     "unaf": lambda: _vector("unaf", transforms=2),
     "eiw": lambda: _image("eiw"),
     "glow": lambda: _image("glow"),
+    "tarflow": lambda: _image("tarflow"),
     "comet": lambda: _fitted("comet"),
     "gtaf": lambda: _fitted("gtaf"),
     "mtaf": lambda: _fitted("mtaf"),

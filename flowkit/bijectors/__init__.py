@@ -23,6 +23,7 @@ from .standardization import Standardization
 from .support import BoundedSupport, support_bounds
 from .sylvester import Sylvester
 from .tails import MarginalTailCDF, TailLU
+from .transformer_autoregressive import TransformerAutoregressive
 
 __all__ = [
     "Bijector",
@@ -68,6 +69,7 @@ __all__ = [
     "BoundedSupport",
     "support_bounds",
     "ContinuousFlow",
+    "TransformerAutoregressive",
     "Domain",
     "Real",
     "Interval",

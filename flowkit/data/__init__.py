@@ -22,7 +22,15 @@ from .digits import DIGITS_LEVELS, DequantizedDataset, bits_per_dim, dequantize,
 from .evaluation import NLL, evaluate_nll, log_prob_batched
 from .files import FILE_SUFFIXES, file_splits, read_array
 from .heavy_tails import HEAVY_TAILED_DATASETS, heavy_tailed, mtaf_synthetic, stock_returns
-from .images import FASHION_MNIST_LEVELS, IMAGE_DATASETS, digits_images, fashion_mnist, image_dataset, read_idx
+from .images import (
+    FASHION_MNIST_LEVELS,
+    IMAGE_DATASETS,
+    digits_images,
+    fashion_mnist,
+    image_dataset,
+    image_labels,
+    read_idx,
+)
 from .splits import Splits, split_array
 from .standardize import standardize
 from .tabular import TABULAR_DATASETS, available_tabular, data_root, tabular
@@ -58,6 +66,7 @@ __all__ = [
     "evaluate_nll",
     "log_prob_batched",
     "digits_images",
+    "image_labels",
     "fashion_mnist",
     "read_idx",
     "image_dataset",

@@ -17,6 +17,8 @@ import os
 from pathlib import Path
 
 import numpy as np
+import torch
+from torch import Tensor
 
 from .._validation import check_number
 from .digits import DIGITS_LEVELS, dequantize, digits
@@ -32,6 +34,7 @@ __all__ = [
     "fashion_mnist_root",
     "read_idx",
     "downsample",
+    "image_labels",
 ]
 
 #: Where the Debian package `dataset-fashion-mnist` installs the idx files.
@@ -39,6 +42,7 @@ FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 #: Grey levels of Fashion-MNIST (8-bit pixels).
 FASHION_MNIST_LEVELS = 256
 _FILES = {"train": "train-images-idx3-ubyte", "test": "t10k-images-idx3-ubyte"}
+_LABEL_FILES = {"train": "train-labels-idx1-ubyte", "test": "t10k-labels-idx1-ubyte"}
 #: Validation images held out of the 60000 training images (a fixed permutation, seed 0).
 _VALIDATION = 5000
 _IDX_TYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
@@ -159,3 +163,32 @@ def image_dataset(name: str, root: str | os.PathLike | None = None, seed: int = 
     if name in ("fashion-mnist", "fashion-mnist-28"):
         return fashion_mnist(root, size=14 if name == "fashion-mnist" else 28, seed=seed)
     raise ValueError(f"unknown image dataset {name!r}; choose one of {', '.join(IMAGE_DATASETS)}")
+
+
+def image_labels(name: str, root: str | os.PathLike | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """The class labels (`int64`) of the train, validation and test images of `image_dataset(name)`, in their order.
+
+    The digits' labels come with scikit-learn; Fashion-MNIST's from `train-labels-idx1-ubyte[.gz]` and
+    `t10k-labels-idx1-ubyte[.gz]` beside the images (10 classes each).
+
+    Raises:
+        ValueError: for an unknown name or malformed label files.
+        FileNotFoundError: when Fashion-MNIST's label files are missing.
+    """
+    if name == "digits-images":
+        from sklearn.datasets import load_digits
+
+        from .digits import _SPLIT
+
+        labels = load_digits().target[np.random.default_rng(0).permutation(len(load_digits().target))]
+        parts = np.split(labels, [_SPLIT[0], _SPLIT[0] + _SPLIT[1]])
+    elif name in ("fashion-mnist", "fashion-mnist-28"):
+        folder = fashion_mnist_root(root)
+        train, test = (read_idx(_find(folder, _LABEL_FILES[part])) for part in ("train", "test"))
+        if train.ndim != 1 or test.ndim != 1 or (train.max(initial=0) > 9) or (test.max(initial=0) > 9):
+            raise ValueError("Fashion-MNIST: the label files must hold one label in 0 .. 9 per image")
+        order = np.random.default_rng(0).permutation(len(train))
+        parts = [train[order[_VALIDATION:]], train[order[:_VALIDATION]], test]
+    else:
+        raise ValueError(f"unknown image dataset {name!r}; choose one of {', '.join(IMAGE_DATASETS)}")
+    return tuple(torch.as_tensor(np.asarray(p, dtype=np.int64)) for p in parts)  # type: ignore[return-value]

@@ -11,6 +11,7 @@ from .free_form import FreeFormFlow, InjectiveFlow, ResidualMLP
 from .gaussianization import GF
 from .images import EIW, Glow
 from .kernel import KernelCouplingFlow, init_inducing
+from .latent import LatentFlow
 from .lattice import LatticeFlow
 from .molecules import internal_coordinate_flow
 from .neural import BNAF, NAF, UNAF
@@ -21,6 +22,7 @@ from .rigid import RigidBodyFlow
 from .stochastic import LangevinBlock, MetropolisBlock, StochasticBlock, StochasticFlow
 from .support import bounded
 from .tails import COMET, TailAdaptive
+from .tarflow import TarFlow
 
 # isort: split
 # Last: the modules above fill the registry's tables as they run.
@@ -52,6 +54,8 @@ __all__ = [  # in the order of the API page: the presets first
     "SylvesterFlow",
     "CNF",
     "Glow",
+    "TarFlow",
+    "LatentFlow",
     "EIW",
     "LatticeFlow",
     "RigidBodyFlow",

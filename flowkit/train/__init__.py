@@ -9,8 +9,10 @@ from .dependent import DependenceUpdate, DependentMaximumLikelihood
 from .fab import FAB, PrioritisedReplayBuffer
 from .force_matching import ForceMatching
 from .free_form import FreeFormLikelihood
+from .latent import LatentFlowLoss
 from .likelihood import ForwardKLPathGradient, MaximumLikelihood
 from .loop import History, default_threads, fit
+from .noisy import FeatureAlignment, NoisyMaximumLikelihood
 from .objective import Objective
 from .pathgrad import PathGradientVI
 from .score_matching import ScoreMatching, exact_log_prob
@@ -45,4 +47,7 @@ __all__ = [
     "Equality",
     "AtMost",
     "AtLeast",
+    "NoisyMaximumLikelihood",
+    "FeatureAlignment",
+    "LatentFlowLoss",
 ]
