@@ -58,7 +58,7 @@ def lampe_flow(
     Arguments:
         features: the number of parameters $D$.
         context: the size of the condition $x$ (lampe's `x_dim`): the last size of the embedding's condition.
-        preset: a name of [`PRESETS`][flowkit.flows.PRESETS].
+        preset: a name of `flowkit.flows.PRESETS`.
         embedding: an embedding of the condition (None: the condition vector is the context).
         prior: bound the flow to this prior's support ([`bounded`][flowkit.flows.bounded]).
         **sizes: the preset's sizes (`transforms`, `hidden`, `bins`).

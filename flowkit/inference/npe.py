@@ -56,7 +56,7 @@ def posterior_flow(
     Arguments:
         theta_dim: the number of parameters.
         x_dim: the number of context features (the data).
-        name: a vector preset of [`PRESETS`][flowkit.flows.PRESETS] that takes a context (`"nsf"`, `"maf"`,
+        name: a vector preset of `flowkit.flows.PRESETS` that takes a context (`"nsf"`, `"maf"`,
             `"realnvp"`, `"nsf-coupling"`, ...).
         transforms: layers (None: the preset's default).
         hidden: conditioner hidden sizes (None: the preset's).

@@ -63,7 +63,7 @@ def build_posterior_flow(
     and `x`, as sbi computes them from its first round.
 
     Arguments:
-        preset: a name of [`PRESETS`][flowkit.flows.PRESETS] (`"nsf"`, `"maf"`, `"realnvp"`, ...).
+        preset: a name of `flowkit.flows.PRESETS` (`"nsf"`, `"maf"`, `"realnvp"`, ...).
         theta: parameters `(N, D)`.
         x: observations `(N, *condition_shape)`; a vector `(N, L)` without an embedding.
         embedding: a [`ConditionEmbedding`][flowkit.embeddings.ConditionEmbedding] of the observations (None: the
@@ -137,7 +137,7 @@ def sbi_builder(
     """A density-estimator builder for sbi: `NPE(prior, density_estimator=sbi_builder("nsf"))`.
 
     Arguments:
-        preset: a name of [`PRESETS`][flowkit.flows.PRESETS].
+        preset: a name of `flowkit.flows.PRESETS`.
         embedding: a [`ConditionEmbedding`][flowkit.embeddings.ConditionEmbedding] of the observations, trained with
             the flow (a Deep Sets encoder for iid observations, a convolutional one for spectra).
         prior: bound the flow to this prior's support (see [`bounded`][flowkit.flows.bounded]); None: unbounded.
