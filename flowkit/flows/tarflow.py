@@ -235,10 +235,11 @@ class TarFlow(Flow):
 
 
 @preset("tarflow", "transformer autoregressive blocks over patches (TarFlow)", kind="image", steps=4, hidden=(64, 64))
-def _tarflow_preset(shape: Sequence[int], steps: int, hidden: Sequence[int]) -> TarFlow:
-    """The preset: `steps` blocks of `len(hidden)` layers of width `hidden[0]`."""
+def _tarflow_preset(shape: Sequence[int], steps: int, hidden: Sequence[int], context: int = 0) -> TarFlow:
+    """The preset: `steps` blocks of `len(hidden)` layers of width `hidden[0]`; a context of `context` classes."""
     width = int(hidden[0])
-    return TarFlow(shape, blocks=steps, width=width, layers=len(hidden), heads=4 if width % 4 == 0 else 1)
+    heads = 4 if width % 4 == 0 else 1
+    return TarFlow(shape, blocks=steps, width=width, layers=len(hidden), heads=heads, classes=context)
 
 
 def tweedie_denoise(flow: FlowModel, y: Tensor, sigma: float, context: Tensor | None = None) -> Tensor:
