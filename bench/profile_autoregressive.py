@@ -19,6 +19,7 @@ Run: ``python bench/profile_autoregressive.py --threads 2 --out bench/profiles``
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import statistics
 import sys
@@ -86,7 +87,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="a folder for one text file per profile")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    header = f"CPU: {cpu_name()}; torch {torch.__version__}; {torch.get_num_threads()} threads; {platform.platform()}"
+    load = ", ".join(f"{v:.2f}" for v in os.getloadavg())
+    header = (
+        f"CPU: {cpu_name()} ({os.cpu_count()} logical CPUs); torch {torch.__version__}; {torch.get_num_threads()} "
+        f"threads; {platform.platform()}; load average at start {load}"
+    )
     print(header)
     out = Path(args.out) if args.out else None
     if out is not None:

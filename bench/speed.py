@@ -545,7 +545,7 @@ def compiled(args) -> dict:
     return report
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--features", type=int, nargs="+", default=[8, 64])
     parser.add_argument("--kinds", nargs="+", default=["coupling", "autoregressive"])
@@ -587,7 +587,7 @@ def main() -> None:
     )
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "speed.json"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.spline_path == "reference":
         from flowkit.kernels import use_spline_kernel
 
