@@ -63,8 +63,13 @@ comparable within one run. On a loaded machine use ``--clock cpu --threads 1``:
 the process's CPU time instead of wall time, so the time other processes held
 the cores is not counted (cache and memory-bandwidth contention still is).
 
+Every table is run at each thread count of ``--threads`` (1 and 2 by default: torch's intra-op threads), one
+after the other, and says which; the CPU's model name and the load average at the start head the output and
+the JSON (``cpu``, ``load_average``; each configuration carries its ``threads``), so each figure says where it
+was taken.
+
 Run: ``python bench/speed.py`` (default workload D=8 and D=64, 5 layers,
-K=8, B=3, 2x128, batch 512, 2 threads; both tables). Results go to
+K=8, B=3, 2x128, batch 512, 1 and 2 threads; both tables). Results go to
 ``bench/results/speed.json``.
 """
 
@@ -74,6 +79,7 @@ import argparse
 import contextlib
 import json
 import os
+import platform
 import resource
 import statistics
 import subprocess
@@ -92,6 +98,15 @@ FLOWKIT_VARIANTS = ("flowkit", "flowkit-reference", "flowkit-pytorch", "flowkit-
 #: The clock of every timing: wall time, or with ``--clock cpu`` this process's CPU time (with one thread,
 #: the time the computation itself took, not the time other processes held the cores: on a loaded machine).
 CLOCK = time.perf_counter
+
+
+def cpu_name() -> str:
+    """The CPU's model name: the first ``model name`` of /proc/cpuinfo, else ``platform.processor()``."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine() or "unknown"
 
 
 def build(library: str, kind: str, features: int, layers: int, bins: int, bound: float, hidden: int):
@@ -530,7 +545,7 @@ def compiled(args) -> dict:
     return report
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--features", type=int, nargs="+", default=[8, 64])
     parser.add_argument("--kinds", nargs="+", default=["coupling", "autoregressive"])
@@ -540,7 +555,7 @@ def main() -> None:
     parser.add_argument("--bound", type=float, default=3.0)
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--batch", type=int, default=512)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="torch thread counts, one run each")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
@@ -572,30 +587,53 @@ def main() -> None:
     )
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "speed.json"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.spline_path == "reference":
         from flowkit.kernels import use_spline_kernel
 
         use_spline_kernel("reference").__enter__()  # for the whole run: left at exit
     if args.child:
+        args.threads = args.threads[0]
         peak_memory_child(args.child[0], args.child[1], int(args.child[2]), args)
         return
-    torch.set_num_threads(args.threads)
     global CLOCK
     CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
 
     report = {
         "settings": {k: v for k, v in vars(args).items() if k not in ("child", "out")},
         "torch": torch.__version__,
+        "cpu": cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "load_average": list(os.getloadavg()),
         "configs": [],
     }
+    print(
+        f"CPU: {report['cpu']} ({os.cpu_count()} logical CPUs); torch {torch.__version__}; "
+        f"load average at start {', '.join(f'{v:.2f}' for v in report['load_average'])}"
+    )
+    for threads in args.threads:
+        # One run per thread count; everything below sees that count as `args.threads`.
+        run_args = argparse.Namespace(**{**vars(args), "threads": threads})
+        torch.set_num_threads(threads)
+        _run(run_args, report)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2))
+    print(f"wrote {args.out}")
+
+
+def _run(args, report: dict) -> None:
+    """The tables and the flagged extras at `args.threads` threads, added to `report`."""
+    threads = args.threads
     columns = "".join(f"{lib:>{max(12, len(lib) + 2)}}" for lib in args.libraries)
     compiled_column = "flowkit-compiled" in args.libraries
     header = f"{'config':<20}{'op':<10}" + columns + f"{'best peer/fk':>14}"
     header += f"{'peer/compiled':>15}" if compiled_column else ""
     styles = [] if args.only else args.styles
     for style in styles:
-        print(f"{style} construction: times in ms (median of {args.repeats} repeats), ratio = fastest peer / flowkit")
+        print(
+            f"{style} construction, {threads} thread{'s' if threads > 1 else ''}: times in ms "
+            f"(median of {args.repeats} repeats), ratio = fastest peer / flowkit"
+        )
         print(header)
         for features in args.features:
             for kind in args.kinds:
@@ -607,6 +645,7 @@ def main() -> None:
                     saved = {lib: saved_for_backward_mib(lib, kind, features, args) for lib in args.libraries}
                 entry = {
                     "style": style,
+                    "threads": threads,
                     "kind": kind,
                     "features": features,
                     "ms": res,
@@ -636,17 +675,16 @@ def main() -> None:
                     print(line)
                 report["configs"].append(entry)
                 sys.stdout.flush()
-    if args.scaling:
-        report["scaling"] = scaling(args)
-    if args.memory_784:
-        report["memory_784"] = memory_784(args)
-    if args.fit_overhead:
-        report["fit_overhead"] = fit_overhead(args)
-    if args.compile:
-        report["compile"] = compiled(args)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2))
-    print(f"wrote {args.out}")
+    # The extras, keyed by thread count.
+    for flag, key, function in (
+        (args.scaling, "scaling", scaling),
+        (args.memory_784, "memory_784", memory_784),
+        (args.fit_overhead, "fit_overhead", fit_overhead),
+        (args.compile, "compile", compiled),
+    ):
+        if flag:
+            print(f"{key}, {threads} thread{'s' if threads > 1 else ''}:")
+            report.setdefault(key, {})[str(threads)] = function(args)
 
 
 if __name__ == "__main__":

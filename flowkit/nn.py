@@ -453,59 +453,104 @@ class MADE(Conditioner):
         weights = self.masked_weights()
         return F.linear(self.trunk(F.linear(broadcast_context(x, context), *weights[0]), weights), *weights[-1])
 
-    def _sorted_weights(self) -> tuple[list[tuple[Tensor, Tensor]], list[list[int]]]:
-        """[`masked_weights`][flowkit.nn.MADE.masked_weights], hidden units by increasing degree, and the prefixes."""
+    def _sorted_weights(self) -> tuple[Tensor, Tensor | None, list[tuple[Tensor, Tensor]]]:
+        """[`masked_weights`][flowkit.nn.MADE.masked_weights] with hidden units by increasing degree.
+
+        Returns the first layer's feature columns in rank order `(H_1, D)`, its context columns (None without a
+        context), and every layer's `(W, b)` in order of application (the first layer's with an empty weight),
+        each hidden layer's rows and columns (and the last layer's columns) sorted by degree.
+        """
         weights = self.masked_weights()
         device = weights[0][0].device
         perms = [order.to(device) for order in self._unit_order]
         step = 3 if self.residual_blocks is not None else 1
-        out: list[tuple[Tensor, Tensor]] = []
-        for index, (w, b) in enumerate(weights[:-1]):
+        d = self.features
+        w_first, b_first = weights[0]
+        w_first = w_first.index_select(0, perms[0])
+        ranked = torch.tensor(self.order, device=device)  # the feature of rank r + 1 is order[r]
+        w_x = w_first.index_select(1, ranked)
+        w_context = w_first[:, d:] if self.context_features else None
+        out: list[tuple[Tensor, Tensor]] = [(w_x[:, :0], b_first.index_select(0, perms[0]))]
+        for index, (w, b) in enumerate(weights[1:-1], start=1):
             layer, part = divmod(index, step)
             rows = perms[layer]
-            cols = rows if part else (perms[layer - 1] if layer else None)
-            w = w[rows] if cols is None else w[rows][:, cols]
-            out.append((w, b[rows]))
+            cols = rows if part else perms[layer - 1]
+            out.append((w.index_select(0, rows).index_select(1, cols), b.index_select(0, rows)))
         w_last, b_last = weights[-1]
-        out.append((w_last[:, perms[-1]], b_last))
-        return out, self._prefixes
+        out.append((w_last.index_select(1, perms[-1]), b_last))
+        return w_x, w_context, out
 
     def invert(self, solve: Callable[[int, Tensor], Tensor], z: Tensor, context: Tensor | None = None) -> Tensor:
         """The incremental version of [`Conditioner.invert`][flowkit.nn.Conditioner.invert].
 
-        The masked weights are computed once, with the hidden units sorted by degree; each solved feature
-        enters the first pre-activation as a rank-one update, and the feature of rank `r` uses the hidden
-        units of degree `< r` only (a prefix of each layer): step `r` costs about `(r / D)^2` of a full pass.
+        The masked weights are computed once, with the hidden units sorted by degree. A hidden unit of degree `k`
+        depends on the features of rank `<= k` only, so it is final once those are known: the step that solves the
+        feature of rank `r` computes only the units of degree `r - 1` of each layer (from the prefix of the layer
+        below that they see) and the feature's output block (from the units of degree `< r`). Each unit is computed
+        once per inverse: the whole inverse costs about one pass of the network, in `D` steps.
+
+        Activations are kept unit-major, `(units, batch)`, so that a layer's known units are a contiguous prefix:
+        without gradients they are written into preallocated tables, with gradients concatenated (no in-place
+        writes into tensors autograd saved); both multiply the same contiguous prefixes, so both give the same
+        numbers.
         """
         n, d = self.params_per_feature, self.features
-        weights, prefixes = self._sorted_weights()
-        w_first, b_first = weights[0]
-        w_x = w_first[:, :d]
-        pre = broadcast_context(z.new_zeros(z.shape[:-1] + (0,)), context)
-        pre = F.linear(pre, w_first[:, d:], b_first)
-        batch = broadcast_shapes(z.shape[:-1], pre.shape[:-1])
-        pre = pre.expand(*batch, pre.shape[-1])
+        w_x, w_context, weights = self._sorted_weights()
+        if w_context is not None and context is None:
+            raise ValueError(f"MADE: the inverse needs a context of {self.context_features} features, got None")
+        bias_first = weights[0][1]
+        if w_context is not None:
+            bias_first = F.linear(context, w_context, bias_first)  # (..., H_1): the context's share, once
+        batch = broadcast_shapes(z.shape[:-1], bias_first.shape[:-1])
+        size = math.prod(batch)
+        # The first layer's bias, unit-major: (H_1, 1), or (H_1, N) with a batched context.
+        bias_first = (
+            bias_first.unsqueeze(-1) if bias_first.dim() == 1 else bias_first.expand(*batch, -1).reshape(size, -1).t()
+        )
         w_last, b_last = weights[-1]
         residual = self.residual_blocks is not None
         step = 3 if residual else 1
+        widths = [w.shape[0] for w, _ in weights[:-1:step]]
+        # The known features (in rank order) and each hidden layer's activations (and its residual sublayers'),
+        # unit-major: tables filled row by row, or (with gradients) grown by concatenation.
+        grow = not torch.is_grad_enabled()
+        new = z.new_empty if grow else (lambda *shape: z.new_zeros(shape[0] * 0, *shape[1:]))
+        known = new(d, size)
+        activations = [[new(width, size) for _ in range(3 if residual else 1)] for width in widths]
+
+        def put(table: Tensor, low: int, rows: Tensor) -> Tensor:
+            if grow:
+                table[low : low + rows.shape[0]] = rows
+                return table
+            return torch.cat([table, rows], 0)
+
         columns: list[Tensor | None] = [None] * d
-        previous = None
+        previous = [0] * len(widths)
         for rank, i in enumerate(self.order):
-            if previous is not None:
-                # The newly known feature enters the first layer as a rank-one update.
-                pre = torch.addcmul(pre, columns[previous].unsqueeze(-1), w_x[:, previous])
-            sizes = prefixes[rank]
-            h = pre[..., : sizes[0]]
-            for layer, m in enumerate(sizes):
-                if layer:
-                    w, b = weights[layer * step]
-                    h = F.linear(self.act(h), w[:m, : sizes[layer - 1]], b[:m])
-                if residual:
-                    (w1, b1), (w2, b2) = weights[layer * step + 1], weights[layer * step + 2]
-                    h = h + F.linear(self.act(F.linear(self.act(h), w1[:m, :m], b1[:m])), w2[:m, :m], b2[:m])
+            sizes = self._prefixes[rank]
+            below = known[:rank]  # the layer below: the known features, all of them seen
+            for layer, units in enumerate(sizes):
+                low = previous[layer]
+                acts = activations[layer]
+                if units > low:  # the units of degree rank - 1: this layer's new ones
+                    if layer:
+                        w, b = weights[layer * step]
+                        a = torch.addmm(b[low:units, None], w[low:units, : below.shape[0]], below)
+                    else:
+                        a = torch.addmm(bias_first[low:units], w_x[low:units, :rank], below)
+                    if residual:
+                        (w1, b1), (w2, b2) = weights[layer * step + 1], weights[layer * step + 2]
+                        acts[1] = put(acts[1], low, self.act(a))
+                        t = torch.addmm(b1[low:units, None], w1[low:units, :units], acts[1][:units])
+                        acts[2] = put(acts[2], low, self.act(t))
+                        a = a + torch.addmm(b2[low:units, None], w2[low:units, :units], acts[2][:units])
+                    acts[0] = put(acts[0], low, self.act(a))
+                    previous[layer] = units
+                below = acts[0][:units]
             block = slice(i * n, (i + 1) * n)
-            columns[i] = solve(i, F.linear(self.act(h), w_last[block, : sizes[-1]], b_last[block]))
-            previous = i
+            params = torch.addmm(b_last[block, None], w_last[block, : sizes[-1]], below)
+            columns[i] = column = solve(i, params.t().reshape(*batch, n))
+            known = put(known, rank, column.reshape(1, size))
         return torch.stack(columns, dim=-1)  # type: ignore[arg-type]
 
 

@@ -84,6 +84,41 @@ def test_speed_builds_the_same_nsf_in_every_library(script, coupling):
     assert len(sizes) == 1, sizes
 
 
+def test_speed_reports_each_thread_count_and_the_cpu(script, tmp_path, capsys):
+    speed = script("speed")
+    out = tmp_path / "speed.json"
+    argv = ["--kinds", "autoregressive", "--features", "3", "--libraries", "flowkit", "--layers", "1", "--bins", "4"]
+    argv += ["--hidden", "8", "--batch", "16", "--repeats", "1", "--iters", "1", "--no-memory", "--styles", "matched"]
+    threads = torch.get_num_threads()
+    try:
+        speed.main([*argv, "--threads", "1", "2", "--out", str(out)])
+    finally:
+        torch.set_num_threads(threads)
+    report = json.loads(out.read_text())
+    assert report["cpu"] == speed.cpu_name() and report["cpu"]
+    assert len(report["load_average"]) == 3
+    assert [entry["threads"] for entry in report["configs"]] == [1, 2]
+    printed = capsys.readouterr().out
+    assert f"CPU: {report['cpu']}" in printed
+    assert "matched construction, 1 thread:" in printed and "matched construction, 2 threads:" in printed
+
+
+def test_profile_autoregressive_writes_one_table_per_profile(script, tmp_path, capsys):
+    profiler = script("profile_autoregressive")
+    argv = ["--features", "3", "--libraries", "flowkit", "--layers", "1", "--bins", "4", "--hidden", "8"]
+    argv += ["--batch", "16", "--steps", "1", "--threads", "1", "--out", str(tmp_path)]
+    threads = torch.get_num_threads()
+    try:
+        assert profiler.main(argv) == 0
+    finally:
+        torch.set_num_threads(threads)
+    tables = {path.name: path.read_text() for path in tmp_path.glob("*.txt")}
+    assert set(tables) == {"train_D3_flowkit.txt", "sample_D3_flowkit.txt"}
+    assert "Self CPU" in tables["train_D3_flowkit.txt"] and "aten::mm" in tables["train_D3_flowkit.txt"]
+    assert "sample, autoregressive NSF D=3" in tables["sample_D3_flowkit.txt"]
+    assert "CPU: " in capsys.readouterr().out
+
+
 def test_families_benchmark_pairs_models_with_their_references(script, tmp_path):
     families = script("families")
     out = tmp_path / "f.json"

@@ -194,3 +194,9 @@ def test_masked_out_weights_get_zero_gradient_even_when_the_dense_gradient_overf
     (layer(x) * 1e10).sum().backward()
     assert layer.weight.grad[0, 1] == 0
     assert torch.isinf(layer.weight.grad[0, 0])  # the genuine overflow stays visible
+
+
+def test_made_inverse_without_its_context_is_refused():
+    made = MADE(3, 2, hidden=(8,), context=2)
+    with pytest.raises(ValueError, match="context of 2 features"):
+        made.invert(lambda i, params: params[..., 0], torch.zeros(4, 3))
