@@ -133,7 +133,9 @@ class Equality(Constraint):
 class _Inequality(Constraint):
     kind = "inequality"
 
-    def __init__(self, name: str, fn: ConstraintFunction, bound: float, damping: float, form: str) -> None:
+    def __init__(
+        self, name: str, fn: ConstraintFunction, bound: float, damping: float = 1.0, form: str = "slack"
+    ) -> None:
         where = type(self).__name__
         super().__init__(name, fn, damping)
         self.bound = float(check_number(bound, "bound", where=where))
@@ -160,11 +162,6 @@ class AtMost(_Inequality):
         form: `"slack"` (a slack variable, eliminated in closed form) or `"max"` ($h = \max(g, 0)$).
     """
 
-    def __init__(
-        self, name: str, fn: ConstraintFunction, bound: float, damping: float = 1.0, form: str = "slack"
-    ) -> None:
-        super().__init__(name, fn, bound, damping, form)
-
     def violation(self, value: Tensor) -> Tensor:
         return value - self.bound
 
@@ -179,11 +176,6 @@ class AtLeast(_Inequality):
         damping: the damping $d$ (positive for the slack form).
         form: `"slack"` (a slack variable, eliminated in closed form) or `"max"` ($h = \max(g, 0)$).
     """
-
-    def __init__(
-        self, name: str, fn: ConstraintFunction, bound: float, damping: float = 1.0, form: str = "slack"
-    ) -> None:
-        super().__init__(name, fn, bound, damping, form)
 
     def violation(self, value: Tensor) -> Tensor:
         return self.bound - value
