@@ -9,21 +9,32 @@ $$
 $$
 
 A label learning flow is a conditional flow $y = g(z; x)$, $z \sim N(0, I)$, over the vector of the two label
-probabilities (`y[..., 1]` for class 1), trained on its own samples: each step draws $y$ given the batch's $x$
-and minimises the negative log-likelihood of those samples (held fixed) plus the constraint penalties
-(computed with the samples' gradients)
+probabilities (`y[..., 1]` for class 1), trained on its own samples: each step draws $y = g(z; x)$ given the
+batch's $x$ and minimises the negative log-likelihood $-\log q(y \mid x) = -\log N(z) + \log|\det \partial g /
+\partial z|$ of those samples, with the gradient through the sampling path (its mean is the entropy of the
+labels' distribution: the flow is pushed to confident labels), subject to the constraints
 
 $$
-\mathrm{relu}(-y)^2 + \mathrm{relu}(y - 1)^2 + \Big(\sum_k y_k - 1\Big)^2 + \sum_j \mathrm{relu}(\hat c_j - b_j)^2,
+y \ge 0, \qquad y \le 1, \qquad \sum_k y_k = 1, \qquad \hat c_j(y) \le b_j \quad (j = 1, \dots, m),
 $$
 
-with $\hat c_j$ the batch mean. Predictions average clipped samples
+with $\hat c_j$ the batch mean (train in full batches: the bounds are about the whole training set). Lu et al.
+add them as penalties $\lambda\,[\mathrm{relu}(-y)^2 + \mathrm{relu}(y - 1)^2 + (\sum_k y_k - 1)^2 + \sum_j
+\mathrm{relu}(\hat c_j - b_j)^2]$ with a fixed $\lambda$ (`weight`): the optimum then trades a little violation
+for entropy.
+[`LabelLearningObjective.constraints`][flowkit.applications.weak_supervision.LabelLearningObjective.constraints]
+gives the same terms as constraints of [`Constrained`][flowkit.train.Constrained] (MDMM), whose multipliers grow
+until they hold. Predictions average clipped samples
 ([`LabelLearningFlow.predict_proba`][flowkit.applications.weak_supervision.LabelLearningFlow.predict_proba]).
+
+**Error bounds** are about the same quantity as the constraint: the expected error $\hat c_j$ of the soft signal
+against the true labels (on labelled data), not the error of the rounded signal; with the latter, the true
+labels themselves can break the constraints.
 
 [`digits_weak_signals`][flowkit.applications.weak_supervision.digits_weak_signals] makes the data in code:
 scikit-learn's digits, the binary task "digit >= 5", weak signals from logistic regressions on small random
-pixel subsets fitted on about 20 labelled images, and each signal's error bound from a separate small
-labelled set.
+pixel subsets fitted on about 20 labelled images, and each signal's error bound (its expected error) from a
+separate small labelled set.
 
 References:
     Lu, Chen, Wang & Song, *Weakly supervised classification using label learning flows*
@@ -33,7 +44,9 @@ References:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -42,7 +55,7 @@ from torch.nn import functional as F
 
 from .._validation import check_number
 from ..flows import RealNVP
-from ..train import Objective
+from ..train import AtMost, Constraint, Equality, Objective
 
 __all__ = [
     "WeakSignals",
@@ -90,12 +103,13 @@ def digits_weak_signals(
     seed: int = 0,
     oracle_bounds: bool = False,
 ) -> WeakSignals:
-    """Scikit-learn's digits as a weakly supervised binary task ("digit >= 5"), with weak signals in code.
+    r"""Scikit-learn's digits as a weakly supervised binary task ("digit >= 5"), with weak signals in code.
 
     Each signal is a logistic regression on `pixels` random pixels, fitted to the same `labelled` images; its
-    error bound is its error on `bound_points` other labelled images (an estimate, which may fall below the true
-    error: then no labelling meets every bound), or with `oracle_bounds=True` its true error on the unlabelled set
-    (the setting of Arachie & Huang's experiments; for studies only). The rest are the unlabelled training set.
+    error bound is its expected error $\hat c_j$ (of its probabilities against the labels) on `bound_points`
+    other labelled images (an estimate, which may fall below the true value: then no labelling meets every
+    bound), or with `oracle_bounds=True` its true expected error on the unlabelled set (the setting of Arachie &
+    Huang's experiments; for studies only). The rest are the unlabelled training set.
 
     Examples:
         >>> from flowkit.applications.weak_supervision import digits_weak_signals
@@ -122,7 +136,8 @@ def digits_weak_signals(
         chosen = rng.choice(64, pixels, replace=False)
         model = LogisticRegression(max_iter=1000).fit(x[fit_rows][:, chosen], y[fit_rows])
         rows = rest if oracle_bounds else bound_rows
-        bounds.append(float((model.predict(x[rows][:, chosen]) != y[rows]).mean()))
+        soft = torch.tensor(model.predict_proba(x[rows][:, chosen])[:, 1:])
+        bounds.append(float(expected_errors(torch.tensor(y[rows], dtype=soft.dtype), soft)[0]))
         columns.append(model.predict_proba(x[rest][:, chosen])[:, 1])
     return WeakSignals(
         torch.tensor(x[rest] / 16.0, dtype=torch.float32),
@@ -172,14 +187,31 @@ class LabelLearningFlow(RealNVP):
 
 
 class LabelLearningObjective(Objective):
-    """The LLF loss on batches of rows `[x_1, ..., x_d, q_1, ..., q_m]`: own-sample NLL plus `weight` x penalties.
+    r"""The LLF loss on batches of rows `[x_1, ..., x_d, q_1, ..., q_m]`: own-sample NLL plus `weight` x penalties.
+
+    The NLL is $-\log q(y \mid x)$ of the flow's reparameterised samples, with the gradient through the samples
+    (see [the module][flowkit.applications.weak_supervision]). With `weight=0` the penalties are left out of the
+    loss (still reported), for [`Constrained`][flowkit.train.Constrained] with
+    [`constraints`][flowkit.applications.weak_supervision.LabelLearningObjective.constraints].
 
     Arguments:
         bounds: the signals' error bounds `(m,)` in [0, 1].
-        weight: the penalties' weight.
+        weight: the penalties' weight $\lambda \ge 0$.
 
     Raises:
         ValueError: for bounds outside [0, 1].
+
+    Examples:
+        >>> import torch
+        >>> from flowkit.applications.weak_supervision import LabelLearningFlow, LabelLearningObjective
+        >>> from flowkit.train import Constrained, fit
+        >>> x, q = torch.randn(64, 3), torch.rand(64, 2)
+        >>> objective = LabelLearningObjective(torch.tensor([0.45, 0.45]), weight=0.0)
+        >>> constrained = Constrained(objective, objective.constraints(), lr=20.0)
+        >>> [c.name for c in constrained.constraints]
+        ['below_zero', 'above_one', 'simplex', 'error_0', 'error_1']
+        >>> history = fit(LabelLearningFlow(3, 2, (8,)), constrained, torch.cat([x, q], 1), steps=2, batch_size=64,
+        ...               progress=False)
     """
 
     _flowkit_register = False
@@ -188,19 +220,55 @@ class LabelLearningObjective(Objective):
         self.bounds = torch.as_tensor(bounds, dtype=torch.float32)
         if self.bounds.dim() != 1 or bool(((self.bounds < 0) | (self.bounds > 1)).any()):
             raise ValueError(f"LabelLearningObjective: error bounds must lie in [0, 1], got {self.bounds.tolist()}")
-        self.weight = check_number(weight, "weight", where="LabelLearningObjective", positive=True)
+        self.weight = check_number(weight, "weight", where="LabelLearningObjective", low=0.0)
         self._last: dict[str, float] = {}
+        self._latest: tuple[Tensor, Tensor, Tensor, dict[str, Tensor]] | None = None
 
     def loss(self, flow: LabelLearningFlow, batch: Tensor) -> Tensor:
         m = self.bounds.numel()
         x, q = batch[:, :-m], batch[:, -m:]
-        y = flow.rsample((1,), context=x)[0]
-        nll = -flow.log_prob(y.detach(), context=x).mean()
+        y, log_q = flow.rsample_and_log_prob((1,), context=x)
+        y, nll = y[0], -log_q[0].mean()
         penalties = constraint_penalties(y, q, self.bounds.to(y))
+        self._latest = (batch, y, q, penalties)
         total = sum(penalties.values())
         self._last = {"nll": float(nll.detach()), "penalty": float(total.detach())}
         self._last.update({k: float(v.detach()) for k, v in penalties.items()})
-        return nll + self.weight * total
+        return nll + self.weight * total if self.weight > 0 else nll
+
+    def _sample_of(self, batch: Any, name: str) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        if self._latest is None or self._latest[0] is not batch:
+            raise ValueError(
+                f"LabelLearningObjective: constraint {name!r} reads the samples of the last loss on the same batch; "
+                "use it inside Constrained(objective, objective.constraints())"
+            )
+        return self._latest[1], self._latest[2], self._latest[3]
+
+    def constraints(self, damping: float = 10.0) -> list[Constraint]:
+        r"""The penalised terms as constraints of [`Constrained`][flowkit.train.Constrained].
+
+        `below_zero`, `above_one` and `simplex` (each mean squared violation) equal to 0, and `error_j`:
+        $\hat c_j \le b_j$, each evaluated on the samples that this objective's `loss` drew from the same batch
+        (`Constrained` calls the objective first).
+
+        Arguments:
+            damping: MDMM's damping $d$ of each constraint.
+        """
+
+        def penalty(name: str) -> Callable[[Any, Any], Tensor]:
+            return lambda flow, batch: self._sample_of(batch, name)[2][name]
+
+        def error(j: int) -> Callable[[Any, Any], Tensor]:
+            def value(flow: Any, batch: Any) -> Tensor:
+                y, q, _ = self._sample_of(batch, f"error_{j}")
+                return expected_errors(y[:, 1], q[:, j : j + 1])[0]
+
+            return value
+
+        names = ("below_zero", "above_one", "simplex")
+        out: list[Constraint] = [Equality(name, penalty(name), damping=damping) for name in names]
+        out += [AtMost(f"error_{j}", error(j), float(b), damping=damping) for j, b in enumerate(self.bounds.tolist())]
+        return out
 
     def metrics(self) -> dict[str, float]:
         return dict(self._last)
