@@ -90,7 +90,7 @@ def one_run(shift: float, seed: int, args: argparse.Namespace) -> dict[str, Any]
         if corrected:
             chosen = propensity[treated]
             out[f"clipped_{clip:g}"] = float((chosen < clip).double().mean())
-            out[f"below_clip_{clip:g}"] = float((torch.minimum(propensity, 1 - propensity) < clip).double().mean())
+            out[f"below_clip_{clip:g}"] = float((propensity < clip).double().mean())
             out[f"max_weight_{clip:g}"] = float(weights.max())
         if args.objective == "grid" and not corrected:
             mixture = np.interp((grid - centre) / spread, quadrature.numpy(), objective.plug_in_density.numpy())
