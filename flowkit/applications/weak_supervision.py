@@ -20,8 +20,9 @@ $$
 
 with $\hat c_j$ the batch mean (train in full batches: the bounds are about the whole training set). Lu et al.
 add them as penalties $\lambda\,[\mathrm{relu}(-y)^2 + \mathrm{relu}(y - 1)^2 + (\sum_k y_k - 1)^2 + \sum_j
-\mathrm{relu}(\hat c_j - b_j)^2]$ with a fixed $\lambda$ (`weight`): the optimum then trades a little violation
-for entropy.
+\mathrm{relu}(\hat c_j - b_j)^2]$ with a fixed $\lambda$ (`weight`); the NLL keeps falling as the samples
+contract (to the limit of the clamped affine scales), and a fixed weight can lose to it (on the digits task
+every seed collapses to one class).
 [`LabelLearningObjective.constraints`][flowkit.applications.weak_supervision.LabelLearningObjective.constraints]
 gives the same terms as constraints of [`Constrained`][flowkit.train.Constrained] (MDMM), whose multipliers grow
 until they hold. Predictions average clipped samples

@@ -117,7 +117,7 @@ def test_constrained_label_learning_flow_meets_the_bounds_and_beats_majority_vot
     flow = LabelLearningFlow(task.features.shape[1])
     objective = LabelLearningObjective(task.bounds, weight=0.0)
     rows = torch.cat([task.features, task.signals], 1)
-    constrained = Constrained(objective, objective.constraints(damping=10.0), lr=20.0)
+    constrained = Constrained(objective, objective.constraints(damping=10.0), lr=100.0)
     fit(flow, constrained, rows, steps=1000, batch_size=len(rows), lr=1e-3, progress=False, seed=0)
     with torch.no_grad():
         y = flow.sample((1,), context=task.features)[0]
