@@ -11,7 +11,7 @@
 """
 
 from . import interventional, learned_index, mcmc_proposals, weak_supervision
-from .interventional import AIPTWCrossEntropy, PolynomialNormalSCM
+from .interventional import AIPTWCrossEntropy, GridAIPTWCrossEntropy, PolynomialNormalSCM
 from .learned_index import KeyFlow, LearnedIndex
 from .mcmc_proposals import chain_mean, ess_per_evaluation, imh_tv_bound, imh_tv_by_quadrature
 from .weak_supervision import LabelLearningFlow, LabelLearningObjective
@@ -28,6 +28,7 @@ __all__ = [
     "interventional",
     "PolynomialNormalSCM",
     "AIPTWCrossEntropy",
+    "GridAIPTWCrossEntropy",
     "weak_supervision",
     "LabelLearningFlow",
     "LabelLearningObjective",
