@@ -42,12 +42,68 @@ import math
 from collections.abc import Callable
 
 import numpy as np
+import torch
 from torch import Tensor
 
 from .._validation import check_number
+from ..bijectors import Bijector
 from ..sampling import integrated_autocorrelation_time
 
-__all__ = ["imh_tv_bound", "imh_tv_by_quadrature", "chain_mean", "ess_per_evaluation"]
+__all__ = ["imh_tv_bound", "imh_tv_by_quadrature", "chain_mean", "ess_per_evaluation", "FunnelTransport"]
+
+
+class FunnelTransport(Bijector):
+    r"""The transport map of Neal's funnel, exact or off by a factor in the mouth's widths (Grenioux et al.'s family).
+
+    The sampling direction (latent $z$ to data $x$, the [`inverse`][flowkit.bijectors.Bijector.inverse]) is
+
+    $$
+    v = \sigma z_1, \qquad x_i = \beta^{-1/2} e^{v/2} z_i \quad (i = 2, \dots, d),
+    $$
+
+    which pushes $N(0, I)$ exactly onto [`NealFunnel(d, scale=σ)`][flowkit.targets.funnel.NealFunnel] for
+    $\beta = 1$; any other $\beta$ gives a flow whose widths given $v$ are off by $\beta^{-1/2}$ in every one of
+    the $d - 1$ mouth coordinates: the paper's imperfect flows (their $\beta$ runs over $[0.1, 10]$, $\sigma^2 = 3$).
+    Pulled back through it the funnel is the Gaussian $N(0, \mathrm{diag}(1, \beta, \dots, \beta))$, easy for
+    MALA in any dimension, while the importance weights $\pi/q$ of the flow degrade exponentially with $d$.
+    $\log|\det \partial z/\partial x| = -\log\sigma + (d - 1)(\tfrac12\log\beta - v/2)$.
+
+    Arguments:
+        dim: dimension $d \ge 2$.
+        scale: the standard deviation $\sigma$ of $v$.
+        beta: the quality $\beta > 0$ (1: the exact map).
+
+    Examples:
+        >>> import torch
+        >>> from flowkit.applications.mcmc_proposals import FunnelTransport
+        >>> t = FunnelTransport(3, beta=4.0)
+        >>> x, _ = t.inverse(torch.tensor([[0.0, 1.0, -1.0]]))
+        >>> x.tolist()
+        [[0.0, 0.5, -0.5]]
+
+    References:
+        Grenioux, Durmus, Moulines & Gabrié, *On sampling with approximate transport maps*, ICML 2023, Section 4.
+    """
+
+    def __init__(self, dim: int, scale: float = math.sqrt(3.0), beta: float = 1.0) -> None:
+        super().__init__()
+        where = "FunnelTransport"
+        self.dim = check_number(dim, "dim", where=where, integer=True, low=2)
+        self.scale = check_number(scale, "scale", where=where, positive=True)
+        self.beta = check_number(beta, "beta", where=where, positive=True)
+        self.event_shape = torch.Size([self.dim])
+
+    def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        v = x[..., :1]
+        log_width = 0.5 * v - 0.5 * math.log(self.beta)  # log of x_i / z_i
+        z = torch.cat([v / self.scale, x[..., 1:] * torch.exp(-log_width)], -1)
+        return z, -math.log(self.scale) - (self.dim - 1) * log_width[..., 0]
+
+    def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        v = self.scale * z[..., :1]
+        log_width = 0.5 * v - 0.5 * math.log(self.beta)
+        x = torch.cat([v, z[..., 1:] * torch.exp(log_width)], -1)
+        return x, math.log(self.scale) + (self.dim - 1) * log_width[..., 0]
 
 
 def imh_tv_bound(max_weight_ratio: float, n_steps: int) -> float:
