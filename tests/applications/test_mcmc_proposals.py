@@ -7,10 +7,17 @@ import pytest
 import torch
 from scipy.stats import norm
 
-from flowkit.applications.mcmc_proposals import chain_mean, ess_per_evaluation, imh_tv_bound, imh_tv_by_quadrature
-from flowkit.flows import RealNVP
-from flowkit.sampling import independent_metropolis
-from flowkit.targets import BimodalGaussian
+from flowkit.applications.mcmc_proposals import (
+    FunnelTransport,
+    chain_mean,
+    ess_per_evaluation,
+    imh_tv_bound,
+    imh_tv_by_quadrature,
+)
+from flowkit.distributions import StandardNormal
+from flowkit.flows import Flow, RealNVP
+from flowkit.sampling import independent_metropolis, latent_energy
+from flowkit.targets import BimodalGaussian, NealFunnel
 from flowkit.train import MaximumLikelihood, fit
 
 
@@ -78,3 +85,19 @@ def test_imh_with_a_fitted_flow_recovers_the_mode_weights(dim):
     run = independent_metropolis(flow, target, 800, chains=64, generator=torch.Generator().manual_seed(2))
     weight, se = chain_mean(target.mode_of(run.samples).double(), burn_in=100)
     assert abs(weight - 2 / 3) < 3 * se and se < 0.02
+
+
+@pytest.mark.parametrize("beta", [0.2, 1.0, 5.0])
+def test_funnel_transport_is_exact_at_beta_one_and_pulls_the_funnel_back_to_a_gaussian(beta):
+    target = NealFunnel(5, scale=math.sqrt(3.0)).double()
+    flow = Flow(FunnelTransport(5, math.sqrt(3.0), beta), StandardNormal(5)).double()
+    x = target.sample(200, generator=torch.Generator().manual_seed(0))
+    if beta == 1.0:  # the flow's density is the funnel's
+        torch.testing.assert_close(flow.log_prob(x), target.log_prob(x))
+    # Pulled back, the funnel is N(0, diag(1, beta, ..., beta)) up to log Z = 0, whatever beta.
+    z = torch.randn(100, 5, dtype=torch.float64)
+    variances = torch.tensor([1.0] + [beta] * 4, dtype=torch.float64)
+    gaussian = 0.5 * (z.square() / variances).sum(-1) + 0.5 * torch.log(2 * math.pi * variances).sum()
+    torch.testing.assert_close(latent_energy(flow, target)(z), gaussian)
+    with pytest.raises(ValueError, match="beta"):
+        FunnelTransport(3, beta=0.0)
