@@ -37,44 +37,22 @@ import json
 import math
 import sys
 import time
-import warnings
 from statistics import NormalDist
 from typing import Any
 
 import torch
 
-from flowkit.applications.mcmc_proposals import FunnelTransport, chain_mean, ess_per_evaluation
+from flowkit.applications.mcmc_proposals import FunnelTransport, adapted_neutra_mala, chain_mean, ess_per_evaluation
 from flowkit.distributions import StandardNormal
 from flowkit.flows import Flow, RealNVP
-from flowkit.sampling import Chains, independent_metropolis, neutra_mala
+from flowkit.sampling import independent_metropolis
 from flowkit.targets import BimodalGaussian, NealFunnel
 from flowkit.train import MaximumLikelihood, fit
-
-#: The paper's MALA acceptance target and this script's adaptation factor and interval.
-TARGET_ACCEPTANCE, FACTOR, EVERY = 0.75, 1.25, 10
 
 
 def paper_separation(dim: int) -> float:
     """The paper's mode offset: `0.591 sqrt(2 log d)` in every coordinate, so `0.591 sqrt(2 d log d)` from 0."""
     return 0.591 * math.sqrt(2 * dim * math.log(max(dim, 2)))
-
-
-def adapted_neutra(
-    flow: Flow, target: Any, n_steps: int, z0: torch.Tensor, warmup: int, generator: torch.Generator
-) -> tuple[Chains, float, int]:
-    """NeuTra MALA whose step size is adapted during `warmup` steps, then fixed: `(chains, step, diverged)`.
-
-    `diverged` counts the warm-up's proposals rejected for a non-finite energy or gradient (large trial steps).
-    """
-    eps, z, diverged = 0.5, z0, 0
-    for _ in range(max(warmup // EVERY, 0)):
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", RuntimeWarning)
-            run = neutra_mala(flow, target, EVERY, z0=z, step_size=eps, generator=generator)
-        diverged += sum(int(str(w.message).split(":")[1].split()[0]) for w in caught if "diverged" in str(w.message))
-        z = run.latent[-1]
-        eps = eps * FACTOR if run.mean_acceptance > TARGET_ACCEPTANCE else eps / FACTOR
-    return neutra_mala(flow, target, n_steps, z0=z, step_size=eps, generator=generator), eps, diverged
 
 
 def funnel_row(dim: int, beta: float, args: argparse.Namespace) -> dict[str, Any]:
@@ -85,7 +63,7 @@ def funnel_row(dim: int, beta: float, args: argparse.Namespace) -> dict[str, Any
     imh = independent_metropolis(flow, target, args.chain_steps, chains=args.chains, generator=generator)
     with torch.no_grad():
         z0 = flow.base.sample((args.chains,))
-    neutra, eps, diverged = adapted_neutra(flow, target, args.chain_steps, z0, args.warmup, generator)
+    neutra, eps, diverged = adapted_neutra_mala(flow, target, args.chain_steps, z0, args.warmup, generator=generator)
     ess_imh = ess_per_evaluation(imh.samples[..., 0], 1.0, burn_in=args.burn_in)
     ess_neutra = ess_per_evaluation(neutra.samples[..., 0], 1.0, burn_in=args.burn_in)
     kept = args.chain_steps - args.burn_in
@@ -125,7 +103,7 @@ def bimodal_row(dim: int, args: argparse.Namespace) -> dict[str, Any]:
     plus = torch.randn(args.chains, dim, generator=generator) + separation / math.sqrt(dim)
     with torch.no_grad():
         z0 = flow.bijector.forward(plus)[0]
-    neutra, eps, _ = adapted_neutra(flow, target, args.chain_steps, z0, args.warmup, generator)
+    neutra, eps, _ = adapted_neutra_mala(flow, target, args.chain_steps, z0, args.warmup, generator=generator)
     w_neutra, se_neutra = chain_mean(target.mode_of(neutra.samples).double(), burn_in=args.burn_in)
     crossed = target.mode_of(neutra.samples[args.burn_in :]).logical_not().any(0).double().mean()
     # The +side's probability: sum(x) / sqrt(d) is N(+-separation, 1) in each mode (2/3 up to the overlap).

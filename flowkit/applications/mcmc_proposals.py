@@ -39,6 +39,8 @@ References:
 from __future__ import annotations
 
 import math
+import re
+import warnings
 from collections.abc import Callable
 
 import numpy as np
@@ -47,9 +49,18 @@ from torch import Tensor
 
 from .._validation import check_number
 from ..bijectors import Bijector
-from ..sampling import integrated_autocorrelation_time
+from ..flows import Flow
+from ..sampling import Chains, integrated_autocorrelation_time, neutra_mala
+from ..targets import Target
 
-__all__ = ["imh_tv_bound", "imh_tv_by_quadrature", "chain_mean", "ess_per_evaluation", "FunnelTransport"]
+__all__ = [
+    "imh_tv_bound",
+    "imh_tv_by_quadrature",
+    "chain_mean",
+    "ess_per_evaluation",
+    "FunnelTransport",
+    "adapted_neutra_mala",
+]
 
 
 class FunnelTransport(Bijector):
@@ -265,3 +276,66 @@ def ess_per_evaluation(values: Tensor, evaluations_per_step: float = 1.0, burn_i
     if not math.isfinite(tau):
         return 0.0
     return kept.numel() / (2.0 * tau) / (kept.numel() * evaluations_per_step)
+
+
+def adapted_neutra_mala(
+    flow: Flow,
+    target: Target,
+    n_steps: int,
+    z0: Tensor,
+    warmup: int = 200,
+    target_acceptance: float = 0.75,
+    step_size: float = 0.5,
+    generator: torch.Generator | None = None,
+) -> tuple[Chains, float, int]:
+    r"""NeuTra MALA whose step size is tuned during a warm-up towards an acceptance rate, then fixed.
+
+    The paper's MALA adapts its step towards an acceptance of 0.75 as it runs; here the adaptation is confined to
+    `warmup` steps (blocks of 10: the step times 1.25 after a block whose mean acceptance over the chains was above
+    `target_acceptance`, else over 1.25), so that the kept `n_steps` are a Markov chain with a fixed kernel,
+    started where the warm-up ended.
+
+    Arguments:
+        flow: the bijective flow whose latent space the chains run in.
+        target: the target.
+        n_steps: the kept steps per chain.
+        z0: latent starting points `(chains, *event_shape)`.
+        warmup: adaptation steps (0: none; rounded down to a multiple of 10).
+        target_acceptance: the acceptance aimed at, in $(0, 1)$.
+        step_size: the first Langevin step size.
+        generator: random generator of the chains.
+
+    Returns:
+        `(chains, step_size, diverged)`: the kept [`Chains`][flowkit.sampling.Chains], the step they ran at and the
+        warm-up's proposals rejected for a non-finite energy or gradient (large trial steps; not warned about).
+
+    Examples:
+        >>> import torch, flowkit
+        >>> from flowkit.applications.mcmc_proposals import FunnelTransport, adapted_neutra_mala
+        >>> flow = flowkit.flows.Flow(FunnelTransport(3), flowkit.distributions.StandardNormal(3))
+        >>> run, step, _ = adapted_neutra_mala(flow, flowkit.targets.NealFunnel(3, scale=3**0.5), 50, torch.zeros(4, 3))
+        >>> run.samples.shape, step > 0
+        (torch.Size([50, 4, 3]), True)
+    """
+    where = "adapted_neutra_mala"
+    warmup = check_number(warmup, "warmup", where=where, integer=True, low=0)
+    target_acceptance = check_number(target_acceptance, "target_acceptance", where=where, positive=True, below=1)
+    eps = check_number(step_size, "step_size", where=where, positive=True)
+    z, diverged = z0, 0
+    for _ in range(warmup // _ADAPT_EVERY):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", RuntimeWarning)
+            run = neutra_mala(flow, target, _ADAPT_EVERY, z0=z, step_size=eps, generator=generator)
+        diverged += sum(_diverged_count(str(w.message)) for w in caught)
+        z = run.latent[-1]
+        eps = eps * _ADAPT_FACTOR if run.mean_acceptance > target_acceptance else eps / _ADAPT_FACTOR
+    return neutra_mala(flow, target, n_steps, z0=z, step_size=eps, generator=generator), eps, diverged
+
+
+_ADAPT_EVERY, _ADAPT_FACTOR = 10, 1.25
+
+
+def _diverged_count(message: str) -> int:
+    """The count in a sampler's "N of M proposals diverged" warning, else 0."""
+    found = re.search(r"(\d+) of \d+ proposals diverged", message)
+    return int(found.group(1)) if found else 0

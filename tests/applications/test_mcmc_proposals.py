@@ -9,6 +9,7 @@ from scipy.stats import norm
 
 from flowkit.applications.mcmc_proposals import (
     FunnelTransport,
+    adapted_neutra_mala,
     chain_mean,
     ess_per_evaluation,
     imh_tv_bound,
@@ -101,3 +102,25 @@ def test_funnel_transport_is_exact_at_beta_one_and_pulls_the_funnel_back_to_a_ga
     torch.testing.assert_close(latent_energy(flow, target)(z), gaussian)
     with pytest.raises(ValueError, match="beta"):
         FunnelTransport(3, beta=0.0)
+
+
+def test_adapted_neutra_reaches_the_acceptance_and_counts_the_warmups_divergences():
+    flow = Flow(FunnelTransport(8), StandardNormal(8))  # exact: the latent target is N(0, I)
+    target = NealFunnel(8, scale=math.sqrt(3.0))
+    g = torch.Generator().manual_seed(0)
+    run, step, diverged = adapted_neutra_mala(
+        flow, target, 400, torch.zeros(64, 8), warmup=600, step_size=1e3, generator=g
+    )
+    assert diverged > 0  # the first trial steps of 1e3 overflow the funnel's widths in float32
+    assert 0.6 < run.mean_acceptance < 0.9 and 0.1 < step < 3.0
+    assert run.samples.shape == (400, 64, 8)
+    with pytest.raises(ValueError, match="target_acceptance"):
+        adapted_neutra_mala(flow, target, 10, torch.zeros(2, 8), target_acceptance=1.0)
+
+
+def test_latent_energy_is_inf_where_the_map_overflows_a_finite_latent_point():
+    flow = Flow(FunnelTransport(3), StandardNormal(3))
+    target = NealFunnel(3, scale=math.sqrt(3.0))
+    z = torch.tensor([[200.0, 1.0, 1.0], [0.5, 1.0, -1.0]])  # v = 346: e^{v/2} overflows float32
+    u = latent_energy(flow, target)(z)
+    assert math.isinf(float(u[0])) and u[0] > 0 and math.isfinite(float(u[1]))
