@@ -16,7 +16,10 @@ This module holds the study's tools: the IMH mixing bound
 chain by quadrature [`imh_tv_by_quadrature`][flowkit.applications.mcmc_proposals.imh_tv_by_quadrature]
 (to check the bound), and the chain summaries the comparison needs
 ([`chain_mean`][flowkit.applications.mcmc_proposals.chain_mean],
-[`ess_per_evaluation`][flowkit.applications.mcmc_proposals.ess_per_evaluation]). The targets are
+[`ess_per_evaluation`][flowkit.applications.mcmc_proposals.ess_per_evaluation]), the paper's family of
+imperfect flows for the funnel [`FunnelTransport`][flowkit.applications.mcmc_proposals.FunnelTransport], and NeuTra
+with its step tuned towards an acceptance rate during a warm-up
+([`adapted_neutra_mala`][flowkit.applications.mcmc_proposals.adapted_neutra_mala]). The targets are
 [`BimodalGaussian`][flowkit.targets.funnel.BimodalGaussian] and [`NealFunnel`][flowkit.targets.funnel.NealFunnel].
 
 **The bound.** If $w(x) \le W$ for every $x$ (with $\pi$ and $q$ normalised, so $W \ge 1$), the IMH kernel
