@@ -19,7 +19,8 @@ thread). Prints a Markdown table and writes JSON with `--out`. The four structur
 
 Measured with the defaults (one thread, 2-core machine under a load of about 14, so rates are low and noisy):
 conflicts max/mean raw -> flow: log-normal 72295/13362 -> 31/1.7 at 1e6 keys, Zipf 988456/7291 -> 869/50,
-clustered 36009/699 -> 39019/509 (`--components 128 --steps 600`: 5404/76); lookups/s at 1e6 keys, flow index /
+clustered 36009/699 -> 39019/509 (`--components 128 --steps 600`: 5404/76, and 988/18 at 1e7 keys
+against 494972/2673 raw, at 1.5e4-6.2e4 lookups/s); lookups/s at 1e6 keys, flow index /
 searchsorted / PGM: log-normal 1.1e5 / 2.4e5 / 1.3e5, Zipf 1.1e5 / 1.1e6 / 1.7e5, clustered 7.3e4 / 2.1e5 / 1.0e5;
 at 1e7: 9.5e4 / 1.0e5 / 1.8e5, 8.4e4 / 4.8e5 / 2.1e5, 1.2e5 / 1.5e5 / 1.5e5; the flow's transform is 56-86% of a
 lookup; bytes: 500784 (5000784 at 1e7) against PGM's 2692-26860 (`--keys-per-slice 1024`: 32016 at 1e6).
