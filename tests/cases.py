@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 import flowkit
+from flowkit.applications.mcmc_proposals import FunnelTransport
 from flowkit.bijectors import (
     ActNorm,
     AffineCoupling,
@@ -436,6 +437,7 @@ BIJECTORS: dict[str, Case] = {
     "Radial(1 feature)": lambda: (randomize(Radial(1), scale=1.0), 2 * torch.randn(6, 1)),
     # Householder reflections and Sylvester flows (van den Berg et al. 2018; back-substitution inverse)
     "Householder": lambda: (Householder(4, reflections=3), torch.randn(6, 4)),
+    "FunnelTransport": lambda: (FunnelTransport(4, scale=1.5, beta=0.3), torch.randn(6, 4)),
     "Householder(1 reflection, 1 feature)": lambda: (Householder(1), torch.randn(6, 1)),
     "Sylvester(orthogonal, 2 of 4 columns)": lambda: (
         randomize(Sylvester(4, columns=2), scale=1.0),

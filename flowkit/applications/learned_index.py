@@ -35,8 +35,6 @@ References:
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 from torch import Tensor
@@ -327,13 +325,14 @@ class LearnedIndex:
         guess = self._predict(u, leaf)
         lo = np.clip(guess - self.below[leaf], 0, n)
         hi = np.clip(guess + self.above[leaf] + 1, 0, n)
-        left, right = lo.copy(), hi.copy()
-        steps = int(math.ceil(math.log2(int((hi - lo).max(initial=0)) + 1))) + 1
-        for _ in range(steps):  # lower bound in [left, right)
+        left, right = lo, hi
+        last = n - 1
+        while True:  # lower bound in [left, right), every query at once, without masks: a finished one stays put
             active = left < right
+            if not active.any():
+                break
             mid = (left + right) >> 1
-            less = np.zeros_like(active)
-            less[active] = self.keys[mid[active]] < q[active]
+            less = self.keys[np.minimum(mid, last)] < q
             left = np.where(active & less, mid + 1, left)
             right = np.where(active & ~less, mid, right)
         found = left

@@ -16,7 +16,10 @@ This module holds the study's tools: the IMH mixing bound
 chain by quadrature [`imh_tv_by_quadrature`][flowkit.applications.mcmc_proposals.imh_tv_by_quadrature]
 (to check the bound), and the chain summaries the comparison needs
 ([`chain_mean`][flowkit.applications.mcmc_proposals.chain_mean],
-[`ess_per_evaluation`][flowkit.applications.mcmc_proposals.ess_per_evaluation]). The targets are
+[`ess_per_evaluation`][flowkit.applications.mcmc_proposals.ess_per_evaluation]), the paper's family of
+imperfect flows for the funnel [`FunnelTransport`][flowkit.applications.mcmc_proposals.FunnelTransport], and NeuTra
+with its step tuned towards an acceptance rate during a warm-up
+([`adapted_neutra_mala`][flowkit.applications.mcmc_proposals.adapted_neutra_mala]). The targets are
 [`BimodalGaussian`][flowkit.targets.funnel.BimodalGaussian] and [`NealFunnel`][flowkit.targets.funnel.NealFunnel].
 
 **The bound.** If $w(x) \le W$ for every $x$ (with $\pi$ and $q$ normalised, so $W \ge 1$), the IMH kernel
@@ -39,15 +42,82 @@ References:
 from __future__ import annotations
 
 import math
+import re
+import warnings
 from collections.abc import Callable
 
 import numpy as np
+import torch
 from torch import Tensor
 
 from .._validation import check_number
-from ..sampling import integrated_autocorrelation_time
+from ..bijectors import Bijector
+from ..flows import Flow
+from ..sampling import Chains, integrated_autocorrelation_time, neutra_mala
+from ..targets import Target
 
-__all__ = ["imh_tv_bound", "imh_tv_by_quadrature", "chain_mean", "ess_per_evaluation"]
+__all__ = [
+    "imh_tv_bound",
+    "imh_tv_by_quadrature",
+    "chain_mean",
+    "ess_per_evaluation",
+    "FunnelTransport",
+    "adapted_neutra_mala",
+]
+
+
+class FunnelTransport(Bijector):
+    r"""The transport map of Neal's funnel, exact or off by a factor in the mouth's widths (Grenioux et al.'s family).
+
+    The sampling direction (latent $z$ to data $x$, the [`inverse`][flowkit.bijectors.Bijector.inverse]) is
+
+    $$
+    v = \sigma z_1, \qquad x_i = \beta^{-1/2} e^{v/2} z_i \quad (i = 2, \dots, d),
+    $$
+
+    which pushes $N(0, I)$ exactly onto [`NealFunnel(d, scale=σ)`][flowkit.targets.funnel.NealFunnel] for
+    $\beta = 1$; any other $\beta$ gives a flow whose widths given $v$ are off by $\beta^{-1/2}$ in every one of
+    the $d - 1$ mouth coordinates: the paper's imperfect flows (their $\beta$ runs over $[0.1, 10]$, $\sigma^2 = 3$).
+    Pulled back through it the funnel is the Gaussian $N(0, \mathrm{diag}(1, \beta, \dots, \beta))$, easy for
+    MALA in any dimension, while the importance weights $\pi/q$ of the flow degrade exponentially with $d$.
+    $\log|\det \partial z/\partial x| = -\log\sigma + (d - 1)(\tfrac12\log\beta - v/2)$.
+
+    Arguments:
+        dim: dimension $d \ge 2$.
+        scale: the standard deviation $\sigma$ of $v$.
+        beta: the quality $\beta > 0$ (1: the exact map).
+
+    Examples:
+        >>> import torch
+        >>> from flowkit.applications.mcmc_proposals import FunnelTransport
+        >>> t = FunnelTransport(3, beta=4.0)
+        >>> x, _ = t.inverse(torch.tensor([[0.0, 1.0, -1.0]]))
+        >>> x.tolist()
+        [[0.0, 0.5, -0.5]]
+
+    References:
+        Grenioux, Durmus, Moulines & Gabrié, *On sampling with approximate transport maps*, ICML 2023, Section 4.
+    """
+
+    def __init__(self, dim: int, scale: float = math.sqrt(3.0), beta: float = 1.0) -> None:
+        super().__init__()
+        where = "FunnelTransport"
+        self.dim = check_number(dim, "dim", where=where, integer=True, low=2)
+        self.scale = check_number(scale, "scale", where=where, positive=True)
+        self.beta = check_number(beta, "beta", where=where, positive=True)
+        self.event_shape = torch.Size([self.dim])
+
+    def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        v = x[..., :1]
+        log_width = 0.5 * v - 0.5 * math.log(self.beta)  # log of x_i / z_i
+        z = torch.cat([v / self.scale, x[..., 1:] * torch.exp(-log_width)], -1)
+        return z, -math.log(self.scale) - (self.dim - 1) * log_width[..., 0]
+
+    def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        v = self.scale * z[..., :1]
+        log_width = 0.5 * v - 0.5 * math.log(self.beta)
+        x = torch.cat([v, z[..., 1:] * torch.exp(log_width)], -1)
+        return x, math.log(self.scale) + (self.dim - 1) * log_width[..., 0]
 
 
 def imh_tv_bound(max_weight_ratio: float, n_steps: int) -> float:
@@ -209,3 +279,66 @@ def ess_per_evaluation(values: Tensor, evaluations_per_step: float = 1.0, burn_i
     if not math.isfinite(tau):
         return 0.0
     return kept.numel() / (2.0 * tau) / (kept.numel() * evaluations_per_step)
+
+
+def adapted_neutra_mala(
+    flow: Flow,
+    target: Target,
+    n_steps: int,
+    z0: Tensor,
+    warmup: int = 200,
+    target_acceptance: float = 0.75,
+    step_size: float = 0.5,
+    generator: torch.Generator | None = None,
+) -> tuple[Chains, float, int]:
+    r"""NeuTra MALA whose step size is tuned during a warm-up towards an acceptance rate, then fixed.
+
+    The paper's MALA adapts its step towards an acceptance of 0.75 as it runs; here the adaptation is confined to
+    `warmup` steps (blocks of 10: the step times 1.25 after a block whose mean acceptance over the chains was above
+    `target_acceptance`, else over 1.25), so that the kept `n_steps` are a Markov chain with a fixed kernel,
+    started where the warm-up ended.
+
+    Arguments:
+        flow: the bijective flow whose latent space the chains run in.
+        target: the target.
+        n_steps: the kept steps per chain.
+        z0: latent starting points `(chains, *event_shape)`.
+        warmup: adaptation steps (0: none; rounded down to a multiple of 10).
+        target_acceptance: the acceptance aimed at, in $(0, 1)$.
+        step_size: the first Langevin step size.
+        generator: random generator of the chains.
+
+    Returns:
+        `(chains, step_size, diverged)`: the kept [`Chains`][flowkit.sampling.Chains], the step they ran at and the
+        warm-up's proposals rejected for a non-finite energy or gradient (large trial steps; not warned about).
+
+    Examples:
+        >>> import torch, flowkit
+        >>> from flowkit.applications.mcmc_proposals import FunnelTransport, adapted_neutra_mala
+        >>> flow = flowkit.flows.Flow(FunnelTransport(3), flowkit.distributions.StandardNormal(3))
+        >>> run, step, _ = adapted_neutra_mala(flow, flowkit.targets.NealFunnel(3, scale=3**0.5), 50, torch.zeros(4, 3))
+        >>> run.samples.shape, step > 0
+        (torch.Size([50, 4, 3]), True)
+    """
+    where = "adapted_neutra_mala"
+    warmup = check_number(warmup, "warmup", where=where, integer=True, low=0)
+    target_acceptance = check_number(target_acceptance, "target_acceptance", where=where, positive=True, below=1)
+    eps = check_number(step_size, "step_size", where=where, positive=True)
+    z, diverged = z0, 0
+    for _ in range(warmup // _ADAPT_EVERY):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", RuntimeWarning)
+            run = neutra_mala(flow, target, _ADAPT_EVERY, z0=z, step_size=eps, generator=generator)
+        diverged += sum(_diverged_count(str(w.message)) for w in caught)
+        z = run.latent[-1]
+        eps = eps * _ADAPT_FACTOR if run.mean_acceptance > target_acceptance else eps / _ADAPT_FACTOR
+    return neutra_mala(flow, target, n_steps, z0=z, step_size=eps, generator=generator), eps, diverged
+
+
+_ADAPT_EVERY, _ADAPT_FACTOR = 10, 1.25
+
+
+def _diverged_count(message: str) -> int:
+    """The count in a sampler's "N of M proposals diverged" warning, else 0."""
+    found = re.search(r"(\d+) of \d+ proposals diverged", message)
+    return int(found.group(1)) if found else 0

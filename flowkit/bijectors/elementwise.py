@@ -87,5 +87,9 @@ class ElementwiseTransformer(Bijector):
     def inverse(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         return self._run(self.transformer.inverse, z, context)
 
+    def call(self, x: Tensor, context: Tensor | None = None) -> Tensor:
+        params = self._params(context)
+        return self.transformer.value(x.expand(torch.broadcast_shapes(x.shape, params.shape[:-1])), params)
+
     def extra_repr(self) -> str:
         return f"features={self.event_shape[0]}, context={self.context_features}"

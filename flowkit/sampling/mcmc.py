@@ -156,7 +156,8 @@ def latent_energy(flow: Flow, target: Target) -> Callable[[Tensor], Tensor]:
     r"""The target pulled back to a flow's latent space: $\tilde u(z) = u(T(z)) - \log|\det J_T(z)|$.
 
     $T$ is the sampling map of a bijective flow; $e^{-\tilde u}$ is, up to the target's $Z$, the density of
-    $z = T^{-1}(x)$ for $x \sim p$. Non-finite latent points (a diverging trajectory) get the energy `+inf`.
+    $z = T^{-1}(x)$ for $x \sim p$. Non-finite latent points (a diverging trajectory), and latent points that the map
+    sends out of the reals, get the energy `+inf`.
 
     Returns:
         A differentiable function `z -> u~(z)` of latent points `(..., *event_shape)`.
@@ -180,6 +181,11 @@ def latent_energy(flow: Flow, target: Target) -> Callable[[Tensor], Tensor]:
         if bool(bad.any()):
             z = torch.where(bad.reshape(*bad.shape, *(1,) * dims), torch.zeros_like(z), z)
         x, ladj = flow.bijector.inverse(z)
+        # A finite latent point the map sends out of the reals (an overflowing scale) is rejected the same way.
+        overflow = ~torch.isfinite(x).flatten(x.dim() - dims).all(-1)
+        if bool(overflow.any()):
+            bad = bad | overflow
+            x = torch.where(overflow.reshape(*overflow.shape, *(1,) * dims), torch.zeros_like(x), x)
         u = target.energy(x) - ladj
         return torch.where(bad, torch.full_like(u, math.inf), u)
 

@@ -46,12 +46,28 @@ class NealFunnel(Target):
         self.scale = check_number(scale, "scale", where="NealFunnel", positive=True)
         self.event_shape = torch.Size([self.dim])
 
+    def _spread(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        r"""`(v, |x_{2:}|^2, e^{-v})`, $e^{-v}$ read as 1 where $|x_{2:}| = 0$ (so $0 \cdot \infty$ never arises)."""
+        v, squares = x[..., 0], x[..., 1:].square().sum(-1)
+        inner = squares > 0
+        return v, squares, torch.exp(-torch.where(inner, v, torch.zeros_like(v)))
+
     def _energy(self, x: Tensor) -> Tensor:
-        v, rest = x[..., 0], x[..., 1:]
+        # u = v^2 / (2 s^2) + k v / 2 + |x|^2 e^{-v} / 2 + const, written without inf - inf or 0 * inf: the first two
+        # terms as one product (at least -k^2 s^2 / 8), the last zero where |x| = 0, so that u is never NaN; where it
+        # exceeds the dtype's range (the density underflows to exactly 0, e.g. v = -1e38) it is +inf.
+        v, squares, decay = self._spread(x)
         k = self.dim - 1
-        u_v = 0.5 * (v / self.scale).square() + math.log(self.scale) + 0.5 * math.log(2 * math.pi)
-        u_x = 0.5 * rest.square().sum(-1) * torch.exp(-v) + 0.5 * k * v + 0.5 * k * math.log(2 * math.pi)
-        return u_v + u_x
+        const = math.log(self.scale) + 0.5 * self.dim * math.log(2 * math.pi)
+        return 0.5 * v * (v / self.scale**2 + k) + 0.5 * squares * decay + const
+
+    def _force(self, x: Tensor) -> Tensor:
+        v, squares, decay = self._spread(x)
+        rest = x[..., 1:]
+        pull = rest * decay.unsqueeze(-1)
+        pull = torch.where(rest == 0, torch.zeros_like(pull), pull)  # x_i e^{-v} with 0 * inf read as 0
+        d_v = v / self.scale**2 + 0.5 * (self.dim - 1) - 0.5 * squares * decay
+        return -torch.cat([d_v.unsqueeze(-1), pull], -1).detach()
 
     def _sample(self, n: int, generator: torch.Generator | None) -> Tensor:
         z = torch.randn(n, self.dim, generator=generator, dtype=torch.float64)

@@ -43,6 +43,10 @@ class Transformer(Configurable, nn.Module):
         """Return `(tau^{-1}(y), log|d tau^{-1}/dy|)` elementwise."""
         raise NotImplementedError
 
+    def value(self, x: Tensor, params: Tensor) -> Tensor:
+        """Return `tau(x)` alone; transformers whose log-derivative is costly override this."""
+        return self.forward(x, params)[0]
+
     def identity_params(self) -> Tensor:
         """Unconstrained parameters (a vector of `params_per_element`) that give the identity map."""
         raise NotImplementedError

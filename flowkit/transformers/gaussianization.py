@@ -49,6 +49,7 @@ __all__ = ["Gaussianization", "normal_quantile_from_log"]
 #: The kernels: the CDF of a standardised component in log space and its log-density.
 KERNELS = ("logistic", "normal")
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+_SQRT_HALF = math.sqrt(0.5)
 
 
 def normal_quantile_from_log(log_p: Tensor, newton_steps: int = 2) -> Tensor:
@@ -161,6 +162,31 @@ class Gaussianization(Transformer):
         quantile = normal_quantile_from_log(torch.where(below, log_lower, log_upper))
         y = torch.where(below, quantile, -quantile)
         return y, log_density + 0.5 * y * y + _LOG_SQRT_2PI
+
+    def value(self, x: Tensor, params: Tensor) -> Tensor:
+        r"""$y$ alone, about five times faster than `forward`: the two tails $F$ and $1 - F$ summed in plain space.
+
+        Each tail is a sum of positive terms, accurate to a few ulps relative while it is a normal number; points
+        whose smaller tail is below $10^{-270}$ (float64; $10^{-30}$ in float32) take `forward`'s log-space path.
+        Equal to `forward`'s $y$ to about $10^{-12}$ in float64 (tested); no log-derivative.
+        """
+        log_w, mu, s = self._mixture(params)
+        z = torch.addcmul(-mu / s, x.unsqueeze(-1), 1 / s)
+        weights = torch.exp(log_w)
+        if self.kernel == "logistic":
+            lower, upper = torch.sigmoid(z), torch.sigmoid(-z)
+        else:  # not ndtr: its 0.5 (1 + erf) form loses the lower tail
+            lower, upper = 0.5 * torch.special.erfc(z * -_SQRT_HALF), 0.5 * torch.special.erfc(z * _SQRT_HALF)
+        lower, upper = torch.linalg.vecdot(lower, weights), torch.linalg.vecdot(upper, weights)
+        below = lower <= upper
+        tail = torch.where(below, lower, upper)
+        quantile = torch.special.ndtri(tail)
+        y = torch.where(below, quantile, -quantile)
+        deep = tail < (1e-270 if x.dtype == torch.float64 else 1e-30)
+        if bool(deep.any()):  # far tails: the log-space evaluation
+            y = y.clone()
+            y[deep] = self.forward(x[deep], params.expand(*x.shape, params.shape[-1])[deep])[0]
+        return y
 
     def inverse(self, y: Tensor, params: Tensor) -> tuple[Tensor, Tensor]:
         mixture = self._mixture(params)

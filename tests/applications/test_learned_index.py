@@ -95,6 +95,15 @@ def test_the_flow_lowers_the_conflicts_of_the_same_index(generator):
 
 
 @pytest.mark.slow
+def test_with_more_components_than_clusters_the_maximum_conflict_drops_too():
+    keys = clustered_keys(200_000)  # 20 clusters: 16 components per layer cannot resolve them all
+    torch.manual_seed(0)
+    flow = KeyFlow(components=128).fit_keys(keys, steps=600)
+    raw, learned = LearnedIndex(keys).conflicts(), LearnedIndex(keys, flow=flow).conflicts()
+    assert learned["max"] < raw["max"] and learned["mean"] < 0.5 * raw["mean"]
+
+
+@pytest.mark.slow
 def test_every_lookup_of_a_million_keys_is_exact():
     keys = zipf_keys(1_000_000, seed=5)  # duplicates included
     torch.manual_seed(0)

@@ -7,10 +7,18 @@ import pytest
 import torch
 from scipy.stats import norm
 
-from flowkit.applications.mcmc_proposals import chain_mean, ess_per_evaluation, imh_tv_bound, imh_tv_by_quadrature
-from flowkit.flows import RealNVP
-from flowkit.sampling import independent_metropolis
-from flowkit.targets import BimodalGaussian
+from flowkit.applications.mcmc_proposals import (
+    FunnelTransport,
+    adapted_neutra_mala,
+    chain_mean,
+    ess_per_evaluation,
+    imh_tv_bound,
+    imh_tv_by_quadrature,
+)
+from flowkit.distributions import StandardNormal
+from flowkit.flows import Flow, RealNVP
+from flowkit.sampling import independent_metropolis, latent_energy
+from flowkit.targets import BimodalGaussian, NealFunnel
 from flowkit.train import MaximumLikelihood, fit
 
 
@@ -78,3 +86,41 @@ def test_imh_with_a_fitted_flow_recovers_the_mode_weights(dim):
     run = independent_metropolis(flow, target, 800, chains=64, generator=torch.Generator().manual_seed(2))
     weight, se = chain_mean(target.mode_of(run.samples).double(), burn_in=100)
     assert abs(weight - 2 / 3) < 3 * se and se < 0.02
+
+
+@pytest.mark.parametrize("beta", [0.2, 1.0, 5.0])
+def test_funnel_transport_is_exact_at_beta_one_and_pulls_the_funnel_back_to_a_gaussian(beta):
+    target = NealFunnel(5, scale=math.sqrt(3.0)).double()
+    flow = Flow(FunnelTransport(5, math.sqrt(3.0), beta), StandardNormal(5)).double()
+    x = target.sample(200, generator=torch.Generator().manual_seed(0))
+    if beta == 1.0:  # the flow's density is the funnel's
+        torch.testing.assert_close(flow.log_prob(x), target.log_prob(x))
+    # Pulled back, the funnel is N(0, diag(1, beta, ..., beta)) up to log Z = 0, whatever beta.
+    z = torch.randn(100, 5, dtype=torch.float64)
+    variances = torch.tensor([1.0] + [beta] * 4, dtype=torch.float64)
+    gaussian = 0.5 * (z.square() / variances).sum(-1) + 0.5 * torch.log(2 * math.pi * variances).sum()
+    torch.testing.assert_close(latent_energy(flow, target)(z), gaussian)
+    with pytest.raises(ValueError, match="beta"):
+        FunnelTransport(3, beta=0.0)
+
+
+def test_adapted_neutra_reaches_the_acceptance_and_counts_the_warmups_divergences():
+    flow = Flow(FunnelTransport(8), StandardNormal(8))  # exact: the latent target is N(0, I)
+    target = NealFunnel(8, scale=math.sqrt(3.0))
+    g = torch.Generator().manual_seed(0)
+    run, step, diverged = adapted_neutra_mala(
+        flow, target, 400, torch.zeros(64, 8), warmup=600, step_size=1e3, generator=g
+    )
+    assert diverged > 0  # the first trial steps of 1e3 overflow the funnel's widths in float32
+    assert 0.6 < run.mean_acceptance < 0.9 and 0.1 < step < 3.0
+    assert run.samples.shape == (400, 64, 8)
+    with pytest.raises(ValueError, match="target_acceptance"):
+        adapted_neutra_mala(flow, target, 10, torch.zeros(2, 8), target_acceptance=1.0)
+
+
+def test_latent_energy_is_inf_where_the_map_overflows_a_finite_latent_point():
+    flow = Flow(FunnelTransport(3), StandardNormal(3))
+    target = NealFunnel(3, scale=math.sqrt(3.0))
+    z = torch.tensor([[200.0, 1.0, 1.0], [0.5, 1.0, -1.0]])  # v = 346: e^{v/2} overflows float32
+    u = latent_energy(flow, target)(z)
+    assert math.isinf(float(u[0])) and u[0] > 0 and math.isfinite(float(u[1]))

@@ -13,7 +13,8 @@ def test_index_script_compares_learned_indexes_with_binary_search(monkeypatch, t
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     out = tmp_path / "i.json"
-    argv = ["--sizes", "3000", "--keys", "zipf,lognormal", "--queries", "500", "--steps", "3", "--out", str(out)]
+    argv = ["--sizes", "3000", "--keys", "zipf,lognormal", "--queries", "500", "--steps", "3", "--components", "4"]
+    argv += ["--keys-per-slice", "100", "--out", str(out)]
     assert module.main(argv) == 0
     assert "| zipf | 3e+03 |" in capsys.readouterr().out
     rows = json.loads(out.read_text())["rows"]
@@ -21,3 +22,4 @@ def test_index_script_compares_learned_indexes_with_binary_search(monkeypatch, t
     for r in rows:
         assert r["searchsorted"]["lookups_per_second"] > 0 and r["flow_index"]["bytes"] > r["raw_index"]["bytes"]
         assert r["pgm"] is None or r["pgm"]["bytes"] > 0
+        assert r["slices"] == 30 and 0 < r["flow_index"]["transform_share"]

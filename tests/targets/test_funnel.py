@@ -19,6 +19,26 @@ def test_funnel_density_matches_its_hierarchical_definition():
     torch.testing.assert_close(target.force(x.detach()), -grad)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_funnel_energy_and_force_are_never_nan_at_absurd_points(dtype):
+    target = NealFunnel(4).to(dtype)
+    x = torch.tensor(
+        [[-1e38, 0, 0, 0], [-1e38, 1, 0, 0], [1e38, 1, 0, 0], [-200, 0, 0, 0], [-200, 1e-3, 0, 0], [-3e38, 0, 0, 0]],
+        dtype=dtype,
+    )
+    u, force = target.energy(x), target.force(x)
+    assert not torch.isnan(u).any() and not torch.isnan(force).any()
+    assert (u > 0).all()  # +inf where the density underflows to 0, never -inf
+    # The neck with x = 0 is representable in both dtypes: u = v^2 / 18 + 3 v / 2 + log 3 + 2 log(2 pi).
+    v = -200.0
+    expected = v * v / 18 + 1.5 * v + math.log(3) + 2 * math.log(2 * math.pi)
+    assert math.isclose(float(u[3]), expected, rel_tol=1e-6)
+    assert math.isclose(float(-force[3, 0]), v / 9 + 1.5, rel_tol=1e-6) and (force[3, 1:] == 0).all()
+    points = x[u.isfinite()].clone().requires_grad_()
+    (grad,) = torch.autograd.grad(target.energy(points).sum(), points)  # the graph NeuTra differentiates
+    torch.testing.assert_close(-grad, target.force(points.detach()))
+
+
 def test_funnel_samples_have_the_neck_distribution():
     x = NealFunnel(3).sample(40000, generator=torch.Generator().manual_seed(1))
     assert abs(float(x[:, 0].std()) - 3.0) < 0.05 and abs(float(x[:, 0].mean())) < 0.05

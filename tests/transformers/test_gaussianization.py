@@ -7,6 +7,7 @@ import pytest
 import torch
 from scipy.special import expit, ndtri, ndtri_exp
 
+from flowkit.bijectors import ElementwiseTransformer
 from flowkit.root_finding import ConvergenceError
 from flowkit.transformers import Gaussianization
 from flowkit.transformers.gaussianization import normal_quantile_from_log
@@ -48,6 +49,20 @@ def test_normal_quantile_from_log_probabilities():
     np.testing.assert_allclose(got.numpy(), ndtri_exp(log_p), rtol=1e-12, atol=1e-12)
     got32 = normal_quantile_from_log(torch.from_numpy(log_p).float())
     np.testing.assert_allclose(got32.numpy(), ndtri_exp(log_p), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("kernel", ["logistic", "normal"])
+def test_value_alone_equals_forward_including_the_tails(kernel, dtype):
+    t = Gaussianization(5, kernel=kernel)
+    x, params = _inputs(t, n=3000, spread=4.0, dtype=dtype)
+    x = torch.cat([x, torch.tensor([-1e4, -300.0, -40.0, -9.0, 9.0, 40.0, 300.0, 1e4], dtype=dtype)])
+    params = torch.cat([params, params[:8]])
+    tol = 1e-12 if dtype == torch.float64 else 1e-4
+    torch.testing.assert_close(t.value(x, params), t(x, params)[0], rtol=tol, atol=tol)
+    layer = ElementwiseTransformer(t, 3).to(dtype)  # the layer's call goes through value, shared parameters
+    points = 3 * torch.randn(50, 3, dtype=dtype)
+    torch.testing.assert_close(layer.call(points), layer(points)[0], rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
