@@ -43,11 +43,12 @@ with Adam's fused update (`fit_posterior`'s default since then).
   two moons C2ST 0.937 ± 0.003 against sbi's 0.911 ± 0.010 (paired +0.026 ± 0.011), 2.03x faster (2.54x per step);
   SLCP 0.942 ± 0.012 against 0.912 ± 0.006 (+0.030 ± 0.008), 2.29x (2.86x per step).
 - `--budgets 10000 --seeds 3 --observations 2 --samples 500 --epochs 20 --no-transit`: two moons 0.682 ± 0.017
-  against 0.630 ± 0.010 (+0.053 ± 0.020), 1.85x; SLCP seeds 0 and 1 (the third not finished) 0.883 and 0.873
-  against 0.855 and 0.848 (+0.028, +0.025), 2.4x and 2.9x; Gaussian linear seed 0 of flowkit 0.582, sbi's run not
+  against 0.630 ± 0.010 (+0.053 ± 0.020), 1.85x; SLCP 0.877 ± 0.003 against 0.850 ± 0.002
+  (+0.027 ± 0.001), 3.06x; Gaussian linear seed 0 of flowkit 0.582, sbi's run not
   finished. Gaussian linear at 1e3, seed 0 (the others not finished): 0.885 against 0.807, 1.21x (1.52x per step).
 - At 1e3 and 50 epochs a constant learning rate (sbi's) instead of fit's cosine decay took flowkit's C2ST on seeds
-  0 and 1 from 0.930, 0.965 to 0.823, 0.932 on SLCP and from 0.930, 0.940 to 0.922, 0.913 on two moons: part of
+  0, 1, 2 from 0.930, 0.965, 0.930 to 0.823, 0.932, 0.943 on SLCP and from 0.930, 0.940, 0.940 to 0.922, 0.913,
+  0.938 on two moons: part of
   the gap at a fixed, unconverged number of epochs is the schedule (`/tmp` script, not part of this bench).
 - `--no-comparison --no-transit --moments 6`: posterior-mean error 0.124 posterior SD rms (spread over simulation
   sets 0.118, seed-mean 0.062, shrinkage -2.6%), variance error -0.2% (rms 8.1%); the exact family 0.037 SD; the
