@@ -32,3 +32,19 @@ def test_sbi_bench_pairs_flowkit_with_sbi_seed_by_seed(tmp_path, capsys):
         assert methods == {"flowkit"} and "sbi_c2st" not in row
     assert all(0.4 <= r["c2st"] <= 1 for r in result["runs"])
     assert all(0 <= t["tarp_coverage_error"] <= 1 and 0.4 <= t["linear_c2st"] <= 1 for t in result["transit"])
+
+
+@pytest.mark.slow
+def test_sbi_bench_splits_the_gaussian_linear_mean_error_into_spread_and_bias(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("bench_sbi", BENCH / "sbi.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "sbi.json"
+    argv = ["--no-comparison", "--no-transit", "--moments", "2", "--moments-budget", "300", "--moments-samples", "400",
+            "--out", str(out)]  # fmt: skip
+    assert bench.main(argv) == 0
+    assert "literal gate" in capsys.readouterr().out
+    moments = json.loads(out.read_text())["moments"]
+    assert moments["seeds"] == 2 and moments["mc_se"] == pytest.approx(0.05)
+    assert 0 < moments["exact_family_rms_mean_error"] < moments["rms_mean_error"] < 2
+    assert 0 <= moments["literal_gate_npe"] <= 2 and 0 <= moments["bias_t_over_3"] <= 50
