@@ -51,6 +51,7 @@ import torch
 from torch import Tensor
 
 from flowkit.applications.mcmc_proposals import FunnelTransport, adapted_neutra_mala, chain_mean, ess_per_evaluation
+from flowkit.bijectors import Chain, Coupling
 from flowkit.distributions import DiagNormal, StandardNormal
 from flowkit.flows import Flow, RealNVP
 from flowkit.sampling import independent_metropolis
@@ -113,10 +114,12 @@ def paper_chain_steps(dim: int) -> int:
     return 700 + 200 * max(0, math.ceil(math.log2(dim / 16)))
 
 
-def fitted_realnvp(target: Any, dim: int, mean: float, std: float, args: argparse.Namespace) -> tuple[RealNVP, int]:
+def fitted_realnvp(target: Any, dim: int, mean: float, std: float, args: argparse.Namespace) -> tuple[Flow, int]:
     """The paper's RealNVP for `dim`, fitted by maximum likelihood (their forward KL) to exact samples of `target`.
 
-    As in their code: couplings with log-scales bounded by `2 / couplings` (tanh), one hidden layer, a fixed
+    As in their code: couplings on contiguous halves of the coordinates (`--masks halves`; flowkit's
+    `RealNVP` alternates even and odd ones, `--masks alternate`) with log-scales bounded by `2 / couplings`
+    (tanh), one hidden layer, a fixed
     Gaussian base with the target's mean and per-coordinate standard deviation (`mean`, `std`), Adam with weight
     decay 1e-4 and a step decay; trained for `--steps`, by default their early checkpoint (`--checkpoint-fraction`
     of their budget). Returns the flow and its number of training steps.
@@ -125,9 +128,18 @@ def fitted_realnvp(target: Any, dim: int, mean: float, std: float, args: argpars
     steps = args.steps if args.steps is not None else max(1, int(args.checkpoint_fraction * recipe["total"]))
     lr = recipe["lr"] if args.lr is None else args.lr
     couplings = 2 * int(recipe["blocks"])
+    width = (int(recipe["hidden"]),)
     base = DiagNormal(dim, loc=mean, scale=std, trainable=False)
     torch.manual_seed(args.seed)
-    flow = RealNVP(dim, couplings, hidden=(int(recipe["hidden"]),), transformer=Affine(clamp=2 / couplings), base=base)
+    if args.masks == "halves":  # the paper's: the first half, then the second, transformed in turn
+        half = [1] * (dim // 2) + [0] * (dim - dim // 2)
+        layers = [
+            Coupling(Affine(clamp=2 / couplings), dim, half if i % 2 == 0 else [1 - m for m in half], hidden=width)
+            for i in range(couplings)
+        ]
+        flow = Flow(Chain(*layers), base)
+    else:
+        flow = RealNVP(dim, couplings, hidden=width, transformer=Affine(clamp=2 / couplings), base=base)
     x = target.sample(args.n_train, generator=torch.Generator().manual_seed(args.seed + 1)).float()
     patience = int(recipe["patience"])
     fit(
@@ -145,7 +157,7 @@ def fitted_realnvp(target: Any, dim: int, mean: float, std: float, args: argpars
     return flow, steps
 
 
-def latent_barrier(flow: RealNVP, target: Any, start: Tensor, end: Tensor, points: int = 201) -> tuple[float, float]:
+def latent_barrier(flow: Flow, target: Any, start: Tensor, end: Tensor, points: int = 201) -> tuple[float, float]:
     r"""The latent pullback's bimodality: its energy barrier between two modes' preimages, and their distance.
 
     Along the segment from $z_0 = T^{-1}(\mu_0)$ to $z_1 = T^{-1}(\mu_1)$ (the modes' centres `start`, `end`), the
@@ -292,6 +304,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--skip", choices=["funnel", "bimodal"], default=None)
     parser.add_argument(
+        "--masks", choices=["halves", "alternate"], default="halves", help="coupling masks (the paper's: halves)"
+    )
+    parser.add_argument(
         "--mixture",
         choices=["bimodal", "paper4", "both"],
         default="both",
@@ -320,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {d} | {len(wins)} of {len(args.betas)}: {names} |")
     if args.skip != "bimodal":
         bimodal = [bimodal_row(d, args) for d in args.dims] if args.mixture != "paper4" else []
+    if bimodal:
         print(
             "\n| d | offset | fit steps | latent barrier (nats), distance | exact | IMH (SE) | IMH z | NeuTra (SE) "
             "| NeuTra z | NeuTra chains crossed | acc |"
@@ -333,24 +349,24 @@ def main(argv: list[str] | None = None) -> int:
                 f"{r['imh_z']:+.1f} | {r['neutra_weight']:.3f} ({r['neutra_se']:.3f}) | {r['neutra_z']:+.1f} | "
                 f"{r['neutra_chains_that_crossed']:.2f} | {r['imh_acceptance']:.2f} / {r['neutra_acceptance']:.2f} |"
             )
-        if args.mixture != "bimodal":
-            four = [four_modes_row(d, args) for d in args.dims]
+    if args.skip != "bimodal" and args.mixture != "bimodal":
+        four = [four_modes_row(d, args) for d in args.dims]
+        print(
+            "\n| d | offset | fit steps | latent barrier (nats), distance | IMH weights (SE) | IMH max z "
+            "| NeuTra from (+,+): weights (SE) | NeuTra max z | NeuTra chains crossed | acc |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for r in four:
+            cells = {
+                k: ", ".join(f"{w:.2f} ({e:.2f})" for w, e in zip(r[f"{k}_weights"], r[f"{k}_se"], strict=True))
+                for k in ("imh", "neutra")
+            }
             print(
-                "\n| d | offset | fit steps | latent barrier (nats), distance | IMH weights (SE) | IMH max z "
-                "| NeuTra from (+,+): weights (SE) | NeuTra max z | NeuTra chains crossed | acc |"
+                f"| {r['dim']} | {r['offset']:.2f} | {r['fit_steps']} | {r['latent_barrier']:.1f}, "
+                f"{r['latent_distance']:.1f} | {cells['imh']} | {r['imh_max_z']:.1f} | {cells['neutra']} | "
+                f"{r['neutra_max_z']:.1f} | {r['neutra_chains_that_crossed']:.2f} | "
+                f"{r['imh_acceptance']:.2f} / {r['neutra_acceptance']:.2f} |"
             )
-            print("|---|---|---|---|---|---|---|---|---|---|")
-            for r in four:
-                cells = {
-                    k: ", ".join(f"{w:.2f} ({e:.2f})" for w, e in zip(r[f"{k}_weights"], r[f"{k}_se"], strict=True))
-                    for k in ("imh", "neutra")
-                }
-                print(
-                    f"| {r['dim']} | {r['offset']:.2f} | {r['fit_steps']} | {r['latent_barrier']:.1f}, "
-                    f"{r['latent_distance']:.1f} | {cells['imh']} | {r['imh_max_z']:.1f} | {cells['neutra']} | "
-                    f"{r['neutra_max_z']:.1f} | {r['neutra_chains_that_crossed']:.2f} | "
-                    f"{r['imh_acceptance']:.2f} / {r['neutra_acceptance']:.2f} |"
-                )
     if args.out:
         with open(args.out, "w") as f:
             json.dump(
