@@ -40,12 +40,12 @@ Measured (busy 2-core machine, 1 thread, defaults, seed 0; the full tables are o
 - funnel: NeuTra's ESS of `v` per step beats IMH's for 5 of the 13 flows at d = 4 (all beta >= 1.87), 8 at d = 8,
   10 at d = 16 and 32 (all but beta = 0.81, 1, 1.23) and 11 at d = 64 and 128 (all but 0.81, 1); at d = 16,
   beta = 0.1: 0.023 against 0.007, beta = 2.85: 0.53 against 0.020; the exact map: IMH 1.01 against 0.17;
-- bimodal with the paper's flow recipe (busy machine, `--skip funnel --dims 2,4,8,16`, seed 0): IMH within 1.9 SE of
-  the exact side probability at every d; NeuTra started in the +mode within 1.2 SE, every chain crossing, though
-  the latent pullback keeps a barrier (9.4 nats on the segment at d = 16); on the paper's four modes (d = 2 to 32)
-  IMH within 2.3 SE of 1/4 for every mode and NeuTra within 2.1 SE, 97 to 100% of its chains leaving (+, +)
-  (barrier 5.7 nats at d = 16, 13.3 at d = 32): the paper's claim that NeuTra stays in its mode does not reproduce
-  at these dimensions, even with their early checkpoint.
+- bimodal with the paper's flow recipe (busy machine, `--skip funnel`, seed 0): IMH within 1.9 SE of the exact side
+  probability at every d = 2 to 16; NeuTra started in the +mode within 1.7 SE, every chain crossing, though the
+  latent pullback keeps a wall (9.4 nats on the segment at d = 16) that MALA's step (0.87) jumps; on the paper's
+  four modes (`--mixture paper4 --dims 2,4,8,16,32,64`) IMH within 2.3 SE of 1/4 for every mode and NeuTra within
+  2.1 SE, 97 to 100% of its chains leaving (+, +) (walls of 5.7, 13.3 and 31.5 nats at d = 16, 32, 64): the
+  paper's claim that NeuTra stays in its mode does not reproduce, even with their early checkpoint.
 """
 
 from __future__ import annotations
