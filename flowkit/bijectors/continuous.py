@@ -34,6 +34,7 @@ from ..root_finding import ConvergenceError
 from ..utils import as_shape
 from .base import Bijector
 from .linear import _loaded
+from .ode import dopri5
 
 __all__ = ["ContinuousFlow", "TRACES", "PROBES", "trajectory_integrals", "function_evaluations", "continuous_layers"]
 
@@ -367,6 +368,11 @@ class ContinuousFlow(Bijector):
             raise ValueError(f"ContinuousFlow: the loaded end time t1 must be positive, got {float(t1):g}")
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
+    @property
+    def _native(self) -> bool:
+        """Whether the solve runs [`dopri5`][flowkit.bijectors.ode.dopri5] (dopri5 through the solver's steps)."""
+        return self.solver == "dopri5" and not self.adjoint and set(self.solver_options) <= {"first_step"}
+
     def _tolerances(self, dtype: torch.dtype) -> tuple[float, float]:
         floor = torch.finfo(dtype).eps
         return max(self.atol, floor), max(self.rtol, floor)
@@ -400,7 +406,12 @@ class ContinuousFlow(Bijector):
         atol, rtol = self._tolerances(flat.dtype)
         options = dict(method=self.solver, atol=atol, rtol=rtol, options=dict(self.solver_options) or None)
         try:
-            if self.adjoint:
+            if self._native:
+                start, end = (1.0, 0.0) if reverse else (0.0, 1.0)
+                first = self.solver_options.get("first_step")
+                final = dopri5(dynamics, state, start, end, atol=atol, rtol=rtol, first_step=first).state
+                solution = [part.unsqueeze(0) for part in final]
+            elif self.adjoint:
                 params = tuple(p for p in self.parameters() if p.requires_grad)
                 if context is not None and context.requires_grad:
                     params = (*params, context)
@@ -409,7 +420,7 @@ class ContinuousFlow(Bijector):
                 )
             else:
                 solution = torchdiffeq.odeint(dynamics, state, times, **options)
-        except AssertionError as error:  # torchdiffeq's "underflow in dt": the step size fell below what resolves t
+        except (AssertionError, ConvergenceError) as error:  # "underflow in dt": the step fell below what resolves t
             raise ConvergenceError(
                 f"ContinuousFlow: the adaptive solver {self.solver!r} did not converge ({error}) after "
                 f"{dynamics.evaluations} field evaluations at t1={float(self.t1):g}, atol={atol:g}, rtol={rtol:g}: "
