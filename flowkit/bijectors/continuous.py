@@ -108,13 +108,16 @@ class _Dynamics(nn.Module):
         self.owner = [flow]  # a list: not a submodule (the adjoint gets its parameters explicitly)
         self.context, self.probe, self.integrals = context, probe, integrals
         self.evaluations = 0
+        # The end time T scales the right-hand side; a fixed T = 1 (the default) needs no product.
+        self.end = flow.t1
+        self.scaled = bool(flow.t1.requires_grad) or float(flow.t1) != 1.0
 
     def forward(self, s: Tensor, state: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
         flow = self.owner[0]
         x = state[0]
         graph = torch.is_grad_enabled()
         self.evaluations += 1
-        end = flow.t1
+        end = self.end
         if not flow._field_checked:
             flow._field(x, self.context, end * s)
         if self.probe is None and flow._forward_jacobian:
@@ -143,14 +146,16 @@ class _Dynamics(nn.Module):
                     vjp = torch.autograd.grad(velocity, x, self.probe, create_graph=graph)[0]
                     trace = (vjp * self.probe).sum(-1)
                     squares = vjp.square().sum(-1)
-        out = [end * velocity, end * trace]
+        out = [velocity, trace]
         for name in self.integrals:
             if name == "kinetic":
-                out.append(end * velocity.square().sum(-1))
+                out.append(velocity.square().sum(-1))
             elif name == "jacobian":
-                out.append(end * squares)
+                out.append(squares)
             else:
-                out.append(end * flow.vector_field.hjb_residual(x, self.context, t=end * s).abs())
+                out.append(flow.vector_field.hjb_residual(x, self.context, t=end * s).abs())
+        if self.scaled:
+            out = [end * o for o in out]
         if not graph:
             out = [o.detach() for o in out]
         return tuple(out)
