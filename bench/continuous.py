@@ -109,8 +109,9 @@ def run_seed(name: str, seed: int, args: argparse.Namespace) -> dict:
     d = train.shape[1]
     exact = d <= 8
     trace = "exact" if exact else "hutchinson"
+    models = args.models
     flows, optimizers = {}, {}
-    for model in MODELS:
+    for model in models:
         torch.manual_seed(seed)  # the same initial field for the flowkit models
         flows[model] = _zuko(d, args, exact) if model == "zuko" else _flowkit(d, args, trace)
         trainable = [p for p in flows[model].parameters() if p.requires_grad]  # not T: LearnEndTime's
@@ -118,18 +119,23 @@ def run_seed(name: str, seed: int, args: argparse.Namespace) -> dict:
     rnode = RegularizedLikelihood(kinetic=args.rnode, jacobian=args.rnode)
     plain = RegularizedLikelihood()
     matching = FlowMatching("ot")
-    learner = LearnEndTime(flows["toflow"], lr=args.toflow_lr, penalty=args.toflow_penalty, clip=args.toflow_clip)
-    learner.on_start(None)
+    learner = None
+    if "toflow" in models:
+        learner = LearnEndTime(flows["toflow"], lr=args.toflow_lr, penalty=args.toflow_penalty, clip=args.toflow_clip)
+        learner.on_start(None)
     outcome = SimpleNamespace(last=SimpleNamespace(skipped=None))
-    step_times = {m: [] for m in MODELS}
-    cpu = dict.fromkeys(MODELS, 0.0)
-    nfe = {m: [] for m in ("flowkit", "rnode", "toflow")}
+    step_times = {m: [] for m in models}
+    cpu = dict.fromkeys(models, 0.0)
+    nfe = {m: [] for m in ("flowkit", "rnode", "toflow", "zuko") if m in models}
+    zuko_calls = [0]  # zuko's field evaluations, forward solve and backward (adjoint) pass together
+    flows["zuko"].transform.ode.register_forward_hook(lambda *_: zuko_calls.__setitem__(0, zuko_calls[0] + 1))
     gen = torch.Generator().manual_seed(seed)
     fm_per_round = max(1, args.fm_steps // args.steps)
     for _ in range(args.steps):
         batch = train[torch.randint(len(train), (args.batch_size,), generator=gen)]
-        for model in MODELS:
+        for model in models:
             flow, optimizer = flows[model], optimizers[model]
+            zuko_calls[0] = 0
             wall, start = time.perf_counter(), time.process_time()
             for _ in range(fm_per_round if model == "fm" else 1):
                 optimizer.zero_grad(set_to_none=True)
@@ -146,12 +152,13 @@ def run_seed(name: str, seed: int, args: argparse.Namespace) -> dict:
             cpu[model] += time.process_time() - start
             step_times[model].append(time.perf_counter() - wall)
             if model in nfe:
-                nfe[model].append(function_evaluations(flow))
-    learner.on_end(None)
+                nfe[model].append(zuko_calls[0] if model == "zuko" else function_evaluations(flow))
+    if learner is not None:
+        learner.on_end(None)
     quarter = max(1, args.steps // 4)
-    nlls = {m: _nll(m, flows[m], test) for m in MODELS}
+    nlls = {m: _nll(m, flows[m], test) for m in models}
     result = {"dataset": name, "seed": seed, "features": d, "trace": trace, "models": {}}
-    for m in MODELS:
+    for m in models:
         entry = {
             "test_nll": float(nlls[m].mean()),
             "test_nll_se": float(nlls[m].std() / math.sqrt(len(test))),
@@ -165,6 +172,7 @@ def run_seed(name: str, seed: int, args: argparse.Namespace) -> dict:
                 entry["nll_minus_flowkit_se"] = float(diff.std() / math.sqrt(len(test)))
         if m in nfe:
             entry["nfe_last_quarter"] = float(np.mean(nfe[m][-quarter:]))
+        if m in nfe and m != "zuko":
             entry["t1"] = float(flows[m].bijector.t1)
         result["models"][m] = entry
     diff = nlls["zuko"] - nlls["flowkit"]
@@ -179,7 +187,7 @@ def summarise(runs: list[dict]) -> dict:
     for name in dict.fromkeys(r["dataset"] for r in runs):
         rs = [r for r in runs if r["dataset"] == name]
         table = {}
-        for m in MODELS:
+        for m in rs[0]["models"]:
             vals = [r["models"][m] for r in rs]
             row = {k: float(np.mean([v[k] for v in vals])) for k in vals[0]}
             if "nll_minus_flowkit" in vals[0]:
@@ -192,14 +200,17 @@ def summarise(runs: list[dict]) -> dict:
         checks = {
             "zuko_step_time_over_flowkit": zk["median_step_seconds"] / fk["median_step_seconds"],
             "zuko_nll_within_2se": abs(zk["nll_minus_flowkit"]) <= 2 * zk["nll_minus_flowkit_se"],
-            "rnode_nfe_cut": 1 - table["rnode"]["nfe_last_quarter"] / fk["nfe_last_quarter"],
-            "rnode_nll_minus_flowkit": table["rnode"]["nll_minus_flowkit"],
-            "toflow_nfe_over_fixed_t": table["toflow"]["nfe_last_quarter"] / fk["nfe_last_quarter"],
-            "toflow_nll_minus_flowkit": table["toflow"]["nll_minus_flowkit"],
-            "toflow_cpu_speedup": fk["train_cpu_seconds"] / table["toflow"]["train_cpu_seconds"],
-            "fm_nll_minus_ml": table["fm"]["nll_minus_flowkit"],
-            "ml_cpu_over_fm_cpu": fk["train_cpu_seconds"] / table["fm"]["train_cpu_seconds"],
         }
+        if "rnode" in table:
+            checks["rnode_nfe_cut"] = 1 - table["rnode"]["nfe_last_quarter"] / fk["nfe_last_quarter"]
+            checks["rnode_nll_minus_flowkit"] = table["rnode"]["nll_minus_flowkit"]
+        if "toflow" in table:
+            checks["toflow_nfe_over_fixed_t"] = table["toflow"]["nfe_last_quarter"] / fk["nfe_last_quarter"]
+            checks["toflow_nll_minus_flowkit"] = table["toflow"]["nll_minus_flowkit"]
+            checks["toflow_cpu_speedup"] = fk["train_cpu_seconds"] / table["toflow"]["train_cpu_seconds"]
+        if "fm" in table:
+            checks["fm_nll_minus_ml"] = table["fm"]["nll_minus_flowkit"]
+            checks["ml_cpu_over_fm_cpu"] = fk["train_cpu_seconds"] / table["fm"]["train_cpu_seconds"]
         out[name] = {"seeds": len(rs), "models": table, "checks": checks}
     return out
 
@@ -220,17 +231,21 @@ def _print(summary: dict) -> None:
         c = s["checks"]
         print(f"\nzuko/flowkit time per step: {c['zuko_step_time_over_flowkit']:.2f}x (target >= 2)")
         print(f"zuko NLL within 2 SE of flowkit's: {c['zuko_nll_within_2se']}")
-        print(
-            f"RNODE NFE cut: {100 * c['rnode_nfe_cut']:.0f}% (target >= 30%) at NLL {c['rnode_nll_minus_flowkit']:+.3f}"
-        )
-        print(
-            f"TO-FLOW NFE / fixed T: {c['toflow_nfe_over_fixed_t']:.2f} at NLL {c['toflow_nll_minus_flowkit']:+.3f}; "
-            f"training CPU speed-up {c['toflow_cpu_speedup']:.2f}x"
-        )
-        print(
-            f"flow matching NLL - ML NLL: {c['fm_nll_minus_ml']:+.3f} (target <= 0.1) with "
-            f"{c['ml_cpu_over_fm_cpu']:.1f}x less CPU (target >= 5)"
-        )
+        if "rnode_nfe_cut" in c:
+            print(
+                f"RNODE NFE cut: {100 * c['rnode_nfe_cut']:.0f}% (target >= 30%) at NLL "
+                f"{c['rnode_nll_minus_flowkit']:+.3f}"
+            )
+        if "toflow_nfe_over_fixed_t" in c:
+            print(
+                f"TO-FLOW NFE / fixed T: {c['toflow_nfe_over_fixed_t']:.2f} at NLL "
+                f"{c['toflow_nll_minus_flowkit']:+.3f}; training CPU speed-up {c['toflow_cpu_speedup']:.2f}x"
+            )
+        if "fm_nll_minus_ml" in c:
+            print(
+                f"flow matching NLL - ML NLL: {c['fm_nll_minus_ml']:+.3f} (target <= 0.1) with "
+                f"{c['ml_cpu_over_fm_cpu']:.1f}x less CPU (target >= 5)"
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -254,11 +269,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n-train", type=int, default=5000)
     parser.add_argument("--n-test", type=int, default=2000)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--models", default=",".join(MODELS), help=f"comma-separated, among {','.join(MODELS)} (flowkit, zuko always)"
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run: 1 seed, 4 rounds, moons")
     parser.add_argument("--out", default=str(RESULTS / "continuous.json"))
     args = parser.parse_args(argv)
     if args.quick:
         args.datasets, args.seeds, args.steps, args.fm_steps, args.n_test, args.hidden = "moons", 1, 4, 8, 200, (16,)
+    unknown = set(args.models.split(",")) - set(MODELS)
+    if unknown:
+        parser.error(f"unknown models {sorted(unknown)}; choose among {list(MODELS)}")
+    args.models = tuple(m for m in MODELS if m in {"flowkit", "zuko", *args.models.split(",")})
     torch.set_num_threads(args.threads)
     runs = []
     for name in args.datasets.split(","):
