@@ -204,6 +204,14 @@ class ContinuousFlow(Bijector):
     number of steps. Tolerances below the machine epsilon of the input's dtype are raised to it. A fixed-step
     solver (`euler`, `rk4`, ...) takes `solver_options={"step_size": h}` and ignores the tolerances.
 
+    **Solver.** `dopri5` without the adjoint runs flowkit's own [`dopri5`][flowkit.bijectors.ode.dopri5] (the
+    error norm, step-size rule and first step of `torchdiffeq`'s, without its overheads; the last step ends on
+    the end time); the other solvers, the adjoint and other `solver_options` than `first_step` run
+    `torchdiffeq`. While training (the module in training mode, gradients on), such a solve starts with the
+    step size that the previous solve in the same direction proposed after its first step, instead of
+    estimating one (one evaluation, and a first step often several times too small); every step, the first
+    included, is still accepted only within the tolerances.
+
     **Gradients.** `adjoint=False` backpropagates through the solver's operations (exact gradients of the
     discretised solve; memory grows with the steps); `adjoint=True` solves the adjoint ODE backwards (memory
     constant in the steps; gradients accurate to the tolerances; the seminorm of Kidger et al. 2021). Gradients
@@ -316,6 +324,7 @@ class ContinuousFlow(Bijector):
         self.solver_options = solver_options
         self.nfe = 0
         self._field_checked = False
+        self._first_steps: dict[bool, float] = {}
 
     @property
     def features(self) -> int:
@@ -414,8 +423,13 @@ class ContinuousFlow(Bijector):
             if self._native:
                 start, end = (1.0, 0.0) if reverse else (0.0, 1.0)
                 first = self.solver_options.get("first_step")
-                final = dopri5(dynamics, state, start, end, atol=atol, rtol=rtol, first_step=first).state
-                solution = [part.unsqueeze(0) for part in final]
+                learning = self.training and torch.is_grad_enabled() and first is None
+                if learning:
+                    first = self._first_steps.get(reverse)
+                native = dopri5(dynamics, state, start, end, atol=atol, rtol=rtol, first_step=first)
+                if learning and native.next_first_step is not None:
+                    self._first_steps[reverse] = native.next_first_step
+                solution = [part.unsqueeze(0) for part in native.state]
             elif self.adjoint:
                 params = tuple(p for p in self.parameters() if p.requires_grad)
                 if context is not None and context.requires_grad:

@@ -59,12 +59,17 @@ State = tuple[Tensor, ...]
 
 
 class ODESolution(NamedTuple):
-    """The state at the end time, and the counts of accepted steps, rejected steps and evaluations of `f`."""
+    """The state at the end time, the counts of steps and evaluations, and a first step for a solve like this one.
+
+    `next_first_step` is the step size the controller proposed after the first accepted step (`None` when no
+    step was taken).
+    """
 
     state: State
     accepted: int
     rejected: int
     evaluations: int
+    next_first_step: float | None = None
 
 
 def _combine(y: State, dt: float, weights: Sequence[float], ks: Sequence[State]) -> State:
@@ -162,7 +167,7 @@ def dopri5(
     t0, t1 = float(t0), float(t1)
     y = tuple(y0)
     if t0 == t1:
-        return ODESolution(y, 0, 0, 0)
+        return ODESolution(y, 0, 0, 0, None)
     direction = 1.0 if t1 > t0 else -1.0
     k1 = f(t0, y)
     evaluations = 1
@@ -173,6 +178,7 @@ def dopri5(
     else:
         h = float(first_step)
     t, accepted, rejected = t0, 0, 0
+    proposal = None
     while direction * (t1 - t) > 0:
         if accepted + rejected >= max_steps:
             raise ConvergenceError(f"dopri5: {max_steps} steps did not reach t1={t1:g} from t0={t0:g} (at t={t:g})")
@@ -196,4 +202,6 @@ def dopri5(
             rejected += 1
             factor = _SHRINK if not math.isfinite(ratio) else min(_GROWTH, max(_SAFETY * ratio**-_EXPONENT, _SHRINK))
         h = abs(dt) * factor
-    return ODESolution(y, accepted, rejected, evaluations)
+        if proposal is None and accepted:
+            proposal = h
+    return ODESolution(y, accepted, rejected, evaluations, proposal)

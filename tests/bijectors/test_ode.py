@@ -28,6 +28,7 @@ def test_a_linear_system_and_its_trace_integral_are_exact_to_the_tolerance(t0, t
     torch.testing.assert_close(y, y0 @ torch.linalg.matrix_exp((t1 - t0) * a).T, atol=1e-8, rtol=0)
     torch.testing.assert_close(trace, torch.full((5,), (t1 - t0) * a.trace().item(), dtype=torch.float64))
     assert solution.accepted >= 1 and solution.evaluations == 2 + 6 * (solution.accepted + solution.rejected)
+    assert 0 < solution.next_first_step <= 10 * abs(t1 - t0)
 
 
 def test_the_global_error_shrinks_with_the_tolerance_and_stays_near_it():
