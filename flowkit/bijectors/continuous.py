@@ -207,10 +207,11 @@ class ContinuousFlow(Bijector):
     **Solver.** `dopri5` without the adjoint runs flowkit's own [`dopri5`][flowkit.bijectors.ode.dopri5] (the
     error norm, step-size rule and first step of `torchdiffeq`'s, without its overheads; the last step ends on
     the end time); the other solvers, the adjoint and other `solver_options` than `first_step` run
-    `torchdiffeq`. While training (the module in training mode, gradients on), such a solve starts with the
-    step size that the previous solve in the same direction proposed after its first step, instead of
-    estimating one (one evaluation, and a first step often several times too small); every step, the first
-    included, is still accepted only within the tolerances.
+    `torchdiffeq`. While training (the module in training mode, gradients on), a solve after an update of the
+    parameters (an optimiser's step) starts with the step size that the previous solve in the same direction
+    proposed after its first step, instead of estimating one (one evaluation, and a first step often several
+    times too small); every step, the first included, is still accepted only within the tolerances. Solves
+    with the same parameters take the same first step, so that the same input gives the same output.
 
     **Gradients.** `adjoint=False` backpropagates through the solver's operations (exact gradients of the
     discretised solve; memory grows with the steps); `adjoint=True` solves the adjoint ODE backwards (memory
@@ -324,7 +325,8 @@ class ContinuousFlow(Bijector):
         self.solver_options = solver_options
         self.nfe = 0
         self._field_checked = False
-        self._first_steps: dict[bool, float] = {}
+        # Per direction: the first step proposed, the parameters' versions, and the first step taken at them.
+        self._first_steps: dict[bool, tuple[float, tuple[int, ...], float | None]] = {}
 
     @property
     def features(self) -> int:
@@ -424,11 +426,13 @@ class ContinuousFlow(Bijector):
                 start, end = (1.0, 0.0) if reverse else (0.0, 1.0)
                 first = self.solver_options.get("first_step")
                 learning = self.training and torch.is_grad_enabled() and first is None
-                if learning:
-                    first = self._first_steps.get(reverse)
+                versions = tuple(p._version for p in self.parameters()) if learning else ()
+                record = self._first_steps.get(reverse) if learning else None
+                if record is not None:  # the same parameters: the same first step; updated ones: the proposal
+                    first = record[2] if record[1] == versions else record[0]
                 native = dopri5(dynamics, state, start, end, atol=atol, rtol=rtol, first_step=first)
-                if learning and native.next_first_step is not None:
-                    self._first_steps[reverse] = native.next_first_step
+                if learning and native.next_first_step is not None and (record is None or record[1] != versions):
+                    self._first_steps[reverse] = (native.next_first_step, versions, first)
                 solution = [part.unsqueeze(0) for part in native.state]
             elif self.adjoint:
                 params = tuple(p for p in self.parameters() if p.requires_grad)
