@@ -31,7 +31,8 @@ Run: ``python bench/continuous.py --threads 1`` (defaults: moons, 8gaussians and
 3 seeds); ``--quick`` for a smoke run.
 
 **flowkit against zuko, flowkit's own dopri5** (issue 45; ``python bench/continuous.py --threads 1 --steps
-150 --seeds 3 --datasets moons,digits --models flowkit,zuko``;
+150 --seeds 3 --datasets moons,digits --models flowkit,zuko``, and ``--threads 2 --steps 60 --seeds 1``, as two threads
+on the crowded machine used about eight times the CPU a step (60 steps: earlier in training, fewer evaluations);
 hidden (64, 64), flowkit's tanh field, atol = rtol = 1e-5 for both, batch 256, Adam 2e-3; 2 CPU cores
 shared with about ten other jobs, so the times are slow and only their ratio, interleaved, means much):
 
@@ -39,6 +40,8 @@ shared with about ten other jobs, so the times are slow and only their ratio, in
 |---|---|---|---|---|
 | moons, 1 (3 seeds) | 3.49x (per seed 3.0-4.2) | 0.445 / 1.552 | 62.5 / 108.0 | +0.027 (0.019) |
 | digits (Hutchinson), 1 (3 seeds) | 3.20x (per seed 3.0-3.3) | 0.240 / 0.765 | 25.0 / 83.2 | -2.04 (0.46) |
+| moons, 2 (1 seed, 60 steps) | 5.00x | 0.494 / 2.470 | 25.0 / 113.0 | +0.035 (0.002) |
+| digits, 2 (1 seed, 60 steps) | 2.72x | 0.588 / 1.599 | 25.0 / 79.0 | -1.30 (0.44) |
 | digits, elu field, 1 (2 seeds) | 1.84x | 0.692 / 1.274 | 43.8 / 84.4 | -0.09 (0.63) |
 
 Equal tolerance: both control the local error against ``atol + rtol max(|y|, |y'|)``; flowkit takes the
