@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from functools import partial
+from functools import lru_cache, partial
 
 import torch
 import torch.nn.functional as F
@@ -1086,8 +1086,15 @@ class SharedConditioner(Conditioner):
 def time_embedding(t: Tensor, frequencies: int) -> Tensor:
     r"""Embed times `t` of shape `(...)` as $(t, \cos \pi k t, \sin \pi k t)_{k=1..F}$, shape `(..., 1 + 2F)`."""
     t = t.unsqueeze(-1)
-    k = torch.arange(1, frequencies + 1, dtype=t.dtype, device=t.device) * math.pi
+    k = _frequencies(frequencies, t.dtype, t.device)
     return torch.cat([t, torch.cos(k * t), torch.sin(k * t)], dim=-1)
+
+
+@lru_cache(maxsize=32)
+def _frequencies(frequencies: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    r"""$\pi k$ for $k = 1..F$, made once per size, dtype and device (a solve embeds hundreds of times)."""
+    with torch.inference_mode(False):  # a normal tensor, that autograd may save, even when first made in inference
+        return torch.arange(1, frequencies + 1, dtype=dtype, device=device) * math.pi
 
 
 def _silu_derivative(a: Tensor, h: Tensor) -> Tensor:
@@ -1099,7 +1106,7 @@ def _silu_derivative(a: Tensor, h: Tensor) -> Tensor:
 #: VectorField propagates its Jacobian forward.
 _DERIVATIVES: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
     "softplus": lambda a, h: -torch.expm1(-h),  # = sigmoid(a); 1 - exp(-a) above nn.Softplus's threshold 20
-    "tanh": lambda a, h: 1 - h.square(),
+    "tanh": lambda a, h: h.square().neg_().add_(1),  # 1 - h^2, without a wrapped scalar
     "elu": lambda a, h: h.clamp(max=0) + 1,
     "silu": _silu_derivative,
 }

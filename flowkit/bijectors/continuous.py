@@ -34,6 +34,7 @@ from ..root_finding import ConvergenceError
 from ..utils import as_shape
 from .base import Bijector
 from .linear import _loaded
+from .ode import dopri5
 
 __all__ = ["ContinuousFlow", "TRACES", "PROBES", "trajectory_integrals", "function_evaluations", "continuous_layers"]
 
@@ -107,13 +108,16 @@ class _Dynamics(nn.Module):
         self.owner = [flow]  # a list: not a submodule (the adjoint gets its parameters explicitly)
         self.context, self.probe, self.integrals = context, probe, integrals
         self.evaluations = 0
+        # The end time T scales the right-hand side; a fixed T = 1 (the default) needs no product.
+        self.end = flow.t1
+        self.scaled = bool(flow.t1.requires_grad) or float(flow.t1) != 1.0
 
     def forward(self, s: Tensor, state: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
         flow = self.owner[0]
         x = state[0]
         graph = torch.is_grad_enabled()
         self.evaluations += 1
-        end = flow.t1
+        end = self.end
         if not flow._field_checked:
             flow._field(x, self.context, end * s)
         if self.probe is None and flow._forward_jacobian:
@@ -142,14 +146,16 @@ class _Dynamics(nn.Module):
                     vjp = torch.autograd.grad(velocity, x, self.probe, create_graph=graph)[0]
                     trace = (vjp * self.probe).sum(-1)
                     squares = vjp.square().sum(-1)
-        out = [end * velocity, end * trace]
+        out = [velocity, trace]
         for name in self.integrals:
             if name == "kinetic":
-                out.append(end * velocity.square().sum(-1))
+                out.append(velocity.square().sum(-1))
             elif name == "jacobian":
-                out.append(end * squares)
+                out.append(squares)
             else:
-                out.append(end * flow.vector_field.hjb_residual(x, self.context, t=end * s).abs())
+                out.append(flow.vector_field.hjb_residual(x, self.context, t=end * s).abs())
+        if self.scaled:
+            out = [end * o for o in out]
         if not graph:
             out = [o.detach() for o in out]
         return tuple(out)
@@ -197,6 +203,15 @@ class ContinuousFlow(Bijector):
     the state and the log-determinant; the round trip and log-determinant are accurate to about that times the
     number of steps. Tolerances below the machine epsilon of the input's dtype are raised to it. A fixed-step
     solver (`euler`, `rk4`, ...) takes `solver_options={"step_size": h}` and ignores the tolerances.
+
+    **Solver.** `dopri5` without the adjoint runs flowkit's own [`dopri5`][flowkit.bijectors.ode.dopri5] (the
+    error norm, step-size rule and first step of `torchdiffeq`'s, without its overheads; the last step ends on
+    the end time); the other solvers, the adjoint and other `solver_options` than `first_step` run
+    `torchdiffeq`. While training (the module in training mode, gradients on), a solve after an update of the
+    parameters (an optimiser's step) starts with the step size that the previous solve in the same direction
+    proposed after its first step, instead of estimating one (one evaluation, and a first step often several
+    times too small); every step, the first included, is still accepted only within the tolerances. Solves
+    with the same parameters take the same first step, so that the same input gives the same output.
 
     **Gradients.** `adjoint=False` backpropagates through the solver's operations (exact gradients of the
     discretised solve; memory grows with the steps); `adjoint=True` solves the adjoint ODE backwards (memory
@@ -310,6 +325,8 @@ class ContinuousFlow(Bijector):
         self.solver_options = solver_options
         self.nfe = 0
         self._field_checked = False
+        # Per direction: the first step proposed, the parameters' versions, and the first step taken at them.
+        self._first_steps: dict[bool, tuple[float, tuple[int, ...], float | None]] = {}
 
     @property
     def features(self) -> int:
@@ -367,6 +384,11 @@ class ContinuousFlow(Bijector):
             raise ValueError(f"ContinuousFlow: the loaded end time t1 must be positive, got {float(t1):g}")
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
+    @property
+    def _native(self) -> bool:
+        """Whether the solve runs [`dopri5`][flowkit.bijectors.ode.dopri5] (dopri5 through the solver's steps)."""
+        return self.solver == "dopri5" and not self.adjoint and set(self.solver_options) <= {"first_step"}
+
     def _tolerances(self, dtype: torch.dtype) -> tuple[float, float]:
         floor = torch.finfo(dtype).eps
         return max(self.atol, floor), max(self.rtol, floor)
@@ -400,7 +422,19 @@ class ContinuousFlow(Bijector):
         atol, rtol = self._tolerances(flat.dtype)
         options = dict(method=self.solver, atol=atol, rtol=rtol, options=dict(self.solver_options) or None)
         try:
-            if self.adjoint:
+            if self._native:
+                start, end = (1.0, 0.0) if reverse else (0.0, 1.0)
+                first = self.solver_options.get("first_step")
+                learning = self.training and torch.is_grad_enabled() and first is None
+                versions = tuple(p._version for p in self.parameters()) if learning else ()
+                record = self._first_steps.get(reverse) if learning else None
+                if record is not None:  # the same parameters: the same first step; updated ones: the proposal
+                    first = record[2] if record[1] == versions else record[0]
+                native = dopri5(dynamics, state, start, end, atol=atol, rtol=rtol, first_step=first)
+                if learning and native.next_first_step is not None and (record is None or record[1] != versions):
+                    self._first_steps[reverse] = (native.next_first_step, versions, first)
+                solution = [part.unsqueeze(0) for part in native.state]
+            elif self.adjoint:
                 params = tuple(p for p in self.parameters() if p.requires_grad)
                 if context is not None and context.requires_grad:
                     params = (*params, context)
@@ -409,7 +443,7 @@ class ContinuousFlow(Bijector):
                 )
             else:
                 solution = torchdiffeq.odeint(dynamics, state, times, **options)
-        except AssertionError as error:  # torchdiffeq's "underflow in dt": the step size fell below what resolves t
+        except (AssertionError, ConvergenceError) as error:  # "underflow in dt": the step fell below what resolves t
             raise ConvergenceError(
                 f"ContinuousFlow: the adaptive solver {self.solver!r} did not converge ({error}) after "
                 f"{dynamics.evaluations} field evaluations at t1={float(self.t1):g}, atol={atol:g}, rtol={rtol:g}: "

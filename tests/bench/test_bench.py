@@ -161,3 +161,19 @@ def test_bench_shared_conditioners(script, tmp_path):
     assert variants["naive"]["parameters"] < variants["output"]["parameters"] < variants["nanoflow"]["parameters"]
     for name in ("nanoflow", "output", "naive"):
         assert set(variants[name]["vs_independent"]) == {"difference", "paired_se"}
+
+
+@pytest.mark.slow
+def test_continuous_benchmark_trains_a_subset_and_counts_both_libraries_evaluations(script, tmp_path):
+    continuous = script("continuous")
+    out = tmp_path / "c.json"
+    assert continuous.main(["--quick", "--models", "flowkit,zuko", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    models = report["summary"]["moons"]["models"]
+    assert set(models) == {"flowkit", "zuko"}
+    assert models["flowkit"]["nfe_last_quarter"] > 0 and models["zuko"]["nfe_last_quarter"] > 0
+    checks = report["summary"]["moons"]["checks"]
+    ratio = models["zuko"]["median_step_seconds"] / models["flowkit"]["median_step_seconds"]
+    assert checks["zuko_step_time_over_flowkit"] == pytest.approx(ratio)
+    with pytest.raises(SystemExit):
+        continuous.main(["--quick", "--models", "flowkit,cnf2", "--out", str(out)])

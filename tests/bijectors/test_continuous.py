@@ -297,3 +297,26 @@ def test_forward_jvp_gives_the_hutchinson_estimate_of_the_vjp_path():
     torch.manual_seed(5)
     _, l_slow = slow(x, c)
     torch.testing.assert_close(l_fast, l_slow)
+
+
+def test_a_training_solve_starts_from_the_previous_ones_step_and_evaluation_does_not():
+    flow = ContinuousFlow(_field(2), 2, atol=1e-6, rtol=1e-6).double()
+    x = torch.randn(64, 2, dtype=torch.float64)
+    with torch.no_grad():
+        z0, ladj0 = flow(x)
+    fresh = flow.nfe
+    z1, _ = flow(x)  # the first training solve estimates its first step, as a fresh one does
+    assert flow.nfe == fresh and torch.equal(z1, z0)
+    assert torch.equal(flow(x)[0], z0)  # without a parameter update in between: the same solve
+    with torch.no_grad():  # an optimiser's in-place update (here by 1, the values unchanged)
+        for p in flow.parameters():
+            p.mul_(1.0)
+    z2, ladj2 = flow(x)  # starts from the step the previous solve proposed: fewer evaluations, same tolerance
+    assert flow.nfe < fresh
+    assert torch.equal(flow(x)[0], z2)  # the same parameters again: the same first step, the same solve
+    assert (z2 - z0).abs().max() < 1e-4 and (ladj2 - ladj0).abs().max() < 1e-4
+    flow.eval()  # evaluation ignores the history: bit-identical to a fresh solve
+    assert torch.equal(flow(x)[0], z0) and flow.nfe == fresh
+    flow.train()
+    with torch.no_grad():
+        assert torch.equal(flow(x)[1], ladj0)
