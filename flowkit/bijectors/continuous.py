@@ -1,4 +1,4 @@
-r"""Continuous normalizing flows: a bijector defined by an ODE, solved with `torchdiffeq`.
+r"""Continuous normalizing flows: a bijector defined by an ODE, solved by flowkit's `dopri5` or `torchdiffeq`.
 
 A [`ContinuousFlow`][flowkit.bijectors.ContinuousFlow] maps data $x$ to latent
 $z = x(T)$ by integrating $\dot x = f(x, t, c)$ from $t = 0$ to $T$, with the
