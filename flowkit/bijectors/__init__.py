@@ -19,6 +19,7 @@ from .planar import Planar, Radial
 from .residual import Residual
 from .sphere import ConvexDoubleMoebius, ConvexMoebius, DoubleMoebius, Moebius, RigidCoupling
 from .spline_coupling import CircularSplineCoupling, SplineCoupling
+from .regression import RegressionWhitening
 from .standardization import Standardization
 from .support import BoundedSupport, support_bounds
 from .sylvester import Sylvester
@@ -39,6 +40,7 @@ __all__ = [
     "SmoothTanh",
     "Logit",
     "Standardization",
+    "RegressionWhitening",
     "TailLU",
     "MarginalTailCDF",
     "Coupling",
