@@ -35,11 +35,17 @@ __all__ = ["RegressionWhitening"]
 
 
 class RegressionWhitening(Bijector):
-    r"""Fixed map $z = L^{-1}(\theta - A c - b)$ of features given the context (see the module).
+    r"""Fixed map $z = L^{-1}(\theta - A c - b)$ of features $\theta$ given the context $c$.
+
+    $A, b$ are the least-squares regression of $\theta$ on $c$ over training pairs and $L$ the Cholesky factor of
+    the residuals' covariance; $\log|\det \partial z / \partial \theta| = -\sum_i \log L_{ii}$. For a
+    linear-Gaussian model $A c + b$ is the posterior mean and $L L^\top$ the posterior covariance, so that $z$ given
+    $c$ is a standard normal; otherwise the layers after this one learn what the linear part misses (the regression
+    adjustment of approximate Bayesian computation, Beaumont, Zhang & Balding 2002, as a bijection).
 
     Put it first in a conditional flow's chain (data side); build it from training pairs with
-    [`from_data`][flowkit.bijectors.RegressionWhitening.from_data]. `matrix`, `offset` and `cholesky` are buffers
-    (not trained) and travel with the model through [`flowkit.io`][flowkit.io].
+    [`from_data`][flowkit.bijectors.regression.RegressionWhitening.from_data]. `matrix`, `offset` and `cholesky`
+    are buffers (not trained) and travel with the model through [`flowkit.io`][flowkit.io].
 
     Arguments:
         matrix: the regression matrix $A$, `D` rows of `C` numbers (`C` context features).

@@ -21,7 +21,10 @@ def test_sbi_bench_pairs_flowkit_with_sbi_seed_by_seed(tmp_path, capsys):
     assert bench.main(argv) == 0
     assert "| two_moons | 200 |" in capsys.readouterr().out
     result = json.loads(out.read_text())
-    assert result["threads"] == 1 and len(result["transit"]) == 2
+    assert result["threads"] == 1 and len(result["transit"]) == 4  # 2 seeds x the plain and regression recipes
+    assert sorted((t["seed"], t["recipe"]) for t in result["transit"]) == [
+        (0, "plain"), (0, "regression"), (1, "plain"), (1, "regression")
+    ]  # fmt: skip
     methods = {r["method"] for r in result["runs"]}
     (row,) = result["summary"]
     if "sbi" in methods:  # sbi is in the bench extra, not needed by the tests
