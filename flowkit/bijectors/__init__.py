@@ -16,10 +16,10 @@ from .masked_coupling import MaskedCoupling
 from .normalization import ActNorm
 from .permutations import Permutation, Reverse
 from .planar import Planar, Radial
+from .regression import RegressionWhitening
 from .residual import Residual
 from .sphere import ConvexDoubleMoebius, ConvexMoebius, DoubleMoebius, Moebius, RigidCoupling
 from .spline_coupling import CircularSplineCoupling, SplineCoupling
-from .regression import RegressionWhitening
 from .standardization import Standardization
 from .support import BoundedSupport, support_bounds
 from .sylvester import Sylvester
