@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from .._config import Configurable
 from .._validation import check_number
-from ..bijectors import Chain, RegressionWhitening, Standardization
+from ..bijectors import Bijector, Chain, RegressionWhitening, Standardization
 from ..flows import PRESETS, Flow, FlowModel, parse_hidden
 from ..train import History, MaximumLikelihood, fit
 from .tasks import drop_invalid_simulations
@@ -327,12 +327,13 @@ class NeuralPosterior(Configurable, nn.Module):
 
 def _with_regression(flow: FlowModel, theta: Tensor, x: Tensor, where: str) -> FlowModel:
     """`flow` behind a [`RegressionWhitening`][flowkit.bijectors.RegressionWhitening] fitted to z-scored pairs."""
-    if not isinstance(flow, Flow):
+    bijector, base = getattr(flow, "bijector", None), getattr(flow, "base", None)
+    if not getattr(flow, "bijective", False) or not isinstance(bijector, Bijector) or base is None:
         kind = type(flow).__name__
         raise ValueError(f"{where}: regression=True needs a flowkit Flow (a bijector over a base), got {kind}")
     dtype = next((p.dtype for p in flow.parameters() if p.is_floating_point()), torch.get_default_dtype())
     layer = RegressionWhitening.from_data(theta, x).to(dtype)
-    return Flow(Chain(layer, flow.bijector), flow.base)
+    return Flow(Chain(layer, bijector), base)
 
 
 def fit_posterior(
