@@ -17,10 +17,17 @@ many reference samples, for `--observations` observations, and by its training t
 prior's box by rejection in both.
 
 The transit toy: flowkit's NPE on [`TransitSpectrum`][flowkit.inference.TransitSpectrum] scored by the TARP and SBC
-expected-coverage errors on `--calibration` held-out simulations, and on its linear-Gaussian variant
-[`LinearTransitSpectrum`][flowkit.inference.LinearTransitSpectrum] by C2ST against the analytic posterior.
+expected-coverage errors on `--calibration` held-out simulations (`--calibration-samples` posterior samples each; the
+largest gap of an empirical coverage curve over N calibrated simulations is itself about 0.9 / sqrt(N), 0.05 at
+N = 300, so N must be large for a 0.05 target to mean anything), and on its linear-Gaussian variant
+[`LinearTransitSpectrum`][flowkit.inference.LinearTransitSpectrum] by C2ST against the analytic posterior, each
+for two recipes (`--transit-recipes`): `plain` (z-scored parameters) and `regression`
+(`fit_posterior(..., regression=True)`, a [`RegressionWhitening`][flowkit.bijectors.RegressionWhitening] in front of
+the flow). `--transit-parts` runs the coverage part, the linear part or both; `--first-seed` lets several processes
+share the seeds.
 
     python bench/sbi.py --tasks gaussian_linear,two_moons,slcp --budgets 1000,10000 --seeds 3 --epochs 50 --threads 1
+    python bench/sbi.py --tasks "" --seeds 3 --epochs 20 --transit-budget 10000 --calibration 1000 --threads 1
 
 Gaussian linear's moments (`--moments K`, issue 40's acceptance "mean and covariance within 3 SE at 1e4
 simulations"): for `K` seeds, each with its own `--moments-budget` simulations, flowkit's NPE (an affine
@@ -83,15 +90,17 @@ from flowkit.inference import (  # noqa: E402
 )
 
 
-def flowkit_npe(task: Any, theta: torch.Tensor, x: torch.Tensor, args: argparse.Namespace, seed: int) -> Any:
-    """Train flowkit's NPE on `(theta, x)`; returns `(sampler, seconds)`, the sampler `(n, x) -> (n, D)`."""
+def flowkit_npe(
+    task: Any, theta: torch.Tensor, x: torch.Tensor, args: argparse.Namespace, seed: int, regression: bool = False
+) -> Any:
+    """Train flowkit's NPE on `(theta, x)`; returns `(sampler, seconds, steps)`, the sampler `(n, x) -> (n, D)`."""
     torch.manual_seed(seed)
     flow = NSF(task.theta_dim, transforms=args.transforms, bins=args.bins, hidden=(args.hidden,) * args.transforms,
                context=task.x_dim)  # fmt: skip
     start = time.perf_counter()
     posterior, history = fit_posterior(
         flow, theta.float(), x.float(), lower=task.lower, upper=task.upper, epochs=args.epochs, batch_size=200,
-        lr=5e-4, patience=None, seed=seed,
+        lr=5e-4, patience=None, seed=seed, regression=regression,
     )  # fmt: skip
     seconds = time.perf_counter() - start
     return (lambda n, x_o: posterior.sample(n, x_o).double()), seconds, history.steps_run
@@ -158,7 +167,7 @@ def run_comparison(args: argparse.Namespace, have_sbi: bool) -> tuple[list[dict]
             _, x_o = task.observation(index)
             references.append((x_o, task.reference_posterior(x_o, args.samples, torch.Generator().manual_seed(index))))
         for budget in args.budgets:
-            for seed in range(args.seeds):
+            for seed in range(args.first_seed, args.first_seed + args.seeds):
                 theta, x = task.simulations(budget, torch.Generator().manual_seed(1000 + seed))
                 methods = [("flowkit", flowkit_npe)] + ([("sbi", sbi_npe)] if have_sbi else [])
                 if seed % 2:
@@ -196,29 +205,33 @@ def run_comparison(args: argparse.Namespace, have_sbi: bool) -> tuple[list[dict]
 
 
 def run_transit(args: argparse.Namespace) -> list[dict]:
+    """Per seed and recipe: TARP and SBC coverage errors on the transit toy, C2ST on its linear-Gaussian variant."""
     out = []
-    for seed in range(args.seeds):
-        row: dict[str, Any] = dict(seed=seed)
-        task = get_task("transit")
+    task, linear = get_task("transit"), get_task("transit_linear")
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
         theta, x = task.simulations(args.transit_budget, torch.Generator().manual_seed(2000 + seed))
-        sample, seconds, _ = flowkit_npe(task, theta, x, args, seed)
         theta_cal, x_cal = task.simulations(args.calibration, torch.Generator().manual_seed(3000 + seed))
-        samples = sample(args.calibration_samples, x_cal)  # (L, N, D)
-        levels, tarp = tarp_coverage(samples, theta_cal, seed=seed)
-        _, sbc = sbc_coverage(sbc_ranks(samples, theta_cal), args.calibration_samples, levels)
-        row.update(tarp_coverage_error=coverage_error(levels, tarp), sbc_coverage_error=coverage_error(levels, sbc),
-                   transit_seconds=seconds)  # fmt: skip
-        linear = get_task("transit_linear")
-        theta, x = linear.simulations(args.transit_budget, torch.Generator().manual_seed(4000 + seed))
-        sample, seconds, _ = flowkit_npe(linear, theta, x, args, seed)
-        values = []
-        for index in range(args.observations):
-            _, x_o = linear.observation(index)
-            reference = linear.reference_posterior(x_o, args.samples, torch.Generator().manual_seed(index))
-            values.append(c2st(reference, sample(args.samples, x_o), seed=1))
-        row.update(linear_c2st=statistics.mean(values), linear_seconds=seconds)
-        print(f"transit seed {seed}: {row}", flush=True)
-        out.append(row)
+        theta_l, x_l = linear.simulations(args.transit_budget, torch.Generator().manual_seed(4000 + seed))
+        for recipe in args.transit_recipes:
+            row: dict[str, Any] = dict(seed=seed, recipe=recipe, budget=args.transit_budget, epochs=args.epochs)
+            regression = recipe == "regression"
+            if "coverage" in args.transit_parts:
+                sample, seconds, _ = flowkit_npe(task, theta, x, args, seed, regression)
+                samples = sample(args.calibration_samples, x_cal)  # (L, N, D)
+                levels, tarp = tarp_coverage(samples, theta_cal, seed=seed)
+                _, sbc = sbc_coverage(sbc_ranks(samples, theta_cal), args.calibration_samples, levels)
+                row.update(tarp_coverage_error=coverage_error(levels, tarp),
+                           sbc_coverage_error=coverage_error(levels, sbc), transit_seconds=seconds)  # fmt: skip
+            if "linear" in args.transit_parts:
+                sample, seconds, _ = flowkit_npe(linear, theta_l, x_l, args, seed, regression)
+                values = []
+                for index in range(args.observations):
+                    _, x_o = linear.observation(index)
+                    reference = linear.reference_posterior(x_o, args.samples, torch.Generator().manual_seed(index))
+                    values.append(c2st(reference, sample(args.samples, x_o), seed=1))
+                row.update(linear_c2st=statistics.mean(values), linear_seconds=seconds)
+            print(f"transit seed {seed}: {row}", flush=True)
+            out.append(row)
     return out
 
 
@@ -291,6 +304,21 @@ def run_moments(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def transit_table(rows: list[dict]) -> str:
+    lines = ["| recipe | TARP coverage error | SBC coverage error | linear-variant C2ST |", "|---|---|---|---|"]
+    for recipe in dict.fromkeys(r["recipe"] for r in rows):
+        chosen = [r for r in rows if r["recipe"] == recipe]
+        cells = []
+        for key in ("tarp_coverage_error", "sbc_coverage_error", "linear_c2st"):
+            if not all(key in r for r in chosen):
+                cells.append("-")
+                continue
+            m, se = mean_se([r[key] for r in chosen])
+            cells.append(f"{m:.3f} ± {se:.3f} (max {max(r[key] for r in chosen):.3f})")
+        lines.append(f"| {recipe} | {' | '.join(cells)} |")
+    return "\n".join(lines)
+
+
 def table(summary: list[dict]) -> str:
     lines = ["| task | budget | flowkit C2ST | sbi C2ST | difference (paired) | flowkit s | sbi s | sbi/flowkit time "
              "| sbi/flowkit time per step |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -310,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", default="gaussian_linear,two_moons,slcp")
     parser.add_argument("--budgets", default="1000,10000")
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds - 1")
     parser.add_argument("--observations", type=int, default=5)
     parser.add_argument("--samples", type=int, default=1000, help="posterior and reference samples for C2ST")
     parser.add_argument("--epochs", type=int, default=50)
@@ -317,8 +346,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hidden", type=int, default=50)
     parser.add_argument("--bins", type=int, default=10)
     parser.add_argument("--transit-budget", type=int, default=10000)
-    parser.add_argument("--calibration", type=int, default=300)
+    parser.add_argument("--calibration", type=int, default=2000, help="held-out transit simulations for coverage")
+    parser.add_argument(
+        "--transit-recipes",
+        default="plain,regression",
+        help="plain: z-scored parameters; regression: fit_posterior(regression=True)",
+    )
     parser.add_argument("--calibration-samples", type=int, default=200)
+    parser.add_argument(
+        "--transit-parts",
+        default="coverage,linear",
+        help="coverage: TARP and SBC on the transit toy; linear: C2ST on its linear-Gaussian variant",
+    )
     parser.add_argument("--no-transit", action="store_true")
     parser.add_argument("--no-comparison", action="store_true", help="skip flowkit against sbi")
     parser.add_argument("--moments", type=int, default=0, help="seeds of the Gaussian-linear moments (0: skip)")
@@ -329,6 +368,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.tasks = [t for t in args.tasks.split(",") if t]
     args.budgets = [int(b) for b in args.budgets.split(",") if b]
+    args.transit_recipes = [r for r in args.transit_recipes.split(",") if r]
+    args.transit_parts = [p for p in args.transit_parts.split(",") if p]
+    if not set(args.transit_parts) <= {"coverage", "linear"}:
+        parser.error(f"--transit-parts: choose from coverage, linear; got {args.transit_parts}")
+    if not set(args.transit_recipes) <= {"plain", "regression"}:
+        parser.error(f"--transit-recipes: choose from plain, regression; got {args.transit_recipes}")
     torch.set_num_threads(args.threads)
     try:
         import sbi  # noqa: F401
@@ -344,6 +389,8 @@ def main(argv: list[str] | None = None) -> int:
     moments = run_moments(args) if args.moments > 1 else {}
     if summary:
         print(table(summary))
+    if transit:
+        print(transit_table(transit))
     result = dict(
         threads=args.threads, epochs=args.epochs, samples=args.samples, observations=args.observations,
         seeds=args.seeds, runs=runs, summary=summary, transit=transit, moments=moments,

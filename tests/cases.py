@@ -54,6 +54,7 @@ from flowkit.bijectors import (
     Permutation,
     Planar,
     Radial,
+    RegressionWhitening,
     Reshape,
     Residual,
     Reverse,
@@ -114,6 +115,13 @@ def _standardization() -> tuple[Bijector, Tensor]:
     gen = torch.Generator().manual_seed(0)
     b = Standardization.from_data(torch.randn(50, 3, generator=gen) * torch.tensor([0.1, 2.0, 30.0]) + 4)
     return b, torch.randn(5, 3, generator=gen) * 3
+
+
+def _regression_whitening() -> tuple[Bijector, Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    context = torch.randn(60, 2, generator=gen)
+    theta = context @ torch.tensor([[1.0, -2.0, 0.5], [3.0, 0.2, -1.0]]) + 0.3 * torch.randn(60, 3, generator=gen)
+    return RegressionWhitening.from_data(theta, context), torch.randn(5, 3, generator=gen) * 3
 
 
 def _internal_coordinates() -> tuple[Bijector, Tensor]:
@@ -330,6 +338,7 @@ BIJECTORS: dict[str, Case] = {
     ),
     # standardization
     "Standardization": _standardization,
+    "RegressionWhitening(context)": _regression_whitening,
     # heavy tails
     "TailLU": lambda: (randomize(TailLU(5, light=2)), torch.randn(5, 5)),
     "TailLU(all heavy, no bias)": lambda: (randomize(TailLU(3, light=0, bias=False)), torch.randn(5, 3)),

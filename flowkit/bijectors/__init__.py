@@ -16,6 +16,7 @@ from .masked_coupling import MaskedCoupling
 from .normalization import ActNorm
 from .permutations import Permutation, Reverse
 from .planar import Planar, Radial
+from .regression import RegressionWhitening
 from .residual import Residual
 from .sphere import ConvexDoubleMoebius, ConvexMoebius, DoubleMoebius, Moebius, RigidCoupling
 from .spline_coupling import CircularSplineCoupling, SplineCoupling
@@ -39,6 +40,7 @@ __all__ = [
     "SmoothTanh",
     "Logit",
     "Standardization",
+    "RegressionWhitening",
     "TailLU",
     "MarginalTailCDF",
     "Coupling",

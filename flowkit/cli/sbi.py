@@ -47,6 +47,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     add("--epochs", type=positive_int, default=100, help="most epochs, with early stopping (default 100)")
     add("--batch-size", type=positive_int, default=200, help="batch size (default 200)")
     add("--lr", type=positive_float, default=5e-4, help="learning rate (default 5e-4)")
+    add(
+        "--regression",
+        action="store_true",
+        help="whiten the parameters by their linear regression on the data first (RegressionWhitening)",
+    )
     add("--observations", type=positive_int, default=1, help="observations scored by C2ST (default 1)")
     add(
         "--posterior-samples",
@@ -95,6 +100,7 @@ def run_sbi(args: argparse.Namespace) -> dict[str, Any]:
     posterior, history = inference.fit_posterior(
         flow, theta.float(), x.float(), lower=task.lower, upper=task.upper, epochs=args.epochs,
         batch_size=args.batch_size, lr=args.lr, seed=args.seed, progress=not args.no_progress,
+        regression=args.regression,
     )  # fmt: skip
     seconds = time.perf_counter() - start
     io.save(posterior, out / "model")
@@ -120,6 +126,7 @@ def run_sbi(args: argparse.Namespace) -> dict[str, Any]:
         "simulations": args.simulations,
         "simulations_used": int(theta.shape[0]),
         "flow": args.flow,
+        "regression": args.regression,
         "epochs_run": len(history.val_step),  # validated once per epoch
         "steps": history.steps_run,
         "best_val_loss": history.best_val_loss,

@@ -34,8 +34,8 @@ from torch import Tensor, nn
 
 from .._config import Configurable
 from .._validation import check_number
-from ..bijectors import Standardization
-from ..flows import PRESETS, FlowModel, parse_hidden
+from ..bijectors import Bijector, Chain, RegressionWhitening, Standardization
+from ..flows import PRESETS, Flow, FlowModel, parse_hidden
 from ..train import History, MaximumLikelihood, fit
 from .tasks import drop_invalid_simulations
 
@@ -338,6 +338,17 @@ def _fused_adam(params: Any, lr: float) -> torch.optim.Optimizer:
         return torch.optim.Adam(params, lr=lr)
 
 
+def _with_regression(flow: FlowModel, theta: Tensor, x: Tensor, where: str) -> FlowModel:
+    """`flow` behind a [`RegressionWhitening`][flowkit.bijectors.RegressionWhitening] fitted to z-scored pairs."""
+    bijector, base = getattr(flow, "bijector", None), getattr(flow, "base", None)
+    if not getattr(flow, "bijective", False) or not isinstance(bijector, Bijector) or base is None:
+        kind = type(flow).__name__
+        raise ValueError(f"{where}: regression=True needs a flowkit Flow (a bijector over a base), got {kind}")
+    dtype = next((p.dtype for p in flow.parameters() if p.is_floating_point()), torch.get_default_dtype())
+    layer = RegressionWhitening.from_data(theta, x).to(dtype)
+    return Flow(Chain(layer, bijector), base)
+
+
 def fit_posterior(
     flow: FlowModel,
     theta: Tensor,
@@ -351,6 +362,7 @@ def fit_posterior(
     validation_fraction: float = 0.1,
     patience: int | None = 20,
     nonfinite: str = "drop",
+    regression: bool = False,
     seed: int | None = None,
     progress: bool = False,
     **fit_options: Any,
@@ -373,6 +385,12 @@ def fit_posterior(
         validation_fraction: the share of pairs held out (0: none, no early stopping).
         patience: epochs without improvement of the validation loss before stopping (None: never).
         nonfinite: `"drop"` simulations with NaN or inf (warned, with their count) or `"raise"` a ValueError.
+        regression: put a [`RegressionWhitening`][flowkit.bijectors.RegressionWhitening] of the z-scored
+            parameters on the z-scored data, fitted to the training pairs, in front of `flow` (a
+            [`Flow`][flowkit.flows.Flow]): the flow then models the whitened residual of the linear regression of
+            $\theta$ on $x$, which is exact for a linear-Gaussian model and a preconditioning otherwise. It needs
+            many more simulations than data features (its error is about $\sqrt{(x_{dim} + 1) / N}$ posterior
+            standard deviations), and under a box prior it makes the box's faces oblique: not a default.
         seed: seed of the split, the initial data order and the fit loop.
         progress: show the fit loop's progress bar.
         **fit_options: further arguments of [`fit`][flowkit.train.fit] (`checkpoint_dir`, `callbacks`, ...);
@@ -412,6 +430,8 @@ def fit_posterior(
     train, val = order[n_val:], order[:n_val]
     theta_loc, theta_scale = Standardization.statistics(theta[train])
     x_loc, x_scale = Standardization.statistics(x[train])
+    if regression:
+        flow = _with_regression(flow, (theta[train] - theta_loc) / theta_scale, (x[train] - x_loc) / x_scale, where)
     posterior = NeuralPosterior(
         flow,
         theta_loc.tolist(),

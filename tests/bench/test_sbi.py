@@ -16,12 +16,15 @@ def test_sbi_bench_pairs_flowkit_with_sbi_seed_by_seed(tmp_path, capsys):
     spec.loader.exec_module(bench)
     out = tmp_path / "sbi.json"
     argv = ["--tasks", "two_moons", "--budgets", "200", "--seeds", "2", "--observations", "1", "--samples", "60",
-            "--epochs", "1", "--transforms", "1", "--hidden", "8", "--transit-budget", "100", "--calibration", "20",
+            "--epochs", "1", "--transforms", "1", "--hidden", "8", "--transit-budget", "1000", "--calibration", "20",
             "--calibration-samples", "10", "--out", str(out)]  # fmt: skip
     assert bench.main(argv) == 0
     assert "| two_moons | 200 |" in capsys.readouterr().out
     result = json.loads(out.read_text())
-    assert result["threads"] == 1 and len(result["transit"]) == 2
+    assert result["threads"] == 1 and len(result["transit"]) == 4  # 2 seeds x the plain and regression recipes
+    assert sorted((t["seed"], t["recipe"]) for t in result["transit"]) == [
+        (0, "plain"), (0, "regression"), (1, "plain"), (1, "regression")
+    ]  # fmt: skip
     methods = {r["method"] for r in result["runs"]}
     (row,) = result["summary"]
     if "sbi" in methods:  # sbi is in the bench extra, not needed by the tests
