@@ -35,7 +35,8 @@ class CNF(Flow):
         activation: the fields' activation (default `"tanh"`). Keep it smooth: the solver's error control
             assumes a smooth field, and an activation with a kink (`"relu"`, `"leaky_relu"`) is warned about.
             It was `"softplus"` until 2026-12, with which maximum likelihood and flow matching stayed at
-            the best Gaussian for hundreds of steps (measurements on the continuous flows page).
+            the best Gaussian for hundreds of steps (measurements on the continuous flows page). tanh learned
+            fastest in 2-D; on data of tens of dimensions (digits, 64) `"silu"` learned 2 to 3 nats faster.
         frequencies: Fourier frequencies of the time embedding.
         t1: the end time of each block.
         trace: `"exact"` (default; `D` vector-Jacobian products per evaluation) or `"hutchinson"`.
