@@ -65,6 +65,7 @@ with Adam's fused update (`fit_posterior`'s default since then).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import statistics
@@ -89,18 +90,39 @@ from flowkit.inference import (  # noqa: E402
     tarp_coverage,
 )
 
+#: flowkit's training recipes (`--flowkit-recipes`), each a variant of `fit_posterior`'s defaults, for paired
+#: comparisons on the same simulations and seeds: `(NSF arguments, fit_posterior arguments)`.
+RECIPES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "default": ({}, {}),
+    "cosine": ({}, {"schedule": "cosine"}),  # fit_posterior's default before 5 December 2026
+    "clip": ({}, {"clip": 5.0}),  # sbi's gradient clipping
+    "random-start": ({"start": "random"}, {}),  # last layers as fresh nn.Linear's, as zuko's
+}
+
+
+def recipe_method(recipe: str) -> str:
+    """The name of a flowkit recipe's runs: `flowkit` for the default, `flowkit:RECIPE` otherwise."""
+    return "flowkit" if recipe == "default" else f"flowkit:{recipe}"
+
 
 def flowkit_npe(
-    task: Any, theta: torch.Tensor, x: torch.Tensor, args: argparse.Namespace, seed: int, regression: bool = False
+    task: Any,
+    theta: torch.Tensor,
+    x: torch.Tensor,
+    args: argparse.Namespace,
+    seed: int,
+    regression: bool = False,
+    recipe: str = "default",
 ) -> Any:
     """Train flowkit's NPE on `(theta, x)`; returns `(sampler, seconds, steps)`, the sampler `(n, x) -> (n, D)`."""
+    flow_options, fit_options = RECIPES[recipe]
     torch.manual_seed(seed)
     flow = NSF(task.theta_dim, transforms=args.transforms, bins=args.bins, hidden=(args.hidden,) * args.transforms,
-               context=task.x_dim)  # fmt: skip
+               context=task.x_dim, **flow_options)  # fmt: skip
     start = time.perf_counter()
     posterior, history = fit_posterior(
         flow, theta.float(), x.float(), lower=task.lower, upper=task.upper, epochs=args.epochs, batch_size=200,
-        lr=5e-4, patience=None, seed=seed, regression=regression,
+        lr=5e-4, patience=None, seed=seed, regression=regression, **fit_options,
     )  # fmt: skip
     seconds = time.perf_counter() - start
     return (lambda n, x_o: posterior.sample(n, x_o).double()), seconds, history.steps_run
@@ -169,7 +191,11 @@ def run_comparison(args: argparse.Namespace, have_sbi: bool) -> tuple[list[dict]
         for budget in args.budgets:
             for seed in range(args.first_seed, args.first_seed + args.seeds):
                 theta, x = task.simulations(budget, torch.Generator().manual_seed(1000 + seed))
-                methods = [("flowkit", flowkit_npe)] + ([("sbi", sbi_npe)] if have_sbi else [])
+                methods: list[tuple[str, Any]] = [
+                    (recipe_method(recipe), functools.partial(flowkit_npe, recipe=recipe))
+                    for recipe in args.flowkit_recipes
+                ]
+                methods += [("sbi", sbi_npe)] if have_sbi else []
                 if seed % 2:
                     methods.reverse()
                 for method, train in methods:
@@ -179,29 +205,44 @@ def run_comparison(args: argparse.Namespace, have_sbi: bool) -> tuple[list[dict]
                                      steps=steps))  # fmt: skip
                     print(f"{name} {budget} seed {seed} {method}: C2ST {value:.3f}, {seconds:.1f} s, {steps} steps",
                           flush=True)  # fmt: skip
+    return runs, summarise(runs)
+
+
+def paired(runs: list[dict], task: str, budget: int, first: str, second: str) -> list[float]:
+    """C2ST of `first` minus that of `second`, seed by seed (the seeds both ran)."""
+    by_seed = {r["seed"]: r["c2st"] for r in runs if (r["task"], r["budget"], r["method"]) == (task, budget, second)}
+    return [
+        r["c2st"] - by_seed[r["seed"]]
+        for r in runs
+        if (r["task"], r["budget"], r["method"]) == (task, budget, first) and r["seed"] in by_seed
+    ]
+
+
+def summarise(runs: list[dict]) -> list[dict]:
+    """One row per task, budget and flowkit recipe: C2STs, paired differences and time ratios.
+
+    The differences are to sbi and, for a recipe other than the default, to flowkit's default.
+    """
     summary = []
-    for name in args.tasks:
-        for budget in args.budgets:
-            row: dict[str, Any] = dict(task=name, budget=budget)
-            for method in ("flowkit", "sbi"):
-                chosen = [r for r in runs if r["task"] == name and r["budget"] == budget and r["method"] == method]
+    for name, budget in dict.fromkeys((r["task"], r["budget"]) for r in runs):
+        here = [r for r in runs if r["task"] == name and r["budget"] == budget]
+        sbi = [r for r in here if r["method"] == "sbi"]
+        for method in dict.fromkeys(r["method"] for r in here if r["method"] != "sbi"):
+            row: dict[str, Any] = dict(task=name, budget=budget, method=method)
+            for key, chosen in (("flowkit", [r for r in here if r["method"] == method]), ("sbi", sbi)):
                 if chosen:
-                    row[f"{method}_c2st"], row[f"{method}_c2st_se"] = mean_se([r["c2st"] for r in chosen])
-                    row[f"{method}_seconds"] = statistics.mean(r["seconds"] for r in chosen)
-                    row[f"{method}_ms_per_step"] = 1e3 * statistics.mean(r["seconds"] / r["steps"] for r in chosen)
-            if "sbi_c2st" in row:
-                diffs = [
-                    f["c2st"] - s["c2st"]
-                    for f in runs
-                    for s in runs
-                    if f["task"] == s["task"] == name and f["budget"] == s["budget"] == budget
-                    and f["seed"] == s["seed"] and f["method"] == "flowkit" and s["method"] == "sbi"
-                ]  # fmt: skip
-                row["c2st_difference"], row["c2st_difference_se"] = mean_se(diffs)
+                    row[f"{key}_c2st"], row[f"{key}_c2st_se"] = mean_se([r["c2st"] for r in chosen])
+                    row[f"{key}_seconds"] = statistics.mean(r["seconds"] for r in chosen)
+                    row[f"{key}_ms_per_step"] = 1e3 * statistics.mean(r["seconds"] / r["steps"] for r in chosen)
+            if sbi:
+                row["c2st_difference"], row["c2st_difference_se"] = mean_se(paired(runs, name, budget, method, "sbi"))
                 row["time_ratio_sbi_over_flowkit"] = row["sbi_seconds"] / row["flowkit_seconds"]
                 row["step_time_ratio_sbi_over_flowkit"] = row["sbi_ms_per_step"] / row["flowkit_ms_per_step"]
+            if method != "flowkit" and any(r["method"] == "flowkit" for r in here):
+                diffs = paired(runs, name, budget, method, "flowkit")
+                row["c2st_difference_to_default"], row["c2st_difference_to_default_se"] = mean_se(diffs)
             summary.append(row)
-    return runs, summary
+    return summary
 
 
 def run_transit(args: argparse.Namespace) -> list[dict]:
@@ -320,16 +361,21 @@ def transit_table(rows: list[dict]) -> str:
 
 
 def table(summary: list[dict]) -> str:
-    lines = ["| task | budget | flowkit C2ST | sbi C2ST | difference (paired) | flowkit s | sbi s | sbi/flowkit time "
-             "| sbi/flowkit time per step |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| task | budget | flowkit recipe | flowkit C2ST | sbi C2ST | difference (paired) | flowkit s | sbi s "
+             "| sbi/flowkit time | sbi/flowkit time per step | difference to the default recipe (paired) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in summary:
+        to_default = "-"
+        if "c2st_difference_to_default" in r:
+            to_default = f"{r['c2st_difference_to_default']:+.3f} ± {r['c2st_difference_to_default_se']:.3f}"
         sbi = f"{r['sbi_c2st']:.3f} ± {r['sbi_c2st_se']:.3f}" if "sbi_c2st" in r else "-"
         diff = f"{r['c2st_difference']:+.3f} ± {r['c2st_difference_se']:.3f}" if "c2st_difference" in r else "-"
         ratio = f"{r['time_ratio_sbi_over_flowkit']:.2f}" if "time_ratio_sbi_over_flowkit" in r else "-"
         step = f"{r['step_time_ratio_sbi_over_flowkit']:.2f}" if "step_time_ratio_sbi_over_flowkit" in r else "-"
         sbi_s = f"{r['sbi_seconds']:.1f}" if "sbi_seconds" in r else "-"
-        lines.append(f"| {r['task']} | {r['budget']} | {r['flowkit_c2st']:.3f} ± {r['flowkit_c2st_se']:.3f} | {sbi} | "
-                     f"{diff} | {r['flowkit_seconds']:.1f} | {sbi_s} | {ratio} | {step} |")  # fmt: skip
+        lines.append(f"| {r['task']} | {r['budget']} | {r['method']} | {r['flowkit_c2st']:.3f} ± "
+                     f"{r['flowkit_c2st_se']:.3f} | {sbi} | {diff} | {r['flowkit_seconds']:.1f} | {sbi_s} | {ratio} | "
+                     f"{step} | {to_default} |")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -345,6 +391,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--transforms", type=int, default=5)
     parser.add_argument("--hidden", type=int, default=50)
     parser.add_argument("--bins", type=int, default=10)
+    parser.add_argument(
+        "--flowkit-recipes",
+        default="default",
+        help=f"flowkit's training recipes, each run on the same simulations and seeds: {', '.join(RECIPES)}",
+    )
     parser.add_argument("--transit-budget", type=int, default=10000)
     parser.add_argument("--calibration", type=int, default=2000, help="held-out transit simulations for coverage")
     parser.add_argument(
@@ -370,6 +421,9 @@ def main(argv: list[str] | None = None) -> int:
     args.budgets = [int(b) for b in args.budgets.split(",") if b]
     args.transit_recipes = [r for r in args.transit_recipes.split(",") if r]
     args.transit_parts = [p for p in args.transit_parts.split(",") if p]
+    args.flowkit_recipes = [r for r in args.flowkit_recipes.split(",") if r]
+    if not args.flowkit_recipes or not set(args.flowkit_recipes) <= set(RECIPES):
+        parser.error(f"--flowkit-recipes: choose from {', '.join(RECIPES)}; got {args.flowkit_recipes}")
     if not set(args.transit_parts) <= {"coverage", "linear"}:
         parser.error(f"--transit-parts: choose from coverage, linear; got {args.transit_parts}")
     if not set(args.transit_recipes) <= {"plain", "regression"}:
