@@ -9,9 +9,15 @@ alternates with the seed):
   hidden layers sbi gives zuko (`hidden_features=50` becomes `[50] * num_transforms` in sbi's `build_zuko_flow`);
 - `sbi`: `sbi.inference.NPE(prior, density_estimator=posterior_nn("zuko_nsf", ...))`, the same sizes.
 
-Both hold out 10% for validation, use batches of 200 and Adam at 5e-4 (sbi's defaults; flowkit's learning rate is
-cosine-decayed, sbi's constant), and run exactly `--epochs` epochs (no early stopping: sbi's `stop_after_epochs`
-is set above the epochs, flowkit's `patience` is None; the weights of the best validation loss are kept by both).
+Both hold out 10% for validation, use batches of 200 and Adam at a constant 5e-4 (sbi's defaults, and
+`fit_posterior`'s since 5 December 2026), and run exactly `--epochs` epochs (no early stopping: sbi's
+`stop_after_epochs` is set above the epochs, flowkit's `patience` is None; the weights of the best validation loss
+are kept by both). What still differs: sbi clips the gradient norm at 5, drops the last partial batch of an epoch
+(so takes fewer steps at 1e3: 200 against 250 at 50 epochs), z-scores with a floor on the standard deviation, and
+zuko's splines and MADE start from a fresh `nn.Linear`'s last layer where flowkit's NSF starts near the identity.
+`--flowkit-recipes` runs variants of flowkit's recipe on the same simulations and seeds, each paired with the
+default seed by seed: `cosine` (the cosine-decayed rate, `fit_posterior`'s default before), `clip` (sbi's clipping),
+`random-start` (`NSF(start="random")`, zuko's start).
 Each is scored by C2ST (sbibm's definition, `flowkit.inference.c2st`) between `--samples` posterior samples and as
 many reference samples, for `--observations` observations, and by its training time. Samples are restricted to the
 prior's box by rejection in both.
