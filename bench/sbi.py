@@ -47,23 +47,37 @@ Monte Carlo SE alone), for the NPE and for the exact family.
 
 sbi is optional (the `bench` extra): without it the sbi runs are skipped and said so.
 
-Figures of 4 December 2026, 1 thread, 2 shared cores under a load of 10 to 24 (wall times are long; the ratios come
-from runs interleaved in one process; "per step" divides by the steps each took, since sbi drops the last partial
-batch of an epoch: 200 steps against flowkit's 250 at 1e3 and 50 epochs, 900 each at 1e4 and 20 epochs). flowkit
-with Adam's fused update (`fit_posterior`'s default since then).
+Figures of 4-5 December 2026, 1 thread, 2 shared cores with another session's runs (load 2 to 4); ratios from
+runs interleaved in one process ("per step" divides by the steps each took: sbi drops the last partial batch, 200
+steps against flowkit's 250 at 1e3 and 50 epochs, 2250 each at 1e4). flowkit at `fit_posterior`'s defaults
+(constant rate, Adam's fused update), paired seed by seed with sbi and with the recipes named.
 
-- `--budgets 1000 --seeds 3 --observations 1 --samples 300 --epochs 50 --no-transit`, one task per process:
-  two moons C2ST 0.937 ± 0.003 against sbi's 0.911 ± 0.010 (paired +0.026 ± 0.011), 2.03x faster (2.54x per step);
-  SLCP 0.942 ± 0.012 against 0.912 ± 0.006 (+0.030 ± 0.008), 2.29x (2.86x per step).
-- `--budgets 10000 --seeds 3 --observations 2 --samples 500 --epochs 20 --no-transit`: two moons 0.682 ± 0.017
-  against 0.630 ± 0.010 (+0.053 ± 0.020), 1.85x; SLCP 0.877 ± 0.003 against 0.850 ± 0.002
-  (+0.027 ± 0.001), 3.06x; Gaussian linear seed 0 of flowkit 0.582, sbi's run not
-  finished. Gaussian linear at 1e3, seed 0 (the others not finished): 0.885 against 0.807, 1.21x (1.52x per step).
-- At 1e3 and 50 epochs a constant learning rate (sbi's) instead of fit's cosine decay took flowkit's C2ST on seeds
-  0, 1, 2 from 0.930, 0.965, 0.930 to 0.823, 0.932, 0.943 on SLCP and from 0.930, 0.940, 0.940 to 0.922, 0.913,
-  0.938 on two moons: part of
-  the gap at a fixed, unconverged number of epochs is the schedule (`/tmp` script, not part of this bench).
-- `--no-comparison --no-transit --moments 6`: posterior-mean error 0.124 posterior SD rms (spread over simulation
+- `--tasks two_moons,slcp --budgets 1000 --seeds 3 --observations 5 --samples 500 --epochs 50 --no-transit
+  --flowkit-recipes default,cosine,random-start`: two moons C2ST 0.854 ± 0.011 against sbi's 0.862 ± 0.020
+  (paired -0.008 ± 0.013), 1.85x faster (2.31x per step); SLCP 0.912 ± 0.003 against 0.912 ± 0.002
+  (+0.000 ± 0.004), 2.22x (2.77x per step). The cosine decay, paired with the default: +0.055 ± 0.006 (two moons),
+  +0.029 ± 0.001 (SLCP), which is the whole former gap to sbi (+0.047, +0.030 here). `random-start`: -0.053 ±
+  0.025 (two moons), +0.002 ± 0.006 (SLCP).
+- `--tasks two_moons,slcp --budgets 10000 --seeds 3 --observations 5 --samples 500 --epochs 50 --no-transit
+  --flowkit-recipes default,cosine`: two moons 0.557 ± 0.007 against 0.550 ± 0.023 (+0.007 ± 0.030), 2.06x; SLCP
+  0.799 ± 0.002 against 0.795 ± 0.012 (+0.005 ± 0.010), 2.77x. The cosine decay: +0.021 ± 0.003 (two moons),
+  -0.001 ± 0.014 (SLCP).
+GAUSSIAN_LINEAR_FIGURES
+- The search for the gap (a `/tmp` script training flowkit's recipe variants on the same simulations and seeds,
+  1e3 simulations, 50 epochs, 3 observations of 1000 samples; paired difference of C2ST, mean ± SE over n seeds):
+  constant against cosine-decayed rate -0.049 ± 0.003 (two moons, n = 6), -0.020 ± 0.004 (SLCP, n = 5), and with
+  it flowkit against sbi -0.003 ± 0.015 (n = 5) and -0.010 ± 0.007 (n = 4), against +0.047 ± 0.018 and
+  +0.010 ± 0.003 with the decay; sbi's gradient clipping at 5 under the cosine rate -0.003 ± 0.002 (n = 3) and
+  -0.002 ± 0.002 (n = 2), under the constant rate +0.008 ± 0.004 and +0.003 ± 0.001: no gain; sbi's dropping of
+  the last partial batch (200 steps instead of 250) +0.021 ± 0.001 (two moons, n = 3) and +0.003 ± 0.006 (SLCP,
+  n = 2): worse, fewer steps; zuko's start (`NSF(start="random")`) under the constant rate -0.023 ± 0.012 (two
+  moons, n = 3; -0.024 ± 0.004 at 1e4, n = 4) and +0.008 ± 0.008 (SLCP, n = 3): a gain at D = 2 only, left as
+  the `random-start` recipe (NSF's start is the flow's default everywhere, measured on density estimation).
+- The transit coverage recipe with the constant rate (`--tasks "" --seeds 3 --epochs 20 --transit-budget 10000
+  --calibration 1000 --calibration-samples 200 --observations 3 --samples 1000 --transit-recipes plain
+  --transit-parts coverage`): TARP coverage error 0.017, 0.032, 0.022 and SBC 0.010, 0.018, 0.014 (seeds 0-2;
+  0.016, 0.024, 0.031 and 0.011, 0.006, 0.023 with the cosine decay).
+- `--no-comparison --no-transit --moments 6` (4 December, with the cosine decay): posterior-mean error 0.124 posterior SD rms (spread over simulation
   sets 0.118, seed-mean 0.062, shrinkage -2.6%), variance error -0.2% (rms 8.1%); the exact family 0.037 SD; the
   literal gate (3 Monte Carlo SE of 1000 samples on all 50 means) passed by 0 of 6 sets for both.
 """
