@@ -77,9 +77,10 @@ GAUSSIAN_LINEAR_FIGURES
   --calibration 1000 --calibration-samples 200 --observations 3 --samples 1000 --transit-recipes plain
   --transit-parts coverage`): TARP coverage error 0.017, 0.032, 0.022 and SBC 0.010, 0.018, 0.014 (seeds 0-2;
   0.016, 0.024, 0.031 and 0.011, 0.006, 0.023 with the cosine decay).
-- `--no-comparison --no-transit --moments 6` (4 December, with the cosine decay): posterior-mean error 0.124 posterior SD rms (spread over simulation
-  sets 0.118, seed-mean 0.062, shrinkage -2.6%), variance error -0.2% (rms 8.1%); the exact family 0.037 SD; the
-  literal gate (3 Monte Carlo SE of 1000 samples on all 50 means) passed by 0 of 6 sets for both.
+- `--no-comparison --no-transit --moments 6` (4 December, with the cosine decay): posterior-mean error 0.124
+  posterior SD rms (spread over simulation sets 0.118, seed-mean 0.062, shrinkage -2.6%), variance error -0.2% (rms
+  8.1%); the exact family 0.037 SD; the literal gate (3 Monte Carlo SE of 1000 samples on all 50 means) passed by 0
+  of 6 sets for both.
 """
 
 from __future__ import annotations
@@ -156,8 +157,13 @@ def sbi_prior(task: Any) -> Any:
     return torch.distributions.MultivariateNormal(task.prior_loc.float(), task.prior_cov.float())
 
 
-def sbi_npe(task: Any, theta: torch.Tensor, x: torch.Tensor, args: argparse.Namespace, seed: int) -> Any:
+def sbi_npe(
+    task: Any, theta: torch.Tensor, x: torch.Tensor, args: argparse.Namespace, seed: int, builder: bool = False
+) -> Any:
     """Train sbi's NPE with its zuko NSF on `(theta, x)`; returns `(sampler, seconds, steps)`.
+
+    With `builder`, sbi's NPE trains flowkit's NSF of the same sizes instead, through
+    [`sbi_builder`][flowkit.inference.sbi_builder] (sbi's loop, z-scoring and clipping, flowkit's flow).
 
     sbi runs `max_num_epochs + 1` epochs (its loop runs while `epoch <= max_num_epochs`), so it is given
     `--epochs - 1` (at least 1: sbi refuses 0, so `--epochs 1` gives it 2); its training loader drops the last
@@ -166,9 +172,15 @@ def sbi_npe(task: Any, theta: torch.Tensor, x: torch.Tensor, args: argparse.Name
     from sbi.inference import NPE
     from sbi.neural_nets import posterior_nn
 
+    from flowkit.inference import sbi_builder
+
     torch.manual_seed(seed)
-    estimator = posterior_nn("zuko_nsf", hidden_features=args.hidden, num_transforms=args.transforms,
-                             num_bins=args.bins)  # fmt: skip
+    if builder:
+        estimator = sbi_builder("nsf", transforms=args.transforms, hidden=(args.hidden,) * args.transforms,
+                                bins=args.bins)  # fmt: skip
+    else:
+        estimator = posterior_nn("zuko_nsf", hidden_features=args.hidden, num_transforms=args.transforms,
+                                 num_bins=args.bins)  # fmt: skip
     inference = NPE(prior=sbi_prior(task), density_estimator=estimator, show_progress_bars=False)
     start = time.perf_counter()
     inference.append_simulations(theta.float(), x.float()).train(
@@ -216,6 +228,8 @@ def run_comparison(args: argparse.Namespace, have_sbi: bool) -> tuple[list[dict]
                     for recipe in args.flowkit_recipes
                 ]
                 methods += [("sbi", sbi_npe)] if have_sbi else []
+                if have_sbi and args.sbi_builder:
+                    methods.append(("flowkit-in-sbi", functools.partial(sbi_npe, builder=True)))
                 if seed % 2:
                     methods.reverse()
                 for method, train in methods:
@@ -415,6 +429,11 @@ def main(argv: list[str] | None = None) -> int:
         "--flowkit-recipes",
         default="default",
         help=f"flowkit's training recipes, each run on the same simulations and seeds: {', '.join(RECIPES)}",
+    )
+    parser.add_argument(
+        "--sbi-builder",
+        action="store_true",
+        help="also train flowkit's NSF through sbi's NPE (flowkit.inference.sbi_builder), side by side",
     )
     parser.add_argument("--transit-budget", type=int, default=10000)
     parser.add_argument("--calibration", type=int, default=2000, help="held-out transit simulations for coverage")

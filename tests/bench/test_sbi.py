@@ -61,15 +61,18 @@ def test_sbi_bench_pairs_flowkit_recipes_with_the_default_seed_by_seed(tmp_path,
     out = tmp_path / "sbi.json"
     argv = ["--tasks", "two_moons", "--budgets", "200", "--seeds", "2", "--observations", "1", "--samples", "60",
             "--epochs", "2", "--transforms", "1", "--hidden", "8", "--no-transit", "--flowkit-recipes",
-            "default,cosine", "--out", str(out)]  # fmt: skip
+            "default,cosine", "--sbi-builder", "--out", str(out)]  # fmt: skip
     assert bench.main(argv) == 0
     assert "| two_moons | 200 | flowkit:cosine |" in capsys.readouterr().out
     result = json.loads(out.read_text())
     by = {(r["method"], r["seed"]): r["c2st"] for r in result["runs"]}
     assert {m for m, _ in by} >= {"flowkit", "flowkit:cosine"}
     rows = {r["method"]: r for r in result["summary"]}
-    assert set(rows) == {"flowkit", "flowkit:cosine"} and "c2st_difference_to_default" not in rows["flowkit"]
+    with_sbi = importlib.util.find_spec("sbi") is not None  # the sbi builder's row needs sbi (the bench extra)
+    assert set(rows) == {"flowkit", "flowkit:cosine"} | ({"flowkit-in-sbi"} if with_sbi else set())
+    assert "c2st_difference_to_default" not in rows["flowkit"]
     expected = sum(by[("flowkit:cosine", s)] - by[("flowkit", s)] for s in (0, 1)) / 2
     assert rows["flowkit:cosine"]["c2st_difference_to_default"] == pytest.approx(expected)
     with pytest.raises(SystemExit):
-        bench.main(argv[:-3] + ["--flowkit-recipes", "nonsense", "--out", str(out)])
+        bench.main(argv[:-5] + ["--flowkit-recipes", "nonsense", "--out", str(out)])
+    assert "--flowkit-recipes: choose from default" in capsys.readouterr().err
