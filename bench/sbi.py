@@ -9,9 +9,15 @@ alternates with the seed):
   hidden layers sbi gives zuko (`hidden_features=50` becomes `[50] * num_transforms` in sbi's `build_zuko_flow`);
 - `sbi`: `sbi.inference.NPE(prior, density_estimator=posterior_nn("zuko_nsf", ...))`, the same sizes.
 
-Both hold out 10% for validation, use batches of 200 and Adam at 5e-4 (sbi's defaults; flowkit's learning rate is
-cosine-decayed, sbi's constant), and run exactly `--epochs` epochs (no early stopping: sbi's `stop_after_epochs`
-is set above the epochs, flowkit's `patience` is None; the weights of the best validation loss are kept by both).
+Both hold out 10% for validation, use batches of 200 and Adam at a constant 5e-4 (sbi's defaults, and
+`fit_posterior`'s since 5 December 2026), and run exactly `--epochs` epochs (no early stopping: sbi's
+`stop_after_epochs` is set above the epochs, flowkit's `patience` is None; the weights of the best validation loss
+are kept by both). What still differs: sbi clips the gradient norm at 5, drops the last partial batch of an epoch
+(so takes fewer steps at 1e3: 200 against 250 at 50 epochs), z-scores with a floor on the standard deviation, and
+zuko's splines and MADE start from a fresh `nn.Linear`'s last layer where flowkit's NSF starts near the identity.
+`--flowkit-recipes` runs variants of flowkit's recipe on the same simulations and seeds, each paired with the
+default seed by seed: `cosine` (the cosine-decayed rate, `fit_posterior`'s default before), `clip` (sbi's clipping),
+`random-start` (`NSF(start="random")`, zuko's start).
 Each is scored by C2ST (sbibm's definition, `flowkit.inference.c2st`) between `--samples` posterior samples and as
 many reference samples, for `--observations` observations, and by its training time. Samples are restricted to the
 prior's box by rejection in both.
@@ -41,30 +47,55 @@ Monte Carlo SE alone), for the NPE and for the exact family.
 
 sbi is optional (the `bench` extra): without it the sbi runs are skipped and said so.
 
-Figures of 4 December 2026, 1 thread, 2 shared cores under a load of 10 to 24 (wall times are long; the ratios come
-from runs interleaved in one process; "per step" divides by the steps each took, since sbi drops the last partial
-batch of an epoch: 200 steps against flowkit's 250 at 1e3 and 50 epochs, 900 each at 1e4 and 20 epochs). flowkit
-with Adam's fused update (`fit_posterior`'s default since then).
+Figures of 4-5 December 2026, 1 thread, 2 shared cores with another session's runs (load 2 to 4); ratios from
+runs interleaved in one process ("per step" divides by the steps each took: sbi drops the last partial batch, 200
+steps against flowkit's 250 at 1e3 and 50 epochs, 2250 each at 1e4). flowkit at `fit_posterior`'s defaults
+(constant rate, Adam's fused update), paired seed by seed with sbi and with the recipes named.
 
-- `--budgets 1000 --seeds 3 --observations 1 --samples 300 --epochs 50 --no-transit`, one task per process:
-  two moons C2ST 0.937 ± 0.003 against sbi's 0.911 ± 0.010 (paired +0.026 ± 0.011), 2.03x faster (2.54x per step);
-  SLCP 0.942 ± 0.012 against 0.912 ± 0.006 (+0.030 ± 0.008), 2.29x (2.86x per step).
-- `--budgets 10000 --seeds 3 --observations 2 --samples 500 --epochs 20 --no-transit`: two moons 0.682 ± 0.017
-  against 0.630 ± 0.010 (+0.053 ± 0.020), 1.85x; SLCP 0.877 ± 0.003 against 0.850 ± 0.002
-  (+0.027 ± 0.001), 3.06x; Gaussian linear seed 0 of flowkit 0.582, sbi's run not
-  finished. Gaussian linear at 1e3, seed 0 (the others not finished): 0.885 against 0.807, 1.21x (1.52x per step).
-- At 1e3 and 50 epochs a constant learning rate (sbi's) instead of fit's cosine decay took flowkit's C2ST on seeds
-  0, 1, 2 from 0.930, 0.965, 0.930 to 0.823, 0.932, 0.943 on SLCP and from 0.930, 0.940, 0.940 to 0.922, 0.913,
-  0.938 on two moons: part of
-  the gap at a fixed, unconverged number of epochs is the schedule (`/tmp` script, not part of this bench).
-- `--no-comparison --no-transit --moments 6`: posterior-mean error 0.124 posterior SD rms (spread over simulation
-  sets 0.118, seed-mean 0.062, shrinkage -2.6%), variance error -0.2% (rms 8.1%); the exact family 0.037 SD; the
-  literal gate (3 Monte Carlo SE of 1000 samples on all 50 means) passed by 0 of 6 sets for both.
+- `--tasks two_moons,slcp --budgets 1000 --seeds 3 --observations 5 --samples 500 --epochs 50 --no-transit
+  --flowkit-recipes default,cosine,random-start`: two moons C2ST 0.854 ± 0.011 against sbi's 0.862 ± 0.020
+  (paired -0.008 ± 0.013), 1.85x faster (2.31x per step); SLCP 0.912 ± 0.003 against 0.912 ± 0.002
+  (+0.000 ± 0.004), 2.22x (2.77x per step). The cosine decay, paired with the default: +0.055 ± 0.006 (two moons),
+  +0.029 ± 0.001 (SLCP), which is the whole former gap to sbi (+0.047, +0.030 here). `random-start`: -0.053 ±
+  0.025 (two moons), +0.002 ± 0.006 (SLCP).
+- `--tasks two_moons,slcp --budgets 10000 --seeds 3 --observations 5 --samples 500 --epochs 50 --no-transit
+  --flowkit-recipes default,cosine`: two moons 0.557 ± 0.007 against 0.550 ± 0.023 (+0.007 ± 0.030), 2.06x; SLCP
+  0.799 ± 0.002 against 0.795 ± 0.012 (+0.005 ± 0.010), 2.77x. The cosine decay: +0.021 ± 0.003 (two moons),
+  -0.001 ± 0.014 (SLCP).
+- `--tasks gaussian_linear --budgets 1000` and `--budgets 10000` (the same options, `--flowkit-recipes default`, one
+  process each): 0.770 ± 0.016 against 0.775 ± 0.007 (-0.005 ± 0.023), 1.63x (2.03x per step) at 1e3;
+  0.541 ± 0.005 against 0.535 ± 0.005 (+0.006 ± 0.004), 3.74x at 1e4.
+- The linear transit variant with `regression=True` (`--tasks "" --seeds 3 --epochs 20 --transit-budget 10000
+  --observations 3 --samples 1000 --transit-recipes regression --transit-parts linear`): C2ST against the analytic
+  posterior 0.520, 0.525, 0.519 (seeds 0-2; mean 0.521 ± 0.002).
+- The same flowkit NSF trained through sbi's NPE (`--tasks two_moons` and `--tasks slcp`, `--budgets 1000`, the
+  options above, `--sbi-builder`): two moons 0.878 ± 0.013 (paired with sbi +0.016 ± 0.018, with flowkit's own
+  loop +0.024 ± 0.006), 1.63x faster than sbi's zuko NSF; SLCP 0.916 ± 0.004 (+0.005 ± 0.003, +0.004 ± 0.005),
+  1.81x. sbi's loop takes 200 steps to flowkit's 250 (it drops the last partial batch).
+- The search for the gap (a `/tmp` script training flowkit's recipe variants on the same simulations and seeds,
+  1e3 simulations, 50 epochs, 3 observations of 1000 samples; paired difference of C2ST, mean ± SE over n seeds):
+  constant against cosine-decayed rate -0.049 ± 0.003 (two moons, n = 6), -0.020 ± 0.004 (SLCP, n = 5), and with
+  it flowkit against sbi -0.003 ± 0.015 (n = 5) and -0.010 ± 0.007 (n = 4), against +0.047 ± 0.018 and
+  +0.010 ± 0.003 with the decay; sbi's gradient clipping at 5 under the cosine rate -0.003 ± 0.002 (n = 3) and
+  -0.002 ± 0.002 (n = 2), under the constant rate +0.008 ± 0.004 and +0.003 ± 0.001: no gain; sbi's dropping of
+  the last partial batch (200 steps instead of 250) +0.021 ± 0.001 (two moons, n = 3) and +0.003 ± 0.006 (SLCP,
+  n = 2): worse, fewer steps; zuko's start (`NSF(start="random")`) under the constant rate -0.023 ± 0.012 (two
+  moons, n = 3; -0.024 ± 0.004 at 1e4, n = 4) and +0.008 ± 0.008 (SLCP, n = 3): a gain at D = 2 only, left as
+  the `random-start` recipe (NSF's start is the flow's default everywhere, measured on density estimation).
+- The transit coverage recipe with the constant rate (`--tasks "" --seeds 3 --epochs 20 --transit-budget 10000
+  --calibration 1000 --calibration-samples 200 --observations 3 --samples 1000 --transit-recipes plain
+  --transit-parts coverage`): TARP coverage error 0.017, 0.032, 0.022 and SBC 0.010, 0.018, 0.014 (seeds 0-2;
+  0.016, 0.024, 0.031 and 0.011, 0.006, 0.023 with the cosine decay).
+- `--no-comparison --no-transit --moments 6` (4 December, with the cosine decay): posterior-mean error 0.124
+  posterior SD rms (spread over simulation sets 0.118, seed-mean 0.062, shrinkage -2.6%), variance error -0.2% (rms
+  8.1%); the exact family 0.037 SD; the literal gate (3 Monte Carlo SE of 1000 samples on all 50 means) passed by 0
+  of 6 sets for both.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import statistics
@@ -89,18 +120,39 @@ from flowkit.inference import (  # noqa: E402
     tarp_coverage,
 )
 
+#: flowkit's training recipes (`--flowkit-recipes`), each a variant of `fit_posterior`'s defaults, for paired
+#: comparisons on the same simulations and seeds: `(NSF arguments, fit_posterior arguments)`.
+RECIPES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "default": ({}, {}),
+    "cosine": ({}, {"schedule": "cosine"}),  # fit_posterior's default before 5 December 2026
+    "clip": ({}, {"clip": 5.0}),  # sbi's gradient clipping
+    "random-start": ({"start": "random"}, {}),  # last layers as fresh nn.Linear's, as zuko's
+}
+
+
+def recipe_method(recipe: str) -> str:
+    """The name of a flowkit recipe's runs: `flowkit` for the default, `flowkit:RECIPE` otherwise."""
+    return "flowkit" if recipe == "default" else f"flowkit:{recipe}"
+
 
 def flowkit_npe(
-    task: Any, theta: torch.Tensor, x: torch.Tensor, args: argparse.Namespace, seed: int, regression: bool = False
+    task: Any,
+    theta: torch.Tensor,
+    x: torch.Tensor,
+    args: argparse.Namespace,
+    seed: int,
+    regression: bool = False,
+    recipe: str = "default",
 ) -> Any:
     """Train flowkit's NPE on `(theta, x)`; returns `(sampler, seconds, steps)`, the sampler `(n, x) -> (n, D)`."""
+    flow_options, fit_options = RECIPES[recipe]
     torch.manual_seed(seed)
     flow = NSF(task.theta_dim, transforms=args.transforms, bins=args.bins, hidden=(args.hidden,) * args.transforms,
-               context=task.x_dim)  # fmt: skip
+               context=task.x_dim, **flow_options)  # fmt: skip
     start = time.perf_counter()
     posterior, history = fit_posterior(
         flow, theta.float(), x.float(), lower=task.lower, upper=task.upper, epochs=args.epochs, batch_size=200,
-        lr=5e-4, patience=None, seed=seed, regression=regression,
+        lr=5e-4, patience=None, seed=seed, regression=regression, **fit_options,
     )  # fmt: skip
     seconds = time.perf_counter() - start
     return (lambda n, x_o: posterior.sample(n, x_o).double()), seconds, history.steps_run
@@ -114,8 +166,13 @@ def sbi_prior(task: Any) -> Any:
     return torch.distributions.MultivariateNormal(task.prior_loc.float(), task.prior_cov.float())
 
 
-def sbi_npe(task: Any, theta: torch.Tensor, x: torch.Tensor, args: argparse.Namespace, seed: int) -> Any:
+def sbi_npe(
+    task: Any, theta: torch.Tensor, x: torch.Tensor, args: argparse.Namespace, seed: int, builder: bool = False
+) -> Any:
     """Train sbi's NPE with its zuko NSF on `(theta, x)`; returns `(sampler, seconds, steps)`.
+
+    With `builder`, sbi's NPE trains flowkit's NSF of the same sizes instead, through
+    [`sbi_builder`][flowkit.inference.sbi_builder] (sbi's loop, z-scoring and clipping, flowkit's flow).
 
     sbi runs `max_num_epochs + 1` epochs (its loop runs while `epoch <= max_num_epochs`), so it is given
     `--epochs - 1` (at least 1: sbi refuses 0, so `--epochs 1` gives it 2); its training loader drops the last
@@ -124,9 +181,15 @@ def sbi_npe(task: Any, theta: torch.Tensor, x: torch.Tensor, args: argparse.Name
     from sbi.inference import NPE
     from sbi.neural_nets import posterior_nn
 
+    from flowkit.inference import sbi_builder
+
     torch.manual_seed(seed)
-    estimator = posterior_nn("zuko_nsf", hidden_features=args.hidden, num_transforms=args.transforms,
-                             num_bins=args.bins)  # fmt: skip
+    if builder:
+        estimator = sbi_builder("nsf", transforms=args.transforms, hidden=(args.hidden,) * args.transforms,
+                                bins=args.bins)  # fmt: skip
+    else:
+        estimator = posterior_nn("zuko_nsf", hidden_features=args.hidden, num_transforms=args.transforms,
+                                 num_bins=args.bins)  # fmt: skip
     inference = NPE(prior=sbi_prior(task), density_estimator=estimator, show_progress_bars=False)
     start = time.perf_counter()
     inference.append_simulations(theta.float(), x.float()).train(
@@ -169,7 +232,13 @@ def run_comparison(args: argparse.Namespace, have_sbi: bool) -> tuple[list[dict]
         for budget in args.budgets:
             for seed in range(args.first_seed, args.first_seed + args.seeds):
                 theta, x = task.simulations(budget, torch.Generator().manual_seed(1000 + seed))
-                methods = [("flowkit", flowkit_npe)] + ([("sbi", sbi_npe)] if have_sbi else [])
+                methods: list[tuple[str, Any]] = [
+                    (recipe_method(recipe), functools.partial(flowkit_npe, recipe=recipe))
+                    for recipe in args.flowkit_recipes
+                ]
+                methods += [("sbi", sbi_npe)] if have_sbi else []
+                if have_sbi and args.sbi_builder:
+                    methods.append(("flowkit-in-sbi", functools.partial(sbi_npe, builder=True)))
                 if seed % 2:
                     methods.reverse()
                 for method, train in methods:
@@ -179,29 +248,44 @@ def run_comparison(args: argparse.Namespace, have_sbi: bool) -> tuple[list[dict]
                                      steps=steps))  # fmt: skip
                     print(f"{name} {budget} seed {seed} {method}: C2ST {value:.3f}, {seconds:.1f} s, {steps} steps",
                           flush=True)  # fmt: skip
+    return runs, summarise(runs)
+
+
+def paired(runs: list[dict], task: str, budget: int, first: str, second: str) -> list[float]:
+    """C2ST of `first` minus that of `second`, seed by seed (the seeds both ran)."""
+    by_seed = {r["seed"]: r["c2st"] for r in runs if (r["task"], r["budget"], r["method"]) == (task, budget, second)}
+    return [
+        r["c2st"] - by_seed[r["seed"]]
+        for r in runs
+        if (r["task"], r["budget"], r["method"]) == (task, budget, first) and r["seed"] in by_seed
+    ]
+
+
+def summarise(runs: list[dict]) -> list[dict]:
+    """One row per task, budget and flowkit recipe: C2STs, paired differences and time ratios.
+
+    The differences are to sbi and, for a recipe other than the default, to flowkit's default.
+    """
     summary = []
-    for name in args.tasks:
-        for budget in args.budgets:
-            row: dict[str, Any] = dict(task=name, budget=budget)
-            for method in ("flowkit", "sbi"):
-                chosen = [r for r in runs if r["task"] == name and r["budget"] == budget and r["method"] == method]
+    for name, budget in dict.fromkeys((r["task"], r["budget"]) for r in runs):
+        here = [r for r in runs if r["task"] == name and r["budget"] == budget]
+        sbi = [r for r in here if r["method"] == "sbi"]
+        for method in dict.fromkeys(r["method"] for r in here if r["method"] != "sbi"):
+            row: dict[str, Any] = dict(task=name, budget=budget, method=method)
+            for key, chosen in (("flowkit", [r for r in here if r["method"] == method]), ("sbi", sbi)):
                 if chosen:
-                    row[f"{method}_c2st"], row[f"{method}_c2st_se"] = mean_se([r["c2st"] for r in chosen])
-                    row[f"{method}_seconds"] = statistics.mean(r["seconds"] for r in chosen)
-                    row[f"{method}_ms_per_step"] = 1e3 * statistics.mean(r["seconds"] / r["steps"] for r in chosen)
-            if "sbi_c2st" in row:
-                diffs = [
-                    f["c2st"] - s["c2st"]
-                    for f in runs
-                    for s in runs
-                    if f["task"] == s["task"] == name and f["budget"] == s["budget"] == budget
-                    and f["seed"] == s["seed"] and f["method"] == "flowkit" and s["method"] == "sbi"
-                ]  # fmt: skip
-                row["c2st_difference"], row["c2st_difference_se"] = mean_se(diffs)
+                    row[f"{key}_c2st"], row[f"{key}_c2st_se"] = mean_se([r["c2st"] for r in chosen])
+                    row[f"{key}_seconds"] = statistics.mean(r["seconds"] for r in chosen)
+                    row[f"{key}_ms_per_step"] = 1e3 * statistics.mean(r["seconds"] / r["steps"] for r in chosen)
+            if sbi:
+                row["c2st_difference"], row["c2st_difference_se"] = mean_se(paired(runs, name, budget, method, "sbi"))
                 row["time_ratio_sbi_over_flowkit"] = row["sbi_seconds"] / row["flowkit_seconds"]
                 row["step_time_ratio_sbi_over_flowkit"] = row["sbi_ms_per_step"] / row["flowkit_ms_per_step"]
+            if method != "flowkit" and any(r["method"] == "flowkit" for r in here):
+                diffs = paired(runs, name, budget, method, "flowkit")
+                row["c2st_difference_to_default"], row["c2st_difference_to_default_se"] = mean_se(diffs)
             summary.append(row)
-    return runs, summary
+    return summary
 
 
 def run_transit(args: argparse.Namespace) -> list[dict]:
@@ -320,16 +404,21 @@ def transit_table(rows: list[dict]) -> str:
 
 
 def table(summary: list[dict]) -> str:
-    lines = ["| task | budget | flowkit C2ST | sbi C2ST | difference (paired) | flowkit s | sbi s | sbi/flowkit time "
-             "| sbi/flowkit time per step |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| task | budget | flowkit recipe | flowkit C2ST | sbi C2ST | difference (paired) | flowkit s | sbi s "
+             "| sbi/flowkit time | sbi/flowkit time per step | difference to the default recipe (paired) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in summary:
+        to_default = "-"
+        if "c2st_difference_to_default" in r:
+            to_default = f"{r['c2st_difference_to_default']:+.3f} ± {r['c2st_difference_to_default_se']:.3f}"
         sbi = f"{r['sbi_c2st']:.3f} ± {r['sbi_c2st_se']:.3f}" if "sbi_c2st" in r else "-"
         diff = f"{r['c2st_difference']:+.3f} ± {r['c2st_difference_se']:.3f}" if "c2st_difference" in r else "-"
         ratio = f"{r['time_ratio_sbi_over_flowkit']:.2f}" if "time_ratio_sbi_over_flowkit" in r else "-"
         step = f"{r['step_time_ratio_sbi_over_flowkit']:.2f}" if "step_time_ratio_sbi_over_flowkit" in r else "-"
         sbi_s = f"{r['sbi_seconds']:.1f}" if "sbi_seconds" in r else "-"
-        lines.append(f"| {r['task']} | {r['budget']} | {r['flowkit_c2st']:.3f} ± {r['flowkit_c2st_se']:.3f} | {sbi} | "
-                     f"{diff} | {r['flowkit_seconds']:.1f} | {sbi_s} | {ratio} | {step} |")  # fmt: skip
+        lines.append(f"| {r['task']} | {r['budget']} | {r['method']} | {r['flowkit_c2st']:.3f} ± "
+                     f"{r['flowkit_c2st_se']:.3f} | {sbi} | {diff} | {r['flowkit_seconds']:.1f} | {sbi_s} | {ratio} | "
+                     f"{step} | {to_default} |")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -345,6 +434,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--transforms", type=int, default=5)
     parser.add_argument("--hidden", type=int, default=50)
     parser.add_argument("--bins", type=int, default=10)
+    parser.add_argument(
+        "--flowkit-recipes",
+        default="default",
+        help=f"flowkit's training recipes, each run on the same simulations and seeds: {', '.join(RECIPES)}",
+    )
+    parser.add_argument(
+        "--sbi-builder",
+        action="store_true",
+        help="also train flowkit's NSF through sbi's NPE (flowkit.inference.sbi_builder), side by side",
+    )
     parser.add_argument("--transit-budget", type=int, default=10000)
     parser.add_argument("--calibration", type=int, default=2000, help="held-out transit simulations for coverage")
     parser.add_argument(
@@ -370,6 +469,9 @@ def main(argv: list[str] | None = None) -> int:
     args.budgets = [int(b) for b in args.budgets.split(",") if b]
     args.transit_recipes = [r for r in args.transit_recipes.split(",") if r]
     args.transit_parts = [p for p in args.transit_parts.split(",") if p]
+    args.flowkit_recipes = [r for r in args.flowkit_recipes.split(",") if r]
+    if not args.flowkit_recipes or not set(args.flowkit_recipes) <= set(RECIPES):
+        parser.error(f"--flowkit-recipes: choose from {', '.join(RECIPES)}; got {args.flowkit_recipes}")
     if not set(args.transit_parts) <= {"coverage", "linear"}:
         parser.error(f"--transit-parts: choose from coverage, linear; got {args.transit_parts}")
     if not set(args.transit_recipes) <= {"plain", "regression"}:

@@ -51,3 +51,28 @@ def test_sbi_bench_splits_the_gaussian_linear_mean_error_into_spread_and_bias(tm
     assert moments["seeds"] == 2 and moments["mc_se"] == pytest.approx(0.05)
     assert 0 < moments["exact_family_rms_mean_error"] < moments["rms_mean_error"] < 2
     assert 0 <= moments["literal_gate_npe"] <= 2 and 0 <= moments["bias_t_over_3"] <= 50
+
+
+@pytest.mark.slow
+def test_sbi_bench_pairs_flowkit_recipes_with_the_default_seed_by_seed(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("bench_sbi", BENCH / "sbi.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "sbi.json"
+    argv = ["--tasks", "two_moons", "--budgets", "200", "--seeds", "2", "--observations", "1", "--samples", "60",
+            "--epochs", "2", "--transforms", "1", "--hidden", "8", "--no-transit", "--flowkit-recipes",
+            "default,cosine", "--sbi-builder", "--out", str(out)]  # fmt: skip
+    assert bench.main(argv) == 0
+    assert "| two_moons | 200 | flowkit:cosine |" in capsys.readouterr().out
+    result = json.loads(out.read_text())
+    by = {(r["method"], r["seed"]): r["c2st"] for r in result["runs"]}
+    assert {m for m, _ in by} >= {"flowkit", "flowkit:cosine"}
+    rows = {r["method"]: r for r in result["summary"]}
+    with_sbi = importlib.util.find_spec("sbi") is not None  # the sbi builder's row needs sbi (the bench extra)
+    assert set(rows) == {"flowkit", "flowkit:cosine"} | ({"flowkit-in-sbi"} if with_sbi else set())
+    assert "c2st_difference_to_default" not in rows["flowkit"]
+    expected = sum(by[("flowkit:cosine", s)] - by[("flowkit", s)] for s in (0, 1)) / 2
+    assert rows["flowkit:cosine"]["c2st_difference_to_default"] == pytest.approx(expected)
+    with pytest.raises(SystemExit):
+        bench.main(argv[:-5] + ["--flowkit-recipes", "nonsense", "--out", str(out)])
+    assert "--flowkit-recipes: choose from default" in capsys.readouterr().err

@@ -86,6 +86,18 @@ def test_fit_posterior_drops_or_refuses_nan_simulations():
         fit_posterior(flow, theta, x, epochs=1)
 
 
+def test_fit_posterior_keeps_sbis_constant_learning_rate_unless_a_schedule_is_given():
+    # sbi's NPE trains at a constant rate; the cosine decay cost C2ST at a fixed number of epochs (bench/sbi.py)
+    theta = torch.randn(300, 2)
+    x = theta + 0.1 * torch.randn(300, 2)
+    _, history = fit_posterior(posterior_flow(2, 2, "maf", transforms=1, hidden=(8,)), theta, x, epochs=3, lr=1e-3)
+    assert history.lr == [1e-3] * history.steps_run
+    _, history = fit_posterior(
+        posterior_flow(2, 2, "maf", transforms=1, hidden=(8,)), theta, x, epochs=3, lr=1e-3, schedule="cosine"
+    )
+    assert history.lr[0] == pytest.approx(1e-3) and history.lr[-1] < 1e-4
+
+
 def test_flow_with_the_wrong_context_is_refused():
     with pytest.raises(ValueError, match="takes 3 context features but the data have 2"):
         fit_posterior(posterior_flow(2, 3, "maf", transforms=1, hidden=(8,)), torch.randn(50, 2), torch.randn(50, 2))
