@@ -9,11 +9,17 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
-@pytest.mark.slow
-def test_sbi_bench_pairs_flowkit_with_sbi_seed_by_seed(tmp_path, capsys):
+def _bench():
+    """bench/sbi.py as a module."""
     spec = importlib.util.spec_from_file_location("bench_sbi", BENCH / "sbi.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+@pytest.mark.slow
+def test_sbi_bench_pairs_flowkit_with_sbi_seed_by_seed(tmp_path, capsys):
+    bench = _bench()
     out = tmp_path / "sbi.json"
     argv = ["--tasks", "two_moons", "--budgets", "200", "--seeds", "2", "--observations", "1", "--samples", "60",
             "--epochs", "1", "--transforms", "1", "--hidden", "8", "--transit-budget", "1000", "--calibration", "20",
@@ -39,9 +45,7 @@ def test_sbi_bench_pairs_flowkit_with_sbi_seed_by_seed(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_sbi_bench_splits_the_gaussian_linear_mean_error_into_spread_and_bias(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("bench_sbi", BENCH / "sbi.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _bench()
     out = tmp_path / "sbi.json"
     argv = ["--no-comparison", "--no-transit", "--moments", "2", "--moments-budget", "300", "--moments-samples", "400",
             "--out", str(out)]  # fmt: skip
@@ -55,9 +59,7 @@ def test_sbi_bench_splits_the_gaussian_linear_mean_error_into_spread_and_bias(tm
 
 @pytest.mark.slow
 def test_sbi_bench_pairs_flowkit_recipes_with_the_default_seed_by_seed(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("bench_sbi", BENCH / "sbi.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _bench()
     out = tmp_path / "sbi.json"
     argv = ["--tasks", "two_moons", "--budgets", "200", "--seeds", "2", "--observations", "1", "--samples", "60",
             "--epochs", "2", "--transforms", "1", "--hidden", "8", "--no-transit", "--flowkit-recipes",
