@@ -1,27 +1,9 @@
 """The benchmark scripts of bench/ with their peer models (zuko, nflows, normflows), run in-process."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
-
-@pytest.fixture
-def script(monkeypatch):
-    """Import bench/NAME.py as a module, with bench/ on sys.path as when it runs as a script."""
-    monkeypatch.syspath_prepend(str(BENCH))
-
-    def load(name):
-        spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-
-    return load
 
 
 def test_bench_likelihood_command(script, tmp_path, capsys):

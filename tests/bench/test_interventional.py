@@ -1,20 +1,13 @@
 """bench/interventional.py at a tiny size: the plug-in and a corrected target flow per clip, the summary per shift."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
 
 @pytest.mark.slow
-def test_interventional_script_pairs_plug_in_and_corrected(monkeypatch, tmp_path, capsys):
-    monkeypatch.syspath_prepend(str(BENCH))
-    spec = importlib.util.spec_from_file_location("bench_interventional", BENCH / "interventional.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+def test_interventional_script_pairs_plug_in_and_corrected(script, tmp_path, capsys):
+    module = script("interventional")
     out = tmp_path / "inf.json"
     argv = ["--shifts", "0,3", "--seeds", "2", "--n", "200", "--nuisance-steps", "3", "--propensity-steps", "3"]
     argv += ["--target-steps", "3", "--grid-points", "50", "--clips", "0.05,0.01", "--out", str(out)]
@@ -32,11 +25,8 @@ def test_interventional_script_pairs_plug_in_and_corrected(monkeypatch, tmp_path
 
 
 @pytest.mark.slow
-def test_interventional_script_runs_the_sampled_objective(monkeypatch, tmp_path, capsys):
-    monkeypatch.syspath_prepend(str(BENCH))
-    spec = importlib.util.spec_from_file_location("bench_interventional", BENCH / "interventional.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+def test_interventional_script_runs_the_sampled_objective(script, tmp_path, capsys):
+    module = script("interventional")
     argv = ["--shifts", "1", "--seeds", "1", "--n", "100", "--nuisance-steps", "2", "--propensity-steps", "2"]
     assert module.main(argv + ["--target-steps", "2", "--clips", "0.05", "--objective", "samples"]) == 0
     assert "| 1 |" in capsys.readouterr().out

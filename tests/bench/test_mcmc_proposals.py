@@ -1,17 +1,10 @@
 """bench/mcmc_proposals.py at a tiny size: both studies run and report their rows."""
 
-import importlib.util
 import json
-from pathlib import Path
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
-def test_mcmc_proposals_script_reports_mode_weights_and_ess(monkeypatch, tmp_path, capsys):
-    monkeypatch.syspath_prepend(str(BENCH))
-    spec = importlib.util.spec_from_file_location("bench_mcmc_proposals", BENCH / "mcmc_proposals.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+def test_mcmc_proposals_script_reports_mode_weights_and_ess(script, tmp_path, capsys):
+    module = script("mcmc_proposals")
     out = tmp_path / "m.json"
     argv = ["--dims", "2", "--funnel-dims", "3", "--betas", "0.5,1", "--steps", "3", "--n-train", "300"]
     argv += ["--chains", "4", "--chain-steps", "30", "--burn-in", "5", "--warmup", "20", "--out", str(out)]

@@ -2,24 +2,13 @@
 
 import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
-
-def _bench():
-    """bench/sbi.py as a module."""
-    spec = importlib.util.spec_from_file_location("bench_sbi", BENCH / "sbi.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
-
 
 @pytest.mark.slow
-def test_sbi_bench_pairs_flowkit_with_sbi_seed_by_seed(tmp_path, capsys):
-    bench = _bench()
+def test_sbi_bench_pairs_flowkit_with_sbi_seed_by_seed(script, tmp_path, capsys):
+    bench = script("sbi")
     out = tmp_path / "sbi.json"
     argv = ["--tasks", "two_moons", "--budgets", "200", "--seeds", "2", "--observations", "1", "--samples", "60",
             "--epochs", "1", "--transforms", "1", "--hidden", "8", "--transit-budget", "1000", "--calibration", "20",
@@ -44,8 +33,8 @@ def test_sbi_bench_pairs_flowkit_with_sbi_seed_by_seed(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_sbi_bench_splits_the_gaussian_linear_mean_error_into_spread_and_bias(tmp_path, capsys):
-    bench = _bench()
+def test_sbi_bench_splits_the_gaussian_linear_mean_error_into_spread_and_bias(script, tmp_path, capsys):
+    bench = script("sbi")
     out = tmp_path / "sbi.json"
     argv = ["--no-comparison", "--no-transit", "--moments", "2", "--moments-budget", "300", "--moments-samples", "400",
             "--out", str(out)]  # fmt: skip
@@ -58,8 +47,8 @@ def test_sbi_bench_splits_the_gaussian_linear_mean_error_into_spread_and_bias(tm
 
 
 @pytest.mark.slow
-def test_sbi_bench_pairs_flowkit_recipes_with_the_default_seed_by_seed(tmp_path, capsys):
-    bench = _bench()
+def test_sbi_bench_pairs_flowkit_recipes_with_the_default_seed_by_seed(script, tmp_path, capsys):
+    bench = script("sbi")
     out = tmp_path / "sbi.json"
     argv = ["--tasks", "two_moons", "--budgets", "200", "--seeds", "2", "--observations", "1", "--samples", "60",
             "--epochs", "2", "--transforms", "1", "--hidden", "8", "--no-transit", "--flowkit-recipes",

@@ -1,20 +1,13 @@
 """bench/weak_supervision.py at a tiny size: every method's accuracy for both kinds of bounds."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
 
 @pytest.mark.slow
-def test_weak_supervision_script_reports_each_method(monkeypatch, tmp_path, capsys):
-    monkeypatch.syspath_prepend(str(BENCH))
-    spec = importlib.util.spec_from_file_location("bench_weak_supervision", BENCH / "weak_supervision.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+def test_weak_supervision_script_reports_each_method(script, tmp_path, capsys):
+    module = script("weak_supervision")
     out = tmp_path / "ws.json"
     argv = ["--seeds", "1", "--steps", "3", "--methods", "constrained,penalty", "--out", str(out)]
     assert module.main(argv) == 0
